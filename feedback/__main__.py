@@ -1,0 +1,5 @@
+import sys
+
+from feedback.cli import main
+
+sys.exit(main())

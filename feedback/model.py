@@ -1,0 +1,192 @@
+"""Load a causal LM (embedded default, hub id, local folder or GGUF file) and find its decoder layers."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from feedback import embedded
+from feedback.errors import FeedbackError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Measured with `python -m feedback bench --dtypes` on the 2-core dev CPU (see README): fp32 is kept
+# on CPU because it is what the exactness guarantees are tested in; bf16 is opt-in.
+CPU_AUTO_DTYPE = "float32"
+
+# Attribute paths to the decoder-layer list, per architecture family.
+_LAYER_PATHS = {
+    "model.layers": "Llama, Mistral, Qwen2/3, Gemma, Phi, Phi-3, SmolLM, OLMo",
+    "model.language_model.layers": "multimodal wrappers (Gemma 3, Llava-style)",
+    "transformer.h": "GPT-2, GPT-J, Falcon, BLOOM",
+    "gpt_neox.layers": "GPT-NeoX, Pythia",
+    "model.decoder.layers": "OPT",
+}
+
+
+def _get_path(obj: object, path: str) -> object | None:
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The model's list of decoder blocks, in order, or a clear error for an unknown architecture."""
+    for path in _LAYER_PATHS:
+        layers = _get_path(model, path)
+        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+            return layers
+    families = "; ".join(f"{p} ({f})" for p, f in _LAYER_PATHS.items())
+    raise FeedbackError(
+        f"unsupported architecture {type(model).__name__}: no decoder-layer list found; "
+        f"supported layouts: {families}"
+    )
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the engine, with what the engine needs to know about it."""
+
+    model: nn.Module
+    tokenizer: object
+    name: str
+    dtype: str
+    device: torch.device
+    load_seconds: float = 0.0
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return decoder_layers(self.model)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.get_text_config().hidden_size)
+
+    @property
+    def context_length(self) -> int:
+        cfg = self.model.config.get_text_config()
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            if getattr(cfg, key, None):
+                return int(getattr(cfg, key))
+        return 2048
+
+    def encode(self, prompt: str, chat_template: bool = True, system: str | None = None) -> list[int]:
+        """Token ids of a prompt, through the model's chat template when asked and available."""
+        tok = self.tokenizer
+        if chat_template and getattr(tok, "chat_template", None):
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": prompt}
+            ]
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return list(tok(text, add_special_tokens=False)["input_ids"])
+        return list(tok(prompt)["input_ids"])
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> str:
+    if dtype == "auto":
+        if device.type == "cuda":
+            return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        return CPU_AUTO_DTYPE
+    if dtype not in DTYPES:
+        raise FeedbackError(f"unknown dtype {dtype!r}; choose auto, {', '.join(DTYPES)}")
+    return dtype
+
+
+def resolve_source(spec: str | None) -> tuple[str, str]:
+    """(kind, location) for a model spec: embedded, gguf file, local folder or hub id."""
+    if spec in (None, "", embedded.EMBEDDED_NAME):
+        return "embedded", str(embedded.prepare())
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise FeedbackError(f"GGUF file not found: {spec}")
+        return "gguf", str(embedded.prepare(gguf=path.resolve()))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FeedbackError(f"{spec} is a folder but has no config.json; not a transformers model")
+        return "local", str(path)
+    if path.exists() or spec.startswith((".", "/", "~")):
+        raise FeedbackError(f"model path not usable: {spec}")
+    return "hub", spec
+
+
+def load_model(
+    spec: str | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    load_in_4bit: bool = False,
+    load_in_8bit: bool = False,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load a model and tokenizer for the engine; user mistakes raise `FeedbackError`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars would swamp CLI and test output
+    started = time.perf_counter()
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise FeedbackError("device 'cuda' requested but no CUDA GPU is available")
+    dtype_name = resolve_dtype(dtype, dev)
+    kwargs: dict = {"dtype": DTYPES[dtype_name], "trust_remote_code": trust_remote_code}
+    if load_in_4bit or load_in_8bit:
+        if load_in_4bit and load_in_8bit:
+            raise FeedbackError("choose one of 4-bit and 8-bit loading, not both")
+        if not torch.cuda.is_available():
+            raise FeedbackError("4-bit/8-bit loading uses bitsandbytes and needs a CUDA GPU; none is available")
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=load_in_4bit,
+            load_in_8bit=load_in_8bit,
+            bnb_4bit_compute_dtype=DTYPES[dtype_name],
+        )
+        device_map = device_map or "auto"
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+        if max_memory:
+            kwargs["max_memory"] = max_memory
+
+    kind, location = resolve_source(spec)
+    if kind == "hub":
+        # Never wait on an unreachable hub: fail fast with a clear message instead.
+        os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise FeedbackError(f"could not load model {spec or 'embedded'!r}: {first}") from exc
+    if device_map is None:
+        model.to(dev)
+    model.eval()
+    decoder_layers(model)  # fail now, not mid-run, on an unsupported architecture
+
+    eos: list[int] = []
+    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        for tid in source if isinstance(source, (list, tuple)) else [source]:
+            if tid is not None and int(tid) not in eos:
+                eos.append(int(tid))
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=spec or embedded.EMBEDDED_NAME,
+        dtype=dtype_name,
+        device=next(model.parameters()).device,
+        load_seconds=time.perf_counter() - started,
+        eos_token_ids=eos,
+    )

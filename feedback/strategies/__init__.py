@@ -1,0 +1,24 @@
+"""Feedback strategies: one file each, one interface (`base.Strategy`), looked up by name here."""
+from __future__ import annotations
+
+from typing import Any
+
+from feedback.errors import FeedbackError
+from feedback.strategies.base import BatchView, Param, Strategy
+from feedback.strategies.residual import ResidualStrategy
+
+REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (ResidualStrategy,)}
+
+
+def get_strategy(name: str) -> type[Strategy]:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise FeedbackError(f"unknown strategy {name!r}; available: {', '.join(sorted(REGISTRY))}") from None
+
+
+def build_strategy(name: str, params: dict[str, Any], num_layers: int) -> Strategy:
+    return get_strategy(name)(params, num_layers)
+
+
+__all__ = ["BatchView", "Param", "Strategy", "REGISTRY", "get_strategy", "build_strategy"]

@@ -1,0 +1,178 @@
+"""The one interface every feedback strategy implements, plus the hook plumbing they share.
+
+A strategy instance owns one engine row. It registers forward hooks (capture) and forward
+pre-hooks (inject) on decoder layers, acts only on its own row's batch position (looked up through
+the engine's `BatchView` at every call, so rows may leave the batch), keeps per-row state between
+steps, and removes every hook on `detach`.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+from torch import nn
+
+from feedback.errors import FeedbackError
+
+
+@dataclass
+class BatchView:
+    """What hooks may read about the forward pass in flight; written only by the engine."""
+
+    phase: str = "prefill"  # "prefill" (the shared prompt, batch of 1) or "decode" (one token a row)
+    live_rows: list[int] = field(default_factory=list)  # row ids in batch order while decoding
+
+    def index_of(self, row_id: int) -> int | None:
+        """Batch position of a row in the current forward, or None if it is not in it."""
+        if self.phase == "prefill":
+            return 0  # every row shares the prompt's single prefill row
+        try:
+            return self.live_rows.index(row_id)
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class Param:
+    """One strategy parameter: type, default (a value or a function of the layer count), bounds."""
+
+    name: str
+    kind: type
+    default: Any
+    help: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple | None = None
+    is_layer: bool = False  # a decoder-layer index: bounded by the model's layer count
+
+    def default_for(self, num_layers: int) -> Any:
+        return self.default(num_layers) if callable(self.default) else self.default
+
+    def coerce(self, value: Any, num_layers: int) -> Any:
+        """Parse (from a string too) and validate one value, with a message naming the parameter."""
+        try:
+            if self.kind is bool and isinstance(value, str):
+                if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(value)
+                value = value.lower() in ("1", "true", "yes", "on")
+            elif self.kind is int and isinstance(value, float) and value.is_integer():
+                value = int(value)
+            elif self.kind is int and isinstance(value, bool):
+                raise ValueError(value)
+            value = self.kind(value)
+        except (TypeError, ValueError):
+            raise FeedbackError(f"parameter {self.name} must be {self.kind.__name__}, got {value!r}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise FeedbackError(f"parameter {self.name} must be finite, got {value!r}")
+        lo, hi = self.minimum, self.maximum
+        if self.is_layer:
+            lo, hi = 0, num_layers - 1
+        if lo is not None and value < lo or hi is not None and value > hi:
+            raise FeedbackError(f"parameter {self.name}={value!r} is out of range [{lo}, {hi}]")
+        if self.choices is not None and value not in self.choices:
+            raise FeedbackError(f"parameter {self.name}={value!r} must be one of {list(self.choices)}")
+        return value
+
+    def schema(self, num_layers: int) -> dict:
+        lo, hi = (0, num_layers - 1) if self.is_layer else (self.minimum, self.maximum)
+        return {
+            "name": self.name, "type": self.kind.__name__, "default": self.default_for(num_layers),
+            "minimum": lo, "maximum": hi, "choices": list(self.choices) if self.choices else None,
+            "help": self.help,
+        }
+
+
+def rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Root-mean-square over the last (hidden) dimension, kept as a trailing size-1 dim."""
+    return x.pow(2).mean(dim=-1, keepdim=True).add(eps).sqrt()
+
+
+def layer_output(output: Any) -> torch.Tensor:
+    """A decoder layer's hidden-state output: a tensor in transformers 5, a tuple in older code."""
+    return output[0] if isinstance(output, tuple) else output
+
+
+class Strategy(ABC):
+    """Base class: parameters, validation, hook bookkeeping. Subclasses add the maths."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    params: ClassVar[tuple[Param, ...]]
+
+    def __init__(self, values: dict[str, Any], num_layers: int):
+        self.values = self.validate(values, num_layers)
+        self.num_layers = num_layers
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.row_id: int | None = None
+        self.batch: BatchView | None = None
+
+    @classmethod
+    def validate(cls, values: dict[str, Any], num_layers: int) -> dict[str, Any]:
+        """Defaults filled in, every value parsed and range-checked; unknown names refused."""
+        known = {p.name: p for p in cls.params}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise FeedbackError(
+                f"unknown parameter(s) {', '.join(unknown)} for strategy {cls.name}; "
+                f"it takes {', '.join(known) or 'none'}"
+            )
+        out = {p.name: p.coerce(p.default_for(num_layers), num_layers) for p in cls.params}
+        for key, value in values.items():
+            out[key] = known[key].coerce(value, num_layers)
+        cls.check(out, num_layers)
+        return out
+
+    @classmethod
+    def check(cls, values: dict[str, Any], num_layers: int) -> None:
+        """Cross-parameter checks; override where parameters constrain each other."""
+
+    @classmethod
+    def schema(cls, num_layers: int) -> dict:
+        return {
+            "name": cls.name, "description": cls.description,
+            "params": [p.schema(num_layers) for p in cls.params],
+        }
+
+    def attach(self, model: nn.Module, layers: nn.ModuleList, row_id: int, batch: BatchView) -> None:
+        """Register this strategy's hooks for one row; state starts fresh."""
+        if self._handles:
+            raise RuntimeError(f"strategy {self.name} is already attached")
+        self.row_id, self.batch = row_id, batch
+        self.reset()
+        try:
+            self._register(model, layers)
+        except BaseException:
+            self.detach()
+            raise
+
+    def _add_forward_hook(self, module: nn.Module, fn: Callable) -> None:
+        self._handles.append(module.register_forward_hook(fn))
+
+    def _add_pre_hook(self, module: nn.Module, fn: Callable) -> None:
+        self._handles.append(module.register_forward_pre_hook(fn, with_kwargs=True))
+
+    def detach(self) -> None:
+        """Remove every hook this strategy registered (safe to call more than once)."""
+        while self._handles:
+            self._handles.pop().remove()
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    def my_index(self) -> int | None:
+        return self.batch.index_of(self.row_id) if self.batch is not None else None
+
+    @abstractmethod
+    def _register(self, model: nn.Module, layers: nn.ModuleList) -> None:
+        """Register hooks with `_add_forward_hook` / `_add_pre_hook`."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget all per-row state (called on attach)."""
+
+    def end_forward(self) -> None:
+        """Called by the engine after every forward pass (prefill and each decode step)."""

@@ -1,0 +1,82 @@
+"""Residual feedback (SPEC §4.1): the previous token's centred deep state added to a lower layer.
+
+    x^j_t <- x^j_t + alpha * rms(x^j_t) * u_{t-1},   u = (h^s - mu_s) / rms(h^s - mu_s)
+
+h^s is the output of the source layer s, mu_s its running mean over the row so far (position 0,
+the attention sink, excluded), x^j the input of the target layer j. It is recurrent: h^s at t-1
+already carries the injection made at t-1, so generation costs no extra forward.
+
+In generation the shared prompt prefill runs clean (no injection): it seeds mu_s with the prompt's
+source states and u with the last prompt position's state, and injection acts from the first
+decoded token on. Teacher-forced perplexity modes are provided by `feedback.perplexity`.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from feedback.strategies.base import Param, Strategy, layer_output, rms
+
+
+class ResidualStrategy(Strategy):
+    name = "residual"
+    description = "previous token's centred deep state added to a lower layer's residual stream"
+    params = (
+        Param("alpha", float, 0.05, "injection strength, relative to the target's RMS", -1.0, 1.0),
+        Param("source_layer", int, lambda n: min(n - 1, round(0.7 * n)), "layer whose output is fed back",
+              is_layer=True),
+        Param("target_layer", int, lambda n: round(0.3 * n), "layer whose input receives it", is_layer=True),
+    )
+
+    def reset(self) -> None:
+        self.mean: torch.Tensor | None = None  # running mean of source states, fp32 [H]
+        self.count = 0
+        self.prev_u: torch.Tensor | None = None  # u_{t-1}, used by the injection at step t
+        self.next_u: torch.Tensor | None = None  # u_t, becomes prev_u once the forward ends
+
+    def _register(self, model: nn.Module, layers: nn.ModuleList) -> None:
+        self._add_forward_hook(layers[self.values["source_layer"]], self._capture)
+        self._add_pre_hook(layers[self.values["target_layer"]], self._inject)
+
+    def _direction(self, h: torch.Tensor) -> torch.Tensor:
+        d = h - self.mean
+        scale = rms(d)
+        # With a single state the centred vector is zero: no direction yet, inject nothing.
+        return torch.where(scale > 1e-4, d / scale, torch.zeros_like(d))
+
+    def _capture(self, module: nn.Module, args: tuple, output) -> None:
+        b = self.my_index()
+        if b is None:
+            return
+        hidden = layer_output(output)
+        if self.batch.phase == "prefill":
+            states = hidden[b, 1:].float()  # skip position 0 (attention sink)
+            if states.shape[0] == 0:
+                return
+            self.count = states.shape[0]
+            self.mean = states.mean(dim=0)
+            self.next_u = self._direction(states[-1])
+            return
+        h = hidden[b, -1].float()
+        self.count += 1
+        self.mean = h.clone() if self.mean is None else self.mean + (h - self.mean) / self.count
+        self.next_u = self._direction(h)
+
+    def _inject(self, module: nn.Module, args: tuple, kwargs: dict):
+        if self.batch.phase != "decode" or self.prev_u is None:
+            return None
+        b = self.my_index()
+        if b is None:
+            return None
+        in_args = bool(args)
+        x = args[0] if in_args else kwargs["hidden_states"]
+        row = x[b, -1].float()
+        x = x.clone()
+        x[b, -1] = (row + self.values["alpha"] * rms(row) * self.prev_u).to(x.dtype)
+        if in_args:
+            return (x, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": x}
+
+    def end_forward(self) -> None:
+        if self.next_u is not None:
+            self.prev_u, self.next_u = self.next_u, None

