@@ -1,0 +1,33 @@
+"""Shared fixtures: the real embedded model (behaviour) and a tiny random Llama (mechanics)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from feedback.model import LoadedModel, load_model
+
+
+@pytest.fixture(scope="session")
+def embedded_lm() -> LoadedModel:
+    """SmolLM2-135M-Instruct from the embedded GGUF (converted once into the cache)."""
+    return load_model("embedded", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(embedded_lm: LoadedModel) -> LoadedModel:
+    """A 4-layer random Llama sharing the embedded tokenizer: fast, for mechanics only."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tok = embedded_lm.tokenizer
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    model = LlamaForCausalLM(cfg).eval()
+    return LoadedModel(model=model, tokenizer=tok, name="tiny", dtype="float32",
+                       device=torch.device("cpu"), eos_token_ids=[tok.eos_token_id])
+
+
+def hook_count(model: torch.nn.Module) -> int:
+    """Forward hooks and pre-hooks registered anywhere in the model."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())

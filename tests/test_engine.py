@@ -1,0 +1,248 @@
+"""Engine mechanics and the exactness guarantees of SPEC §3."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+from feedback.engine import Engine
+from feedback.errors import FeedbackError
+from feedback.records import DeepConfConfig, RowSpec, RunConfig, RunResult
+from feedback.sampling import SamplingConfig
+from tests.conftest import hook_count
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about autumn leaves.",
+    "List three prime numbers and explain why they are prime.",
+    "Translate 'good morning' into Spanish and German.",
+]
+
+
+def _generate_greedy(lm, ids: list[int], n: int) -> list[int]:
+    with torch.inference_mode():
+        out = lm.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=n, do_sample=False, pad_token_id=lm.tokenizer.eos_token_id)
+    new = out[0, len(ids):].tolist()
+    return new
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_baseline_equals_model_generate(embedded_lm, prompt):
+    cfg = RunConfig(prompt=prompt, max_new_tokens=24, rows=[RowSpec("baseline")])
+    result = Engine(embedded_lm).run(cfg)
+    expected = _generate_greedy(embedded_lm, embedded_lm.encode(prompt), 24)
+    assert result.rows[0].token_ids == expected
+
+
+def test_strength_zero_feedback_has_baseline_logits(embedded_lm):
+    seen: list[torch.Tensor] = []
+
+    def observer(step, live, logits):
+        if live == [0, 1]:
+            seen.append(logits.clone())
+
+    cfg = RunConfig(prompt=PROMPTS[2], max_new_tokens=20,
+                    rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.0})])
+    result = Engine(embedded_lm).run(cfg, observer=observer)
+    assert len(seen) == 20
+    for logits in seen:
+        assert torch.max(torch.abs(logits[0] - logits[1])).item() <= 1e-5
+    assert result.rows[0].token_ids == result.rows[1].token_ids
+    assert result.first_divergence_step is None
+
+
+def test_feedback_changes_logits_when_strength_nonzero(embedded_lm):
+    diffs: list[float] = []
+    cfg = RunConfig(prompt=PROMPTS[0], max_new_tokens=8,
+                    rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.5})])
+    Engine(embedded_lm).run(cfg, observer=lambda s, live, lg: diffs.append(
+        (lg[0] - lg[1]).abs().max().item() if len(live) == 2 else 0.0))
+    assert diffs[0] == 0.0  # the first token comes from the shared prefill
+    assert max(diffs[1:]) > 1e-2
+
+
+def test_row_batched_equals_row_alone(embedded_lm):
+    rows = [RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.2}),
+            RowSpec("fb2", "residual", {"alpha": 0.1, "target_layer": 3})]
+    together = Engine(embedded_lm).run(RunConfig(prompt=PROMPTS[1], max_new_tokens=24, rows=rows))
+    for i, spec in enumerate(rows):
+        alone = Engine(embedded_lm).run(RunConfig(prompt=PROMPTS[1], max_new_tokens=24, rows=[spec]))
+        assert alone.rows[0].token_ids == together.rows[i].token_ids, spec.name
+        for a, b in zip(alone.rows[0].steps, together.rows[i].steps):
+            assert a.confidence == pytest.approx(b.confidence, abs=1e-3)
+
+
+def test_seeded_sampling_reproduces_and_matches_alone(embedded_lm):
+    sampling = SamplingConfig(temperature=0.9, top_k=50, top_p=0.95, min_p=0.02, repetition_penalty=1.1)
+    rows = [RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.1})]
+    cfg = RunConfig(prompt=PROMPTS[1], max_new_tokens=30, seed=123, sampling=sampling, rows=rows)
+    a = Engine(embedded_lm).run(cfg)
+    b = Engine(embedded_lm).run(RunConfig.from_dict(cfg.to_dict()))
+    assert [r.token_ids for r in a.rows] == [r.token_ids for r in b.rows]
+    other = Engine(embedded_lm).run(RunConfig(prompt=PROMPTS[1], max_new_tokens=30, seed=124,
+                                              sampling=sampling, rows=rows))
+    assert other.rows[0].token_ids != a.rows[0].token_ids
+    alone = Engine(embedded_lm).run(RunConfig(prompt=PROMPTS[1], max_new_tokens=30, seed=123,
+                                              sampling=sampling, rows=rows[:1]))
+    assert alone.rows[0].token_ids == a.rows[0].token_ids
+
+
+def test_incremental_text_equals_full_decode(embedded_lm):
+    cfg = RunConfig(prompt="Write the word 'café' and the emoji 🎉, then say 你好 in Chinese.",
+                    max_new_tokens=40, rows=[RowSpec("baseline")])
+    row = Engine(embedded_lm).run(cfg).rows[0]
+    full = embedded_lm.tokenizer.decode(row.token_ids, skip_special_tokens=True,
+                                        clean_up_tokenization_spaces=False)
+    assert "".join(s.text for s in row.steps) == full == row.text
+
+
+def test_step_records_are_consistent(embedded_lm):
+    cfg = RunConfig(prompt=PROMPTS[0], max_new_tokens=12, deepconf=DeepConfConfig(k=20, window=4))
+    result = Engine(embedded_lm).run(cfg)
+    for row in result.rows:
+        confs = []
+        for s in row.steps:
+            confs.append(s.confidence)
+            assert len(s.top) == 5
+            assert s.top[0].prob >= s.top[-1].prob
+            assert s.prob == pytest.approx(torch.tensor(s.logprob).exp().item(), rel=1e-6)
+            assert s.group_confidence == pytest.approx(sum(confs[-4:]) / len(confs[-4:]))
+            assert s.entropy >= 0 and s.confidence > 0
+            if s.token_id == s.top[0].token_id:  # greedy: the chosen token is the most probable
+                assert s.prob == pytest.approx(s.top[0].prob, rel=1e-5)
+        assert row.metrics["tokens"] == len(row.steps)
+        assert row.stop_reason in ("eos", "max_tokens")
+
+
+def test_eos_ends_row_and_max_tokens(embedded_lm):
+    result = Engine(embedded_lm).run(RunConfig(prompt="Reply with just the word: yes", max_new_tokens=50))
+    row = result.rows[0]
+    assert row.stop_reason == "eos" and row.token_ids[-1] in embedded_lm.eos_token_ids
+    assert row.stop_step == len(row.token_ids) - 1
+    short = Engine(embedded_lm).run(RunConfig(prompt=PROMPTS[2], max_new_tokens=5)).rows[0]
+    assert short.stop_reason == "max_tokens" and len(short.token_ids) == 5 and short.stop_step == 4
+
+
+def test_early_stop_leaves_batch_and_others_unchanged(tiny_lm):
+    """With a threshold only one row can fall under, that row stops at the first full window and the
+    other row's tokens are exactly those of a run without early stopping."""
+    rows = [RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 1.0, "source_layer": 3, "target_layer": 0})]
+    plain = Engine(tiny_lm).run(RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=30, rows=rows,
+                                          deepconf=DeepConfConfig(window=4)))
+    live_sizes: list[int] = []
+    # a threshold above every confidence stops every row at its first full window
+    stopped = Engine(tiny_lm).run(
+        RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=30, rows=rows, deepconf=DeepConfConfig(window=4, threshold=1e9)),
+        observer=lambda s, live, lg: live_sizes.append(len(live)))
+    for row in stopped.rows:
+        assert row.stop_reason == "early_stop" and row.stop_step == 3 and len(row.token_ids) == 4
+    assert len(live_sizes) == 4
+    # A threshold between the two rows' first-window group confidences stops exactly one of them.
+    g = [r.steps[3].group_confidence for r in plain.rows]
+    if abs(g[0] - g[1]) < 1e-6:
+        pytest.skip("rows have equal first-window confidence on this tiny model")
+    low, high = sorted(range(2), key=lambda i: g[i])
+    thr = (g[0] + g[1]) / 2
+    live_sizes.clear()
+    mixed = Engine(tiny_lm).run(
+        RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=30, rows=rows, deepconf=DeepConfConfig(window=4, threshold=thr)),
+        observer=lambda s, live, lg: live_sizes.append(len(live)))
+    assert mixed.rows[low].stop_reason == "early_stop" and mixed.rows[low].stop_step == 3
+    assert live_sizes[4:] and set(live_sizes[4:]) == {1}  # the stopped row left the batch
+    survivor = mixed.rows[high]
+    # the survivor goes on until its own window dips under the threshold or the end
+    n = len(survivor.token_ids)
+    assert survivor.token_ids == plain.rows[high].token_ids[:n]
+
+
+def test_stop_event_ends_within_one_step_and_frees_hooks(tiny_lm):
+    stop = threading.Event()
+    run = Engine(tiny_lm).start(RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=200), stop_event=stop)
+    steps = 0
+    for event in run:
+        steps += 1
+        assert hook_count(tiny_lm.model) > 0
+        if event.step == 5:
+            stop.set()
+    assert steps == 6
+    assert all(r.stop_reason == "stopped" and r.stop_step == 5 for r in run.result.rows)
+    assert hook_count(tiny_lm.model) == 0
+
+
+def test_stop_from_another_thread(tiny_lm):
+    run = Engine(tiny_lm).start(RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=400))
+    events = []
+
+    def consume():
+        for ev in run:
+            events.append(ev.step)
+            if ev.step == 3:
+                threading.Thread(target=run.stop).start()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert len(events) < 400 and run.result.rows[0].stop_reason == "stopped"
+
+
+def test_hooks_removed_on_failure_and_abandon(tiny_lm):
+    def boom(step, live, logits):
+        if step == 2:
+            raise RuntimeError("observer failed")
+
+    with pytest.raises(RuntimeError, match="observer failed"):
+        Engine(tiny_lm).run(RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=10), observer=boom)
+    assert hook_count(tiny_lm.model) == 0
+    run = Engine(tiny_lm).start(RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=10))
+    it = iter(run)
+    next(it)
+    assert hook_count(tiny_lm.model) > 0
+    it.close()  # a consumer that walks away (e.g. a closed browser tab)
+    assert hook_count(tiny_lm.model) == 0
+
+
+def test_result_is_json_serialisable_and_config_round_trips(tiny_lm):
+    cfg = RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=6, sampling=SamplingConfig(temperature=0.7), seed=5)
+    result = Engine(tiny_lm).run(cfg)
+    data = json.loads(result.to_json())
+    assert data["config"]["model"] == "tiny" and data["config"]["dtype"] == "float32"
+    row = data["rows"][1]
+    assert {"name", "strategy", "token_ids", "text", "stop_reason", "stop_step", "steps", "metrics",
+            "tokens_per_s"} <= set(row)
+    assert {"token_id", "text", "logprob", "confidence", "entropy", "group_confidence", "top"} <= set(row["steps"][0])
+    again = RunConfig.from_dict(data["config"] | {"model": "tiny"})
+    # the result records the resolved dtype, so replaying it pins what actually ran
+    assert again == RunConfig.from_dict(cfg.to_dict() | {"model": "tiny", "dtype": "float32"})
+    assert isinstance(result, RunResult) and result.memory and result.memory[0]["rss_mb"] > 0
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(prompt="   "), "prompt is empty"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens=10**6), "max_new_tokens"),
+    (dict(sampling=SamplingConfig(temperature=float("nan"))), "temperature"),
+    (dict(sampling=SamplingConfig(top_p=1.5)), "top_p"),
+    (dict(sampling=SamplingConfig(top_k=-1)), "top_k"),
+    (dict(deepconf=DeepConfConfig(window=0)), "window"),
+    (dict(deepconf=DeepConfConfig(threshold=float("inf"))), "threshold"),
+    (dict(rows=[RowSpec("a"), RowSpec("a")]), "unique"),
+    (dict(rows=[RowSpec("b"), RowSpec("f", "nope")]), "unknown strategy"),
+    (dict(rows=[RowSpec("b"), RowSpec("f", "residual", {"alpha": 5})]), "alpha"),
+    (dict(rows=[RowSpec("b"), RowSpec("f", "residual", {"target_layer": 99})]), "target_layer"),
+    (dict(rows=[RowSpec("b"), RowSpec("f", "residual", {"beta": 1})]), "unknown parameter"),
+    (dict(model="other-model"), "engine holds"),
+])
+def test_bad_config_is_refused_before_touching_the_model(tiny_lm, bad, message):
+    cfg = RunConfig(**({"prompt": "hi", "model": "tiny"} | bad))
+    with pytest.raises(FeedbackError, match=message):
+        Engine(tiny_lm).start(cfg)
+    assert hook_count(tiny_lm.model) == 0
+
+
+def test_prompt_longer_than_context_is_refused(tiny_lm):
+    with pytest.raises(FeedbackError, match="exceeds the model context of 512"):
+        Engine(tiny_lm).start(RunConfig(prompt="word " * 600, model="tiny", max_new_tokens=10))
