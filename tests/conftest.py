@@ -24,6 +24,7 @@ def tiny_lm(embedded_lm: LoadedModel) -> LoadedModel:
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     model = LlamaForCausalLM(cfg).eval()
+    model.set_attn_implementation("eager")  # as load_model does on CPU: batch-invariant
     return LoadedModel(model=model, tokenizer=tok, name="tiny", dtype="float32",
                        device=torch.device("cpu"), eos_token_ids=[tok.eos_token_id])
 

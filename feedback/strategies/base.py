@@ -58,7 +58,9 @@ class Param:
                 if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
                     raise ValueError(value)
                 value = value.lower() in ("1", "true", "yes", "on")
-            elif self.kind is int and isinstance(value, float) and value.is_integer():
+            elif self.kind is int and isinstance(value, float):
+                if not value.is_integer():
+                    raise ValueError(value)
                 value = int(value)
             elif self.kind is int and isinstance(value, bool):
                 raise ValueError(value)
