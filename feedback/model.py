@@ -120,6 +120,23 @@ def resolve_source(spec: str | None) -> tuple[str, str]:
     return "hub", spec
 
 
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the model hub answers a TCP connect quickly (False when offline mode is set)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    url = urlparse(constants.ENDPOINT)
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def load_model(
     spec: str | None = None,
     dtype: str = "auto",
@@ -169,15 +186,18 @@ def load_model(
             kwargs["max_memory"] = max_memory
 
     kind, location = resolve_source(spec)
-    if kind == "hub":
-        # Never wait on an unreachable hub: fail fast with a clear message instead.
-        os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
+    local_only = kind == "hub" and not _hub_reachable()
+    if local_only:
+        # huggingface_hub retries an unreachable hub for ~45 s; use the local cache or fail now.
+        kwargs["local_files_only"] = True
     try:
-        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code,
+                                                  local_files_only=local_only)
         model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # config, weights and tokenizer errors come in many types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise FeedbackError(f"could not load model {spec or 'embedded'!r}: {first}") from exc
+        hint = " (the model hub is unreachable and it is not in the local cache)" if local_only else ""
+        raise FeedbackError(f"could not load model {spec or 'embedded'!r}{hint}: {first}") from exc
     if device_map is None:
         model.to(dev)
     model.eval()

@@ -146,3 +146,23 @@ def test_arbitrary_token_sequences_round_trip(tok, byte_fragment_ids, data):
     ids = data.draw(st.lists(st.one_of(st.sampled_from(byte_fragment_ids), any_id), max_size=16))
     _, pieces, rest = stream(tok, ids)
     assert "".join(pieces) + rest == full_decode(tok, ids)
+
+
+def test_sentencepiece_style_spaces_survive_streaming():
+    """With a Metaspace decoder a word token decoded alone loses its leading space ("▁world" ->
+    "world"); the decoder's context window must keep the spaces between streamed words."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "</s>": 1, "▁hello": 2, "▁world": 3, "▁a": 4, "!": 5}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    sp_tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>")
+    assert sp_tok.decode([3]) == "world"  # the trap this test is about
+
+    assert sp_tok("hello world a", add_special_tokens=False)["input_ids"] == [2, 3, 4]
+    ids = [2, 3, 4, 3, 5]  # "hello world a world!"
+    _, pieces, rest = stream(sp_tok, ids + [1])
+    assert pieces[:5] == ["hello", " world", " a", " world", "!"]
+    assert "".join(pieces) + rest == full_decode(sp_tok, ids) == "hello world a world!"

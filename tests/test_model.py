@@ -279,6 +279,20 @@ def test_load_local_folder_round_trip(tiny_lm, tmp_path):
     assert a.argmax().item() == b.argmax().item()
 
 
+def test_eos_ids_merge_generation_config_and_tokenizer(tiny_lm, tmp_path):
+    model = tiny_lm.model
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [7, 5, 7]
+    try:
+        model.save_pretrained(tmp_path)
+    finally:
+        model.generation_config.eos_token_id = saved
+    tiny_lm.tokenizer.save_pretrained(tmp_path)
+    lm = load_model(str(tmp_path))
+    # generation-config ids first, in order, then the tokenizer's; no duplicates
+    assert lm.eos_token_ids == [7, 5, tiny_lm.tokenizer.eos_token_id]
+
+
 def test_load_local_folder_with_dtype(tiny_lm, tmp_path):
     tiny_lm.model.save_pretrained(tmp_path)
     tiny_lm.tokenizer.save_pretrained(tmp_path)
@@ -287,8 +301,10 @@ def test_load_local_folder_with_dtype(tiny_lm, tmp_path):
     assert next(lm.model.parameters()).dtype == torch.bfloat16
 
 
-def test_load_unsupported_folder_is_user_error(tmp_path):
-    (tmp_path / "config.json").write_text('{"model_type": "not-a-real-arch"}')
+@pytest.mark.parametrize("config", ['{"model_type": "not-a-real-arch"}', "{}", "not json"])
+def test_load_unusable_config_is_user_error(tiny_lm, tmp_path, config):
+    tiny_lm.tokenizer.save_pretrained(tmp_path)  # so that the config, not the tokenizer, is what fails
+    (tmp_path / "config.json").write_text(config)
     with pytest.raises(FeedbackError):
         load_model(str(tmp_path))
 
@@ -296,7 +312,11 @@ def test_load_unsupported_folder_is_user_error(tmp_path):
 def test_load_missing_hub_model_fails_fast(monkeypatch):
     import time
 
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads the variable once, at import (already done by the session fixtures)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "10")  # load_model may set it; restore afterwards
     started = time.perf_counter()
     with pytest.raises(FeedbackError) as info:
@@ -311,3 +331,44 @@ def test_embedded_eos_ids(embedded_lm):
     assert all(isinstance(i, int) for i in embedded_lm.eos_token_ids)
     assert embedded_lm.dtype == "float32"
     assert embedded_lm.num_layers == embedded_lm.model.config.num_hidden_layers == 30
+
+
+def _folder_with_tokenizer(tmp_path, tok):
+    tok.save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_load_invalid_config_values_is_user_error(tiny_lm, tmp_path):
+    folder = _folder_with_tokenizer(tmp_path, tiny_lm.tokenizer)
+    (folder / "config.json").write_text(
+        '{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 30, '
+        '"num_attention_heads": 4}')
+    with pytest.raises(FeedbackError):
+        load_model(str(folder))
+
+
+def test_load_corrupt_weights_is_user_error(tiny_lm, tmp_path):
+    tiny_lm.model.config.save_pretrained(tmp_path)
+    folder = _folder_with_tokenizer(tmp_path, tiny_lm.tokenizer)
+    (folder / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(FeedbackError):
+        load_model(str(folder))
+
+
+def test_load_folder_without_weights_is_user_error(tiny_lm, tmp_path):
+    tiny_lm.model.config.save_pretrained(tmp_path)
+    folder = _folder_with_tokenizer(tmp_path, tiny_lm.tokenizer)
+    with pytest.raises(FeedbackError):
+        load_model(str(folder))
+
+
+def test_unreachable_hub_fails_fast_with_hint(monkeypatch):
+    import time
+
+    import feedback.model as fm
+
+    monkeypatch.setattr(fm, "_hub_reachable", lambda timeout=3.0: False)
+    t = time.perf_counter()
+    with pytest.raises(FeedbackError, match="hub is unreachable and it is not in the local cache"):
+        load_model("org/does-not-exist-xyz")
+    assert time.perf_counter() - t < 10

@@ -1,0 +1,176 @@
+"""`python -m feedback bench`: the engine's speed ratios of SPEC §7, measured in one run.
+
+Ratios, not absolute timings, are the point: each compares two measurements taken moments apart on
+the same machine, the median of several repeats. They are reported, never asserted.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+from transformers import DynamicCache
+
+from feedback.engine import Engine
+from feedback.model import LoadedModel, load_model
+from feedback.records import RowSpec, RunConfig
+
+BENCH_PROMPT = "Write a detailed, step-by-step explanation of how a refrigerator keeps food cold."
+TARGETS = {
+    "baseline_vs_generate": (">=", 0.95),
+    "side_by_side_overhead": ("<=", 1.05),
+    "feedback_row_overhead": ("<=", 1.03),
+    "cold_start_s": ("<=", 3.0),
+}
+
+
+def _median(fn, repeats: int) -> float:
+    return statistics.median(fn() for _ in range(repeats))
+
+
+def _engine_step_s(engine: Engine, rows: list[RowSpec], tokens: int) -> float:
+    """Mean wall time of the decode steps after the first (the first one carries the prefill)."""
+    result = engine.run(RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=rows))
+    steps = result.rows[0].steps[1:]
+    return sum(s.time_ms for s in steps) / len(steps) / 1000.0
+
+
+def _engine_wall_s(engine: Engine, tokens: int) -> tuple[float, list[int]]:
+    t = time.perf_counter()
+    result = engine.run(RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=[RowSpec("baseline")]))
+    return time.perf_counter() - t, result.rows[0].token_ids
+
+
+def _generate_wall_s(lm: LoadedModel, tokens: int) -> tuple[float, list[int]]:
+    ids = torch.tensor([lm.encode(BENCH_PROMPT)], device=lm.device)
+    with torch.inference_mode():
+        t = time.perf_counter()
+        out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False,
+                                pad_token_id=lm.tokenizer.eos_token_id)
+        elapsed = time.perf_counter() - t
+    return elapsed, out[0, ids.shape[1]:].tolist()
+
+
+def _raw_step_s(lm: LoadedModel, batch: int, tokens: int) -> float:
+    """A bare batched forward per step on a real cache: no sampling, metrics, hooks or records."""
+    ids = torch.tensor([lm.encode(BENCH_PROMPT)], device=lm.device)
+    with torch.inference_mode():
+        cache = DynamicCache(config=lm.model.config)
+        out = lm.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(batch)
+        tok = out.logits[:, -1].argmax(-1).repeat(batch)[:, None]
+        t = time.perf_counter()
+        for _ in range(tokens - 1):
+            out = lm.model(input_ids=tok, cache=cache, use_cache=True)
+            tok = out.logits[:, -1].argmax(-1)[:, None]
+        return (time.perf_counter() - t) / (tokens - 1)
+
+
+def _bandwidth_gbs() -> float:
+    """Memory bandwidth from a large copy (bytes read + written per second), best of three."""
+    src = torch.empty(64 * 1024 * 1024, dtype=torch.float32).fill_(1.0)  # 256 MiB
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * src.element_size() / best / 1e9
+
+
+def _weight_bytes(lm: LoadedModel) -> int:
+    seen: set[int] = set()
+    total = 0
+    for p in lm.model.parameters():  # tied tensors (embedding = lm_head) are read once a step
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def _cold_start_s(dtype: str) -> float:
+    """load_model() from the prepared cache in a fresh process (interpreter and imports excluded)."""
+    code = ("import time; from feedback.model import load_model; t = time.perf_counter(); "
+            f"load_model('embedded', dtype={dtype!r}); print(time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def measure(tokens: int = 64, repeats: int = 3, dtype: str = "auto") -> dict:
+    lm = load_model("embedded", dtype=dtype)
+    engine = Engine(lm)
+    base, fb = RowSpec("baseline"), RowSpec("feedback", "residual", {})
+    _engine_step_s(engine, [base, fb], 8)  # warm-up (allocator, kernels)
+    gen_s, gen_tokens = zip(*(_generate_wall_s(lm, tokens) for _ in range(repeats)))
+    eng_s, eng_tokens = zip(*(_engine_wall_s(engine, tokens) for _ in range(repeats)))
+    pair = _median(lambda: _engine_step_s(engine, [base, fb], tokens), repeats)
+    twin = _median(lambda: _engine_step_s(engine, [base, RowSpec("baseline2")], tokens), repeats)
+    raw2 = _median(lambda: _raw_step_s(lm, 2, tokens), repeats)
+    raw1 = _median(lambda: _raw_step_s(lm, 1, tokens), repeats)
+    single = _median(lambda: _engine_step_s(engine, [base], tokens), repeats)
+    bandwidth = _bandwidth_gbs()
+    weights = _weight_bytes(lm)
+    ideal = weights / (bandwidth * 1e9)
+    return {
+        "model": lm.name, "dtype": lm.dtype, "device": str(lm.device), "tokens": tokens, "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "same_tokens_as_generate": all(g == e for g, e in zip(gen_tokens, eng_tokens)),
+        "baseline_vs_generate": statistics.median(gen_s) / statistics.median(eng_s),
+        "side_by_side_overhead": pair / raw2,
+        "feedback_row_overhead": pair / twin,
+        "two_rows_vs_two_generations": pair / (2 * single),
+        "cold_start_s": _cold_start_s(lm.dtype),
+        "roofline_fraction": ideal / single,
+        "step_ms": {"engine_baseline": single * 1e3, "engine_baseline_residual": pair * 1e3,
+                    "engine_baseline_baseline": twin * 1e3, "raw_batch1": raw1 * 1e3, "raw_batch2": raw2 * 1e3},
+        "weights_mb": weights / 2**20, "bandwidth_gbs": bandwidth,
+    }
+
+
+def compare_dtypes(tokens: int = 48, repeats: int = 3) -> dict:
+    """Decode step time and greedy agreement of each CPU dtype against fp32."""
+    out: dict = {}
+    ref: list[int] | None = None
+    for dtype in ("float32", "bfloat16"):
+        lm = load_model("embedded", dtype=dtype)
+        _raw_step_s(lm, 1, 8)
+        step = _median(lambda: _raw_step_s(lm, 1, tokens), repeats)
+        result = Engine(lm).run(RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=[RowSpec("b")]))
+        ids = result.rows[0].token_ids
+        ref = ref or ids
+        agree = next((i for i, (a, b) in enumerate(zip(ref, ids)) if a != b), min(len(ref), len(ids)))
+        out[dtype] = {"step_ms_batch1": step * 1e3, "tokens_equal_to_fp32_before_first_difference": agree,
+                      "text": result.rows[0].text[:160]}
+    return out
+
+
+def _verdict(key: str, value: float) -> str:
+    op, target = TARGETS[key]
+    ok = value >= target if op == ">=" else value <= target
+    return f"{op} {target}  {'ok' if ok else 'MISSED'}"
+
+
+def run_bench(args) -> int:
+    report = measure(args.tokens, args.repeats, args.dtype)
+    if getattr(args, "dtypes", False):
+        report["dtypes"] = compare_dtypes()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"model {report['model']} {report['dtype']} on {report['device']} ({report['threads']} threads), "
+          f"{report['tokens']} tokens, median of {report['repeats']}")
+    print(f"{'metric':32} {'value':>9}  target")
+    for key in ("baseline_vs_generate", "side_by_side_overhead", "feedback_row_overhead", "cold_start_s"):
+        print(f"{key:32} {report[key]:9.3f}  {_verdict(key, report[key])}")
+    print(f"{'two_rows_vs_two_generations':32} {report['two_rows_vs_two_generations']:9.3f}  (< 1 means batching pays)")
+    print(f"{'roofline_fraction':32} {report['roofline_fraction']:9.3f}  ({report['weights_mb']:.0f} MB weights "
+          f"at {report['bandwidth_gbs']:.1f} GB/s)")
+    print("step ms: " + ", ".join(f"{k} {v:.1f}" for k, v in report["step_ms"].items()))
+    print(f"same greedy tokens as model.generate: {report['same_tokens_as_generate']}")
+    for dtype, d in report.get("dtypes", {}).items():
+        print(f"{dtype}: {d['step_ms_batch1']:.1f} ms/step, equal to fp32 for "
+              f"{d['tokens_equal_to_fp32_before_first_difference']} tokens: {d['text']!r}")
+    return 0

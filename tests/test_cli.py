@@ -1,0 +1,86 @@
+"""The command line, run as a user would: a subprocess, its exit code, stdout and stderr."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "feedback", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_generate_json_prints_one_run_result():
+    out = cli("generate", "--prompt", "What is 2+2?", "--max-new-tokens", "12", "--param", "alpha=0.1",
+              "--window", "4", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["config"]["model"] == "embedded" and data["config"]["dtype"] in ("float32", "bfloat16")
+    assert [r["name"] for r in data["rows"]] == ["baseline", "feedback"]
+    fb = data["rows"][1]
+    assert fb["strategy"] == "residual" and fb["params"]["alpha"] == 0.1
+    assert 1 <= len(fb["token_ids"]) <= 12 and fb["stop_reason"] in ("eos", "max_tokens")
+    step = fb["steps"][0]
+    assert {"token_id", "text", "logprob", "confidence", "entropy", "group_confidence", "top"} <= set(step)
+    assert len(step["top"]) == 5 and {"token_id", "text", "prob"} == set(step["top"][0])
+    assert {"mean", "tail", "bottom10_group", "lowest_group"} <= set(fb["metrics"]) and "tokens_per_s" in fb
+
+
+def test_generate_text_output_labels_both_rows():
+    out = cli("generate", "--prompt", "Name a colour.", "--max-new-tokens", "8", "--no-chat-template",
+              "--temperature", "0.8", "--top-p", "0.9", "--top-k", "40", "--seed", "3")
+    assert out.returncode == 0, out.stderr
+    assert "=== baseline ===" in out.stdout and "=== feedback [residual alpha=0.05" in out.stdout
+    assert "tok/s" in out.stdout and "stop:" in out.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt", "  "], "prompt is empty"),
+    (["--prompt", "hi", "--strategy", "nope"], "unknown strategy 'nope'"),
+    (["--prompt", "hi", "--param", "alpha=abc"], "alpha must be float"),
+    (["--prompt", "hi", "--param", "alpha=7"], "alpha=7.0 is out of range"),
+    (["--prompt", "hi", "--param", "zeta=1"], "unknown parameter(s) zeta"),
+    (["--prompt", "hi", "--param", "alpha"], "--param expects KEY=VALUE"),
+    (["--prompt", "hi", "--max-new-tokens", "0"], "max_new_tokens must be an integer"),
+    (["--prompt", "hi", "--temperature", "nan"], "temperature must be a finite number"),
+    (["--prompt", "hi", "--model", "./no/such/folder"], "model path not usable"),
+    (["--prompt", "hi", "--model", "missing.gguf"], "GGUF file not found"),
+    (["--prompt", "word " * 9000], "exceeds the model context"),
+])
+def test_bad_input_exits_nonzero_with_one_line(args, message):
+    out = cli("generate", *args)
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.strip() and "Warning" not in line]
+    assert len(lines) == 1 and message in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_unknown_hub_model_is_a_clear_error():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-m", "feedback", "generate", "--prompt", "hi", "--model",
+                          "nobody/no-such-model"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 2 and "could not load model 'nobody/no-such-model'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_prepare_prints_the_cache_folder():
+    out = cli("prepare")
+    assert out.returncode == 0 and Path(out.stdout.strip()).joinpath("model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_bench_json_reports_every_ratio():
+    out = cli("bench", "--tokens", "8", "--repeats", "1", "--json", timeout=600)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    for key in ("baseline_vs_generate", "side_by_side_overhead", "feedback_row_overhead", "cold_start_s",
+                "roofline_fraction"):
+        assert isinstance(data[key], float) and data[key] > 0
+    assert data["same_tokens_as_generate"] is True
