@@ -13,8 +13,10 @@ from feedback import embedded
 from feedback.errors import FeedbackError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Measured with `python -m feedback bench --dtypes` on the 2-core dev CPU (see README): fp32 is kept
-# on CPU because it is what the exactness guarantees are tested in; bf16 is opt-in.
+# Measured with `python -m feedback bench --dtypes` on the 2-core dev CPU (README, Performance): bf16
+# decodes ~1.8x faster with sane greedy text, but its CPU matmuls round differently by batch size, so
+# a row batched with others drifts from the same row alone (a greedy token flipped within 11 steps).
+# fp32 keeps every exactness guarantee, so it is the CPU default; bf16 is opt-in (--dtype bfloat16).
 CPU_AUTO_DTYPE = "float32"
 
 # Attribute paths to the decoder-layer list, per architecture family.
