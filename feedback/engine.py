@@ -105,8 +105,7 @@ class Run:
             with torch.inference_mode():
                 prompt = torch.tensor([self.prompt_ids], device=device)
                 cache = DynamicCache(config=model.config)
-                out = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
-                self._end_forward()
+                out = self._forward(batch, input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
                 logits = out.logits[:, -1, :].float().expand(n_rows, -1)
                 if n_rows > 1:
                     cache.batch_repeat_interleave(n_rows)
@@ -182,8 +181,7 @@ class Run:
                         history = torch.cat([history, tokens[:, None]], dim=1)
                     step += 1
                     step_start = time.perf_counter()
-                    out = model(input_ids=tokens[:, None], cache=cache, use_cache=True)
-                    self._end_forward()
+                    out = self._forward(batch, input_ids=tokens[:, None], cache=cache, use_cache=True)
                     logits = out.logits[:, -1, :].float()
         finally:
             for strategy in self.strategies.values():
@@ -191,9 +189,17 @@ class Run:
             del cache
             self._finish(decoders, confs, t0)
 
-    def _end_forward(self) -> None:
+    def _forward(self, batch: BatchView, **inputs):
+        """One forward pass with this run's hooks active, then the strategies' end-of-step update."""
+        with self.lm.forward_lock:
+            batch.active = True
+            try:
+                out = self.lm.model(**inputs)
+            finally:
+                batch.active = False
         for strategy in self.strategies.values():
             strategy.end_forward()
+        return out
 
     def _finish(self, decoders: list[IncrementalDecoder], confs: list[list[float]], t0: float) -> None:
         res = self.result

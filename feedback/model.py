@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,8 @@ class LoadedModel:
     device: torch.device
     load_seconds: float = 0.0
     eos_token_ids: list[int] = field(default_factory=list)
+    # Held for each forward pass: runs sharing this model interleave step by step, never overlap.
+    forward_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def layers(self) -> nn.ModuleList:

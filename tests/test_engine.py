@@ -246,3 +246,26 @@ def test_bad_config_is_refused_before_touching_the_model(tiny_lm, bad, message):
 def test_prompt_longer_than_context_is_refused(tiny_lm):
     with pytest.raises(FeedbackError, match="exceeds the model context of 512"):
         Engine(tiny_lm).start(RunConfig(prompt="word " * 600, model="tiny", max_new_tokens=10))
+
+
+def test_interleaved_runs_on_one_model_do_not_interfere(tiny_lm):
+    """Two runs stepping alternately on the same model (as two browser sessions would) give the
+    same tokens as each run alone; a plain forward meanwhile is untouched by their hooks."""
+    rows_a = [RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.9, "target_layer": 0})]
+    rows_b = [RowSpec("fb", "residual", {"alpha": -0.7, "source_layer": 2, "target_layer": 1}), RowSpec("base")]
+    cfg_a = RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=12, rows=rows_a)
+    cfg_b = RunConfig(prompt=PROMPTS[1], model="tiny", max_new_tokens=12, rows=rows_b)
+    alone = [Engine(tiny_lm).run(c) for c in (cfg_a, cfg_b)]
+    ids = torch.tensor([tiny_lm.encode("plain")])
+    with torch.inference_mode():
+        clean = tiny_lm.model(input_ids=ids).logits
+    run_a, run_b = Engine(tiny_lm).start(cfg_a), Engine(tiny_lm).start(cfg_b)
+    it_a, it_b = iter(run_a), iter(run_b)
+    for _ in range(12):
+        next(it_a, None), next(it_b, None)
+        with torch.inference_mode():
+            assert torch.equal(tiny_lm.model(input_ids=ids).logits, clean)
+    list(it_a), list(it_b)
+    for got, want in zip((run_a.result, run_b.result), alone):
+        assert [r.token_ids for r in got.rows] == [r.token_ids for r in want.rows]
+    assert hook_count(tiny_lm.model) == 0

@@ -61,7 +61,7 @@ def test_residual_update_matches_hand_computation(tiny_lm):
     model, layers = tiny_lm.model, tiny_lm.layers
     alpha, src, tgt = 0.3, 2, 1
     strat = ResidualStrategy({"alpha": alpha, "source_layer": src, "target_layer": tgt}, len(layers))
-    batch = BatchView("prefill", [0, 1])
+    batch = BatchView("prefill", [0, 1], active=True)  # we drive the forwards ourselves
     seen_src: list[torch.Tensor] = []
     seen_tgt: list[torch.Tensor] = []
     strat.attach(model, layers, 1, batch)

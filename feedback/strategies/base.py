@@ -24,9 +24,14 @@ class BatchView:
 
     phase: str = "prefill"  # "prefill" (the shared prompt, batch of 1) or "decode" (one token a row)
     live_rows: list[int] = field(default_factory=list)  # row ids in batch order while decoding
+    # True only while this run's own forward is in flight (the engine serialises forwards per model),
+    # so hooks of one run never touch another run's forward on the same model.
+    active: bool = False
 
     def index_of(self, row_id: int) -> int | None:
         """Batch position of a row in the current forward, or None if it is not in it."""
+        if not self.active:
+            return None
         if self.phase == "prefill":
             return 0  # every row shares the prompt's single prefill row
         try:
