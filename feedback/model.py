@@ -222,3 +222,39 @@ def load_model(
         load_seconds=time.perf_counter() - started,
         eos_token_ids=eos,
     )
+
+
+class ModelPool:
+    """Loaded models by name, restricted to an allowlist; keeps at most `capacity` in memory.
+
+    Shared by the UI and API so one process loads each model once. Loading is serialised."""
+
+    def __init__(self, allowlist: list[str], capacity: int = 1, **load_kwargs):
+        if not allowlist:
+            raise FeedbackError("the model allowlist is empty")
+        self.allowlist = list(dict.fromkeys(allowlist))
+        self.capacity = max(1, capacity)
+        self.load_kwargs = load_kwargs
+        self._models: dict[str, LoadedModel] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def default(self) -> str:
+        return self.allowlist[0]
+
+    def get(self, name: str | None = None) -> LoadedModel:
+        name = name or self.default
+        if name not in self.allowlist:
+            raise FeedbackError(f"model {name!r} is not in the allowlist: {', '.join(self.allowlist)}")
+        with self._lock:
+            if name not in self._models:
+                while len(self._models) >= self.capacity:
+                    self._models.pop(next(iter(self._models)))
+                self._models[name] = load_model(name, **self.load_kwargs)
+            return self._models[name]
+
+
+def allowlist_from_env(default: str = embedded.EMBEDDED_NAME) -> list[str]:
+    """`FEEDBACK_MODELS` (comma-separated names), else just the embedded model."""
+    names = [n.strip() for n in os.environ.get("FEEDBACK_MODELS", "").split(",") if n.strip()]
+    return names or [default]

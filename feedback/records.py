@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from feedback.confidence import DEFAULT_K, DEFAULT_WINDOW
@@ -147,6 +147,20 @@ class RunResult:
 
     def to_json(self, **kwargs) -> str:
         return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunResult":
+        """Rebuild a result from `to_dict()` output (history, exports, replay)."""
+        def known(kind, d: dict) -> dict:  # extra keys (e.g. UI annotations) are ignored
+            names = {f.name for f in fields(kind)}
+            return {k: v for k, v in d.items() if k in names}
+
+        rows = []
+        for r in data["rows"]:
+            steps = [StepRecord(**{**known(StepRecord, s), "top": [Alternative(**a) for a in s.get("top", [])]})
+                     for s in r["steps"]]
+            rows.append(RowResult(**{**known(RowResult, r), "steps": steps}))
+        return cls(**{**known(cls, data), "rows": rows})
 
     def row(self, name: str) -> RowResult:
         for r in self.rows:

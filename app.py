@@ -1,0 +1,54 @@
+"""Launch the Feedback Lens UI: `python app.py` (also the Hugging Face Space's app_file).
+
+Host, port, share and auth come from flags or the usual GRADIO_* variables; the model allowlist
+from --models or FEEDBACK_MODELS (the first entry is the default; `embedded` is SmolLM2-135M).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(description="Feedback Lens: baseline vs activation feedback, side by side")
+    p.add_argument("--host", default=env("GRADIO_SERVER_NAME", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(env("GRADIO_SERVER_PORT", "7860")))
+    p.add_argument("--share", action="store_true", default=env("GRADIO_SHARE", "").lower() in ("1", "true"))
+    p.add_argument("--auth", default=env("FEEDBACK_AUTH"), help="USER:PASSWORD required to open the UI")
+    p.add_argument("--models", default=env("FEEDBACK_MODELS", "embedded"),
+                   help="comma-separated allowlist; the first is the default")
+    p.add_argument("--queue-size", type=int, default=int(env("FEEDBACK_QUEUE_SIZE", "32")),
+                   help="most requests waiting for the model at once")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from feedback.errors import FeedbackError
+    from feedback.model import ModelPool
+    from ui.app import FeedbackLensApp
+    from ui.render import CSS
+
+    auth = None
+    if args.auth:
+        user, sep, password = args.auth.partition(":")
+        if not sep or not user or not password:
+            print("error: --auth expects USER:PASSWORD", file=sys.stderr)
+            return 2
+        auth = (user, password)
+    try:
+        pool = ModelPool([m.strip() for m in args.models.split(",") if m.strip()])
+        demo = FeedbackLensApp(pool).build()
+    except FeedbackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    demo.queue(max_size=args.queue_size, default_concurrency_limit=1)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, auth=auth, css=CSS,
+                footer_links=["api", "gradio"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

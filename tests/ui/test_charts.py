@@ -1,0 +1,126 @@
+"""Plotly figures: traces per row, threshold, early-stop markers, divergence, memory, uirevision."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import pytest
+
+from feedback.records import RowResult, StepRecord
+from ui.charts import UIREVISION, confidence_figure, first_divergence, memory_figure
+
+
+def make_row(name: str, confs: list[float], groups: list[float] | None = None,
+             token_ids: list[int] | None = None, **kwargs) -> RowResult:
+    groups = groups or confs
+    steps = [StepRecord(step=i, token_id=i, text="t", logprob=-0.1, prob=0.9, confidence=c, entropy=0.1,
+                        group_confidence=g, top=[], time_ms=1.0)
+             for i, (c, g) in enumerate(zip(confs, groups))]
+    ids = list(range(len(confs))) if token_ids is None else token_ids
+    return RowResult(name=name, strategy=None, params={}, token_ids=ids, steps=steps, **kwargs)
+
+
+def traces(fig: go.Figure) -> dict[str, go.Scatter]:
+    return {t.name: t for t in fig.data}
+
+
+def test_row_traces_and_layout() -> None:
+    fig = confidence_figure([make_row("baseline", [1.0, 2.0]), make_row("feedback", [1.5, 0.5, 1.0])])
+    names = traces(fig)
+    assert set(names) == {"baseline token conf", "baseline group conf",
+                          "feedback token conf", "feedback group conf"}
+    assert list(names["feedback token conf"].x) == [0, 1, 2]
+    assert list(names["baseline group conf"].y) == [1.0, 2.0]
+    assert names["baseline token conf"].line.color == names["baseline group conf"].line.color
+    assert names["baseline token conf"].line.color != names["feedback token conf"].line.color
+    assert fig.layout.uirevision == UIREVISION
+    assert fig.layout.xaxis.title.text == "decode step" and fig.layout.yaxis.title.text
+    assert fig.layout.legend.orientation == "h"
+
+
+@pytest.mark.parametrize("threshold", [None, 1.25])
+def test_threshold_trace_iff_given(threshold: float | None) -> None:
+    fig = confidence_figure([make_row("baseline", [1.0, 2.0, 3.0])], threshold=threshold)
+    named = traces(fig)
+    if threshold is None:
+        assert "threshold" not in named
+    else:
+        assert list(named["threshold"].y) == [threshold, threshold]
+        assert list(named["threshold"].x) == [0, 2]
+        assert named["threshold"].line.dash == "dash"
+
+
+def test_early_stop_marker_at_stop_step_group_confidence() -> None:
+    stopped = make_row("feedback", [3.0, 2.0, 1.0], groups=[3.0, 2.5, 2.0],
+                       stop_reason="early_stop", stop_step=2)
+    other = make_row("baseline", [3.0, 2.0, 1.0], stop_reason="eos", stop_step=2)
+    named = traces(confidence_figure([other, stopped], threshold=2.1))
+    marker = named["feedback early stop"]
+    assert (list(marker.x), list(marker.y)) == ([2], [2.0])
+    assert marker.marker.symbol == "x"
+    assert "baseline early stop" not in named
+
+
+def test_divergence_line_and_annotation() -> None:
+    rows = [make_row("baseline", [1.0, 2.0, 4.0]), make_row("feedback", [0.5, 3.0])]
+    fig = confidence_figure(rows, threshold=5.0, divergence_step=1)
+    line = traces(fig)["first divergence"]
+    assert list(line.x) == [1, 1]
+    assert list(line.y) == [0.5, 5.0]
+    assert any(a.text == "diverge @ 1" for a in fig.layout.annotations)
+    assert "first divergence" not in traces(confidence_figure(rows))
+
+
+def test_window_shading() -> None:
+    fig = confidence_figure([make_row("baseline", [1.0] * 5)], window=4)
+    assert len(fig.layout.shapes) == 1 and fig.layout.shapes[0].x1 == 2.5
+    assert not confidence_figure([make_row("baseline", [1.0])]).layout.shapes
+
+
+def test_empty_inputs() -> None:
+    for rows in ([], [make_row("baseline", []), make_row("feedback", [])]):
+        fig = confidence_figure(rows, threshold=1.0, divergence_step=0, window=8)
+        assert fig.layout.uirevision == UIREVISION and fig.layout.xaxis.title.text == "decode step"
+        fig.to_json()
+    empty = memory_figure([])
+    assert [t.name for t in empty.data] == ["RSS (MB)"] and empty.layout.uirevision == UIREVISION
+
+
+def mem_sample(t: float, rss: float, cuda: tuple[float, float, float] | None = None) -> dict:
+    """A `MemorySample.to_dict()`-shaped reading; the CUDA figures are None on CPU."""
+    allocated, reserved, peak = cuda or (None, None, None)
+    return {"t": t, "rss_mb": rss, "cuda_allocated_mb": allocated, "cuda_reserved_mb": reserved,
+            "cuda_peak_mb": peak}
+
+
+def test_memory_cpu_only_rss() -> None:
+    samples = [mem_sample(0.0, 100.0), mem_sample(0.5, 110.0)]
+    fig = memory_figure(samples)
+    assert [t.name for t in fig.data] == ["RSS (MB)"]
+    assert list(fig.data[0].x) == [0.0, 0.5] and list(fig.data[0].y) == [100.0, 110.0]
+    assert fig.layout.uirevision == UIREVISION
+
+
+def test_memory_cuda_traces_when_present() -> None:
+    samples = [mem_sample(0.0, 100.0), mem_sample(1.0, 100.0, cuda=(500.0, 600.0, 700.0))]
+    named = traces(memory_figure(samples))
+    assert set(named) == {"RSS (MB)", "CUDA allocated (MB)", "CUDA reserved (MB)", "CUDA peak (MB)"}
+    assert list(named["CUDA reserved (MB)"].y) == [None, 600.0]
+
+
+@pytest.mark.parametrize(("a", "b", "expected"), [
+    ([1, 2, 3], [1, 2, 3], None),
+    ([1, 2, 3], [1, 5, 3], 1),
+    ([9, 2], [1, 2], 0),
+    ([1, 2], [1, 2, 3], 2),
+    ([1, 2, 3, 4], [1, 2], 2),
+    ([], [1], 0),
+    ([], [], None),
+])
+def test_first_divergence(a: list[int], b: list[int], expected: int | None) -> None:
+    rows = [make_row("baseline", [1.0] * len(a), token_ids=a),
+            make_row("feedback", [1.0] * len(b), token_ids=b)]
+    assert first_divergence(rows) == expected
+
+
+def test_first_divergence_needs_two_rows() -> None:
+    assert first_divergence([]) is None
+    assert first_divergence([make_row("baseline", [1.0])]) is None

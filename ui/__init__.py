@@ -1,0 +1,1 @@
+"""Gradio UI for Feedback Lens: HTML rendering and Plotly charts of run records."""

@@ -1,0 +1,117 @@
+"""Plotly figures for the compare tab: confidence curves and memory, zoom kept via `uirevision`."""
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+
+from feedback.records import RowResult
+
+UIREVISION = "feedback-lens"
+ROW_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+MEMORY_SERIES = [
+    ("rss_mb", "RSS (MB)"),
+    ("cuda_allocated_mb", "CUDA allocated (MB)"),
+    ("cuda_reserved_mb", "CUDA reserved (MB)"),
+    ("cuda_peak_mb", "CUDA peak (MB)"),
+]
+
+
+def row_color(index: int) -> str:
+    return ROW_COLORS[index % len(ROW_COLORS)]
+
+
+def _base_layout(fig: go.Figure, height: int, x_title: str, y_title: str) -> go.Figure:
+    fig.update_layout(
+        uirevision=UIREVISION, height=height, template="plotly_white",
+        margin=dict(l=50, r=15, t=40, b=40),
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
+        xaxis_title=x_title, yaxis_title=y_title, hovermode="x unified",
+    )
+    return fig
+
+
+def first_divergence(rows: list[RowResult]) -> int | None:
+    """First step where rows 0 and 1 chose different tokens (the shorter length if one is a prefix)."""
+    if len(rows) < 2:
+        return None
+    a, b = rows[0].token_ids, rows[1].token_ids
+    diverged = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if diverged is None and len(a) != len(b):
+        return min(len(a), len(b))
+    return diverged
+
+
+def _row_traces(row: RowResult, color: str) -> list[go.Scatter]:
+    x = [s.step for s in row.steps]
+    return [
+        go.Scatter(x=x, y=[s.confidence for s in row.steps], name=f"{row.name} token conf",
+                   mode="lines+markers", line=dict(color=color, width=1), marker=dict(size=3),
+                   opacity=0.45, legendgroup=row.name),
+        go.Scatter(x=x, y=[s.group_confidence for s in row.steps], name=f"{row.name} group conf",
+                   mode="lines", line=dict(color=color, width=3), legendgroup=row.name),
+    ]
+
+
+def _early_stop_trace(row: RowResult, color: str) -> go.Scatter | None:
+    if row.stop_reason != "early_stop" or row.stop_step is None:
+        return None
+    step = next((s for s in row.steps if s.step == row.stop_step), None)
+    if step is None:
+        return None
+    return go.Scatter(x=[step.step], y=[step.group_confidence], name=f"{row.name} early stop",
+                      mode="markers", marker=dict(symbol="x", size=12, color=color, line=dict(width=2)),
+                      legendgroup=row.name)
+
+
+def _y_span(rows: list[RowResult], threshold: float | None) -> tuple[float, float]:
+    """Range of all plotted confidences (and the threshold), for the divergence line."""
+    values = [v for row in rows for s in row.steps for v in (s.confidence, s.group_confidence)
+              if math.isfinite(v)]
+    if threshold is not None:
+        values.append(threshold)
+    return (min(values), max(values)) if values else (0.0, 1.0)
+
+
+def _x_span(rows: list[RowResult]) -> tuple[float, float]:
+    steps = [s.step for row in rows for s in row.steps]
+    return (min(steps), max(steps)) if steps else (0.0, 1.0)
+
+
+def confidence_figure(rows: list[RowResult], threshold: float | None = None,
+                      divergence_step: int | None = None, window: int | None = None) -> go.Figure:
+    """Token and group confidence per row, with threshold, early stops and the first divergence."""
+    fig = go.Figure()
+    for i, row in enumerate(rows):
+        fig.add_traces(_row_traces(row, row_color(i)))
+    for i, row in enumerate(rows):
+        marker = _early_stop_trace(row, row_color(i))
+        if marker is not None:
+            fig.add_trace(marker)
+    if threshold is not None:
+        x0, x1 = _x_span(rows)
+        fig.add_trace(go.Scatter(x=[x0, x1], y=[threshold, threshold], name="threshold", mode="lines",
+                                 line=dict(color="#d62728", width=1.5, dash="dash")))
+    if divergence_step is not None:
+        y0, y1 = _y_span(rows, threshold)
+        fig.add_trace(go.Scatter(x=[divergence_step, divergence_step], y=[y0, y1], name="first divergence",
+                                 mode="lines", line=dict(color="#7f7f7f", width=1.5, dash="dot")))
+        fig.add_annotation(x=divergence_step, y=y1, text=f"diverge @ {divergence_step}", showarrow=False,
+                           yanchor="bottom", font=dict(size=11))
+    if window is not None and window > 1:
+        # The early-stop rule only applies once the group window is full (from step window - 1).
+        fig.add_vrect(x0=-0.5, x1=window - 1.5, fillcolor="#7f7f7f", opacity=0.08, line_width=0,
+                      layer="below", annotation_text=f"window filling ({window})",
+                      annotation_position="top left", annotation_font_size=10)
+    return _base_layout(fig, 320, "decode step", "confidence (−mean top-k log p)")
+
+
+def memory_figure(samples: list[dict]) -> go.Figure:
+    """RSS always; CUDA allocated/reserved/peak only when some sample has them."""
+    fig = go.Figure()
+    t = [s.get("t") for s in samples]
+    for key, name in MEMORY_SERIES:
+        values = [s.get(key) for s in samples]
+        if key == "rss_mb" or any(v is not None for v in values):
+            fig.add_trace(go.Scatter(x=t, y=values, name=name, mode="lines"))
+    return _base_layout(fig, 240, "time (s)", "memory (MB)")
