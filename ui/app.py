@@ -121,10 +121,12 @@ class FeedbackLensApp:
         self.started = time.time()
 
     # ---- rendering (no model maths: records in, HTML and figures out) ----
-    def _columns(self, result: RunResult, view: str, live: bool, threshold: float | None):
+    def _columns(self, result: RunResult, view: str, live: bool, caches: list | None = None):
         rows = result.rows
         rng = render.confidence_range(rows)
-        html = [render.render_tokens(r.steps, view, rng, live=live and r.stop_reason is None) for r in rows[:2]]
+        caches = caches or [None, None]
+        html = [render.render_tokens(r.steps, view, rng, live=live and r.stop_reason is None, cache=c)
+                for r, c in zip(rows[:2], caches)]
         stats = [render.render_stats(r, live=live and r.stop_reason is None) for r in rows[:2]]
         return html, stats
 
@@ -168,10 +170,11 @@ class FeedbackLensApp:
         busy = (gr.update(interactive=False), gr.update(interactive=True))
         skip = gr.skip()
         iterator = iter(run)
+        caches = [render.SpanCache(), render.SpanCache()]
         try:
             for event in iterator:
                 t = time.perf_counter()
-                html, stats = self._columns(run.result, view, True, thr)
+                html, stats = self._columns(run.result, view, True, caches)
                 charts_due = t - last_chart >= CHART_INTERVAL_S
                 if event.memory is not None:
                     mem = self._memory(mem, event.memory)
@@ -190,7 +193,7 @@ class FeedbackLensApp:
             self.sessions.end(session, stop)
         result = run.result
         t = time.perf_counter()
-        html, stats = self._columns(result, view, False, thr)
+        html, stats = self._columns(result, view, False, caches)
         mem = self._memory(mem)
         conf_fig, mem_fig = self._conf_figure(result, thr, window), charts.memory_figure(mem)
         ui_s += time.perf_counter() - t
@@ -226,7 +229,7 @@ class FeedbackLensApp:
         if not last:
             return gr.skip(), gr.skip()
         result = RunResult.from_dict(last)
-        html, _ = self._columns(result, view, False, None)
+        html, _ = self._columns(result, view, False)
         return html[0], html[1]
 
     def change_strategy(self, strategy: str):
@@ -262,7 +265,7 @@ class FeedbackLensApp:
         result = RunResult.from_dict(data)
         cfg = data["config"]
         thr = cfg["deepconf"]["threshold"]
-        html, stats = self._columns(result, view, False, thr)
+        html, stats = self._columns(result, view, False)
         fig = self._conf_figure(result, thr, cfg["deepconf"]["window"])
         s = cfg["sampling"]
         return (cfg["prompt"], cfg["chat_template"], s["temperature"], s["top_p"], s["top_k"], s["min_p"],

@@ -79,8 +79,24 @@ def _token_span(step: StepRecord, conf_range: tuple[float, float]) -> str:
             f'title="{escape(tooltip(step), quote=True)}">{escape(step.text, quote=True)}</span>')
 
 
+class SpanCache:
+    """A streaming row's rendered token spans, redone only when the colour scale changes, so each
+    update renders the new tokens instead of the whole text again."""
+
+    def __init__(self) -> None:
+        self.conf_range: tuple[float, float] | None = None
+        self.spans: list[str] = []
+
+    def spans_for(self, steps: list[StepRecord], conf_range: tuple[float, float]) -> list[str]:
+        if conf_range != self.conf_range or len(self.spans) > len(steps):
+            self.conf_range, self.spans = conf_range, []
+        self.spans += [_token_span(s, conf_range) for s in steps[len(self.spans):]]
+        return self.spans
+
+
 def render_tokens(steps: list[StepRecord], mode: str = "confidence",
-                  conf_range: tuple[float, float] | None = None, live: bool = False) -> str:
+                  conf_range: tuple[float, float] | None = None, live: bool = False,
+                  cache: SpanCache | None = None) -> str:
     """One column's generated text: "plain" or "confidence" (coloured spans with hover details)."""
     caret = CARET if live else ""
     if not steps:
@@ -89,7 +105,8 @@ def render_tokens(steps: list[StepRecord], mode: str = "confidence",
         body = escape("".join(s.text for s in steps), quote=True)
     else:
         rng = conf_range or steps_range(steps)
-        body = "".join(_token_span(s, rng) for s in steps)
+        spans = cache.spans_for(steps, rng) if cache is not None else [_token_span(s, rng) for s in steps]
+        body = "".join(spans)
     return f'<div class="fl-text">{body}{caret}</div>'
 
 
