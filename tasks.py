@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Set up a virtualenv and run the app or the tests: `python3 tasks.py run` / `python3 tasks.py test`.
+"""Set up a virtualenv and launch the app or run the tests: `python3 tasks.py run` / `python3 tasks.py test`.
 
 Idempotent: the virtualenv (.venv) is created once and reinstalled only when a requirements file
 changes. Needs nothing but Python 3.11 and pip.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PY = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-EXAMPLE_PROMPT = "Explain in two sentences why the sky is blue."
+CHROMIUM = "/usr/bin/chromium"
 
 
 def _sh(*cmd: str | os.PathLike) -> None:
@@ -43,12 +44,24 @@ def _ensure_venv(*req_files: str) -> None:
 def run(args: list[str]) -> int:
     _ensure_venv("requirements.txt")
     _sh(PY, "-m", "feedback", "prepare")
-    cmd = [PY, "-m", "feedback", "generate", "--prompt", EXAMPLE_PROMPT, *args]
-    return subprocess.run([str(c) for c in cmd], cwd=ROOT).returncode
+    return subprocess.run([str(PY), "app.py", *args], cwd=ROOT).returncode
+
+
+def _ensure_chromium() -> None:
+    """Debian's chromium for the browser tests (never Playwright's own browser download)."""
+    if Path(CHROMIUM).exists():
+        return
+    if shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0:
+        _sh("apt-get", "update")
+        _sh("apt-get", "install", "-y", "--no-install-recommends", "chromium")
+    else:
+        print(f"note: {CHROMIUM} is missing and apt-get is unavailable (or not root): "
+              "the browser tests will be skipped", flush=True)
 
 
 def test(args: list[str]) -> int:
     _ensure_venv("requirements-dev.txt")
+    _ensure_chromium()
     _sh(PY, "-m", "feedback", "prepare")
     return subprocess.run([str(PY), "-m", "pytest", *args], cwd=ROOT).returncode
 

@@ -102,6 +102,8 @@ class Run:
         try:
             for i, strategy in self.strategies.items():
                 strategy.attach(model, lm.layers, i, batch)
+            # inference_mode is thread-local and a generator may resume on another thread (Gradio
+            # workers do), so it is entered per block, never held across a yield.
             with torch.inference_mode():
                 prompt = torch.tensor([self.prompt_ids], device=device)
                 cache = DynamicCache(config=model.config)
@@ -110,14 +112,15 @@ class Run:
                 if n_rows > 1:
                     cache.batch_repeat_interleave(n_rows)
                 history = prompt.expand(n_rows, -1) if sampler.needs_history else None
-                self.result.prefill_seconds = time.perf_counter() - t0
-                batch.phase = "decode"
-                live = list(range(n_rows))
-                step = 0
-                step_start = t0
-                while live:
-                    if self.observer is not None:
-                        self.observer(step, list(live), logits)
+            self.result.prefill_seconds = time.perf_counter() - t0
+            batch.phase = "decode"
+            live = list(range(n_rows))
+            step = 0
+            step_start = t0
+            while live:
+                if self.observer is not None:
+                    self.observer(step, list(live), logits)
+                with torch.inference_mode():
                     stats = distribution_stats(logits, k, N_TOP)
                     tokens = sampler(history, logits.clone() if sampler.processors else logits)
                     chosen = stats.logprobs.gather(1, tokens[:, None])[:, 0]
@@ -126,45 +129,46 @@ class Run:
                                                                           stats.entropy))
                     top_lp = stats.top_logprobs[:, :N_TOP].exp().tolist()
                     top_ids = stats.top_ids[:, :N_TOP].tolist()
-                    now = time.perf_counter()
-                    step_ms = (now - step_start) * 1000.0
-                    event = StepEvent(step, {})
-                    for pos, r in enumerate(live):
-                        tid = tok_l[pos]
-                        group = windows[r].push(conf_l[pos])
-                        confs[r].append(conf_l[pos])
-                        alts = []
-                        for aid, ap in zip(top_ids[pos], top_lp[pos]):
-                            if aid not in alt_text:
-                                alt_text[aid] = tok.decode([aid])
-                            alts.append(Alternative(aid, alt_text[aid], ap))
-                        rec = StepRecord(step, tid, decoders[r].push(tid), chosen_l[pos],
-                                         math.exp(chosen_l[pos]), conf_l[pos], ent_l[pos],
-                                         group, alts, step_ms)
-                        row = rows[r]
-                        row.steps.append(rec)
-                        row.token_ids.append(tid)
-                        event.records[r] = rec
-                        reason = None
-                        if tid in eos:
-                            reason = "eos"
-                        elif windows[r].should_stop(threshold):
-                            reason = "early_stop"
-                        elif len(row.token_ids) >= cfg.max_new_tokens:
-                            reason = "max_tokens"
-                        if reason:
-                            event.finished[r] = reason
-                            row.stop_reason, row.stop_step = reason, step
-                    if now - last_mem >= MEMORY_SAMPLE_EVERY_S:
-                        last_mem = now
-                        event.memory = memory.sample(t0, device)
-                        self.result.memory.append(event.memory.to_dict())
-                    yield event
-                    if self.stop_event.is_set():
-                        for r in live:
-                            if r not in event.finished:
-                                rows[r].stop_reason, rows[r].stop_step = "stopped", step
-                        break
+                now = time.perf_counter()
+                step_ms = (now - step_start) * 1000.0
+                event = StepEvent(step, {})
+                for pos, r in enumerate(live):
+                    tid = tok_l[pos]
+                    group = windows[r].push(conf_l[pos])
+                    confs[r].append(conf_l[pos])
+                    alts = []
+                    for aid, ap in zip(top_ids[pos], top_lp[pos]):
+                        if aid not in alt_text:
+                            alt_text[aid] = tok.decode([aid])
+                        alts.append(Alternative(aid, alt_text[aid], ap))
+                    rec = StepRecord(step, tid, decoders[r].push(tid), chosen_l[pos],
+                                     math.exp(chosen_l[pos]), conf_l[pos], ent_l[pos],
+                                     group, alts, step_ms)
+                    row = rows[r]
+                    row.steps.append(rec)
+                    row.token_ids.append(tid)
+                    event.records[r] = rec
+                    reason = None
+                    if tid in eos:
+                        reason = "eos"
+                    elif windows[r].should_stop(threshold):
+                        reason = "early_stop"
+                    elif len(row.token_ids) >= cfg.max_new_tokens:
+                        reason = "max_tokens"
+                    if reason:
+                        event.finished[r] = reason
+                        row.stop_reason, row.stop_step = reason, step
+                if now - last_mem >= MEMORY_SAMPLE_EVERY_S:
+                    last_mem = now
+                    event.memory = memory.sample(t0, device)
+                    self.result.memory.append(event.memory.to_dict())
+                yield event
+                if self.stop_event.is_set():
+                    for r in live:
+                        if r not in event.finished:
+                            rows[r].stop_reason, rows[r].stop_step = "stopped", step
+                    break
+                with torch.inference_mode():
                     if event.finished:
                         keep = [pos for pos, r in enumerate(live) if r not in event.finished]
                         live = [live[pos] for pos in keep]

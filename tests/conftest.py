@@ -32,3 +32,25 @@ def tiny_lm(embedded_lm: LoadedModel) -> LoadedModel:
 def hook_count(model: torch.nn.Module) -> int:
     """Forward hooks and pre-hooks registered anywhere in the model."""
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+@pytest.fixture(scope="session")
+def app_url(embedded_lm):
+    """The real app on the embedded model, launched in-process on a free local port."""
+    import socket
+
+    from feedback.model import ModelPool
+    from ui.app import FeedbackLensApp
+    from ui.render import CSS
+
+    pool = ModelPool(["embedded"])
+    pool._models["embedded"] = embedded_lm  # reuse the session's loaded model
+    demo = FeedbackLensApp(pool).build()
+    demo.queue(max_size=16, default_concurrency_limit=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, css=CSS,
+                            quiet=True)
+    yield url
+    demo.close()

@@ -269,3 +269,24 @@ def test_interleaved_runs_on_one_model_do_not_interfere(tiny_lm):
     for got, want in zip((run_a.result, run_b.result), alone):
         assert [r.token_ids for r in got.rows] == [r.token_ids for r in want.rows]
     assert hook_count(tiny_lm.model) == 0
+
+
+def test_run_resumed_on_different_threads(tiny_lm):
+    """Gradio resumes a generator on whichever worker thread is free; results must not change."""
+    cfg = RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=10,
+                    rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.5})])
+    want = Engine(tiny_lm).run(cfg)
+    it = iter(Engine(tiny_lm).start(cfg))
+    run_steps = []
+
+    def step():
+        run_steps.append(next(it, None))
+
+    while True:
+        t = threading.Thread(target=step)
+        t.start()
+        t.join()
+        if run_steps[-1] is None:
+            break
+    got = [[e.records[r].token_id for e in run_steps[:-1] if r in e.records] for r in range(2)]
+    assert got == [r.token_ids for r in want.rows]

@@ -5,6 +5,8 @@ columns stream from the same forward passes. The UI only formats engine records;
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import math
 import tempfile
@@ -224,7 +226,7 @@ class FeedbackLensApp:
         mem = self._memory(mem or [])
         return mem, charts.memory_figure(mem)
 
-    def rerender(self, last: dict | None, view: str, threshold_mode: str, threshold):
+    def rerender(self, last: dict | None, view: str):
         """Switch the token view of the last finished run without generating again."""
         if not last:
             return gr.skip(), gr.skip()
@@ -247,7 +249,15 @@ class FeedbackLensApp:
         choices = [(f"{e['id']} · {e['result']['config']['prompt'][:40]}", e["id"]) for e in runs]
         return history.table(runs), gr.update(choices=choices, value=[])
 
-    def export(self, hist: list | None, ids: list[str] | None, kind: str) -> str:
+    def export_json(self, hist: list | None, ids: list[str] | None) -> str:
+        """Selected runs (all when none is selected) as a JSON list of RunResult objects."""
+        return self._export(hist, ids, "json")
+
+    def export_csv(self, hist: list | None, ids: list[str] | None) -> str:
+        """Selected runs (all when none is selected) as per-token CSV rows."""
+        return self._export(hist, ids, "csv")
+
+    def _export(self, hist: list | None, ids: list[str] | None, kind: str) -> str:
         entries = history.select(hist, ids)
         if not entries:
             raise gr.Error("no runs in this browser's history yet")
@@ -271,6 +281,25 @@ class FeedbackLensApp:
         return (cfg["prompt"], cfg["chat_template"], s["temperature"], s["top_p"], s["top_k"], s["min_p"],
                 s["repetition_penalty"], cfg["max_new_tokens"], cfg["seed"], *html, *stats, fig, data,
                 gr.update(selected="compare"))
+
+    def _named_compare(self):
+        """`compare` with the strategy controls as named parameters (`residual_alpha`, ...), so API
+        clients can pass them by name instead of anonymous positions."""
+        base = inspect.signature(self.compare)
+        fixed = [p for p in base.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+        named = [inspect.Parameter(f"{strategy}_{param}", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                 for strategy, param in self.controls.keys]
+        # Gradio injects the request only into a positional parameter, so it comes last here.
+        request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                    annotation=gr.Request)
+
+        @functools.wraps(self.compare)
+        def compare(*args):
+            *values, req = args
+            yield from self.compare(*values, request=req)
+
+        compare.__signature__ = base.replace(parameters=[*fixed, *named, request])
+        return compare
 
     # ---- layout ----
     def build(self) -> gr.Blocks:
@@ -332,7 +361,7 @@ class FeedbackLensApp:
                     gr.Markdown("Runs of this browser (kept in its local storage). Select runs to reload or "
                                 "export; with none selected, export takes them all.")
                     hist_table = gr.Dataframe(headers=history.TABLE_HEADERS, interactive=False, wrap=True)
-                    hist_ids = gr.Dropdown([], multiselect=True, label="Runs")
+                    hist_ids = gr.Dropdown([], multiselect=True, label="Runs", allow_custom_value=True)
                     with gr.Row():
                         reload_btn = gr.Button("Reload into Compare")
                         json_btn = gr.Button("Export JSON")
@@ -344,27 +373,26 @@ class FeedbackLensApp:
                               seed, k, window, thr_mode, thr, mem, *self.controls.components]
             compare_outputs = [base_html, fb_html, base_stats, fb_stats, conf_plot, mem_plot, status, run_json,
                                last, mem, generate, stop]
-            gen_event = generate.click(self.compare, compare_inputs, compare_outputs, api_name="compare",
+            compare = self._named_compare()
+            gen_event = generate.click(compare, compare_inputs, compare_outputs, api_name="compare",
                                        concurrency_id="model", concurrency_limit=1, show_progress="minimal")
             gen_event.then(self.record, [hist, last], hist, api_name=False)
-            submit_event = prompt.submit(self.compare, compare_inputs, compare_outputs, api_name=False,
+            submit_event = prompt.submit(compare, compare_inputs, compare_outputs, api_name=False,
                                          concurrency_id="model", concurrency_limit=1, show_progress="minimal")
             submit_event.then(self.record, [hist, last], hist, api_name=False)
             stop.click(self.stop, None, status, api_name="stop", concurrency_limit=None,
                        cancels=[gen_event] if ZEROGPU else None)
             timer.tick(self.tick, mem, [mem, mem_plot], api_name="memory", concurrency_limit=None,
                        show_progress="hidden")
-            view.change(self.rerender, [last, view, thr_mode, thr], [base_html, fb_html], api_name="rerender")
+            view.change(self.rerender, [last, view], [base_html, fb_html], api_name="rerender")
             strategy.change(self.change_strategy, strategy, list(self.controls.groups.values()),
                             api_name="strategy_controls")
             model.change(self.change_model, model, self.controls.components, api_name="select_model",
                          concurrency_id="model")
             tabs.select(self.history_view, hist, [hist_table, hist_ids], api_name="history")
             demo.load(self.history_view, hist, [hist_table, hist_ids], api_name=False)
-            json_btn.click(lambda h, i: self.export(h, i, "json"), [hist, hist_ids], export_file,
-                           api_name="export_json")
-            csv_btn.click(lambda h, i: self.export(h, i, "csv"), [hist, hist_ids], export_file,
-                          api_name="export_csv")
+            json_btn.click(self.export_json, [hist, hist_ids], export_file, api_name="export_json")
+            csv_btn.click(self.export_csv, [hist, hist_ids], export_file, api_name="export_csv")
             reload_btn.click(self.reload, [hist, hist_ids, view],
                              [prompt, chat, temperature, top_p, top_k, min_p, rep, max_new, seed, base_html,
                               fb_html, base_stats, fb_stats, conf_plot, last, tabs], api_name="reload")

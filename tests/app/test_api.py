@@ -1,0 +1,82 @@
+"""The app's named API endpoints, called with gradio_client against the app running in-process."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from gradio_client import Client
+
+
+@pytest.fixture()
+def client(app_url):
+    return Client(app_url, verbose=False)
+
+
+def test_every_handler_has_a_named_endpoint(client):
+    names = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])
+    assert {"/compare", "/stop", "/memory", "/rerender", "/strategy_controls", "/select_model", "/history",
+            "/export_json", "/export_csv", "/reload"} <= names
+
+
+def test_compare_streams_both_rows_with_records(client):
+    job = client.submit("What is the capital of France?", max_new_tokens=24, residual_alpha=0.3, api_name="/compare")
+    updates = list(job)
+    assert len(updates) >= 2  # streamed, not one final answer
+    base_html, fb_html, base_stats, fb_stats, conf_plot, mem_plot, status, run = job.outputs()[-1]
+    assert "fl-tok" in base_html and "fl-tok" in fb_html and "Paris" in base_html
+    assert "tokens" in base_stats and "Done in" in status
+    assert conf_plot["type"] == "plotly" and "group conf" in conf_plot["plot"]
+    rows = run["rows"]
+    assert [r["name"] for r in rows] == ["baseline", "feedback"]
+    assert rows[1]["params"]["alpha"] == 0.3
+    for row in rows:
+        assert row["text"] and len(row["steps"]) == len(row["token_ids"]) <= 24
+        step = row["steps"][0]
+        assert {"token_id", "text", "logprob", "confidence", "entropy", "group_confidence", "top"} <= set(step)
+        assert len(step["top"]) == 5
+    assert run["ui_seconds"] >= 0 and run["wall_seconds"] > 0
+
+
+def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(client):
+    from gradio_client.exceptions import AppError
+
+    for kwargs, message in [
+        (dict(prompt="   "), "prompt is empty"),
+        (dict(prompt="hi", max_new_tokens=10**7), "greater than maximum value 1024"),
+        (dict(prompt="hi", top_p=0.0), "top_p must be > 0"),
+        (dict(prompt="hi", temperature=-1), "less than minimum value 0"),
+        (dict(prompt="hi", model="evil/model"), "not in the list of choices"),
+        (dict(prompt="hi", residual_alpha=50.0), "greater than maximum value 1.0"),
+        (dict(prompt="hi", strategy="nope"), r"nope is not in the list of choices: \['residual'\]"),
+    ]:
+        with pytest.raises(AppError, match=message):
+            client.predict(api_name="/compare", **kwargs)
+    ok = client.predict("Say hi.", max_new_tokens=4, api_name="/compare")
+    assert ok[-1]["rows"][0]["token_ids"]
+
+
+def test_stop_ends_the_run_within_a_step(client):
+    job = client.submit("Write a very long story about a lighthouse keeper.", max_new_tokens=600,
+                        api_name="/compare")
+    t0 = time.time()
+    while not job.outputs() and time.time() - t0 < 60:
+        time.sleep(0.05)
+    assert client.predict(api_name="/stop") == "Stopping…"
+    run = job.result()[-1]
+    assert all(r["stop_reason"] == "stopped" for r in run["rows"])
+    assert all(len(r["token_ids"]) < 600 for r in run["rows"])
+    assert client.predict(api_name="/stop") == "Nothing is running."
+
+
+def test_memory_and_history_exports(client, tmp_path):
+    fig = client.predict(api_name="/memory")  # the sample list itself is session state, not output
+    assert fig["type"] == "plotly" and "RSS (MB)" in fig["plot"]
+    run = client.predict("Name a fruit.", max_new_tokens=6, api_name="/compare")[-1]
+    hist = [{"id": run["run_id"], "created": "now", "result": run}]
+    path = client.predict(hist, [], api_name="/export_csv")
+    text = open(path, encoding="utf-8").read()
+    assert text.splitlines()[0].startswith("run_id,row,strategy,step,token_id")
+    assert len(text.splitlines()) == 1 + sum(len(r["steps"]) for r in run["rows"])
+    path = client.predict(hist, [run["run_id"]], api_name="/export_json")
+    assert '"first_divergence_step"' in open(path, encoding="utf-8").read()
