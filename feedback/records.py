@@ -67,8 +67,8 @@ class RunConfig:
         if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP:
             raise FeedbackError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS_CAP}], "
                                 f"got {self.max_new_tokens!r}")
-        if not isinstance(self.seed, int):
-            raise FeedbackError(f"seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise FeedbackError(f"seed must be an integer in [0, 2^63), got {self.seed!r}")
         if not self.rows or len(self.rows) > MAX_ROWS:
             raise FeedbackError(f"a run needs 1 to {MAX_ROWS} rows, got {len(self.rows)}")
         names = [r.name for r in self.rows]

