@@ -202,7 +202,8 @@ class FeedbackLensApp:
         decode_s = max(result.wall_seconds, 1e-9)
         data = result.to_dict() | {"ui_seconds": ui_s, "run_id": uuid.uuid4().hex[:8]}
         div = result.first_divergence_step
-        status = (f"Done in {result.wall_seconds:.1f} s · prompt {result.prompt_tokens} tokens · "
+        stopped = " (stopped)" if any(r.stop_reason == "stopped" for r in result.rows) else ""
+        status = (f"Done{stopped} in {result.wall_seconds:.1f} s · prompt {result.prompt_tokens} tokens · "
                   f"{'outputs identical' if div is None else f'first divergence at step {div}'} · "
                   f"UI build time {ui_s * 1000:.0f} ms ({100 * ui_s / decode_s:.1f}% of decode time)")
         yield (*html, *stats, conf_fig, mem_fig, status, data, data, mem,
@@ -328,19 +329,28 @@ class FeedbackLensApp:
                             strategy = gr.Dropdown(strategies, value=strategies[0], label="Feedback strategy")
                             self.controls = build_strategy_controls(lm.num_layers, strategies[0])
                             with gr.Accordion("Sampling", open=False):
-                                temperature = gr.Number(0.0, label="temperature (0 = greedy)", minimum=0, maximum=10)
-                                top_p = gr.Number(1.0, label="top-p", minimum=0, maximum=1)
-                                top_k = gr.Number(0, label="top-k (0 = off)", precision=0, minimum=0)
-                                min_p = gr.Number(0.0, label="min-p", minimum=0, maximum=1)
-                                rep = gr.Number(1.0, label="repetition penalty", minimum=0.01, maximum=10)
+                                with gr.Row():
+                                    temperature = gr.Number(0.0, label="temperature (0 = greedy)", minimum=0,
+                                                            maximum=10, min_width=100)
+                                    top_p = gr.Number(1.0, label="top-p", minimum=0, maximum=1, min_width=100)
+                                    top_k = gr.Number(0, label="top-k (0 = off)", precision=0, minimum=0,
+                                                      min_width=100)
+                                with gr.Row():
+                                    min_p = gr.Number(0.0, label="min-p", minimum=0, maximum=1, min_width=100)
+                                    rep = gr.Number(1.0, label="repetition penalty", minimum=0.01, maximum=10,
+                                                    min_width=100)
+                                    seed = gr.Number(0, label="seed", precision=0, minimum=0, min_width=100)
                                 max_new = gr.Number(160, label="max new tokens", precision=0, minimum=1,
                                                     maximum=UI_MAX_NEW_TOKENS, elem_id="max-new-tokens")
-                                seed = gr.Number(0, label="seed", precision=0)
                             with gr.Accordion("DeepConf", open=False):
-                                k = gr.Number(20, label="k (top-k for token confidence)", precision=0, minimum=1)
-                                window = gr.Number(32, label="group window (tokens)", precision=0, minimum=1)
-                                thr_mode = gr.Radio(["off", "fixed"], value="off", label="early stop")
-                                thr = gr.Number(10.0, label="threshold (group confidence)")
+                                with gr.Row():
+                                    k = gr.Number(20, label="k (top-k)", precision=0, minimum=1, min_width=100)
+                                    window = gr.Number(32, label="group window (tokens)", precision=0, minimum=1,
+                                                       min_width=100)
+                                with gr.Row():
+                                    thr_mode = gr.Radio(["off", "fixed"], value="off", label="early stop",
+                                                        min_width=100)
+                                    thr = gr.Number(10.0, label="threshold (group confidence)", min_width=100)
                     view = gr.Radio(["confidence", "plain"], value="confidence", label="Token view",
                                     elem_id="token-view")
                     with gr.Row(equal_height=False):
@@ -353,8 +363,11 @@ class FeedbackLensApp:
                             fb_html = gr.HTML(render.render_tokens([]), elem_id="feedback-text")
                             fb_stats = gr.HTML(elem_id="feedback-stats")
                     status = gr.Markdown(elem_id="status")
-                    conf_plot = gr.Plot(charts.confidence_figure([]), label="Confidence", elem_id="conf-plot")
-                    mem_plot = gr.Plot(charts.memory_figure([]), label="Memory", elem_id="mem-plot")
+                    gr.Markdown("#### Confidence per decode step")
+                    conf_plot = gr.Plot(charts.confidence_figure([]), label="Confidence", show_label=False,
+                                        elem_id="conf-plot")
+                    gr.Markdown("#### Memory")
+                    mem_plot = gr.Plot(charts.memory_figure([]), label="Memory", show_label=False, elem_id="mem-plot")
                     with gr.Accordion("Run result (JSON)", open=False):
                         run_json = gr.JSON(elem_id="run-json")
                 with gr.Tab("History", id="history"):

@@ -21,10 +21,10 @@ CSS = """
 .fl-caret { display: inline-block; width: 0.5em; height: 1.1em; vertical-align: text-bottom;
   background: var(--body-text-color); animation: fl-blink 1s step-end infinite; }
 @keyframes fl-blink { 50% { opacity: 0; } }
-.fl-stats { border-collapse: collapse; width: 100%; font-size: 0.9em; }
-.fl-stats th, .fl-stats td { padding: 2px 8px; border-bottom: 1px solid var(--border-color-primary, #ddd);
-  text-align: left; }
-.fl-stats th { font-weight: normal; color: var(--body-text-color-subdued, #888); }
+.fl-stats { border-collapse: collapse; width: 100%; font-size: 0.9em; border: none !important; }
+.fl-stats th, .fl-stats td { padding: 2px 8px; border: none !important;
+  border-bottom: 1px solid var(--border-color-primary, #ddd) !important; text-align: left; }
+.fl-stats th { font-weight: 500; color: var(--body-text-color); opacity: 0.75; width: 45%; }
 .fl-stats td { font-variant-numeric: tabular-nums; }
 """
 
@@ -70,8 +70,12 @@ def steps_range(steps: list[StepRecord]) -> tuple[float, float]:
 
 
 def confidence_range(rows: list[RowResult]) -> tuple[float, float]:
-    """Common colour scale over all rows, so the columns are comparable."""
-    return steps_range([s for row in rows for s in row.steps])
+    """Common colour scale over all rows, so the columns are comparable: the 5th to 95th
+    percentile of their confidences, so a few extreme tokens do not wash out all the others."""
+    values = sorted(s.confidence for row in rows for s in row.steps if math.isfinite(s.confidence))
+    if len(values) < 20:
+        return steps_range([s for row in rows for s in row.steps])
+    return values[int(0.05 * (len(values) - 1))], values[int(0.95 * (len(values) - 1))]
 
 
 def _token_span(step: StepRecord, conf_range: tuple[float, float]) -> str:
