@@ -80,3 +80,15 @@ def test_memory_and_history_exports(client, tmp_path):
     assert len(text.splitlines()) == 1 + sum(len(r["steps"]) for r in run["rows"])
     path = client.predict(hist, [run["run_id"]], api_name="/export_json")
     assert '"first_divergence_step"' in open(path, encoding="utf-8").read()
+
+
+def test_reload_puts_a_stored_run_back_into_compare(client):
+    run = client.predict("Name a planet.", max_new_tokens=6, temperature=0.5, seed=7, api_name="/compare")[-1]
+    hist = [{"id": run["run_id"], "created": "now", "result": run}]
+    out = client.predict(hist, [run["run_id"]], "plain", api_name="/reload")
+    prompt, chat, temperature, *_rest = out
+    assert prompt == "Name a planet." and chat is True and temperature == 0.5
+    base_html = out[9]
+    assert run["rows"][0]["text"].strip()[:5] in base_html and "fl-tok" not in base_html
+    with pytest.raises(Exception, match="choose a run to reload"):
+        client.predict([], [], "plain", api_name="/reload")
