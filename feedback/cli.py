@@ -1,10 +1,11 @@
-"""Command line: python -m feedback {generate, bench, prepare}."""
+"""Command line: python -m feedback {generate, ppl, bench, prepare}."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 import textwrap
+from pathlib import Path
 
 from feedback.errors import FeedbackError
 
@@ -92,6 +93,54 @@ def _print_result(result) -> None:
         print("the two rows produced identical tokens")
 
 
+def _ppl_config(args, params: dict | None = None):
+    from feedback.perplexity import PPLConfig
+
+    return PPLConfig(strategy=args.strategy, params=dict(args.param) if params is None else params,
+                     mode=args.mode, passes=args.passes, window=args.window, stride=args.stride,
+                     max_docs=args.max_docs, max_tokens_per_doc=args.max_tokens, bootstrap=args.bootstrap,
+                     seed=args.seed)
+
+
+def _progress(done: int, total: int, name: str) -> None:
+    print(f"\r  [{done}/{total}] {name[:40]:40}", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+
+def _ppl(args) -> int:
+    from feedback import corpus
+    from feedback.model import load_model
+    from feedback.perplexity import evaluate
+
+    warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
+    docs = corpus.load(args.data, warn)
+    cfg = _ppl_config(args)
+    if args.strategy:
+        from feedback.strategies import get_strategy
+
+        get_strategy(args.strategy)
+    cfg.resolved_mode()
+    lm = load_model(args.model, dtype=args.dtype)
+    result = evaluate(lm, docs, cfg, progress=None if args.json else _progress)
+    result["data"] = args.data
+    text = json.dumps(result, indent=2)
+    if args.out:
+        Path(args.out).write_text(text)
+    if args.json:
+        print(text)
+        return 0
+    print(f"{result['documents']} documents, {result['tokens']} tokens, mode {result['mode']}"
+          f"{' (approximate, %d passes)' % result['passes'] if result['approximate'] else ''}, "
+          f"{result['wall_seconds']:.1f} s")
+    print(f"baseline PPL  {result['baseline_ppl']:.3f}")
+    if "feedback_ppl" in result:
+        lo, hi = result["ci95"]
+        print(f"feedback PPL  {result['feedback_ppl']:.3f}   ({args.strategy} "
+              + ", ".join(f"{k}={v}" for k, v in result["config"]["params"].items()) + ")")
+        print(f"ΔPPL          {result['delta_pct']:+.3f} %   95% CI [{lo:+.3f}, {hi:+.3f}] % "
+              f"(paired bootstrap over {result['ci_method']})")
+    return 0
+
+
 def _prepare(args) -> int:
     from feedback import embedded
 
@@ -106,11 +155,32 @@ def _bench(args) -> int:
     return run_bench(args)
 
 
+def _add_ppl_args(p) -> None:
+    p.add_argument("--data", default="builtin:dev", help="builtin:dev | builtin:test | file.txt | file.jsonl | folder")
+    p.add_argument("--model", default="embedded")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--mode", default=None, choices=["exact", "parallel", "jacobi"],
+                   help="default: parallel for non-recurrent strategies, jacobi for recurrent ones")
+    p.add_argument("--passes", type=int, default=3, help="jacobi passes (the first is clean)")
+    p.add_argument("--window", type=int, default=1024, help="tokens per scoring window")
+    p.add_argument("--stride", type=int, default=512, help="new tokens scored per window")
+    p.add_argument("--max-docs", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=None, help="truncate each document to this many tokens")
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the 95% CI")
+    p.add_argument("--seed", type=int, default=0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m feedback", description="Feedback Lens: baseline vs activation feedback")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub)
     p = sub.add_parser("prepare", help="convert the embedded GGUF model into the cache (once)")
+    p = sub.add_parser("ppl", help="teacher-forced perplexity, baseline vs a feedback strategy")
+    _add_ppl_args(p)
+    p.add_argument("--strategy", default=None, help="feedback strategy (omit for the baseline only)")
+    p.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", default=None, help="also write the JSON result to this file")
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("bench", help="engine speed ratios on the embedded model (SPEC §7)")
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per measurement")
     p.add_argument("--repeats", type=int, default=3, help="repeats per measurement (the median is kept)")
@@ -122,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"generate": _generate, "prepare": _prepare, "bench": _bench}[args.command]
+    handler = {"generate": _generate, "prepare": _prepare, "bench": _bench, "ppl": _ppl}[args.command]
     try:
         return handler(args)
     except FeedbackError as exc:

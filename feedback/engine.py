@@ -194,16 +194,7 @@ class Run:
             self._finish(decoders, confs, t0)
 
     def _forward(self, batch: BatchView, **inputs):
-        """One forward pass with this run's hooks active, then the strategies' end-of-step update."""
-        with self.lm.forward_lock:
-            batch.active = True
-            try:
-                out = self.lm.model(**inputs)
-            finally:
-                batch.active = False
-        for strategy in self.strategies.values():
-            strategy.end_forward()
-        return out
+        return hooked_forward(self.lm, batch, self.strategies.values(), **inputs)
 
     def _finish(self, decoders: list[IncrementalDecoder], confs: list[list[float]], t0: float) -> None:
         res = self.result
@@ -226,6 +217,20 @@ class Run:
             res.first_divergence_step = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
             if res.first_divergence_step is None and len(a) != len(b):
                 res.first_divergence_step = min(len(a), len(b))
+
+
+def hooked_forward(lm: LoadedModel, batch: BatchView, strategies, **inputs):
+    """One forward pass with `batch`'s hooks active (forwards on a model are serialised, so other
+    runs' hooks stay inactive), then each strategy's end-of-forward update."""
+    with lm.forward_lock:
+        batch.active = True
+        try:
+            out = lm.model(**inputs)
+        finally:
+            batch.active = False
+    for strategy in strategies:
+        strategy.end_forward()
+    return out
 
 
 class Engine:

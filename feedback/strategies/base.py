@@ -22,7 +22,9 @@ from feedback.errors import FeedbackError
 class BatchView:
     """What hooks may read about the forward pass in flight; written only by the engine."""
 
-    phase: str = "prefill"  # "prefill" (the shared prompt, batch of 1) or "decode" (one token a row)
+    # "prefill": the shared prompt, batch of 1; "decode": one new token per live row;
+    # "sequence": teacher-forced full sequences, one per live row (perplexity passes)
+    phase: str = "prefill"
     live_rows: list[int] = field(default_factory=list)  # row ids in batch order while decoding
     # True only while this run's own forward is in flight (the engine serialises forwards per model),
     # so hooks of one run never touch another run's forward on the same model.
@@ -103,11 +105,17 @@ def layer_output(output: Any) -> torch.Tensor:
 
 
 class Strategy(ABC):
-    """Base class: parameters, validation, hook bookkeeping. Subclasses add the maths."""
+    """Base class: parameters, validation, hook bookkeeping. Subclasses add the maths.
+
+    `recurrent` strategies feed position t-1's (already fed-back) state into position t, so one
+    parallel pass over a text is not exact: perplexity needs token-by-token decoding (`exact`) or
+    several Jacobi passes. Non-recurrent ones are exact in one parallel pass."""
 
     name: ClassVar[str]
     description: ClassVar[str]
     params: ClassVar[tuple[Param, ...]]
+    recurrent: ClassVar[bool] = True
+    strength_param: ClassVar[str] = "alpha"  # the parameter that is 0 for "no feedback"
 
     def __init__(self, values: dict[str, Any], num_layers: int):
         self.values = self.validate(values, num_layers)

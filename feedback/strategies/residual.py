@@ -8,7 +8,9 @@ already carries the injection made at t-1, so generation costs no extra forward.
 
 In generation the shared prompt prefill runs clean (no injection): it seeds mu_s with the prompt's
 source states and u with the last prompt position's state, and injection acts from the first
-decoded token on. Teacher-forced perplexity modes are provided by `feedback.perplexity`.
+decoded token on. In the "sequence" phase (teacher-forced perplexity) a pass injects the shifted
+directions computed from the previous pass's source states: repeated passes are Jacobi iterations
+of the recurrence, exact for the first p positions after p passes.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ class ResidualStrategy(Strategy):
         self.count = 0
         self.prev_u: torch.Tensor | None = None  # u_{t-1}, used by the injection at step t
         self.next_u: torch.Tensor | None = None  # u_t, becomes prev_u once the forward ends
+        self.seq_states: torch.Tensor | None = None  # sequence phase: this pass's source states [T, H]
+        self.seq_u: torch.Tensor | None = None  # sequence phase: directions from the previous pass
 
     def _register(self, model: nn.Module, layers: nn.ModuleList) -> None:
         self._add_forward_hook(layers[self.values["source_layer"]], self._capture)
@@ -49,6 +53,9 @@ class ResidualStrategy(Strategy):
         if b is None:
             return
         hidden = layer_output(output)
+        if self.batch.phase == "sequence":
+            self.seq_states = hidden[b].float()
+            return
         if self.batch.phase == "prefill":
             states = hidden[b, 1:].float()  # skip position 0 (attention sink)
             if states.shape[0] == 0:
@@ -63,20 +70,44 @@ class ResidualStrategy(Strategy):
         self.next_u = self._direction(h)
 
     def _inject(self, module: nn.Module, args: tuple, kwargs: dict):
-        if self.batch.phase != "decode" or self.prev_u is None:
+        phase = self.batch.phase
+        if phase == "prefill" or (phase == "decode" and self.prev_u is None) or (
+                phase == "sequence" and self.seq_u is None):
             return None
         b = self.my_index()
         if b is None:
             return None
         in_args = bool(args)
         x = args[0] if in_args else kwargs["hidden_states"]
-        row = x[b, -1].float()
+        alpha = self.values["alpha"]
         x = x.clone()
-        x[b, -1] = (row + self.values["alpha"] * rms(row) * self.prev_u).to(x.dtype)
+        if phase == "sequence":  # position t receives u_{t-1}; position 0 receives nothing
+            rows = x[b, 1:].float()
+            x[b, 1:] = (rows + alpha * rms(rows) * self.seq_u[:-1]).to(x.dtype)
+        else:
+            row = x[b, -1].float()
+            x[b, -1] = (row + alpha * rms(row) * self.prev_u).to(x.dtype)
         if in_args:
             return (x, *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": x}
 
     def end_forward(self) -> None:
+        if self.batch is not None and self.batch.phase == "sequence":
+            if self.seq_states is not None:
+                self.seq_u = self._sequence_directions(self.seq_states)
+                self.seq_states = None
+            return
         if self.next_u is not None:
             self.prev_u, self.next_u = self.next_u, None
+
+    def _sequence_directions(self, states: torch.Tensor) -> torch.Tensor:
+        """u_t for every position from one pass's source states [T, H], with the causal running
+        mean over positions 1..t (position 0, the sink, gets no direction and joins no mean)."""
+        u = torch.zeros_like(states)
+        if states.shape[0] > 1:
+            h = states[1:]
+            counts = torch.arange(1, h.shape[0] + 1, device=h.device, dtype=h.dtype)[:, None]
+            d = h - h.cumsum(dim=0) / counts
+            scale = rms(d)
+            u[1:] = torch.where(scale > 1e-4, d / scale, torch.zeros_like(d))
+        return u

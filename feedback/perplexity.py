@@ -1,0 +1,236 @@
+"""Teacher-forced perplexity, baseline vs a feedback strategy, on the same tokens.
+
+Modes, each named in the output:
+- `parallel`: one pass over the text; exact for the baseline and non-recurrent strategies.
+- `exact`: token by token with the KV cache, so a recurrent strategy sees its own fed-back states
+  exactly as in generation (slow: one forward per token).
+- `jacobi`: P parallel passes, the first clean, each later one injecting what the previous pass
+  computed; an approximation of a recurrent strategy (exact for the first P-1 positions of a
+  window), reported as approximate with P.
+Texts longer than the window are scored in sliding windows with a stride: every token is scored
+once, with at least `window - stride` tokens of context after the first window.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from feedback.corpus import Document, fingerprint
+from feedback.engine import hooked_forward
+from feedback.errors import FeedbackError
+from feedback.model import LoadedModel
+from feedback.strategies import BatchView, build_strategy, get_strategy
+
+MODES = ("exact", "parallel", "jacobi")
+
+
+@dataclass
+class PPLConfig:
+    strategy: str | None = None
+    params: dict = field(default_factory=dict)
+    mode: str | None = None  # None: parallel for non-recurrent strategies, jacobi for recurrent ones
+    passes: int = 3  # jacobi passes, the first one clean
+    window: int = 1024  # tokens per scoring window (capped by the model context)
+    stride: int = 512  # new tokens scored per window after the first
+    max_docs: int | None = None
+    max_tokens_per_doc: int | None = None
+    bootstrap: int = 2000
+    seed: int = 0
+
+    def resolved_mode(self) -> str:
+        if self.strategy is None:
+            return "parallel"
+        cls = get_strategy(self.strategy)
+        mode = self.mode or ("jacobi" if cls.recurrent else "parallel")
+        if mode not in MODES:
+            raise FeedbackError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode == "parallel" and cls.recurrent:
+            raise FeedbackError(f"{self.strategy} is recurrent, so one parallel pass is not exact: "
+                                f"use --mode exact or --mode jacobi")
+        if mode == "jacobi" and not 2 <= self.passes <= 32:
+            raise FeedbackError(f"jacobi passes must be in [2, 32], got {self.passes}")
+        return mode
+
+    def validate(self, context: int) -> "PPLConfig":
+        self.resolved_mode()
+        if not 2 <= self.window:
+            raise FeedbackError(f"window must be at least 2 tokens, got {self.window}")
+        self.window = min(self.window, context)
+        if not 1 <= self.stride <= self.window:
+            raise FeedbackError(f"stride must be in [1, window={self.window}], got {self.stride}")
+        if not 0 <= self.bootstrap <= 100_000:
+            raise FeedbackError(f"bootstrap resamples must be in [0, 100000], got {self.bootstrap}")
+        return self
+
+
+def windows(n: int, size: int, stride: int) -> list[tuple[int, int, int]]:
+    """(start, end, first scored target) per window so that targets 1..n-1 are each scored once."""
+    if n <= size:
+        return [(0, n, 1)]
+    out, start, scored = [], 0, 1
+    while True:
+        end = min(start + size, n)
+        out.append((start, end, scored))
+        if end == n:
+            return out
+        scored = end
+        start = max(0, min(start + stride, n - size))
+        start = min(start, scored - 1)
+
+
+def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-position negative log-likelihood of `targets` [T] under `logits` [T, V] (fp32)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -logp.gather(1, targets[:, None])[:, 0]
+
+
+def _window_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int) -> torch.Tensor:
+    """NLL of ids[1:] from `passes` full-sequence forwards (the strategy, if any, on row 0)."""
+    batch = BatchView("sequence", [0])
+    strategies = [strategy] if strategy else []
+    if strategy:
+        strategy.attach(lm.model, lm.layers, 0, batch)
+    try:
+        with torch.inference_mode():
+            for _ in range(passes):
+                out = hooked_forward(lm, batch, strategies, input_ids=ids[None], use_cache=False)
+            return _nll(out.logits[0, :-1], ids[1:])
+    finally:
+        if strategy:
+            strategy.detach()
+
+
+def _window_exact(lm: LoadedModel, ids: torch.Tensor, strategy) -> torch.Tensor:
+    """NLL of ids[1:] decoding token by token with the KV cache, exactly as in generation."""
+    batch = BatchView("prefill", [0])
+    strategy.attach(lm.model, lm.layers, 0, batch)
+    try:
+        with torch.inference_mode():
+            cache = DynamicCache(config=lm.model.config)
+            out = hooked_forward(lm, batch, [strategy], input_ids=ids[None, :1], cache=cache, use_cache=True)
+            logits = [out.logits[0, -1]]
+            batch.phase = "decode"
+            for t in range(1, ids.shape[0] - 1):
+                out = hooked_forward(lm, batch, [strategy], input_ids=ids[None, t:t + 1], cache=cache,
+                                     use_cache=True)
+                logits.append(out.logits[0, -1])
+            return _nll(torch.stack(logits), ids[1:])
+    finally:
+        strategy.detach()
+
+
+def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-token NLL (targets 1..n-1) for the baseline and, when a strategy is set, the feedback."""
+    mode = cfg.resolved_mode()
+    ids_t = torch.tensor(ids, device=lm.device)
+    base, fb = [], []
+    for start, end, scored in windows(len(ids), cfg.window, cfg.stride):
+        w = ids_t[start:end]
+        keep = slice(scored - start - 1, None)  # NLL index i is the target at start + i + 1
+        base.append(_window_parallel(lm, w, None, 1)[keep])
+        if cfg.strategy:
+            strategy = build_strategy(cfg.strategy, cfg.params, lm.num_layers)
+            if mode == "exact":
+                fb.append(_window_exact(lm, w, strategy)[keep])
+            else:
+                fb.append(_window_parallel(lm, w, strategy, cfg.passes if mode == "jacobi" else 1)[keep])
+    to_np = lambda parts: torch.cat(parts).double().cpu().numpy()  # noqa: E731
+    return to_np(base), (to_np(fb) if fb else None)
+
+
+def paired_bootstrap(diffs: list[np.ndarray], resamples: int, seed: int) -> tuple[float, float, str]:
+    """95% CI of the mean per-token NLL difference. Documents are resampled (tokens within a
+    document are correlated) when there are at least 10 of them; otherwise tokens are."""
+    rng = np.random.default_rng(seed)
+    if resamples == 0:
+        return math.nan, math.nan, "none"
+    if len(diffs) >= 10:
+        sums = np.array([d.sum() for d in diffs])
+        counts = np.array([d.size for d in diffs])
+        pick = rng.integers(0, len(diffs), size=(resamples, len(diffs)))
+        means = sums[pick].sum(axis=1) / counts[pick].sum(axis=1)
+        method = "documents"
+    else:
+        flat = np.concatenate(diffs)
+        pick = rng.integers(0, flat.size, size=(resamples, flat.size))
+        means = flat[pick].mean(axis=1)
+        method = "tokens"
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi), method
+
+
+def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
+             progress: Callable[[int, int, str], None] | None = None) -> dict:
+    """Baseline and feedback perplexity over documents, with ΔPPL % and its paired 95% CI."""
+    cfg.validate(lm.context_length)
+    mode = cfg.resolved_mode()
+    if cfg.strategy:
+        build_strategy(cfg.strategy, cfg.params, lm.num_layers)  # validate parameters before the work
+    docs = docs[: cfg.max_docs] if cfg.max_docs else docs
+    started = time.perf_counter()
+    per_doc, base_all, fb_all = [], [], []
+    for i, doc in enumerate(docs):
+        ids = lm.tokenizer(doc.text)["input_ids"]
+        if cfg.max_tokens_per_doc:
+            ids = ids[: cfg.max_tokens_per_doc]
+        if len(ids) < 2:
+            continue
+        base, fb = token_nlls(lm, ids, cfg)
+        entry = {"name": doc.name, "tokens": int(base.size), "baseline_ppl": float(np.exp(base.mean()))}
+        if fb is not None:
+            entry["feedback_ppl"] = float(np.exp(fb.mean()))
+            entry["delta_pct"] = 100.0 * (entry["feedback_ppl"] / entry["baseline_ppl"] - 1.0)
+            fb_all.append(fb)
+        base_all.append(base)
+        per_doc.append(entry)
+        if progress:
+            progress(i + 1, len(docs), doc.name)
+    if not base_all:
+        raise FeedbackError("no document has at least 2 tokens")
+    base_cat = np.concatenate(base_all)
+    strategy_values = build_strategy(cfg.strategy, cfg.params, lm.num_layers).values if cfg.strategy else {}
+    result = {
+        "model": lm.name, "dtype": lm.dtype,
+        "config": asdict(cfg) | {"params": strategy_values},
+        "mode": mode, "approximate": mode == "jacobi",
+        "passes": cfg.passes if mode == "jacobi" else (1 if mode == "parallel" else None),
+        "corpus_fingerprint": fingerprint(docs), "documents": len(per_doc), "tokens": int(base_cat.size),
+        "baseline_ppl": float(np.exp(base_cat.mean())),
+        "per_doc": per_doc,
+    }
+    if fb_all:
+        diffs = [f - b for f, b in zip(fb_all, base_all)]
+        fb_cat = np.concatenate(fb_all)
+        lo, hi, method = paired_bootstrap(diffs, cfg.bootstrap, cfg.seed)
+        mean_diff = float(np.concatenate(diffs).mean())
+        result |= {
+            "feedback_ppl": float(np.exp(fb_cat.mean())),
+            "delta_pct": 100.0 * math.expm1(mean_diff),
+            "mean_nll_diff": mean_diff,
+            # the CI of the mean NLL difference, mapped to ΔPPL %: exp(d) - 1
+            "ci95": [100.0 * math.expm1(lo), 100.0 * math.expm1(hi)],
+            "ci95_nll_diff": [lo, hi], "ci_method": method,
+        }
+    result["wall_seconds"] = time.perf_counter() - started
+    return result
+
+
+def surprise_diff(lm: LoadedModel, text: str, cfg: PPLConfig) -> dict:
+    """Per-token detail for one text (the UI's surprise chart): tokens, both NLLs, and totals."""
+    ids = lm.tokenizer(text)["input_ids"]
+    if len(ids) < 2:
+        raise FeedbackError("the text needs at least 2 tokens")
+    cfg.validate(lm.context_length)
+    base, fb = token_nlls(lm, ids, cfg)
+    pieces = [lm.tokenizer.decode([t]) for t in ids[1:]]
+    out = {"tokens": pieces, "baseline_nll": base.tolist(), "mode": cfg.resolved_mode(),
+           "baseline_ppl": float(np.exp(base.mean()))}
+    if fb is not None:
+        out |= {"feedback_nll": fb.tolist(), "feedback_ppl": float(np.exp(fb.mean()))}
+    return out
