@@ -17,7 +17,7 @@ from tests.conftest import hook_count
 
 def test_registry_and_unknown_name():
     assert "residual" in REGISTRY
-    with pytest.raises(FeedbackError, match="unknown strategy 'nope'; available: residual"):
+    with pytest.raises(FeedbackError, match="unknown strategy 'nope'; available: anchor, deep_cache, residual, soft_token"):
         get_strategy("nope")
 
 

@@ -5,9 +5,14 @@ from typing import Any
 
 from feedback.errors import FeedbackError
 from feedback.strategies.base import BatchView, Param, Strategy
+from feedback.strategies.anchor import AnchorStrategy
+from feedback.strategies.deep_cache import DeepCacheStrategy
 from feedback.strategies.residual import ResidualStrategy
+from feedback.strategies.soft_token import SoftTokenStrategy
 
-REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (ResidualStrategy,)}
+REGISTRY: dict[str, type[Strategy]] = {
+    cls.name: cls for cls in (ResidualStrategy, SoftTokenStrategy, DeepCacheStrategy, AnchorStrategy)
+}
 
 
 def get_strategy(name: str) -> type[Strategy]:

@@ -48,7 +48,7 @@ def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(client):
         (dict(prompt="hi", temperature=-1), "less than minimum value 0"),
         (dict(prompt="hi", model="evil/model"), "not in the list of choices"),
         (dict(prompt="hi", residual_alpha=50.0), "greater than maximum value 1.0"),
-        (dict(prompt="hi", strategy="nope"), r"nope is not in the list of choices: \['residual'\]"),
+        (dict(prompt="hi", strategy="nope"), "nope is not in the list of choices"),
     ]:
         with pytest.raises(AppError, match=message):
             client.predict(api_name="/compare", **kwargs)

@@ -1,0 +1,107 @@
+"""Anchor feedback (SPEC §4.4): the prompt's deep summary fused into the last layer's output.
+
+    h^L_t <- h^L_t + alpha * rms(h^L_t) * normalise(mean_prompt(h^s) - mu_t)
+
+mean_prompt is the mean source-layer state over the prompt (position 0 excluded) and mu_t the
+running mean of the source layer over the row up to t, so the push grows as the text drifts away
+from the prompt. Only the last layer's output changes (no later position reads it), so one
+parallel pass is exact. In generation the prompt is the prefill; in teacher-forced perplexity the
+first `prompt_tokens` tokens of each window act as the prompt and injection starts after them.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from feedback.strategies.base import Param, Strategy, layer_output, rms
+
+
+def _direction(d: torch.Tensor) -> torch.Tensor:
+    scale = rms(d)
+    return torch.where(scale > 1e-4, d / scale, torch.zeros_like(d))
+
+
+class AnchorStrategy(Strategy):
+    name = "anchor"
+    description = "the prompt's deep summary pulled back into the last layer during decoding"
+    recurrent = False
+    params = (
+        Param("alpha", float, 0.05, "injection strength, relative to the last layer's RMS", -1.0, 1.0),
+        Param("source_layer", int, lambda n: min(n - 1, round(0.7 * n)), "layer that is summarised",
+              is_layer=True),
+        Param("prompt_tokens", int, 32, "perplexity only: leading tokens of a window used as the prompt",
+              2, 100_000),
+    )
+
+    def reset(self) -> None:
+        self.summary: torch.Tensor | None = None  # mean source state over the prompt [H]
+        self.mean: torch.Tensor | None = None  # running mean of the source layer [H]
+        self.count = 0
+        self.seq_dirs: torch.Tensor | None = None  # sequence phase: direction per position [T, H]
+        self.current: torch.Tensor | None = None  # decode: this step's direction [H]
+        self.prompt_seen: list[torch.Tensor] = []  # exact perplexity: prompt states decoded one by one
+        self.position = 0
+
+    def _register(self, model: nn.Module, layers: nn.ModuleList) -> None:
+        self._add_forward_hook(layers[self.values["source_layer"]], self._capture)
+        self._add_forward_hook(layers[len(layers) - 1], self._inject)
+
+    def _capture(self, module: nn.Module, args: tuple, output) -> None:
+        b = self.my_index()
+        if b is None:
+            return
+        hidden = layer_output(output)[b].float()
+        phase = self.batch.phase
+        if phase == "sequence":
+            k = min(self.values["prompt_tokens"], hidden.shape[0])
+            h = hidden[1:]
+            counts = torch.arange(1, h.shape[0] + 1, device=h.device, dtype=h.dtype)[:, None]
+            running = h.cumsum(dim=0) / counts
+            summary = hidden[1:k].mean(dim=0) if k > 1 else None
+            dirs = torch.zeros_like(hidden)
+            if summary is not None:
+                dirs[1:] = _direction(summary - running)
+                dirs[:k] = 0.0  # the prompt itself is not pushed
+            self.seq_dirs = dirs
+            return
+        states = hidden[1:] if phase == "prefill" else hidden[-1:]
+        if phase == "prefill" and hidden.shape[0] == 1:
+            states = hidden[:0]  # a one-token prefill is only the sink
+        for h in states:
+            self.count += 1
+            self.mean = h.clone() if self.mean is None else self.mean + (h - self.mean) / self.count
+        self.position += hidden.shape[0]
+        if phase == "prefill":
+            if hidden.shape[0] > 1:
+                self.summary = hidden[1:].mean(dim=0)
+            elif self.summary is None:  # exact perplexity: the prompt arrives token by token
+                self.prompt_seen = []
+            return
+        if self.summary is None:  # still inside the perplexity prompt of `prompt_tokens`
+            if self.position - 1 >= 1:
+                self.prompt_seen.append(hidden[-1])
+            if self.position >= self.values["prompt_tokens"]:
+                self.summary = torch.stack(self.prompt_seen).mean(dim=0) if self.prompt_seen else None
+            self.current = None
+            return
+        self.current = _direction(self.summary - self.mean)
+
+    def _inject(self, module: nn.Module, args: tuple, output):
+        b = self.my_index()
+        phase = self.batch.phase
+        if b is None or phase == "prefill":
+            return None
+        hidden = layer_output(output)
+        alpha = self.values["alpha"]
+        out = hidden.clone()
+        if phase == "sequence":
+            if self.seq_dirs is None:
+                return None
+            rows = out[b].float()
+            out[b] = (rows + alpha * rms(rows) * self.seq_dirs).to(out.dtype)
+        else:
+            if self.current is None:
+                return None
+            row = out[b, -1].float()
+            out[b, -1] = (row + alpha * rms(row) * self.current).to(out.dtype)
+        return (out, *output[1:]) if isinstance(output, tuple) else out

@@ -1,0 +1,123 @@
+"""Deep continuous cache (SPEC §4.3): output-side reuse of deep states (Grave et al., 2016).
+
+    p_t = (1 - lam) p_LM + lam * sum_{i<t, t-i<=W} softmax_i(theta * cos(h_t, h_i)) onehot(x_{i+1})
+
+h is the output of a chosen decoder layer; the cache pairs each earlier position's state with the
+token that followed it. With `gate` > -1 the mix applies only where the best match's cosine is at
+least `gate`. Position 0 (attention sink) is never a key. Hidden states are untouched, so one
+parallel pass gives exact perplexity. In generation the shared prompt prefill fills the cache
+but leaves the first token's distribution alone (it is shared with the baseline); mixing acts from
+the first decoded token on.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from feedback.strategies.base import Param, Strategy, layer_output
+
+_CHUNK = 256  # query positions mixed at once in a sequence pass (bounds the [chunk, V] buffer)
+
+
+def mix_logits(logits: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, next_ids: torch.Tensor,
+               mask: torch.Tensor, lam: float, theta: float, gate: float) -> torch.Tensor:
+    """Log of the cache mixture for query rows. logits [Q, V]; queries [Q, H] and keys [K, H] unit
+    vectors; next_ids [K]; mask [Q, K] True where key k is usable for query q."""
+    sims = queries @ keys.T
+    usable = mask.any(dim=1)
+    if gate > -1.0:
+        best = sims.masked_fill(~mask, -2.0).amax(dim=1)
+        usable &= best >= gate
+    weights = torch.softmax((theta * sims).masked_fill(~mask, float("-inf")), dim=1)
+    weights = torch.nan_to_num(weights, nan=0.0)  # rows without any usable key
+    p_cache = torch.zeros_like(logits).scatter_add_(1, next_ids.expand(weights.shape[0], -1), weights)
+    p_lm = torch.softmax(logits, dim=-1)
+    mixed = torch.log(((1.0 - lam) * p_lm + lam * p_cache).clamp_min(1e-30))
+    return torch.where(usable[:, None], mixed, torch.log_softmax(logits, dim=-1))
+
+
+class DeepCacheStrategy(Strategy):
+    name = "deep_cache"
+    description = "continuous cache over deep states mixed into the output distribution"
+    recurrent = False
+    strength_param = "lam"
+    params = (
+        Param("lam", float, 0.1, "weight of the cache distribution in the mixture", 0.0, 1.0),
+        Param("theta", float, 20.0, "sharpness of the cosine-similarity softmax", 0.0, 1000.0),
+        Param("layer", int, lambda n: n - 1, "decoder layer whose output states are compared", is_layer=True),
+        Param("window", int, 512, "how many earlier positions the cache holds", 1, 100_000),
+        Param("gate", float, -1.0, "mix only where the best cosine is at least this (-1 = always)", -1.0, 1.0),
+    )
+
+    def reset(self) -> None:
+        self.keys: torch.Tensor | None = None  # [M, H] unit vectors of positions >= 1
+        self.next_ids: torch.Tensor | None = None  # [M] the token that followed each key
+        self.pending: torch.Tensor | None = None  # the last position's state, its next token unknown yet
+        self.ids: torch.Tensor | None = None  # this forward's input ids for the row
+        self.states: torch.Tensor | None = None  # this forward's unit states for the row [T, H]
+        self.seen = 0  # positions processed so far (so position 0 is recognised)
+
+    def _register(self, model: nn.Module, layers: nn.ModuleList) -> None:
+        self._add_pre_hook(model.get_input_embeddings(), self._read_ids)
+        self._add_forward_hook(layers[self.values["layer"]], self._capture)
+        self._add_forward_hook(model.get_output_embeddings(), self._mix)
+
+    def _read_ids(self, module: nn.Module, args: tuple, kwargs: dict):
+        b = self.my_index()
+        if b is not None:
+            ids = args[0] if args else kwargs["input"]
+            self.ids = ids[b]
+            if self.batch.phase == "decode" and self.pending is not None:
+                self._remember(self.pending[None], self.ids[:1])  # the pending state's next token
+                self.pending = None
+        return None
+
+    def _remember(self, keys: torch.Tensor, next_ids: torch.Tensor) -> None:
+        w = self.values["window"]
+        self.keys = keys if self.keys is None else torch.cat([self.keys, keys])[-w:]
+        self.next_ids = next_ids if self.next_ids is None else torch.cat([self.next_ids, next_ids])[-w:]
+
+    def _capture(self, module: nn.Module, args: tuple, output) -> None:
+        b = self.my_index()
+        if b is None:
+            return
+        self.states = F.normalize(layer_output(output)[b].float(), dim=-1)
+        if self.batch.phase == "prefill":
+            n = self.states.shape[0]
+            if n > 2:  # keys: positions 1..n-2, whose next tokens are in the prompt
+                self._remember(self.states[1:n - 1], self.ids[2:n])
+            self.pending = self.states[-1] if n > 1 else None
+            self.seen = n
+
+    def _mix(self, module: nn.Module, args: tuple, output):
+        b = self.my_index()
+        phase = self.batch.phase
+        if b is None or phase == "prefill" or self.states is None:
+            return None
+        lam, theta, gate, w = (self.values[k] for k in ("lam", "theta", "gate", "window"))
+        logits = output.clone()
+        if phase == "decode":
+            query = self.states[-1:]
+            if self.keys is not None and lam > 0:
+                mask = torch.ones(1, self.keys.shape[0], dtype=torch.bool, device=query.device)
+                mixed = mix_logits(logits[b, -1:].float(), query, self.keys, self.next_ids, mask, lam, theta, gate)
+                logits[b, -1] = mixed[0].to(logits.dtype)
+            if self.seen >= 1:  # position 0 never becomes a key
+                self.pending = self.states[-1]
+            self.seen += 1
+            return logits
+        # sequence phase: every position t mixes keys i in [max(1, t - W), t - 1], valued x_{i+1}
+        states, ids = self.states, self.ids
+        T = states.shape[0]
+        if T < 3 or lam == 0:
+            return None
+        keys, next_ids = states[1:T - 1], ids[2:T]  # key i (position i+1 here) -> x_{i+2}
+        key_pos = torch.arange(1, T - 1, device=states.device)
+        for start in range(0, T, _CHUNK):
+            q_pos = torch.arange(start, min(start + _CHUNK, T), device=states.device)
+            mask = (key_pos[None, :] < q_pos[:, None]) & (q_pos[:, None] - key_pos[None, :] <= w)
+            rows = logits[b, start:start + len(q_pos)].float()
+            logits[b, start:start + len(q_pos)] = mix_logits(
+                rows, states[q_pos], keys, next_ids, mask, lam, theta, gate).to(logits.dtype)
+        return logits

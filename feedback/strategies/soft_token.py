@@ -1,0 +1,85 @@
+"""Soft-token feedback (SPEC §4.2): the previous step's predicted distribution, fed back in
+embedding space.
+
+    e'_t = e(x_t) + beta * (ebar_t - e(x_t)),   ebar_t = sum_{w in top-k} p_{t-1}(w) E[w]
+
+p_{t-1} is the row's own (already fed-back) next-token distribution at t-1, restricted to its
+top-k, renormalised at temperature tau. Recurrent like `residual`. Position 0 is never a source.
+In generation the prompt prefill runs clean; its last distribution feeds the first decoded token.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from feedback.strategies.base import Param, Strategy
+
+
+class SoftTokenStrategy(Strategy):
+    name = "soft_token"
+    description = "previous step's predicted distribution mixed into the next input embedding"
+    strength_param = "beta"
+    params = (
+        Param("beta", float, 0.1, "how far the input embedding moves toward the expected embedding", -1.0, 1.0),
+        Param("top_k", int, 32, "tokens of the previous distribution that are mixed", 1, 1000),
+        Param("tau", float, 1.0, "temperature of the previous distribution", 0.01, 10.0),
+    )
+
+    def reset(self) -> None:
+        self.prev: torch.Tensor | None = None  # ebar for the next decoded token [H]
+        self.seq_prev: torch.Tensor | None = None  # sequence phase: ebar per position, previous pass [T, H]
+        self.pending: torch.Tensor | None = None
+        self.prompt_len = 0
+
+    def _register(self, model: nn.Module, layers: nn.ModuleList) -> None:
+        self.table = model.get_input_embeddings().weight
+        self._add_forward_hook(model.get_input_embeddings(), self._inject)
+        self._add_forward_hook(model.get_output_embeddings(), self._capture)
+
+    def _expected_embedding(self, logits: torch.Tensor) -> torch.Tensor:
+        """ebar for each row of logits [N, V] -> [N, H] (fp32)."""
+        top, ids = torch.topk(logits.float() / self.values["tau"], self.values["top_k"], dim=-1)
+        weights = torch.softmax(top, dim=-1)
+        return torch.einsum("nk,nkh->nh", weights, self.table[ids].float())
+
+    def _inject(self, module: nn.Module, args: tuple, output: torch.Tensor):
+        b = self.my_index()
+        phase = self.batch.phase
+        if b is None:
+            return None
+        if phase == "prefill":
+            self.prompt_len = args[0].shape[-1]
+            return None
+        beta = self.values["beta"]
+        out = output.clone()
+        if phase == "decode":
+            if self.prev is None:
+                return None
+            e = out[b, -1].float()
+            out[b, -1] = (e + beta * (self.prev - e)).to(out.dtype)
+            return out
+        if self.seq_prev is None or out.shape[1] < 3:
+            return None
+        e = out[b, 2:].float()  # position t >= 2 takes ebar from t-1 >= 1
+        out[b, 2:] = (e + beta * (self.seq_prev[1:-1] - e)).to(out.dtype)
+        return out
+
+    def _capture(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        b = self.my_index()
+        if b is None:
+            return
+        phase = self.batch.phase
+        if phase == "sequence":
+            self.pending = self._expected_embedding(output[b])
+            return
+        # Only the last position's logits matter here; after a one-token prefill that is position 0,
+        # the attention sink, which is never a source.
+        is_sink = phase == "prefill" and self.prompt_len < 2
+        self.pending = None if is_sink else self._expected_embedding(output[b, -1:])[0]
+
+    def end_forward(self) -> None:
+        if self.batch is not None and self.batch.phase == "sequence":
+            if self.pending is not None:
+                self.seq_prev, self.pending = self.pending, None
+            return
+        self.prev, self.pending = self.pending, None
