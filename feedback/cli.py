@@ -1,4 +1,4 @@
-"""Command line: python -m feedback {generate, ppl, bench, prepare}."""
+"""Command line: python -m feedback {generate, ppl, sweep, bench, prepare}."""
 from __future__ import annotations
 
 import argparse
@@ -141,6 +141,49 @@ def _ppl(args) -> int:
     return 0
 
 
+def _sweep(args) -> int:
+    from feedback import corpus
+    from feedback.model import load_model
+    from feedback.strategies import build_strategy
+    from feedback.sweep import parse_grid, run_sweep, to_csv
+
+    warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
+    docs = corpus.load(args.data, warn)
+    fixed = dict(args.param)
+    cfg = _ppl_config(args, fixed)
+    cfg.resolved_mode()
+    lm = load_model(args.model, dtype=args.dtype)
+    grid = parse_grid(args.grid, args.strategy, lm.num_layers)
+    build_strategy(args.strategy, fixed, lm.num_layers)
+    names = list(grid)
+
+    def report(row: dict, done: int, total: int) -> None:
+        point = ", ".join(f"{k}={row[k]}" for k in names)
+        print(f"[{done}/{total}] {point}: ΔPPL {row['delta_pct']:+.3f}% "
+              f"[{row['ci95_low']:+.3f}, {row['ci95_high']:+.3f}] ({row['wall_seconds']:.1f} s)",
+              file=sys.stderr, flush=True)
+
+    rows = run_sweep(lm, docs, args.strategy, grid, cfg, fixed, report)
+    out = Path(args.out_dir or f"sweep-{args.strategy}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.csv").write_text(to_csv(rows, names))
+    if len(names) <= 2:
+        from ui.charts import sweep_heatmap
+
+        fig = sweep_heatmap(rows, names[0], names[1] if len(names) == 2 else None,
+                            f"{args.strategy} on {args.data}: ΔPPL % vs baseline ({rows[0]['mode']})")
+        fig.write_html(out / "sweep.html", include_plotlyjs=True)
+    else:
+        print("note: a heatmap needs one or two grid parameters; wrote the CSV only", file=sys.stderr)
+    best = min(rows, key=lambda r: r["delta_pct"])
+    print(f"wrote {out / 'sweep.csv'}" + (f" and {out / 'sweep.html'}" if len(names) <= 2 else ""))
+    print("best: " + ", ".join(f"{k}={best[k]}" for k in names) +
+          f" ΔPPL {best['delta_pct']:+.3f}% [{best['ci95_low']:+.3f}, {best['ci95_high']:+.3f}]")
+    if args.json:
+        print(json.dumps(rows))
+    return 0
+
+
 def _prepare(args) -> int:
     from feedback import embedded
 
@@ -181,6 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default=None, help="also write the JSON result to this file")
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser("sweep", help="ΔPPL over a grid of strategy parameters -> CSV + heatmap HTML")
+    _add_ppl_args(p)
+    p.add_argument("--strategy", required=True)
+    p.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...")
+    p.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE",
+                   help="fixed parameters for every grid point")
+    p.add_argument("--out-dir", default=None, help="where sweep.csv and sweep.html go (default sweep-STRATEGY)")
+    p.add_argument("--json", action="store_true", help="also print the rows as JSON")
     p = sub.add_parser("bench", help="engine speed ratios on the embedded model (SPEC §7)")
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per measurement")
     p.add_argument("--repeats", type=int, default=3, help="repeats per measurement (the median is kept)")
@@ -192,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"generate": _generate, "prepare": _prepare, "bench": _bench, "ppl": _ppl}[args.command]
+    handler = {"generate": _generate, "prepare": _prepare, "bench": _bench, "ppl": _ppl,
+               "sweep": _sweep}[args.command]
     try:
         return handler(args)
     except FeedbackError as exc:

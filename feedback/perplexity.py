@@ -125,15 +125,23 @@ def _window_exact(lm: LoadedModel, ids: torch.Tensor, strategy) -> torch.Tensor:
         strategy.detach()
 
 
-def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig) -> tuple[np.ndarray, np.ndarray | None]:
-    """Per-token NLL (targets 1..n-1) for the baseline and, when a strategy is set, the feedback."""
+def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig,
+               baseline_cache: dict | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-token NLL (targets 1..n-1) for the baseline and, when a strategy is set, the feedback.
+    `baseline_cache` (keyed by the window's tokens) lets sweeps compute each baseline once."""
     mode = cfg.resolved_mode()
     ids_t = torch.tensor(ids, device=lm.device)
     base, fb = [], []
     for start, end, scored in windows(len(ids), cfg.window, cfg.stride):
         w = ids_t[start:end]
         keep = slice(scored - start - 1, None)  # NLL index i is the target at start + i + 1
-        base.append(_window_parallel(lm, w, None, 1)[keep])
+        key = (tuple(ids[start:end]), scored - start)
+        if baseline_cache is not None and key in baseline_cache:
+            base.append(baseline_cache[key])
+        else:
+            base.append(_window_parallel(lm, w, None, 1)[keep])
+            if baseline_cache is not None:
+                baseline_cache[key] = base[-1]
         if cfg.strategy:
             strategy = build_strategy(cfg.strategy, cfg.params, lm.num_layers)
             if mode == "exact":
@@ -166,7 +174,7 @@ def paired_bootstrap(diffs: list[np.ndarray], resamples: int, seed: int) -> tupl
 
 
 def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
-             progress: Callable[[int, int, str], None] | None = None) -> dict:
+             progress: Callable[[int, int, str], None] | None = None, baseline_cache: dict | None = None) -> dict:
     """Baseline and feedback perplexity over documents, with ΔPPL % and its paired 95% CI."""
     cfg.validate(lm.context_length)
     mode = cfg.resolved_mode()
@@ -181,7 +189,7 @@ def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
             ids = ids[: cfg.max_tokens_per_doc]
         if len(ids) < 2:
             continue
-        base, fb = token_nlls(lm, ids, cfg)
+        base, fb = token_nlls(lm, ids, cfg, baseline_cache)
         entry = {"name": doc.name, "tokens": int(base.size), "baseline_ppl": float(np.exp(base.mean()))}
         if fb is not None:
             entry["feedback_ppl"] = float(np.exp(fb.mean()))

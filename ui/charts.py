@@ -36,8 +36,7 @@ def _figure(traces: list[dict], height: int, x_title: str, y_title: str, **layou
         margin=dict(l=50, r=15, t=40, b=40),
         legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
         xaxis=dict(title=dict(text=x_title)), yaxis=dict(title=dict(text=y_title)), hovermode="x unified",
-        **layout,
-    )
+    ) | layout
     return go.Figure(dict(data=traces, layout=spec), _validate=False)
 
 
@@ -133,3 +132,23 @@ def memory_figure(samples: list[dict]) -> go.Figure:
         if key == "rss_mb" or any(v is not None for v in values):
             traces.append(_scatter(x=t, y=values, name=name, mode="lines"))
     return _figure(traces, 240, "time (s)", "memory (MB)")
+
+
+def sweep_heatmap(rows: list[dict], x: str, y: str | None = None, title: str = "") -> go.Figure:
+    """ΔPPL % over a grid of one or two parameters; each cell also shows its 95% CI width.
+    Blue is better than the baseline (lower perplexity), red worse, white no change."""
+    xs = sorted({r[x] for r in rows})
+    ys = sorted({r[y] for r in rows}) if y else [""]
+    cell = {(r[x], r[y] if y else ""): r for r in rows}
+    z, text = [], []
+    for yv in ys:
+        z.append([cell[(xv, yv)]["delta_pct"] if (xv, yv) in cell else None for xv in xs])
+        text.append([f"{cell[(xv, yv)]['delta_pct']:+.2f}%<br>±{cell[(xv, yv)]['ci95_width'] / 2:.2f}"
+                     if (xv, yv) in cell else "" for xv in xs])
+    bound = max([abs(v) for row in z for v in row if v is not None] or [1.0])
+    trace = dict(type="heatmap", x=[str(v) for v in xs], y=[str(v) for v in ys], z=z, text=text,
+                 texttemplate="%{text}", colorscale="RdBu", reversescale=True, zmid=0, zmin=-bound, zmax=bound,
+                 colorbar=dict(title=dict(text="ΔPPL %")), hovertemplate=f"{x}=%{{x}}<br>" +
+                 (f"{y}=%{{y}}<br>" if y else "") + "ΔPPL %{z:+.3f}%<extra></extra>")
+    return _figure([trace], 420 if y else 220, x, y or "", title=dict(text=title), hovermode="closest",
+                   margin=dict(l=60, r=15, t=50, b=40))
