@@ -84,3 +84,50 @@ def test_bench_json_reports_every_ratio():
                 "roofline_fraction"):
         assert isinstance(data[key], float) and data[key] > 0
     assert data["same_tokens_as_generate"] is True
+
+
+def test_ppl_json_on_a_text_file(tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Rivers carry water to the sea. The sea gives it back as rain. " * 4)
+    out = cli("ppl", "--data", str(doc), "--strategy", "deep_cache", "--param", "lam=0.05", "--json",
+              "--out", str(tmp_path / "r.json"))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["mode"] == "parallel" and data["documents"] == 1 and data["config"]["params"]["lam"] == 0.05
+    assert {"baseline_ppl", "feedback_ppl", "delta_pct", "ci95", "wall_seconds", "corpus_fingerprint"} <= set(data)
+    assert json.loads((tmp_path / "r.json").read_text()) == data
+
+
+def test_ppl_text_output_and_bad_jsonl_lines(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "A short line of text for the model."}\n{broken\n{"text": "Another line here."}\n')
+    out = cli("ppl", "--data", str(data), "--strategy", "residual", "--mode", "jacobi", "--passes", "2")
+    assert out.returncode == 0, out.stderr
+    assert f"{data}:2: skipped, not valid JSON" in out.stderr
+    assert "mode jacobi (approximate, 2 passes)" in out.stdout and "95% CI" in out.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ppl", "--data", "missing.txt"], "no such file or folder"),
+    (["ppl", "--data", "builtin:train"], "dev or test"),
+    (["ppl", "--strategy", "residual", "--mode", "parallel", "--max-docs", "1"], "recurrent"),
+    (["ppl", "--strategy", "anchor", "--param", "alpha=nan", "--max-docs", "1"], "alpha must be finite"),
+    (["sweep", "--strategy", "deep_cache", "--grid", "lam", "--max-docs", "1"], "--grid expects NAME=V1"),
+    (["sweep", "--strategy", "deep_cache", "--grid", "zeta=1", "--max-docs", "1"], "unknown parameter"),
+])
+def test_ppl_and_sweep_bad_input(args, message):
+    out = cli(*args)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_sweep_writes_csv_and_heatmap(tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("def f(x): return x + 1\nprint(f(2))\n" * 6)
+    out = cli("sweep", "--strategy", "deep_cache", "--grid", "lam=0,0.1", "--grid", "theta=10,40", "--data",
+              str(doc), "--bootstrap", "100", "--out-dir", str(tmp_path / "sw"))
+    assert out.returncode == 0, out.stderr
+    rows = (tmp_path / "sw" / "sweep.csv").read_text().splitlines()
+    assert len(rows) == 5 and rows[0].startswith("lam,theta,delta_pct")
+    html = (tmp_path / "sw" / "sweep.html").read_text()
+    assert "heatmap" in html and "ΔPPL" in html
+    assert "best: lam=" in out.stdout

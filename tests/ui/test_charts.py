@@ -124,3 +124,18 @@ def test_first_divergence(a: list[int], b: list[int], expected: int | None) -> N
 def test_first_divergence_needs_two_rows() -> None:
     assert first_divergence([]) is None
     assert first_divergence([make_row("baseline", [1.0])]) is None
+
+
+def test_sweep_heatmap_cells_and_diverging_scale():
+    from ui.charts import sweep_heatmap
+
+    rows = [{"alpha": a, "layer": l, "delta_pct": d, "ci95_width": 0.4}
+            for (a, l, d) in [(0.0, 3, 0.0), (0.1, 3, -1.5), (0.0, 9, 0.0), (0.1, 9, 2.5)]]
+    fig = sweep_heatmap(rows, "alpha", "layer", "t")
+    hm = fig.data[0]
+    assert hm.type == "heatmap" and list(hm.x) == ["0.0", "0.1"] and list(hm.y) == ["3", "9"]
+    assert [list(r) for r in hm.z] == [[0.0, -1.5], [0.0, 2.5]]
+    assert hm.zmid == 0 and hm.zmin == -2.5 and hm.zmax == 2.5
+    assert hm.text[0][1] == "-1.50%<br>±0.20"
+    one = sweep_heatmap(rows[:2], "alpha")
+    assert list(one.data[0].y) == [""] and len(one.data[0].z[0]) == 2

@@ -1,0 +1,141 @@
+"""Perplexity: windows, NLL against a direct computation, bootstrap, corpus inputs, sweeps."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from feedback import corpus
+from feedback.errors import FeedbackError
+from feedback.perplexity import PPLConfig, evaluate, paired_bootstrap, surprise_diff, token_nlls, windows
+from feedback.sweep import parse_grid, run_sweep, to_csv
+
+TEXT = "The river flows to the sea. The sea rises as clouds, and the clouds rain on the hills again."
+
+
+@given(st.integers(2, 300), st.integers(2, 64), st.integers(1, 64))
+def test_windows_score_every_target_exactly_once(n, size, stride):
+    stride = min(stride, size)
+    scored = []
+    for start, end, first in windows(n, size, stride):
+        assert 0 <= start < first <= end <= n and end - start <= size
+        scored += list(range(first, end))
+    assert scored == list(range(1, n))
+
+
+def test_baseline_nll_matches_a_direct_computation(tiny_lm):
+    ids = tiny_lm.tokenizer(TEXT)["input_ids"]
+    base, fb = token_nlls(tiny_lm, ids, PPLConfig())
+    assert fb is None
+    with torch.inference_mode():
+        logits = tiny_lm.model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+    direct = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="none").double().numpy()
+    assert np.allclose(base, direct, atol=1e-5)
+
+
+def test_sliding_windows_give_the_same_nll_as_one_pass_when_context_is_long_enough(tiny_lm):
+    ids = tiny_lm.tokenizer(TEXT * 3)["input_ids"]
+    whole, _ = token_nlls(tiny_lm, ids, PPLConfig(window=512))
+    windowed, _ = token_nlls(tiny_lm, ids, PPLConfig(window=24, stride=8))
+    assert whole.shape == windowed.shape
+    # tokens in the first window have identical context in both runs
+    assert np.allclose(whole[:23], windowed[:23], atol=1e-5)
+    assert not np.allclose(whole, windowed, atol=1e-5)  # later tokens see less context
+
+
+def test_paired_bootstrap_is_seeded_and_covers_the_mean():
+    rng = np.random.default_rng(1)
+    diffs = [rng.normal(-0.1, 1.0, size=50) for _ in range(12)]
+    a = paired_bootstrap(diffs, 500, seed=3)
+    assert a == paired_bootstrap(diffs, 500, seed=3)
+    assert a[2] == "documents" and a[0] < np.concatenate(diffs).mean() < a[1]
+    few = paired_bootstrap(diffs[:3], 500, seed=3)
+    assert few[2] == "tokens" and few[0] < few[1]
+
+
+def test_evaluate_reports_everything(tiny_lm):
+    docs = [corpus.Document("a", TEXT), corpus.Document("b", TEXT[::-1]), corpus.Document("tiny", "x")]
+    res = evaluate(tiny_lm, docs, PPLConfig("deep_cache", {"lam": 0.3}, bootstrap=200))
+    json.dumps(res)
+    assert res["mode"] == "parallel" and res["approximate"] is False and res["documents"] == 2
+    assert set(res) >= {"baseline_ppl", "feedback_ppl", "delta_pct", "ci95", "mode", "wall_seconds",
+                        "corpus_fingerprint", "per_doc", "config", "model"}
+    assert res["ci95"][0] <= res["delta_pct"] <= res["ci95"][1]
+    assert res["config"]["params"]["theta"] == 20.0  # defaults are filled in
+    pooled = math.exp(np.mean(np.concatenate([token_nlls(tiny_lm, tiny_lm.tokenizer(d.text)["input_ids"],
+                                                         PPLConfig())[0] for d in docs[:2]])))
+    assert res["baseline_ppl"] == pytest.approx(pooled, rel=1e-9)
+    jac = evaluate(tiny_lm, docs[:1], PPLConfig("residual", {"alpha": 0.2}, passes=4, bootstrap=0))
+    assert jac["mode"] == "jacobi" and jac["approximate"] is True and jac["passes"] == 4
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (PPLConfig("residual", mode="parallel"), "recurrent"),
+    (PPLConfig("residual", mode="jacobi", passes=1), "passes must be in"),
+    (PPLConfig("deep_cache", mode="sideways"), "mode must be one of"),
+    (PPLConfig(stride=0), "stride"),
+    (PPLConfig("nope"), "unknown strategy"),
+    (PPLConfig("deep_cache", {"lam": 2}), "lam=2.0 is out of range"),
+])
+def test_bad_ppl_configs(tiny_lm, cfg, message):
+    with pytest.raises(FeedbackError, match=message):
+        evaluate(tiny_lm, [corpus.Document("a", TEXT)], cfg)
+
+
+def test_surprise_diff_aligns_tokens_and_nlls(tiny_lm):
+    out = surprise_diff(tiny_lm, TEXT, PPLConfig("anchor", {"alpha": 0.4, "prompt_tokens": 4}))
+    assert len(out["tokens"]) == len(out["baseline_nll"]) == len(out["feedback_nll"])
+    with pytest.raises(FeedbackError, match="at least 2 tokens"):
+        surprise_diff(tiny_lm, "", PPLConfig())
+
+
+def test_builtin_split_is_deterministic_and_disjoint():
+    dev, test = corpus.builtin("dev"), corpus.builtin("test")
+    names_dev, names_test = {d.name for d in dev}, {d.name for d in test}
+    assert not names_dev & names_test and len(dev) > 20 and len(test) > 20
+    assert [d.name for d in corpus.builtin("dev")] == [d.name for d in dev]
+    assert corpus.fingerprint(dev) != corpus.fingerprint(test)
+    with pytest.raises(FeedbackError, match="dev or test"):
+        corpus.builtin("train")
+
+
+def test_file_inputs(tmp_path):
+    (tmp_path / "a.txt").write_text("first document")
+    (tmp_path / "b.txt").write_text("second document")
+    assert [d.name for d in corpus.load(str(tmp_path))] == ["a.txt", "b.txt"]
+    assert corpus.load(str(tmp_path / "a.txt"))[0].text == "first document"
+    lines = ['{"text": "good one", "id": "x"}', "not json", '{"text": ""}', '{"other": 1}', "[1, 2]",
+             '{"text": "good two"}']
+    (tmp_path / "d.jsonl").write_text("\n".join(lines))
+    warnings: list[str] = []
+    docs = corpus.load(str(tmp_path / "d.jsonl"), warnings.append)
+    assert [(d.name, d.text) for d in docs] == [("x", "good one"), ("line6", "good two")]
+    assert [w.split(":")[1] for w in warnings] == ["2", "3", "4", "5"] and "not valid JSON" in warnings[0]
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(FeedbackError, match="not UTF-8"):
+        corpus.load(str(tmp_path / "bin.txt"))
+    with pytest.raises(FeedbackError, match="no such file"):
+        corpus.load(str(tmp_path / "missing.txt"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FeedbackError, match="no .txt files"):
+        corpus.load(str(tmp_path / "empty"))
+
+
+def test_parse_grid_and_sweep(tiny_lm):
+    grid = parse_grid(["lam=0,0.3", "theta=5,50"], "deep_cache", 4)
+    assert grid == {"lam": [0.0, 0.3], "theta": [5.0, 50.0]}
+    for bad, message in [(["lam"], "expects NAME=V1"), (["beta=1"], "unknown parameter"),
+                         (["lam=0", "lam=1"], "twice"), (["lam=7"], "out of range"), ([], "at least one"),
+                         (["lam=" + ",".join(["0.1"] * 21), "theta=" + ",".join(["1"] * 20)], "at most 400")]:
+        with pytest.raises(FeedbackError, match=message):
+            parse_grid(bad, "deep_cache", 4)
+    rows = run_sweep(tiny_lm, [corpus.Document("a", TEXT)], "deep_cache", grid, PPLConfig(bootstrap=50))
+    assert len(rows) == 4 and all(r["baseline_ppl"] == rows[0]["baseline_ppl"] for r in rows)
+    assert [r["delta_pct"] for r in rows if r["lam"] == 0.0] == [0.0, 0.0]
+    header = to_csv(rows, ["lam", "theta"]).splitlines()[0]
+    assert header.startswith("lam,theta,delta_pct,ci95_low,ci95_high,ci95_width")
