@@ -5,8 +5,6 @@ columns stream from the same forward passes. The UI only formats engine records;
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import math
 import tempfile
@@ -26,7 +24,8 @@ from feedback.records import DeepConfConfig, RowSpec, RunConfig, RunResult
 from feedback.sampling import SamplingConfig
 from feedback.strategies import REGISTRY
 from ui import charts, history, render
-from ui.controls import StrategyControls, build_strategy_controls
+from ui.controls import build_strategy_controls, with_named_params
+from ui.lab import LabTabs
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CHART_INTERVAL_S = 0.25  # charts at most ~4 times a second; text goes out every step
@@ -236,7 +235,7 @@ class FeedbackLensApp:
         return html[0], html[1]
 
     def change_strategy(self, strategy: str):
-        return [gr.update(visible=name == strategy) for name in self.controls.groups]
+        return self.controls.visibility_updates(strategy)
 
     def change_model(self, model: str):
         try:
@@ -282,25 +281,6 @@ class FeedbackLensApp:
         return (cfg["prompt"], cfg["chat_template"], s["temperature"], s["top_p"], s["top_k"], s["min_p"],
                 s["repetition_penalty"], cfg["max_new_tokens"], cfg["seed"], *html, *stats, fig, data,
                 gr.update(selected="compare"))
-
-    def _named_compare(self):
-        """`compare` with the strategy controls as named parameters (`residual_alpha`, ...), so API
-        clients can pass them by name instead of anonymous positions."""
-        base = inspect.signature(self.compare)
-        fixed = [p for p in base.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
-        named = [inspect.Parameter(f"{strategy}_{param}", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                 for strategy, param in self.controls.keys]
-        # Gradio injects the request only into a positional parameter, so it comes last here.
-        request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
-                                    annotation=gr.Request)
-
-        @functools.wraps(self.compare)
-        def compare(*args):
-            *values, req = args
-            yield from self.compare(*values, request=req)
-
-        compare.__signature__ = base.replace(parameters=[*fixed, *named, request])
-        return compare
 
     # ---- layout ----
     def build(self) -> gr.Blocks:
@@ -370,6 +350,7 @@ class FeedbackLensApp:
                     mem_plot = gr.Plot(charts.memory_figure([]), label="Memory", show_label=False, elem_id="mem-plot")
                     with gr.Accordion("Run result (JSON)", open=False):
                         run_json = gr.JSON(elem_id="run-json")
+                LabTabs(self.pool).build(lm.num_layers)
                 with gr.Tab("History", id="history"):
                     gr.Markdown("Runs of this browser (kept in its local storage). Select runs to reload or "
                                 "export; with none selected, export takes them all.")
@@ -386,7 +367,7 @@ class FeedbackLensApp:
                               seed, k, window, thr_mode, thr, mem, *self.controls.components]
             compare_outputs = [base_html, fb_html, base_stats, fb_stats, conf_plot, mem_plot, status, run_json,
                                last, mem, generate, stop]
-            compare = self._named_compare()
+            compare = with_named_params(self.compare, self.controls)
             gen_event = generate.click(compare, compare_inputs, compare_outputs, api_name="compare",
                                        concurrency_id="model", concurrency_limit=1, show_progress="minimal")
             gen_event.then(self.record, [hist, last], hist, api_name=False)

@@ -152,3 +152,11 @@ def sweep_heatmap(rows: list[dict], x: str, y: str | None = None, title: str = "
                  (f"{y}=%{{y}}<br>" if y else "") + "ΔPPL %{z:+.3f}%<extra></extra>")
     return _figure([trace], 420 if y else 220, x, y or "", title=dict(text=title), hovermode="closest",
                    margin=dict(l=60, r=15, t=50, b=40))
+
+
+def bar_figure(labels: list[str], values: list[float], x_title: str, y_title: str) -> go.Figure:
+    """Signed bars (blue below zero = better than baseline, red above = worse)."""
+    colors = ["#1f77b4" if v < 0 else "#d62728" for v in values]
+    trace = _scatter(x=labels, y=values, marker=dict(color=colors), hovertemplate="%{x}<br>%{y:+.4f}<extra></extra>")
+    trace["type"] = "bar"
+    return _figure([trace], 300, x_title, y_title, hovermode="closest", showlegend=False)

@@ -1,6 +1,8 @@
 """Gradio controls generated from a strategy's parameter schema, and reading their values back."""
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import gradio as gr
@@ -19,6 +21,10 @@ class StrategyControls:
     def params_for(self, strategy: str, values: list) -> dict:
         """The selected strategy's parameter values out of the flattened input list."""
         return {param: value for (name, param), value in zip(self.keys, values) if name == strategy}
+
+    def visibility_updates(self, strategy: str) -> list:
+        """Show the selected strategy's group, hide the others."""
+        return [gr.update(visible=name == strategy) for name in self.groups]
 
     def layer_updates(self, num_layers: int) -> list:
         """Updates that re-range every layer slider to a model with `num_layers` layers."""
@@ -45,13 +51,40 @@ def component_for(schema: dict, elem_id: str) -> gr.components.Component:
                      elem_id=elem_id)
 
 
-def build_strategy_controls(num_layers: int, selected: str) -> StrategyControls:
-    """A group of controls per strategy (only the selected one visible); call inside a Blocks."""
+def build_strategy_controls(num_layers: int, selected: str, prefix: str = "param") -> StrategyControls:
+    """A group of controls per strategy (only the selected one visible); call inside a Blocks.
+    `prefix` keeps element ids unique when several tabs have their own controls."""
     groups, components, keys = {}, [], []
     for name, cls in REGISTRY.items():
         with gr.Group(visible=name == selected) as group:
             for p in cls.schema(num_layers)["params"]:
-                components.append(component_for(p, f"param-{name}-{p['name']}"))
+                components.append(component_for(p, f"{prefix}-{name}-{p['name']}"))
                 keys.append((name, p["name"]))
         groups[name] = group
     return StrategyControls(groups, components, keys)
+
+
+def with_named_params(fn, controls: StrategyControls):
+    """Wrap a handler `fn(fixed..., *param_values, request=None)` so that its API signature names
+    every strategy control (`residual_alpha`, ...) instead of anonymous positions."""
+    base = inspect.signature(fn)
+    fixed = [p for p in base.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    named = [inspect.Parameter(f"{strategy}_{param}", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+             for strategy, param in controls.keys]
+    # Gradio injects the request only into a positional parameter, so it comes last here.
+    request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                annotation=gr.Request)
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def wrapper(*args):
+            *values, req = args
+            yield from fn(*values, request=req)
+    else:
+        @functools.wraps(fn)
+        def wrapper(*args):
+            *values, req = args
+            return fn(*values, request=req)
+
+    wrapper.__signature__ = base.replace(parameters=[*fixed, *named, request])
+    return wrapper
