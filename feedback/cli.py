@@ -97,7 +97,7 @@ def _ppl_config(args, params: dict | None = None):
     from feedback.perplexity import PPLConfig
 
     return PPLConfig(strategy=args.strategy, params=dict(args.param) if params is None else params,
-                     mode=args.mode, passes=args.passes, window=args.window, stride=args.stride,
+                     mode=args.mode, passes=args.passes, window=args.window, stride=args.stride, chunk=args.chunk,
                      max_docs=args.max_docs, max_tokens_per_doc=args.max_tokens, bootstrap=args.bootstrap,
                      seed=args.seed)
 
@@ -207,6 +207,7 @@ def _add_ppl_args(p) -> None:
     p.add_argument("--passes", type=int, default=3, help="jacobi passes (the first is clean)")
     p.add_argument("--window", type=int, default=1024, help="tokens per scoring window")
     p.add_argument("--stride", type=int, default=512, help="new tokens scored per window")
+    p.add_argument("--chunk", type=int, default=512, help="baseline prefill chunk within a window")
     p.add_argument("--max-docs", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="truncate each document to this many tokens")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the 95% CI")

@@ -8,7 +8,8 @@ Modes, each named in the output:
   computed; an approximation of a recurrent strategy (exact for the first P-1 positions of a
   window), reported as approximate with P.
 Texts longer than the window are scored in sliding windows with a stride: every token is scored
-once, with at least `window - stride` tokens of context after the first window.
+once, with at least `window - stride` tokens of context after the first window. The baseline's
+window is prefilled in chunks on a KV cache, bounding the memory its logits take.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class PPLConfig:
     mode: str | None = None  # None: parallel for non-recurrent strategies, jacobi for recurrent ones
     passes: int = 3  # jacobi passes, the first one clean
     window: int = 1024  # tokens per scoring window (capped by the model context)
+    chunk: int = 512  # baseline prefill chunk (tokens per forward within a window)
     stride: int = 512  # new tokens scored per window after the first
     max_docs: int | None = None
     max_tokens_per_doc: int | None = None
@@ -64,6 +66,8 @@ class PPLConfig:
         self.window = min(self.window, context)
         if not 1 <= self.stride <= self.window:
             raise FeedbackError(f"stride must be in [1, window={self.window}], got {self.stride}")
+        if not 1 <= self.chunk:
+            raise FeedbackError(f"chunk must be at least 1 token, got {self.chunk}")
         if not 0 <= self.bootstrap <= 100_000:
             raise FeedbackError(f"bootstrap resamples must be in [0, 100000], got {self.bootstrap}")
         return self
@@ -106,6 +110,21 @@ def _window_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int) 
             strategy.detach()
 
 
+def _window_chunked(lm: LoadedModel, ids: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Baseline NLL of ids[1:] with a chunked prefill: `chunk` tokens per forward on a growing KV
+    cache, so peak memory for logits is [chunk, V] rather than [window, V]."""
+    batch = BatchView("sequence", [])
+    nll = []
+    with torch.inference_mode():
+        cache = DynamicCache(config=lm.model.config)
+        for start in range(0, ids.shape[0] - 1, chunk):
+            piece = ids[start:start + chunk]
+            out = hooked_forward(lm, batch, [], input_ids=piece[None], cache=cache, use_cache=True)
+            targets = ids[start + 1:start + 1 + piece.shape[0]]
+            nll.append(_nll(out.logits[0, :targets.shape[0]], targets))
+    return torch.cat(nll)
+
+
 def _window_exact(lm: LoadedModel, ids: torch.Tensor, strategy) -> torch.Tensor:
     """NLL of ids[1:] decoding token by token with the KV cache, exactly as in generation."""
     batch = BatchView("prefill", [0])
@@ -139,7 +158,7 @@ def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig,
         if baseline_cache is not None and key in baseline_cache:
             base.append(baseline_cache[key])
         else:
-            base.append(_window_parallel(lm, w, None, 1)[keep])
+            base.append(_window_chunked(lm, w, cfg.chunk)[keep])
             if baseline_cache is not None:
                 baseline_cache[key] = base[-1]
         if cfg.strategy:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import itertools
 from typing import Callable
@@ -51,8 +52,7 @@ def run_sweep(lm: LoadedModel, docs: list[Document], strategy: str, grid: dict[s
     rows = []
     for i, values in enumerate(points):
         params = {**(fixed or {}), **dict(zip(names, values))}
-        cfg = PPLConfig(strategy, params, base.mode, base.passes, base.window, base.stride, base.max_docs,
-                        base.max_tokens_per_doc, base.bootstrap, base.seed)
+        cfg = dataclasses.replace(base, strategy=strategy, params=params)
         res = evaluate(lm, docs, cfg, baseline_cache=baseline_cache)
         lo, hi = res["ci95"]
         row = {**dict(zip(names, values)), "delta_pct": res["delta_pct"], "ci95_low": lo, "ci95_high": hi,

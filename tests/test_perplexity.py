@@ -139,3 +139,11 @@ def test_parse_grid_and_sweep(tiny_lm):
     assert [r["delta_pct"] for r in rows if r["lam"] == 0.0] == [0.0, 0.0]
     header = to_csv(rows, ["lam", "theta"]).splitlines()[0]
     assert header.startswith("lam,theta,delta_pct,ci95_low,ci95_high,ci95_width")
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16, 512])
+def test_chunked_prefill_matches_one_pass(tiny_lm, chunk):
+    ids = tiny_lm.tokenizer(TEXT * 2)["input_ids"]
+    one, _ = token_nlls(tiny_lm, ids, PPLConfig(chunk=10_000))
+    chunked, _ = token_nlls(tiny_lm, ids, PPLConfig(chunk=chunk))
+    assert np.allclose(one, chunked, atol=1e-4)
