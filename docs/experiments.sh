@@ -20,3 +20,7 @@ $PY -m feedback sweep --strategy soft_token --grid beta=-0.05,0.02,0.05,0.1 --gr
     --mode jacobi --passes 3 --data builtin:dev $COMMON --out-dir $OUT/soft_token-dev
 $PY -m feedback sweep --strategy anchor --grid alpha=-0.05,0.02,0.05,0.1 --grid source_layer=15,21 \
     --data builtin:dev $COMMON --out-dir $OUT/anchor-dev
+
+# 2. Each strategy at its default and at its best dev setting, on the test split; parallel vs exact
+$PY docs/results.py run
+$PY docs/results.py table
