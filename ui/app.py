@@ -6,7 +6,6 @@ columns stream from the same forward passes. The UI only formats engine records;
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 import threading
 import time
@@ -24,7 +23,7 @@ from feedback.records import DeepConfConfig, RowSpec, RunConfig, RunResult
 from feedback.sampling import SamplingConfig
 from feedback.strategies import REGISTRY
 from ui import charts, history, render
-from ui.controls import build_strategy_controls, with_named_params
+from ui.controls import build_strategy_controls, parse_number, with_named_params
 from ui.lab import LabTabs
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -78,37 +77,25 @@ class Sessions:
             return session in self.stops
 
 
-def _number(value, name: str, cast=float):
-    """A typed-in number, refused with a clear message when empty, non-finite or not a number."""
-    try:
-        out = cast(value)
-    except (TypeError, ValueError):
-        raise FeedbackError(f"{name} must be a number, got {value!r}") from None
-    if isinstance(out, float) and not math.isfinite(out):
-        raise FeedbackError(f"{name} must be finite, got {value!r}")
-    if cast is int and float(value) != out:
-        raise FeedbackError(f"{name} must be a whole number, got {value!r}")
-    return out
-
-
 def build_config(prompt, chat_template, model, strategy, temperature, top_p, top_k, min_p, repetition_penalty,
                  max_new_tokens, seed, k, window, threshold_mode, threshold, params: dict) -> RunConfig:
     """A validated RunConfig from the Compare tab's control values."""
     if strategy not in REGISTRY:
         raise FeedbackError(f"unknown strategy {strategy!r}")
-    max_new = _number(max_new_tokens, "max new tokens", int)
+    max_new = parse_number(max_new_tokens, "max new tokens", integer=True)
     if max_new > UI_MAX_NEW_TOKENS:
         raise FeedbackError(f"max new tokens is capped at {UI_MAX_NEW_TOKENS} in the UI, got {max_new}")
     thr = None
     if threshold_mode == "fixed":
-        thr = _number(threshold, "threshold")
+        thr = parse_number(threshold, "threshold")
     return RunConfig(
         prompt=prompt or "", model=model, chat_template=bool(chat_template), max_new_tokens=max_new,
-        seed=_number(seed, "seed", int),
-        sampling=SamplingConfig(_number(temperature, "temperature"), _number(top_k, "top-k", int),
-                                _number(top_p, "top-p"), _number(min_p, "min-p"),
-                                _number(repetition_penalty, "repetition penalty")),
-        deepconf=DeepConfConfig(_number(k, "DeepConf k", int), _number(window, "window", int), thr),
+        seed=parse_number(seed, "seed", integer=True),
+        sampling=SamplingConfig(parse_number(temperature, "temperature"),
+                                parse_number(top_k, "top-k", integer=True), parse_number(top_p, "top-p"),
+                                parse_number(min_p, "min-p"), parse_number(repetition_penalty, "repetition penalty")),
+        deepconf=DeepConfConfig(parse_number(k, "DeepConf k", integer=True),
+                                parse_number(window, "window", integer=True), thr),
         rows=[RowSpec("baseline"), RowSpec("feedback", strategy, params)],
     ).validate()
 

@@ -3,11 +3,31 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from dataclasses import dataclass
 
 import gradio as gr
 
+from feedback.errors import FeedbackError
 from feedback.strategies import REGISTRY
+
+
+def parse_number(value, name: str, integer: bool = False, lo: float | None = None,
+                 hi: float | None = None) -> float | int:
+    """A typed-in number, refused with a clear message when empty, not a number, non-finite,
+    fractional where a whole number is needed, or outside [lo, hi]."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise FeedbackError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise FeedbackError(f"{name} must be finite, got {value!r}")
+    if integer and not number.is_integer():
+        raise FeedbackError(f"{name} must be a whole number, got {value!r}")
+    out = int(number) if integer else number
+    if (lo is not None and out < lo) or (hi is not None and out > hi):
+        raise FeedbackError(f"{name} must be in [{lo}, {hi}], got {out}")
+    return out
 
 
 @dataclass

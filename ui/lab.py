@@ -23,7 +23,7 @@ from feedback.perplexity import PPLConfig, evaluate, surprise_diff
 from feedback.strategies import REGISTRY
 from feedback.sweep import parse_grid, run_sweep, to_csv
 from ui import charts
-from ui.controls import build_strategy_controls, with_named_params
+from ui.controls import build_strategy_controls, parse_number, with_named_params
 
 UPLOAD_MAX_BYTES = 5_000_000
 TEXT_MAX_CHARS = 200_000
@@ -32,18 +32,6 @@ SOURCES = ["pasted text", "uploaded file", "builtin:dev", "builtin:test"]
 
 def _mode(mode: str) -> str | None:
     return None if mode == "auto" else mode
-
-
-def _int(value, name: str, lo: int, hi: int) -> int:
-    try:
-        out = int(value)
-    except (TypeError, ValueError):
-        raise FeedbackError(f"{name} must be a whole number, got {value!r}") from None
-    if out != value and not (isinstance(value, float) and value.is_integer()):
-        raise FeedbackError(f"{name} must be a whole number, got {value!r}")
-    if not lo <= out <= hi:
-        raise FeedbackError(f"{name} must be in [{lo}, {hi}], got {out}")
-    return out
 
 
 def load_documents(source: str, text: str | None, upload: str | None, max_docs: int) -> list[corpus.Document]:
@@ -154,8 +142,9 @@ class LabTabs:
         try:
             lm = self.pool.get()
             cfg = PPLConfig(strategy, self.ppl_controls.params_for(strategy, list(param_values)), _mode(mode),
-                            _int(passes, "passes", 2, 32), bootstrap=2000)
-            docs = load_documents(source, text, upload, _int(max_docs, "max documents", 1, 1000))
+                            parse_number(passes, "passes", integer=True, lo=2, hi=32), bootstrap=2000)
+            max_n = parse_number(max_docs, "max documents", integer=True, lo=1, hi=1000)
+            docs = load_documents(source, text, upload, max_n)
             cfg.validate(lm.context_length)
             for item in in_background(lambda report: evaluate(
                     lm, docs, cfg, progress=lambda i, n, name: report((i, n, name)))):
@@ -183,9 +172,11 @@ class LabTabs:
             grid = parse_grid(items, strategy, lm.num_layers)
             fixed = {k: v for k, v in self.sweep_controls.params_for(strategy, list(param_values)).items()
                      if k not in grid}
-            base = PPLConfig(strategy, fixed, _mode(mode), _int(passes, "passes", 2, 32), bootstrap=1000)
+            passes_n = parse_number(passes, "passes", integer=True, lo=2, hi=32)
+            base = PPLConfig(strategy, fixed, _mode(mode), passes_n, bootstrap=1000)
             base.resolved_mode()
-            docs = load_documents(source, text, upload, _int(max_docs, "max documents", 1, 1000))
+            max_n = parse_number(max_docs, "max documents", integer=True, lo=1, hi=1000)
+            docs = load_documents(source, text, upload, max_n)
         except FeedbackError as exc:
             raise gr.Error(str(exc)) from None
         names = list(grid)

@@ -36,3 +36,13 @@ def test_good_values_build_a_validated_config():
 def test_bad_values_are_refused_with_a_message(change, message):
     with pytest.raises(FeedbackError, match=message):
         build_config(**GOOD | change)
+
+
+def test_parse_number_edge_cases():
+    from ui.controls import parse_number
+
+    assert parse_number("3", "n", integer=True) == 3 and parse_number(2.0, "n", integer=True) == 2
+    for value, message in [(float("inf"), "finite"), ("x", "must be a number"), (None, "must be a number"),
+                           (1.5, "whole number"), (0, r"must be in \[1, 9\]")]:
+        with pytest.raises(FeedbackError, match=message):
+            parse_number(value, "n", integer=True, lo=1, hi=9)
