@@ -14,6 +14,8 @@ $PY -m feedback sweep --strategy deep_cache --grid lam=0.02,0.05,0.1 --grid gate
     --param theta=50 --data builtin:dev $COMMON --out-dir $OUT/deep_cache-dev
 $PY -m feedback sweep --strategy deep_cache --grid lam=0.02,0.05,0.1,0.2 --grid gate=0.9,0.95 \
     --param theta=50 --data builtin:dev $COMMON --out-dir $OUT/deep_cache-dev-high-gate
+$PY -m feedback sweep --strategy deep_cache --grid max_p=0.3,0.6,1.0 --grid lam=0.05,0.1 \
+    --param theta=50 --param gate=0.9 --data builtin:dev $COMMON --out-dir $OUT/deep_cache-dev-confidence-gate
 $PY -m feedback sweep --strategy residual --grid alpha=-0.05,0.02,0.05 --grid target_layer=3,9,15 \
     --mode jacobi --passes 3 --data builtin:dev $COMMON --out-dir $OUT/residual-dev
 $PY -m feedback sweep --strategy soft_token --grid beta=-0.05,0.02,0.05,0.1 --grid top_k=8,32 \

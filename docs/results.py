@@ -19,26 +19,27 @@ ROOT = Path(__file__).resolve().parent
 SWEEPS = ROOT / "sweeps"
 RESULTS = ROOT / "results"
 COMMON = {"max_tokens_per_doc": 512, "bootstrap": 2000, "seed": 0}
-# strategy -> (sweep folders, fixed params of those sweeps, mode, jacobi passes)
+# strategy -> ([(dev sweep folder, the parameters that sweep held fixed)], mode, jacobi passes)
 PLAN = {
-    "residual": (["residual-dev"], {}, "jacobi", 3),
-    "soft_token": (["soft_token-dev"], {}, "jacobi", 3),
-    "deep_cache": (["deep_cache-dev", "deep_cache-dev-high-gate"], {"theta": 50.0}, "parallel", 1),
-    "anchor": (["anchor-dev"], {}, "parallel", 1),
+    "residual": ([("residual-dev", {})], "jacobi", 3),
+    "soft_token": ([("soft_token-dev", {})], "jacobi", 3),
+    "deep_cache": ([("deep_cache-dev", {"theta": 50.0}), ("deep_cache-dev-high-gate", {"theta": 50.0}),
+                    ("deep_cache-dev-confidence-gate", {"theta": 50.0, "gate": 0.9})], "parallel", 1),
+    "anchor": ([("anchor-dev", {})], "parallel", 1),
 }
 NON_PARAM = {"delta_pct", "ci95_low", "ci95_high", "ci95_width", "baseline_ppl", "feedback_ppl", "mode", "tokens",
              "wall_seconds"}
 
 
 def best_dev_point(strategy: str) -> tuple[dict, float]:
-    folders, fixed, _, _ = PLAN[strategy]
-    rows = []
-    for folder in folders:
+    """The lowest-ΔPPL point over the strategy's dev sweeps, with the parameters each sweep fixed."""
+    candidates = []
+    for folder, fixed in PLAN[strategy][0]:
         with open(SWEEPS / folder / "sweep.csv", newline="") as f:
-            rows += list(csv.DictReader(f))
-    best = min(rows, key=lambda r: float(r["delta_pct"]))
-    params = {k: float(v) if "." in v or "e" in v else int(v) for k, v in best.items() if k not in NON_PARAM}
-    return {**fixed, **params}, float(best["delta_pct"])
+            for row in csv.DictReader(f):
+                grid = {k: float(v) if "." in v or "e" in v else int(v) for k, v in row.items() if k not in NON_PARAM}
+                candidates.append(({**fixed, **grid}, float(row["delta_pct"])))
+    return min(candidates, key=lambda c: c[1])
 
 
 def _command(strategy: str | None, params: dict, mode: str, passes: int, data: str = "builtin:test",
@@ -71,7 +72,7 @@ def run() -> None:
     t = time.perf_counter()
     save("baseline", PPLConfig(**COMMON), _command(None, {}, "parallel", 1), test)
     (RESULTS / "baseline_seconds.txt").write_text(f"{time.perf_counter() - t:.3f}\n")
-    for strategy, (_, fixed, mode, passes) in PLAN.items():
+    for strategy, (_, mode, passes) in PLAN.items():
         save(f"{strategy}-default", PPLConfig(strategy, {}, mode, max(passes, 2), **COMMON),
              _command(strategy, {}, mode, passes))
         params, dev_delta = best_dev_point(strategy)

@@ -120,6 +120,11 @@ def test_mix_logits_hand_computed_case():
     assert torch.allclose(gated, expected, atol=1e-6)
     closed = mix_logits(logits, torch.tensor([[0.6, 0.8]]), keys, nxt, mask, 0.5, 1.0, gate=0.9).exp()[0]
     assert torch.allclose(closed, torch.full((4,), 0.25), atol=1e-6)  # best cos 0.8 < gate: LM only
+    sure = torch.tensor([[5.0, 0.0, 0.0, 0.0]])  # the LM is confident (top p ~0.98)
+    kept = mix_logits(sure, q, keys, nxt, mask, 0.5, 1.0, gate=-1.0, max_p=0.5).exp()[0]
+    assert torch.allclose(kept, torch.softmax(sure, dim=-1)[0], atol=1e-6)
+    unsure = mix_logits(logits, q, keys, nxt, mask, 0.5, 1.0, gate=-1.0, max_p=0.5).exp()[0]
+    assert torch.allclose(unsure, expected, atol=1e-6)  # top p 0.25 <= 0.5: mixed
 
 
 @pytest.mark.parametrize("name, params, message", [

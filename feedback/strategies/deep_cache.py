@@ -4,8 +4,9 @@
 
 h is the output of a chosen decoder layer; the cache pairs each earlier position's state with the
 token that followed it. With `gate` > -1 the mix applies only where the best match's cosine is at
-least `gate`. Position 0 (attention sink) is never a key. Hidden states are untouched, so one
-parallel pass gives exact perplexity. In generation the shared prompt prefill fills the cache
+least `gate`; with `max_p` < 1 only where the model itself is unsure (its top probability is at
+most `max_p`), so confident predictions are left alone. Position 0 (attention sink) is never a key.
+Hidden states are untouched, so one parallel pass gives exact perplexity. In generation the shared prompt prefill fills the cache
 but leaves the first token's distribution alone (it is shared with the baseline); mixing acts from
 the first decoded token on.
 """
@@ -21,7 +22,7 @@ _CHUNK = 256  # query positions mixed at once in a sequence pass (bounds the [ch
 
 
 def mix_logits(logits: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, next_ids: torch.Tensor,
-               mask: torch.Tensor, lam: float, theta: float, gate: float) -> torch.Tensor:
+               mask: torch.Tensor, lam: float, theta: float, gate: float, max_p: float = 1.0) -> torch.Tensor:
     """Log of the cache mixture for query rows. logits [Q, V]; queries [Q, H] and keys [K, H] unit
     vectors; next_ids [K]; mask [Q, K] True where key k is usable for query q."""
     sims = queries @ keys.T
@@ -29,10 +30,12 @@ def mix_logits(logits: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, 
     if gate > -1.0:
         best = sims.masked_fill(~mask, -2.0).amax(dim=1)
         usable &= best >= gate
+    p_lm = torch.softmax(logits, dim=-1)
+    if max_p < 1.0:
+        usable &= p_lm.amax(dim=1) <= max_p
     weights = torch.softmax((theta * sims).masked_fill(~mask, float("-inf")), dim=1)
     weights = torch.nan_to_num(weights, nan=0.0)  # rows without any usable key
     p_cache = torch.zeros_like(logits).scatter_add_(1, next_ids.expand(weights.shape[0], -1), weights)
-    p_lm = torch.softmax(logits, dim=-1)
     mixed = torch.log(((1.0 - lam) * p_lm + lam * p_cache).clamp_min(1e-30))
     return torch.where(usable[:, None], mixed, torch.log_softmax(logits, dim=-1))
 
@@ -48,6 +51,8 @@ class DeepCacheStrategy(Strategy):
         Param("layer", int, lambda n: n - 1, "decoder layer whose output states are compared", is_layer=True),
         Param("window", int, 512, "how many earlier positions the cache holds", 1, 100_000),
         Param("gate", float, -1.0, "mix only where the best cosine is at least this (-1 = always)", -1.0, 1.0),
+        Param("max_p", float, 1.0, "mix only where the model's top probability is at most this (1 = always)",
+              0.0, 1.0),
     )
 
     def reset(self) -> None:
@@ -95,13 +100,14 @@ class DeepCacheStrategy(Strategy):
         phase = self.batch.phase
         if b is None or phase == "prefill" or self.states is None:
             return None
-        lam, theta, gate, w = (self.values[k] for k in ("lam", "theta", "gate", "window"))
+        lam, theta, gate, w, max_p = (self.values[k] for k in ("lam", "theta", "gate", "window", "max_p"))
         logits = output.clone()
         if phase == "decode":
             query = self.states[-1:]
             if self.keys is not None and lam > 0:
                 mask = torch.ones(1, self.keys.shape[0], dtype=torch.bool, device=query.device)
-                mixed = mix_logits(logits[b, -1:].float(), query, self.keys, self.next_ids, mask, lam, theta, gate)
+                mixed = mix_logits(logits[b, -1:].float(), query, self.keys, self.next_ids, mask, lam, theta, gate,
+                                   max_p)
                 logits[b, -1] = mixed[0].to(logits.dtype)
             if self.seen >= 1:  # position 0 never becomes a key
                 self.pending = self.states[-1]
@@ -119,5 +125,5 @@ class DeepCacheStrategy(Strategy):
             mask = (key_pos[None, :] < q_pos[:, None]) & (q_pos[:, None] - key_pos[None, :] <= w)
             rows = logits[b, start:start + len(q_pos)].float()
             logits[b, start:start + len(q_pos)] = mix_logits(
-                rows, states[q_pos], keys, next_ids, mask, lam, theta, gate).to(logits.dtype)
+                rows, states[q_pos], keys, next_ids, mask, lam, theta, gate, max_p).to(logits.dtype)
         return logits
