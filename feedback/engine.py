@@ -87,7 +87,8 @@ class Run:
         model, device, n_rows = lm.model, lm.device, len(cfg.rows)
         tok = lm.tokenizer
         eos = set(lm.eos_token_ids)
-        k, window, threshold = cfg.deepconf.k, cfg.deepconf.window, cfg.deepconf.threshold
+        k, window = cfg.deepconf.k, cfg.deepconf.window
+        thresholds = [r.threshold if r.threshold is not None else cfg.deepconf.threshold for r in cfg.rows]
         rows = self.result.rows
         decoders = [IncrementalDecoder(tok) for _ in range(n_rows)]
         windows = [GroupWindow(window) for _ in range(n_rows)]
@@ -151,7 +152,7 @@ class Run:
                     reason = None
                     if tid in eos:
                         reason = "eos"
-                    elif windows[r].should_stop(threshold):
+                    elif windows[r].should_stop(thresholds[r]):
                         reason = "early_stop"
                     elif len(row.token_ids) >= cfg.max_new_tokens:
                         reason = "max_tokens"

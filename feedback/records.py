@@ -22,6 +22,7 @@ class RowSpec:
     strategy: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     seed_offset: int = 0  # rows with equal offsets share random draws (common random numbers)
+    threshold: float | None = None  # this row's early-stop threshold; None: the run's DeepConf threshold
 
 
 @dataclass
@@ -74,6 +75,10 @@ class RunConfig:
         names = [r.name for r in self.rows]
         if len(set(names)) != len(names):
             raise FeedbackError(f"row names must be unique, got {names}")
+        for row in self.rows:
+            if row.threshold is not None and (not isinstance(row.threshold, (int, float))
+                                              or not math.isfinite(row.threshold)):
+                raise FeedbackError(f"row {row.name}: threshold must be a finite number, got {row.threshold!r}")
         self.sampling.validate()
         self.deepconf.validate()
         return self

@@ -76,7 +76,8 @@ def compile_answer_regex(pattern: str | None) -> re.Pattern | None:
 
 def extract_answer(text: str, pattern: re.Pattern | None = None) -> str | None:
     """The trace's final answer, normalised: a user regex (its first group, else the match), else
-    \\boxed{...}, else a final "Answer: ...", else the last number; None if nothing is found."""
+    \\boxed{...}, else a final "Answer: ...", else the whole reply when it is a short phrase of up to
+    three words with a letter in it ("Paris.", "H2O"), else the last number; None if nothing is found."""
     if pattern is not None:
         matches = list(pattern.finditer(text))
         if not matches:
@@ -92,6 +93,9 @@ def extract_answer(text: str, pattern: re.Pattern | None = None) -> str | None:
         numbers = _NUMBER.findall(line)
         if line:
             return normalise(numbers[0] if numbers and _NUMBER.fullmatch(line.rstrip(".").strip()) else line)
+    short = text.strip().rstrip(".!")
+    if short and len(short.split()) <= 3 and re.search(r"[^\W\d_]", short):
+        return normalise(short)
     numbers = _NUMBER.findall(text)
     return normalise(numbers[-1]) if numbers else None
 

@@ -41,8 +41,13 @@ def test_calibration_needs_values():
     ("answer = 1,000.0", "1000"),
     ("The answer is 7 and then 8 apples", "8"),
     ("3 + 4 = 7", "7"),
-    ("no digits here", None),
+    ("there are no digits in this reply", None),
+    ("no digits here", "no digits here"),  # a short phrase is taken whole
     (r"\boxed{ }  Answer: 12", "12"),
+    ("Paris.", "paris"),
+    ("H2O", "h2o"),
+    ("12.", "12"),
+    ("The answer is 12.", "12"),
 ])
 def test_extract_answer(text, answer):
     assert extract_answer(text) == answer
