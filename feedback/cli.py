@@ -1,4 +1,4 @@
-"""Command line: python -m feedback {generate, ppl, sweep, bench, prepare}."""
+"""Command line: python -m feedback {generate, ppl, sweep, deepthink, bench, prepare}."""
 from __future__ import annotations
 
 import argparse
@@ -184,6 +184,63 @@ def _sweep(args) -> int:
     return 0
 
 
+def _deepthink_config(args, prompt: str):
+    from feedback.deepthink import DeepThinkConfig
+
+    return DeepThinkConfig(prompt=prompt, traces=args.traces, warmup=args.warmup, eta=args.eta, window=args.window,
+                           k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                           top_p=args.top_p, seed=args.seed, strategy=args.strategy, params=dict(args.param),
+                           answer_regex=args.answer_regex, shared_threshold=args.shared_threshold,
+                           check=args.check, chat_template=not args.no_chat_template)
+
+
+def _deepthink(args) -> int:
+    from feedback.deepthink import accuracy, deep_think, load_questions
+    from feedback.model import load_model
+    from feedback.strategies import get_strategy
+
+    if (args.prompt is None) == (args.questions is None):
+        raise FeedbackError("give either --prompt TEXT or --questions FILE.jsonl")
+    get_strategy(args.strategy)
+    questions = load_questions(args.questions) if args.questions else None
+    lm = load_model(args.model, dtype=args.dtype)
+    if questions is not None:
+        base = _deepthink_config(args, "")
+        for warning in base.validate(lm.num_layers):
+            print(f"warning: {warning}", file=sys.stderr)
+        res = accuracy(lm, questions, base, progress=None if args.json else _progress)
+        if args.json:
+            print(json.dumps(res))
+            return 0
+        print(f"{res['questions']} questions, {args.traces} traces + {args.warmup} warm-up per side, eta {args.eta}%")
+        print(f"{'side':10} {'single':>7} {'majority':>9} {'deepconf':>9} {'tokens':>9} {'saved':>8}")
+        for side, a in res["accuracy"].items():
+            print(f"{side:10} {a['single']:7.1%} {a['majority']:9.1%} {a['deepconf']:9.1%} {a['tokens_spent']:9d} "
+                  f"{a['tokens_saved']:8d}")
+        return 0
+    cfg = _deepthink_config(args, args.prompt)
+    for warning in cfg.validate(lm.num_layers):
+        print(f"warning: {warning}", file=sys.stderr)
+    rep = deep_think(lm, cfg)
+    if args.json:
+        print(json.dumps(rep))
+        return 0
+    for side, s in rep["sides"].items():
+        votes = s["votes"]
+        print(f"=== {side} === threshold {s['threshold']:.3f}, {s['stopped']} of {args.traces} online traces stopped")
+        print(f"answer: {s['answer']!r} (share {s['share']:.0%}; majority {votes['majority']['answer']!r}, "
+              f"tail-weighted {votes['tail']['answer']!r})")
+        print(f"tokens spent {s['tokens_spent']}, saved {s['tokens_saved']} ({s['tokens_saved_method']})")
+        for t in s["traces"]:
+            flag = ("stopped" if t["stopped"] else "filtered" if t["excluded"] else
+                    "voted" if t["answer"] is not None else "no answer")
+            low = t["lowest_group"]
+            print(f"  {t['phase']:6} {t['name']:14} {flag:9} {t['tokens']:4d} tok  lowest {low if low is None else round(low, 2)!s:>6}"
+                  f"  answer {t['answer']!r}")
+    print(f"{rep['wall_seconds']:.1f} s")
+    return 0
+
+
 def _prepare(args) -> int:
     from feedback import embedded
 
@@ -233,6 +290,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fixed parameters for every grid point")
     p.add_argument("--out-dir", default=None, help="where sweep.csv and sweep.html go (default sweep-STRATEGY)")
     p.add_argument("--json", action="store_true", help="also print the rows as JSON")
+    p = sub.add_parser("deepthink", help="DeepConf multi-trace vote per side, with calibrated early stop")
+    p.add_argument("--prompt", default=None)
+    p.add_argument("--questions", default=None, help="JSONL of {question, answer}: accuracy per side")
+    p.add_argument("--model", default="embedded")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--traces", type=int, default=16, help="online traces per side (at most 64)")
+    p.add_argument("--warmup", type=int, default=8, help="warm-up traces per side for calibration")
+    p.add_argument("--eta", type=float, default=10.0, help="share of traces kept, %% (10: DeepConf-low, 90: high)")
+    p.add_argument("--window", type=int, default=32)
+    p.add_argument("--k", type=int, default=20)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--strategy", default="residual")
+    p.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE")
+    p.add_argument("--answer-regex", default=None, help="regex for the answer (first group, else the match)")
+    p.add_argument("--shared-threshold", action="store_true", help="one threshold from both sides' warm-up")
+    p.add_argument("--check", action="store_true", help="finish stopped traces to measure tokens saved")
+    p.add_argument("--no-chat-template", action="store_true")
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("bench", help="engine speed ratios on the embedded model (SPEC §7)")
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per measurement")
     p.add_argument("--repeats", type=int, default=3, help="repeats per measurement (the median is kept)")
@@ -245,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"generate": _generate, "prepare": _prepare, "bench": _bench, "ppl": _ppl,
-               "sweep": _sweep}[args.command]
+               "sweep": _sweep, "deepthink": _deepthink}[args.command]
     try:
         return handler(args)
     except FeedbackError as exc:

@@ -85,10 +85,11 @@ def _run(lm: LoadedModel, cfg: DeepThinkConfig, rows: list[RowSpec]) -> list[Row
     return Engine(lm).run(run_cfg).rows
 
 
-def _trace(row: RowResult, pattern) -> dict:
+def _trace(row: RowResult, pattern, phase: str) -> dict:
     m = row.metrics
-    return {"name": row.name, "text": row.text, "answer": extract_answer(row.text, pattern),
-            "stopped": row.stop_reason == "early_stop", "stop_reason": row.stop_reason, "stop_step": row.stop_step,
+    stopped = row.stop_reason == "early_stop"
+    return {"name": row.name, "phase": phase, "text": row.text, "answer": extract_answer(row.text, pattern),
+            "stopped": stopped, "excluded": stopped, "stop_reason": row.stop_reason, "stop_step": row.stop_step,
             "tokens": len(row.token_ids), "lowest_group": m.get("lowest_group"), "tail": m.get("tail"),
             "mean": m.get("mean"), "bottom10_group": m.get("bottom10_group"),
             "group_confidence": [s.group_confidence for s in row.steps]}
@@ -96,7 +97,7 @@ def _trace(row: RowResult, pattern) -> dict:
 
 def _as_vote_trace(t: dict) -> Trace:
     nan = math.nan
-    return Trace(t["answer"], t["stopped"], t["tokens"], t["lowest_group"] if t["lowest_group"] is not None else nan,
+    return Trace(t["answer"], t["excluded"], t["tokens"], t["lowest_group"] if t["lowest_group"] is not None else nan,
                  t["tail"] if t["tail"] is not None else nan)
 
 
@@ -106,7 +107,7 @@ def deep_think(lm: LoadedModel, cfg: DeepThinkConfig) -> dict:
     pattern = compile_answer_regex(cfg.answer_regex)
     started = time.perf_counter()
     warm_rows = _run(lm, cfg, _rows(cfg, cfg.warmup, 0, {}))
-    warm = {side: [_trace(r, pattern) for r in warm_rows if r.name.startswith(side)] for side in SIDES}
+    warm = {side: [_trace(r, pattern, "warmup") for r in warm_rows if r.name.startswith(side)] for side in SIDES}
     lows = {side: [t["lowest_group"] for t in warm[side] if t["lowest_group"] is not None] for side in SIDES}
     if cfg.shared_threshold:
         shared = calibrate_threshold(lows["baseline"] + lows["feedback"], cfg.eta)
@@ -114,7 +115,7 @@ def deep_think(lm: LoadedModel, cfg: DeepThinkConfig) -> dict:
     else:
         thresholds = {side: calibrate_threshold(lows[side], cfg.eta) for side in SIDES}
     online_rows = _run(lm, cfg, _rows(cfg, cfg.traces, cfg.warmup, thresholds))
-    online = {side: [_trace(r, pattern) for r in online_rows if r.name.startswith(side)] for side in SIDES}
+    online = {side: [_trace(r, pattern, "online") for r in online_rows if r.name.startswith(side)] for side in SIDES}
 
     full_lengths: dict[str, int] = {}
     if cfg.check:  # same seeds, no threshold: the stopped traces' full lengths
@@ -127,7 +128,7 @@ def deep_think(lm: LoadedModel, cfg: DeepThinkConfig) -> dict:
               "thresholds": thresholds, "sides": {}}
     for side in SIDES:
         # warm-up traces below the threshold would have been stopped: they do not vote either
-        warm_votes = [t | {"stopped": t["lowest_group"] is not None and t["lowest_group"] < thresholds[side]}
+        warm_votes = [t | {"excluded": t["lowest_group"] is not None and t["lowest_group"] < thresholds[side]}
                       for t in warm[side]]
         voters = [_as_vote_trace(t) for t in warm_votes + online[side]]
         votes = {"majority": vote(voters), "lowest_group": vote(voters, "lowest_group", cfg.eta),

@@ -131,3 +131,20 @@ def test_sweep_writes_csv_and_heatmap(tmp_path):
     html = (tmp_path / "sw" / "sweep.html").read_text()
     assert "heatmap" in html and "ΔPPL" in html
     assert "best: lam=" in out.stdout
+
+
+def test_deepthink_cli_json_and_bad_input(tmp_path):
+    out = cli("deepthink", "--prompt", "What is 2 + 2? Answer with a number.", "--traces", "2", "--warmup", "2",
+              "--max-new-tokens", "16", "--window", "4", "--eta", "90", "--json")
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert set(rep["sides"]) == {"baseline", "feedback"} and rep["config"]["traces"] == 2
+    for args, message in [(["--prompt", "q", "--traces", "500"], "traces must be in [1, 64]"),
+                          (["--prompt", "q", "--eta", "0"], "eta"),
+                          (["--prompt", "q", "--answer-regex", "(x"], "does not compile"),
+                          ([], "give either --prompt TEXT or --questions FILE.jsonl")]:
+        bad = cli("deepthink", *args)
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr
+    warn = cli("deepthink", "--prompt", "Say hi.", "--traces", "1", "--warmup", "1", "--max-new-tokens", "4",
+               "--window", "8")
+    assert warn.returncode == 0 and "no early stop can happen" in warn.stderr
