@@ -101,11 +101,9 @@ def _as_vote_trace(t: dict) -> Trace:
                  t["tail"] if t["tail"] is not None else nan)
 
 
-def deep_think(lm: LoadedModel, cfg: DeepThinkConfig) -> dict:
-    """Warm-up, calibrate, run online with early stop, vote; a JSON-serialisable report per side."""
-    warnings = cfg.validate(lm.num_layers)
+def warm_up(lm: LoadedModel, cfg: DeepThinkConfig) -> tuple[dict, dict, dict]:
+    """Warm-up traces per side (never stopped), their lowest group confidences, and the thresholds."""
     pattern = compile_answer_regex(cfg.answer_regex)
-    started = time.perf_counter()
     warm_rows = _run(lm, cfg, _rows(cfg, cfg.warmup, 0, {}))
     warm = {side: [_trace(r, pattern, "warmup") for r in warm_rows if r.name.startswith(side)] for side in SIDES}
     lows = {side: [t["lowest_group"] for t in warm[side] if t["lowest_group"] is not None] for side in SIDES}
@@ -114,11 +112,28 @@ def deep_think(lm: LoadedModel, cfg: DeepThinkConfig) -> dict:
         thresholds = {side: shared for side in SIDES}
     else:
         thresholds = {side: calibrate_threshold(lows[side], cfg.eta) for side in SIDES}
+    return warm, lows, thresholds
+
+
+def deep_think(lm: LoadedModel, cfg: DeepThinkConfig, progress=None) -> dict:
+    """Warm-up, calibrate, run online with early stop, vote; a JSON-serialisable report per side.
+    `progress(message)` is told when each phase starts."""
+    warnings = cfg.validate(lm.num_layers)
+    pattern = compile_answer_regex(cfg.answer_regex)
+    started = time.perf_counter()
+    if progress:
+        progress(f"warm-up: {cfg.warmup} traces per side")
+    warm, lows, thresholds = warm_up(lm, cfg)
+    if progress:
+        progress(f"online: {cfg.traces} traces per side, thresholds "
+                 + ", ".join(f"{side} {thresholds[side]:.3f}" for side in SIDES))
     online_rows = _run(lm, cfg, _rows(cfg, cfg.traces, cfg.warmup, thresholds))
     online = {side: [_trace(r, pattern, "online") for r in online_rows if r.name.startswith(side)] for side in SIDES}
 
     full_lengths: dict[str, int] = {}
     if cfg.check:  # same seeds, no threshold: the stopped traces' full lengths
+        if progress:
+            progress("check: finishing the stopped traces")
         stopped = [r for r in _rows(cfg, cfg.traces, cfg.warmup, {})
                    if any(t["name"] == r.name and t["stopped"] for side in SIDES for t in online[side])]
         if stopped:

@@ -24,6 +24,7 @@ from feedback.sampling import SamplingConfig
 from feedback.strategies import REGISTRY
 from ui import charts, history, render
 from ui.controls import build_strategy_controls, parse_number, with_named_params
+from ui.deepthink_tab import ETA_CHOICES, DeepThinkTab
 from ui.lab import LabTabs
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -105,6 +106,7 @@ class FeedbackLensApp:
 
     def __init__(self, pool: ModelPool):
         self.pool = pool
+        self.deepthink = DeepThinkTab(pool)
         self.sessions = Sessions()
         self.started = time.time()
 
@@ -317,7 +319,17 @@ class FeedbackLensApp:
                                 with gr.Row():
                                     thr_mode = gr.Radio(["off", "fixed"], value="off", label="early stop",
                                                         min_width=100)
-                                    thr = gr.Number(10.0, label="threshold (group confidence)", min_width=100)
+                                    thr = gr.Number(10.0, label="threshold (group confidence)", min_width=100,
+                                                    elem_id="threshold")
+                                eta_preset = gr.Radio(ETA_CHOICES, value=ETA_CHOICES[1], label="calibration η")
+                                with gr.Row():
+                                    eta = gr.Number(50, label="custom η %", minimum=0.0001, maximum=100,
+                                                    min_width=100)
+                                    warmup = gr.Number(8, label="warm-up traces per row", precision=0, minimum=1,
+                                                       maximum=64, min_width=100)
+                                calibrate = gr.Button("Calibrate threshold", elem_id="calibrate")
+                                calib_note = gr.Markdown()
+                                calib_plot = gr.Plot(show_label=False, visible=True)
                     view = gr.Radio(["confidence", "plain"], value="confidence", label="Token view",
                                     elem_id="token-view")
                     with gr.Row(equal_height=False):
@@ -337,6 +349,7 @@ class FeedbackLensApp:
                     mem_plot = gr.Plot(charts.memory_figure([]), label="Memory", show_label=False, elem_id="mem-plot")
                     with gr.Accordion("Run result (JSON)", open=False):
                         run_json = gr.JSON(elem_id="run-json")
+                self.deepthink.build(lm.num_layers)
                 LabTabs(self.pool).build(lm.num_layers)
                 with gr.Tab("History", id="history"):
                     gr.Markdown("Runs of this browser (kept in its local storage). Select runs to reload or "
@@ -361,6 +374,11 @@ class FeedbackLensApp:
             submit_event = prompt.submit(compare, compare_inputs, compare_outputs, api_name=False,
                                          concurrency_id="model", concurrency_limit=1, show_progress="minimal")
             submit_event.then(self.record, [hist, last], hist, api_name=False)
+            self.deepthink.compare_controls = self.controls
+            calibrate.click(with_named_params(self.deepthink.calibrate, self.controls),
+                            [prompt, chat, strategy, temperature, top_p, seed, window, k, max_new, eta_preset, eta,
+                             warmup, *self.controls.components], [thr_mode, thr, calib_plot, calib_note],
+                            api_name="calibrate", concurrency_id="model", concurrency_limit=1)
             stop.click(self.stop, None, status, api_name="stop", concurrency_limit=None,
                        cancels=[gen_event] if ZEROGPU else None)
             timer.tick(self.tick, mem, [mem, mem_plot], api_name="memory", concurrency_limit=None,

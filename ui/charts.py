@@ -160,3 +160,47 @@ def bar_figure(labels: list[str], values: list[float], x_title: str, y_title: st
     trace = _scatter(x=labels, y=values, marker=dict(color=colors), hovertemplate="%{x}<br>%{y:+.4f}<extra></extra>")
     trace["type"] = "bar"
     return _figure([trace], 300, x_title, y_title, hovermode="closest", showlegend=False)
+
+
+def vote_figure(sides: dict[str, dict]) -> go.Figure:
+    """Confidence-weighted vote shares per answer, one bar group per side."""
+    traces = []
+    for i, (side, rep) in enumerate(sides.items()):
+        tallies = rep["votes"]["lowest_group"]["tallies"]
+        total = sum(tallies.values()) or 1.0
+        answers = sorted(tallies, key=lambda a: -tallies[a])
+        traces.append(dict(type="bar", name=side, x=[str(a) for a in answers],
+                           y=[tallies[a] / total for a in answers], marker=dict(color=row_color(i))))
+    return _figure(traces, 280, "answer", "weighted vote share", barmode="group", hovermode="closest")
+
+
+def trace_figure(side: str, rep: dict, color_index: int = 0) -> go.Figure:
+    """Group confidence of every trace of one side, the threshold, and where traces were stopped."""
+    traces: list[dict] = []
+    color = row_color(color_index)
+    longest = 1
+    for t in rep["traces"]:
+        curve = t["group_confidence"]
+        longest = max(longest, len(curve))
+        dash = "dot" if t["phase"] == "warmup" else "solid"
+        traces.append(_scatter(x=list(range(len(curve))), y=curve, mode="lines", name=t["name"],
+                               line=dict(color=color, width=1, dash=dash), opacity=0.35 if t["excluded"] else 0.8,
+                               showlegend=False, hovertemplate=f"{t['name']}<br>step %{{x}}<br>%{{y:.3f}}<extra></extra>"))
+        if t["stopped"] and curve:
+            traces.append(_scatter(x=[len(curve) - 1], y=[curve[-1]], mode="markers", showlegend=False,
+                                   marker=dict(symbol="x", size=10, color="#d62728"), name=f"{t['name']} stopped"))
+    traces.append(_scatter(x=[0, longest - 1], y=[rep["threshold"]] * 2, mode="lines", name="threshold",
+                           line=dict(color="#d62728", dash="dash", width=1.5)))
+    return _figure(traces, 300, "decode step", f"{side}: group confidence", hovermode="closest")
+
+
+def histogram_figure(values: dict[str, list[float]], threshold: float) -> go.Figure:
+    """Warm-up lowest group confidences per side, and the calibrated threshold."""
+    traces = [dict(type="histogram", x=v, name=side, opacity=0.6, marker=dict(color=row_color(i)))
+              for i, (side, v) in enumerate(values.items())]
+    layout = dict(barmode="overlay", hovermode="closest",
+                  shapes=[dict(type="line", xref="x", yref="paper", x0=threshold, x1=threshold, y0=0, y1=1,
+                               line=dict(color="#d62728", dash="dash"))],
+                  annotations=[dict(xref="x", yref="paper", x=threshold, y=1, text=f"s = {threshold:.3f}",
+                                    showarrow=False, yanchor="bottom")])
+    return _figure(traces, 240, "lowest group confidence of a warm-up trace", "traces", **layout)
