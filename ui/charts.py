@@ -194,13 +194,15 @@ def trace_figure(side: str, rep: dict, color_index: int = 0) -> go.Figure:
     return _figure(traces, 300, "decode step", f"{side}: group confidence", hovermode="closest")
 
 
-def histogram_figure(values: dict[str, list[float]], threshold: float) -> go.Figure:
-    """Warm-up lowest group confidences per side, and the calibrated threshold."""
+def histogram_figure(values: dict[str, list[float]], thresholds: dict[str, float]) -> go.Figure:
+    """Warm-up lowest group confidences per side, and where each side's threshold falls."""
     traces = [dict(type="histogram", x=v, name=side, opacity=0.6, marker=dict(color=row_color(i)))
               for i, (side, v) in enumerate(values.items())]
-    layout = dict(barmode="overlay", hovermode="closest",
-                  shapes=[dict(type="line", xref="x", yref="paper", x0=threshold, x1=threshold, y0=0, y1=1,
-                               line=dict(color="#d62728", dash="dash"))],
-                  annotations=[dict(xref="x", yref="paper", x=threshold, y=1, text=f"s = {threshold:.3f}",
-                                    showarrow=False, yanchor="bottom")])
-    return _figure(traces, 240, "lowest group confidence of a warm-up trace", "traces", **layout)
+    shapes, annotations = [], []
+    for i, (side, s) in enumerate(thresholds.items()):
+        shapes.append(dict(type="line", xref="x", yref="paper", x0=s, x1=s, y0=0, y1=1,
+                           line=dict(color=row_color(i), dash="dash")))
+        annotations.append(dict(xref="x", yref="paper", x=s, y=1 - 0.08 * i, text=f"{side} s = {s:.3f}",
+                                showarrow=False, yanchor="bottom"))
+    return _figure(traces, 240, "lowest group confidence of a warm-up trace", "traces", barmode="overlay",
+                   hovermode="closest", shapes=shapes, annotations=annotations)

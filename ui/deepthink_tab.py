@@ -78,14 +78,16 @@ class DeepThinkTab:
                 if isinstance(item, Finished):
                     rep = item.result
                 else:
-                    yield f"Running… {escape(item)}", skip, skip, skip, skip, skip
+                    yield f"Running… {escape(item)}", skip, skip, skip, skip, skip, skip
         except FeedbackError as exc:
             raise gr.Error(str(exc)) from None
         sides = rep["sides"]
         yield (side_markdown("Baseline", sides["baseline"], cfg.traces) + "\n\n" +
                side_markdown("Feedback", sides["feedback"], cfg.traces) + f"\n\n{rep['wall_seconds']:.1f} s",
                charts.vote_figure(sides), charts.trace_figure("baseline", sides["baseline"], 0),
-               charts.trace_figure("feedback", sides["feedback"], 1), trace_rows(rep), rep)
+               charts.trace_figure("feedback", sides["feedback"], 1), trace_rows(rep), rep,
+               charts.histogram_figure({side: sides[side]["warmup_lowest_groups"] for side in SIDES},
+                                       rep["thresholds"]))
 
     def calibrate(self, prompt, chat_template, strategy, temperature, top_p, seed, window, k, max_new, eta_preset,
                   eta, warmup, *param_values, request: gr.Request = None):
@@ -113,7 +115,7 @@ class DeepThinkTab:
         s = thresholds["baseline"]
         note = (f"Calibrated from {2 * cfg.warmup} warm-up traces (η = {cfg.eta:g}% kept): threshold **{s:.3f}**, "
                 "now used for early stop.")
-        return "fixed", s, charts.histogram_figure(lows, s), note
+        return "fixed", s, charts.histogram_figure(lows, {"shared": s}), note
 
     def build(self, num_layers: int) -> None:
         strategies = list(REGISTRY)
@@ -144,6 +146,7 @@ class DeepThinkTab:
             go = gr.Button("Run Deep Think", variant="primary", elem_id="dt-run")
             summary = gr.Markdown(elem_id="dt-summary")
             votes = gr.Plot(show_label=False, elem_id="dt-votes")
+            warm_hist = gr.Plot(show_label=False, elem_id="dt-warmup")
             with gr.Row():
                 base_curves = gr.Plot(show_label=False)
                 fb_curves = gr.Plot(show_label=False)
@@ -156,5 +159,5 @@ class DeepThinkTab:
             go.click(with_named_params(self.run, self.controls),
                      [prompt, strategy, traces, warmup, eta_preset, eta, window, max_new, temperature, top_p, seed,
                       regex, shared, check, *self.controls.components],
-                     [summary, votes, base_curves, fb_curves, table, report], api_name="deepthink",
+                     [summary, votes, base_curves, fb_curves, table, report, warm_hist], api_name="deepthink",
                      concurrency_id="model", concurrency_limit=1)

@@ -14,11 +14,12 @@ def client(app_url):
 def test_deepthink_endpoint_reports_both_sides(client):
     job = client.submit("What is 2 + 3? Answer with a number.", "deep_cache", 2, 2, "custom", 50, 4, 16, 0.8, 0.95,
                         0, "", False, False, api_name="/deepthink")
-    summary, votes, base_curves, fb_curves, table, report = job.result()
+    summary, votes, base_curves, fb_curves, table, report, warm_hist = job.result()
     assert "### Baseline" in summary and "### Feedback" in summary and "tokens spent" in summary
     assert set(report["sides"]) == {"baseline", "feedback"} and report["config"]["eta"] == 50
     assert len(table["data"]) == 8  # (2 warm-up + 2 online) traces x 2 sides
     assert '"threshold"' in base_curves["plot"] and "bar" in votes["plot"]
+    assert "baseline s = " in warm_hist["plot"] and "feedback s = " in warm_hist["plot"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -139,3 +139,22 @@ def test_sweep_heatmap_cells_and_diverging_scale():
     assert hm.text[0][1] == "-1.50%<br>±0.20"
     one = sweep_heatmap(rows[:2], "alpha")
     assert list(one.data[0].y) == [""] and len(one.data[0].z[0]) == 2
+
+
+def test_deep_think_figures():
+    from ui.charts import histogram_figure, trace_figure, vote_figure
+
+    side = {"votes": {"lowest_group": {"tallies": {"42": 30.0, "41": 10.0}}}, "threshold": 5.0,
+            "traces": [{"name": "t0", "phase": "warmup", "excluded": False, "stopped": False,
+                        "group_confidence": [6.0, 6.5, 7.0]},
+                       {"name": "t1", "phase": "online", "excluded": True, "stopped": True,
+                        "group_confidence": [5.5, 4.0]}]}
+    votes = vote_figure({"baseline": side})
+    assert list(votes.data[0].x) == ["42", "41"] and list(votes.data[0].y) == [0.75, 0.25]
+    curves = trace_figure("baseline", side)
+    names = [t.name for t in curves.data]
+    assert "t1 stopped" in names and curves.data[-1].name == "threshold" and list(curves.data[-1].y) == [5.0, 5.0]
+    stop = next(t for t in curves.data if t.name == "t1 stopped")
+    assert list(stop.x) == [1] and list(stop.y) == [4.0]
+    hist = histogram_figure({"baseline": [4.0, 5.0], "feedback": [6.0]}, {"baseline": 4.5, "feedback": 6.0})
+    assert len(hist.data) == 2 and [s.x0 for s in hist.layout.shapes] == [4.5, 6.0]
