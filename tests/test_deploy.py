@@ -58,3 +58,15 @@ def test_bad_auth_flag_exits_2(auth, capsys):
 
     assert app.main(["--auth", auth]) == 2
     assert "--auth expects USER:PASSWORD" in capsys.readouterr().err
+
+
+def test_the_library_never_imports_gradio():
+    import subprocess
+    import sys
+
+    code = ("import sys, pkgutil, importlib, feedback, feedback.strategies\n"
+            "for m in pkgutil.walk_packages(feedback.__path__, 'feedback.'):\n"
+            "    if m.name != 'feedback.__main__': importlib.import_module(m.name)\n"
+            "assert 'gradio' not in sys.modules, 'feedback imported gradio'\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
