@@ -25,4 +25,5 @@ $PY -m feedback sweep --strategy anchor --grid alpha=-0.05,0.02,0.05,0.1 --grid 
 
 # 2. Each strategy at its default and at its best dev setting, on the test split; parallel vs exact
 $PY docs/results.py run
+$PY docs/results.py confirm
 $PY docs/results.py table

@@ -1,7 +1,8 @@
 """Final runs for docs/RESULTS.md: each strategy at its default and at its best dev-sweep setting,
 evaluated once on builtin:test, plus the parallel-vs-exact speed measurement.
 
-    python docs/results.py run      # after docs/experiments.sh; writes docs/results/*.json
+    python docs/results.py run      # after the sweeps of docs/experiments.sh; writes docs/results/*.json
+    python docs/results.py confirm  # exact-mode re-run of recurrent strategies whose best CI is below 0
     python docs/results.py table    # prints the Markdown tables of RESULTS.md from those files
 
 The best setting is read from the dev sweeps' CSVs (lowest ΔPPL %), never from the test split.
@@ -43,8 +44,8 @@ def best_dev_point(strategy: str) -> tuple[dict, float]:
 
 
 def _command(strategy: str | None, params: dict, mode: str, passes: int, data: str = "builtin:test",
-             extra: str = "") -> str:
-    parts = [f"python -m feedback ppl --data {data} --max-tokens 512"]
+             extra: str = " --max-tokens 512") -> str:
+    parts = [f"python -m feedback ppl --data {data}"]
     if strategy:
         parts.append(f"--strategy {strategy} --mode {mode}" + (f" --passes {passes}" if mode == "jacobi" else ""))
         parts += [f"--param {k}={v}" for k, v in params.items()]
@@ -91,6 +92,27 @@ def run() -> None:
     (RESULTS / "speed.json").write_text(json.dumps(speed | {"ratio": speed["parallel"] / speed["exact"]}))
 
 
+def confirm() -> None:
+    """Re-run, in exact mode, every recurrent strategy whose best (jacobi) test result has a CI
+    below zero: the approximation must not be what makes it look better."""
+    from feedback import corpus
+    from feedback.model import load_model
+    from feedback.perplexity import PPLConfig, evaluate
+
+    lm = load_model()
+    test = corpus.load("builtin:test")
+    for strategy, (_, mode, _) in PLAN.items():
+        best = json.loads((RESULTS / f"{strategy}-best.json").read_text())
+        if mode != "jacobi" or best["ci95"][1] >= 0:
+            continue
+        params = best["config"]["params"]
+        command = _command(strategy, params, "exact", 1)
+        print(f"$ {command}", flush=True)
+        res = evaluate(lm, test, PPLConfig(strategy, params, "exact", **COMMON)) | {"command": command}
+        (RESULTS / f"{strategy}-best-exact.json").write_text(json.dumps(res, indent=1))
+        print(f"  -> ΔPPL {res['delta_pct']:+.3f}% {res['ci95']} ({res['wall_seconds']:.1f} s)", flush=True)
+
+
 def table() -> None:
     base = json.loads((RESULTS / "baseline.json").read_text())
     base_s = float((RESULTS / "baseline_seconds.txt").read_text())
@@ -108,6 +130,13 @@ def table() -> None:
             print(f"| {strategy} | {kind}: {params} | {'—' if kind == 'default' else 'dev sweep'} | {mode} | "
                   f"{r['feedback_ppl']:.3f} | {r['delta_pct']:+.3f}{star} | [{lo:+.3f}, {hi:+.3f}] | "
                   f"{r['wall_seconds'] / base_s:.2f} |")
+    for path in sorted(RESULTS.glob("*-best-exact.json")):
+        r = json.loads(path.read_text())
+        lo, hi = r["ci95"]
+        params = ", ".join(f"{k}={v}" for k, v in r["config"]["params"].items())
+        print(f"\nExact-mode confirmation of {path.name.split('-best')[0]} ({params}): feedback PPL "
+              f"{r['feedback_ppl']:.3f}, ΔPPL **{r['delta_pct']:+.3f} %**, 95% CI [{lo:+.3f}, {hi:+.3f}] "
+              f"({r['wall_seconds']:.0f} s).")
     speed = json.loads((RESULTS / "speed.json").read_text())
     print(f"\nParallel vs exact (deep_cache, 3 dev documents × 256 tokens, baseline included in both): parallel "
           f"{speed['parallel']:.0f} tokens/s, exact {speed['exact']:.1f} tokens/s, ratio **{speed['ratio']:.0f}×**.")
@@ -115,4 +144,4 @@ def table() -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT.parent))
-    {"run": run, "table": table}[sys.argv[1] if len(sys.argv) > 1 else "table"]()
+    {"run": run, "confirm": confirm, "table": table}[sys.argv[1] if len(sys.argv) > 1 else "table"]()
