@@ -24,13 +24,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
+def _add_model_args(p) -> None:
+    p.add_argument("--model", default="embedded", help="embedded | hub id | local folder | file.gguf")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+
+
+def _add_strategy_args(p, default: str | None, required: bool = False) -> None:
+    p.add_argument("--strategy", default=default, required=required,
+                   help="feedback strategy" + (f" (default {default})" if default else ""))
+    p.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE")
+
+
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="baseline vs feedback on one prompt")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--model", default="embedded", help="embedded | hub id | local folder | file.gguf")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--strategy", default="residual", help="feedback strategy of the second row")
-    p.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE")
+    _add_model_args(p)
+    _add_strategy_args(p, "residual")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -257,8 +266,7 @@ def _bench(args) -> int:
 
 def _add_ppl_args(p) -> None:
     p.add_argument("--data", default="builtin:dev", help="builtin:dev | builtin:test | file.txt | file.jsonl | folder")
-    p.add_argument("--model", default="embedded")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    _add_model_args(p)
     p.add_argument("--mode", default=None, choices=["exact", "parallel", "jacobi"],
                    help="default: parallel for non-recurrent strategies, jacobi for recurrent ones")
     p.add_argument("--passes", type=int, default=3, help="jacobi passes (the first is clean)")
@@ -276,25 +284,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub)
     p = sub.add_parser("prepare", help="convert the embedded GGUF model into the cache (once)")
-    p = sub.add_parser("ppl", help="teacher-forced perplexity, baseline vs a feedback strategy")
+    p = sub.add_parser("ppl", help="teacher-forced perplexity, baseline vs a feedback strategy (omit "
+                       "--strategy for the baseline only)")
     _add_ppl_args(p)
-    p.add_argument("--strategy", default=None, help="feedback strategy (omit for the baseline only)")
-    p.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE")
+    _add_strategy_args(p, None)
     p.add_argument("--out", default=None, help="also write the JSON result to this file")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("sweep", help="ΔPPL over a grid of strategy parameters -> CSV + heatmap HTML")
     _add_ppl_args(p)
-    p.add_argument("--strategy", required=True)
+    _add_strategy_args(p, None, required=True)
     p.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...")
-    p.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE",
-                   help="fixed parameters for every grid point")
     p.add_argument("--out-dir", default=None, help="where sweep.csv and sweep.html go (default sweep-STRATEGY)")
     p.add_argument("--json", action="store_true", help="also print the rows as JSON")
     p = sub.add_parser("deepthink", help="DeepConf multi-trace vote per side, with calibrated early stop")
     p.add_argument("--prompt", default=None)
     p.add_argument("--questions", default=None, help="JSONL of {question, answer}: accuracy per side")
-    p.add_argument("--model", default="embedded")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    _add_model_args(p)
+    _add_strategy_args(p, "residual")
     p.add_argument("--traces", type=int, default=16, help="online traces per side (at most 64)")
     p.add_argument("--warmup", type=int, default=8, help="warm-up traces per side for calibration")
     p.add_argument("--eta", type=float, default=10.0, help="share of traces kept, %% (10: DeepConf-low, 90: high)")
@@ -304,8 +310,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--strategy", default="residual")
-    p.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE")
     p.add_argument("--answer-regex", default=None, help="regex for the answer (first group, else the match)")
     p.add_argument("--shared-threshold", action="store_true", help="one threshold from both sides' warm-up")
     p.add_argument("--check", action="store_true", help="finish stopped traces to measure tokens saved")

@@ -208,6 +208,12 @@ class LabTabs:
                          file_types=[".txt", ".jsonl"], type="filepath")
         return source, text, upload, max_docs
 
+    @staticmethod
+    def _mode_inputs():
+        mode = gr.Radio(["auto", "exact", "parallel", "jacobi"], value="auto", label="mode")
+        passes = gr.Number(3, label="jacobi passes", precision=0, minimum=2, maximum=32)
+        return mode, passes
+
     def build(self, num_layers: int) -> None:
         """Add both tabs to the Blocks being built."""
         strategies = list(REGISTRY)
@@ -218,8 +224,7 @@ class LabTabs:
             source, text, upload, max_docs = self._source_inputs()
             with gr.Row():
                 strategy = gr.Dropdown(strategies, value="deep_cache", label="Feedback strategy")
-                mode = gr.Radio(["auto", "exact", "parallel", "jacobi"], value="auto", label="mode")
-                passes = gr.Number(3, label="jacobi passes", precision=0, minimum=2, maximum=32)
+                mode, passes = self._mode_inputs()
             self.ppl_controls = build_strategy_controls(num_layers, "deep_cache", prefix="ppl")
             run = gr.Button("Measure perplexity", variant="primary", elem_id="ppl-run")
             summary = gr.Markdown(elem_id="ppl-summary")
@@ -245,8 +250,7 @@ class LabTabs:
                 grid_x = gr.Textbox("lam=0,0.02,0.05,0.1", label="grid x (NAME=V1,V2,...)")
                 grid_y = gr.Textbox("gate=-1,0.75,0.9", label="grid y (optional)")
             with gr.Row():
-                s_mode = gr.Radio(["auto", "exact", "parallel", "jacobi"], value="auto", label="mode")
-                s_passes = gr.Number(3, label="jacobi passes", precision=0, minimum=2, maximum=32)
+                s_mode, s_passes = self._mode_inputs()
             self.sweep_controls = build_strategy_controls(num_layers, "deep_cache", prefix="sweep")
             go = gr.Button("Run sweep", variant="primary", elem_id="sweep-run")
             status = gr.Markdown(elem_id="sweep-status")
