@@ -14,7 +14,7 @@ from feedback.strategies import REGISTRY, get_strategy
 from feedback.strategies.deep_cache import mix_logits
 from tests.conftest import hook_count
 
-STRONG = {"residual": {"alpha": 0.5}, "soft_token": {"beta": 0.5}, "deep_cache": {"lam": 0.5},
+STRONG = {"residual": {"alpha": 0.5}, "soft_token": {"beta": 0.5}, "deep_cache": {"lam": 0.5, "gate": -1.0},
           "anchor": {"alpha": 0.5, "prompt_tokens": 4}}
 TEXT = "Rivers carry water from mountains to the sea, and the sea returns it as rain over the mountains."
 
@@ -99,7 +99,8 @@ def test_deep_cache_raises_probability_of_a_repeated_continuation(tiny_lm):
     g = torch.Generator().manual_seed(0)
     chunk = torch.randint(100, 40000, (20,), generator=g).tolist()
     ids = [tiny_lm.tokenizer.bos_token_id or 1] + chunk + chunk
-    base, fb = token_nlls(tiny_lm, ids, PPLConfig("deep_cache", {"lam": 0.5, "theta": 50.0}, mode="parallel"))
+    cfg = PPLConfig("deep_cache", {"lam": 0.5, "theta": 50.0, "gate": -1.0}, mode="parallel")
+    base, fb = token_nlls(tiny_lm, ids, cfg)
     second = slice(len(chunk) + 1, None)  # targets of the repeat (after its first token)
     assert fb[second].mean() < base[second].mean() - 0.5
     assert np.all(fb[second] < base[second])

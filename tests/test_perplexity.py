@@ -66,7 +66,7 @@ def test_evaluate_reports_everything(tiny_lm):
     assert set(res) >= {"baseline_ppl", "feedback_ppl", "delta_pct", "ci95", "mode", "wall_seconds",
                         "corpus_fingerprint", "per_doc", "config", "model"}
     assert res["ci95"][0] <= res["delta_pct"] <= res["ci95"][1]
-    assert res["config"]["params"]["theta"] == 20.0  # defaults are filled in
+    assert res["config"]["params"]["theta"] == 50.0  # defaults are filled in
     pooled = math.exp(np.mean(np.concatenate([token_nlls(tiny_lm, tiny_lm.tokenizer(d.text)["input_ids"],
                                                          PPLConfig())[0] for d in docs[:2]])))
     assert res["baseline_ppl"] == pytest.approx(pooled, rel=1e-9)
