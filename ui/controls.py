@@ -46,6 +46,10 @@ class StrategyControls:
         """Show the selected strategy's group, hide the others."""
         return [gr.update(visible=name == strategy) for name in self.groups]
 
+    def follow(self, dropdown: gr.Dropdown) -> None:
+        """Show the group of whichever strategy `dropdown` selects."""
+        dropdown.change(self.visibility_updates, dropdown, list(self.groups.values()), api_name=False)
+
     def layer_updates(self, num_layers: int) -> list:
         """Updates that re-range every layer slider to a model with `num_layers` layers."""
         updates = []

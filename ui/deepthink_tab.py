@@ -154,8 +154,7 @@ class DeepThinkTab:
                                           "text"], interactive=False, wrap=True)
             with gr.Accordion("Report (JSON)", open=False):
                 report = gr.JSON()
-            strategy.change(self.controls.visibility_updates, strategy, list(self.controls.groups.values()),
-                            api_name=False)
+            self.controls.follow(strategy)
             go.click(with_named_params(self.run, self.controls),
                      [prompt, strategy, traces, warmup, eta_preset, eta, window, max_new, temperature, top_p, seed,
                       regex, shared, check, *self.controls.components],

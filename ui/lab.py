@@ -234,8 +234,7 @@ class LabTabs:
                                  interactive=False)
             with gr.Accordion("Result (JSON)", open=False):
                 result = gr.JSON()
-            strategy.change(self.ppl_controls.visibility_updates, strategy, list(self.ppl_controls.groups.values()),
-                            api_name=False)
+            self.ppl_controls.follow(strategy)
             run.click(with_named_params(self.perplexity, self.ppl_controls),
                       [source, text, upload, strategy, mode, passes, max_docs, *self.ppl_controls.components],
                       [summary, coloured, fig, table, result], api_name="perplexity", concurrency_id="model",
@@ -256,8 +255,7 @@ class LabTabs:
             status = gr.Markdown(elem_id="sweep-status")
             heat = gr.Plot(show_label=False, elem_id="sweep-plot")
             csv_file = gr.File(label="sweep.csv", interactive=False)
-            s_strategy.change(self.sweep_controls.visibility_updates, s_strategy,
-                              list(self.sweep_controls.groups.values()), api_name=False)
+            self.sweep_controls.follow(s_strategy)
             go.click(with_named_params(self.sweep, self.sweep_controls),
                      [s_source, s_text, s_upload, s_strategy, grid_x, grid_y, s_mode, s_passes, s_max_docs,
                       *self.sweep_controls.components], [heat, status, csv_file], api_name="sweep",
