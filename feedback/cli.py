@@ -250,6 +250,24 @@ def _deepthink(args) -> int:
     return 0
 
 
+def _batch(args) -> int:
+    from feedback.batch import run_batch, summary_line
+    from feedback.model import load_model
+
+    lm = load_model(args.model, dtype=args.dtype)
+
+    def progress(done: int, total: int, elapsed: float) -> None:
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = (total - done) / rate if rate > 0 else float("nan")
+        print(f"\r  [{done}/{total}] {rate:.2f} tasks/s, ETA {eta:.0f} s", end="" if done < total else "\n",
+              file=sys.stderr, flush=True)
+
+    summary = run_batch(lm, args.input, args.output, args.retries,
+                        warn=lambda msg: print(f"warning: {msg}", file=sys.stderr), progress=progress)
+    print(summary_line(summary))
+    return 0
+
+
 def _prepare(args) -> int:
     from feedback import embedded
 
@@ -315,6 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="finish stopped traces to measure tokens saved")
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser("batch", help="run a JSONL file of tasks; results appended to a JSONL file (resumable)")
+    p.add_argument("input", help="JSONL: one task a line (id, prompt, mode, strategy, params, ...)")
+    p.add_argument("output", help="JSONL results; rerun with the same file to resume")
+    _add_model_args(p)
+    p.add_argument("--retries", type=int, default=1, help="retries of a failing task before it is recorded")
     p = sub.add_parser("bench", help="engine speed ratios on the embedded model (SPEC §7)")
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per measurement")
     p.add_argument("--repeats", type=int, default=3, help="repeats per measurement (the median is kept)")
@@ -327,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"generate": _generate, "prepare": _prepare, "bench": _bench, "ppl": _ppl,
-               "sweep": _sweep, "deepthink": _deepthink}[args.command]
+               "sweep": _sweep, "deepthink": _deepthink, "batch": _batch}[args.command]
     try:
         return handler(args)
     except FeedbackError as exc:

@@ -1,0 +1,142 @@
+"""JSONL batch runner: one task a line in, one result a line out, never losing a finished result.
+
+Each result is appended, flushed and fsynced as soon as its task finishes, so a crash (even
+SIGKILL) loses at most the task in flight. Rerunning with the same output skips the ids already
+there (a torn last line from a crash is cut off first), so nothing is duplicated. A failing task is
+retried up to `retries` times, then recorded as an error line and the run goes on. Malformed input
+lines are reported with their line number and recorded as `invalid` lines.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from feedback import corpus, memory
+from feedback.errors import FeedbackError
+from feedback.model import LoadedModel
+
+MODES = ("compare", "ppl", "deepthink")
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+
+def read_tasks(path: str | Path) -> Iterator[tuple[int, dict | None, str | None]]:
+    """(line number, task or None, problem or None) for every non-empty input line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FeedbackError(f"no such input file: {path}")
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                task = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield number, None, f"not valid JSON ({exc.msg})"
+                continue
+            if not isinstance(task, dict):
+                yield number, None, "a task must be a JSON object"
+            elif not isinstance(task.get("prompt"), str) or not task["prompt"].strip():
+                yield number, None, "needs a non-empty string field 'prompt'"
+            elif task.get("mode", "compare") not in MODES:
+                yield number, None, f"mode must be one of {', '.join(MODES)}"
+            else:
+                yield number, task, None
+
+
+def finished_ids(out: Path) -> set[str]:
+    """Ids already recorded in the output; a torn last line (crash mid-write) is cut off first."""
+    if not out.exists():
+        return set()
+    data = out.read_bytes()
+    keep = data.rfind(b"\n") + 1  # everything after the last newline is a partial line
+    if keep != len(data):
+        with out.open("r+b") as f:
+            f.truncate(keep)
+    ids = set()
+    for line in data[:keep].decode("utf-8").splitlines():
+        if line.strip():
+            ids.add(str(json.loads(line)["id"]))
+    return ids
+
+
+def run_task(lm: LoadedModel, task: dict) -> dict:
+    """One task through the same engine, perplexity and Deep Think code as the UI and CLI."""
+    mode = task.get("mode", "compare")
+    strategy = task.get("strategy", "residual")
+    params = task.get("params", {})
+    if mode == "compare":
+        from feedback.engine import Engine
+        from feedback.records import RunConfig, default_rows
+        from feedback.sampling import SamplingConfig
+
+        cfg = RunConfig(prompt=task["prompt"], model=lm.name, max_new_tokens=task.get("max_new_tokens", 128),
+                        seed=task.get("seed", 0), chat_template=task.get("chat_template", True),
+                        sampling=SamplingConfig(**{k: task[k] for k in SAMPLING_KEYS if k in task}),
+                        rows=default_rows(strategy, params))
+        return Engine(lm).run(cfg).to_dict()
+    if mode == "ppl":
+        from feedback.perplexity import PPLConfig, evaluate
+
+        return evaluate(lm, [corpus.Document(str(task.get("id", "text")), task["prompt"])],
+                        PPLConfig(strategy, params, task.get("ppl_mode"), bootstrap=task.get("bootstrap", 1000)))
+    from feedback.deepthink import DeepThinkConfig, deep_think
+
+    fields = DeepThinkConfig.__dataclass_fields__
+    return deep_think(lm, DeepThinkConfig(**{k: v for k, v in task.items() if k in fields and k != "mode"}))
+
+
+def _append(f, record: dict) -> None:
+    f.write(json.dumps(record) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def run_batch(lm: LoadedModel, input_path: str | Path, output_path: str | Path, retries: int = 1,
+              shard: tuple[int, int] = (0, 1), warn: Callable[[str], None] = print,
+              progress: Callable[[int, int, float], None] | None = None) -> dict:
+    """Run every task of this shard not yet in the output; return a summary."""
+    if retries < 0:
+        raise FeedbackError(f"retries must be >= 0, got {retries}")
+    rank, world = shard
+    out = Path(output_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = finished_ids(out)
+    tasks = [(n, t, p) for i, (n, t, p) in enumerate(read_tasks(input_path)) if i % world == rank]
+    todo = [(n, t, p) for n, t, p in tasks if str((t or {}).get("id", f"line{n}")) not in done]
+    summary = {"tasks": len(tasks), "skipped": len(tasks) - len(todo), "ok": 0, "error": 0, "invalid": 0}
+    started = time.perf_counter()
+    with out.open("a", encoding="utf-8") as f:
+        for i, (number, task, problem) in enumerate(todo):
+            task_id = str((task or {}).get("id", f"line{number}"))
+            if problem:
+                warn(f"{input_path}:{number}: {problem}")
+                _append(f, {"id": task_id, "line": number, "status": "invalid", "error": problem})
+                summary["invalid"] += 1
+                continue
+            record = {"id": task_id, "line": number, "mode": task.get("mode", "compare")}
+            for attempt in range(1, retries + 2):
+                t0 = time.perf_counter()
+                try:
+                    result = run_task(lm, task)
+                except Exception as exc:  # recorded, retried, never fatal for the batch
+                    record |= {"status": "error", "error": f"{type(exc).__name__}: {exc}", "attempts": attempt}
+                    continue
+                record |= {"status": "ok", "attempts": attempt, "result": result}
+                record.pop("error", None)
+                break
+            record |= {"seconds": time.perf_counter() - t0, "peak_rss_mb": memory.sample().rss_mb}
+            _append(f, record)
+            summary[record["status"]] += 1
+            if progress:
+                progress(i + 1, len(todo), time.perf_counter() - started)
+    summary["seconds"] = time.perf_counter() - started
+    return summary
+
+
+def summary_line(summary: dict) -> str:
+    return (f"{summary['tasks']} tasks: {summary['ok']} ok, {summary['error']} failed, {summary['invalid']} "
+            f"invalid, {summary['skipped']} already done ({summary['seconds']:.1f} s)")
+
