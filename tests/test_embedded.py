@@ -57,7 +57,9 @@ def _assert_complete(folder: Path) -> None:
     assert _has_chat_template(folder)
     meta = json.loads((folder / "feedback-cache.json").read_text())
     gguf = embedded.find_gguf()
-    assert meta["source"] == str(gguf)
+    # The cache is shared by every virtualenv on the machine (keyed by file name and size), so the
+    # recorded source may be another venv's copy of the same file.
+    assert Path(meta["source"]).name == gguf.name
     assert meta["size"] == gguf.stat().st_size
 
 
