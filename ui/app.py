@@ -379,7 +379,10 @@ class FeedbackLensApp:
                             [prompt, chat, strategy, temperature, top_p, seed, window, k, max_new, eta_preset, eta,
                              warmup, *self.controls.components], [thr_mode, thr, calib_plot, calib_note],
                             api_name="calibrate", concurrency_id="model", concurrency_limit=1)
-            stop.click(self.stop, None, status, api_name="stop", concurrency_limit=None,
+            # The acknowledgement goes to a hidden box, not the status line: it can arrive after the
+            # generator's final "Done" and would overwrite it.
+            stop_ack = gr.Textbox(visible=False)
+            stop.click(self.stop, None, stop_ack, api_name="stop", concurrency_limit=None,
                        cancels=[gen_event] if ZEROGPU else None)
             timer.tick(self.tick, mem, [mem, mem_plot], api_name="memory", concurrency_limit=None,
                        show_progress="hidden")
