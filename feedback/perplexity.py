@@ -193,8 +193,10 @@ def paired_bootstrap(diffs: list[np.ndarray], resamples: int, seed: int) -> tupl
 
 
 def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
-             progress: Callable[[int, int, str], None] | None = None, baseline_cache: dict | None = None) -> dict:
-    """Baseline and feedback perplexity over documents, with ΔPPL % and its paired 95% CI."""
+             progress: Callable[[int, int, str], None] | None = None, baseline_cache: dict | None = None,
+             token_detail: bool = False) -> dict:
+    """Baseline and feedback perplexity over documents, with ΔPPL % and its paired 95% CI.
+    With `token_detail`, each per-document entry also holds its tokens and both per-token NLLs."""
     cfg.validate(lm.context_length)
     mode = cfg.resolved_mode()
     if cfg.strategy:
@@ -210,6 +212,10 @@ def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
             continue
         base, fb = token_nlls(lm, ids, cfg, baseline_cache)
         entry = {"name": doc.name, "tokens": int(base.size), "baseline_ppl": float(np.exp(base.mean()))}
+        if token_detail:
+            entry |= {"token_texts": [lm.tokenizer.decode([t]) for t in ids[1:]], "baseline_nll": base.tolist()}
+            if fb is not None:
+                entry["feedback_nll"] = fb.tolist()
         if fb is not None:
             entry["feedback_ppl"] = float(np.exp(fb.mean()))
             entry["delta_pct"] = 100.0 * (entry["feedback_ppl"] / entry["baseline_ppl"] - 1.0)
@@ -248,16 +254,12 @@ def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
     return result
 
 
-def surprise_diff(lm: LoadedModel, text: str, cfg: PPLConfig) -> dict:
-    """Per-token detail for one text (the UI's surprise chart): tokens, both NLLs, and totals."""
-    ids = lm.tokenizer(text)["input_ids"]
-    if len(ids) < 2:
-        raise FeedbackError("the text needs at least 2 tokens")
-    cfg.validate(lm.context_length)
-    base, fb = token_nlls(lm, ids, cfg)
-    pieces = [lm.tokenizer.decode([t]) for t in ids[1:]]
-    out = {"tokens": pieces, "baseline_nll": base.tolist(), "mode": cfg.resolved_mode(),
-           "baseline_ppl": float(np.exp(base.mean()))}
-    if fb is not None:
-        out |= {"feedback_nll": fb.tolist(), "feedback_ppl": float(np.exp(fb.mean()))}
+def surprise_diff(result: dict) -> dict:
+    """Per-token detail of the first document of an `evaluate(..., token_detail=True)` result (the
+    UI's surprise chart): tokens, both NLLs, and both perplexities."""
+    doc = result["per_doc"][0]
+    out = {"tokens": doc["token_texts"], "baseline_nll": doc["baseline_nll"], "mode": result["mode"],
+           "baseline_ppl": doc["baseline_ppl"]}
+    if "feedback_nll" in doc:
+        out |= {"feedback_nll": doc["feedback_nll"], "feedback_ppl": doc["feedback_ppl"]}
     return out

@@ -88,10 +88,15 @@ def test_bad_ppl_configs(tiny_lm, cfg, message):
 
 
 def test_surprise_diff_aligns_tokens_and_nlls(tiny_lm):
-    out = surprise_diff(tiny_lm, TEXT, PPLConfig("anchor", {"alpha": 0.4, "prompt_tokens": 4}))
-    assert len(out["tokens"]) == len(out["baseline_nll"]) == len(out["feedback_nll"])
+    cfg = PPLConfig("anchor", {"alpha": 0.4, "prompt_tokens": 4}, bootstrap=0)
+    res = evaluate(tiny_lm, [corpus.Document("t", TEXT)], cfg, token_detail=True)
+    out = surprise_diff(res)
+    assert len(out["tokens"]) == len(out["baseline_nll"]) == len(out["feedback_nll"]) == res["tokens"]
+    base, fb = token_nlls(tiny_lm, tiny_lm.tokenizer(TEXT)["input_ids"], cfg)
+    assert np.allclose(out["baseline_nll"], base) and np.allclose(out["feedback_nll"], fb)
+    assert out["feedback_ppl"] == pytest.approx(res["feedback_ppl"])
     with pytest.raises(FeedbackError, match="at least 2 tokens"):
-        surprise_diff(tiny_lm, "", PPLConfig())
+        evaluate(tiny_lm, [corpus.Document("t", "")], cfg, token_detail=True)
 
 
 def test_builtin_split_is_deterministic_and_disjoint():

@@ -146,14 +146,15 @@ class LabTabs:
             max_n = parse_number(max_docs, "max documents", integer=True, lo=1, hi=1000)
             docs = load_documents(source, text, upload, max_n)
             cfg.validate(lm.context_length)
+            pasted = source == "pasted text"
             for item in in_background(lambda report: evaluate(
-                    lm, docs, cfg, progress=lambda i, n, name: report((i, n, name)))):
+                    lm, docs, cfg, progress=lambda i, n, name: report((i, n, name)), token_detail=pasted)):
                 if isinstance(item, Finished):
                     res = item.result
                 else:
                     done, total, name = item
                     yield f"Scoring… document {done} of {total} ({escape(name)})", skip, skip, skip, skip
-            detail = surprise_diff(lm, docs[0].text, cfg) if source == "pasted text" else None
+            detail = surprise_diff(res) if pasted else None
         except FeedbackError as exc:
             raise gr.Error(str(exc)) from None
         table = [[d["name"], d["tokens"], round(d["baseline_ppl"], 3), round(d.get("feedback_ppl", math.nan), 3),

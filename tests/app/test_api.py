@@ -1,7 +1,6 @@
 """The app's named API endpoints, called with gradio_client against the app running in-process."""
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
