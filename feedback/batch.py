@@ -5,6 +5,9 @@ SIGKILL) loses at most the task in flight. Rerunning with the same output skips 
 there (a torn last line from a crash is cut off first), so nothing is duplicated. A failing task is
 retried up to `retries` times, then recorded as an error line and the run goes on. Malformed input
 lines are reported with their line number and recorded as `invalid` lines.
+
+Under a launcher (accelerate, torchrun, MPI) each of N processes takes every N-th task and appends
+to its own `OUTPUT.partRANK`; `merge` then joins the parts in input order.
 """
 from __future__ import annotations
 
@@ -46,20 +49,34 @@ def read_tasks(path: str | Path) -> Iterator[tuple[int, dict | None, str | None]
                 yield number, task, None
 
 
-def finished_ids(out: Path) -> set[str]:
-    """Ids already recorded in the output; a torn last line (crash mid-write) is cut off first."""
-    if not out.exists():
-        return set()
-    data = out.read_bytes()
-    keep = data.rfind(b"\n") + 1  # everything after the last newline is a partial line
-    if keep != len(data):
-        with out.open("r+b") as f:
-            f.truncate(keep)
-    ids = set()
-    for line in data[:keep].decode("utf-8").splitlines():
-        if line.strip():
-            ids.add(str(json.loads(line)["id"]))
-    return ids
+def _records(path: Path) -> list[dict]:
+    """Complete lines of a results file; a torn last line (a crash mid-write) is left out."""
+    data = path.read_bytes()
+    data = data[:data.rfind(b"\n") + 1]
+    return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+
+
+def part_path(output: str | Path, rank: int) -> Path:
+    """The file rank `rank` of a sharded run appends to, beside the final output."""
+    output = Path(output)
+    return output.with_name(f"{output.name}.part{rank}")
+
+
+def part_files(output: str | Path) -> list[Path]:
+    output = Path(output)
+    parts = [p for p in output.parent.glob(f"{output.name}.part*") if p.name[len(output.name) + 5:].isdigit()]
+    return sorted(parts, key=lambda p: int(p.name[len(output.name) + 5:]))
+
+
+def finished_ids(out: Path, others: list[Path] = ()) -> set[str]:
+    """Ids recorded in `out` or in `others`; a torn last line of `out` (crash mid-write) is cut off first."""
+    if out.exists():
+        data = out.read_bytes()
+        keep = data.rfind(b"\n") + 1  # everything after the last newline is a partial line
+        if keep != len(data):
+            with out.open("r+b") as f:
+                f.truncate(keep)
+    return {str(r["id"]) for path in [out, *others] if path.exists() for r in _records(path)}
 
 
 def run_task(lm: LoadedModel, task: dict) -> dict:
@@ -101,9 +118,11 @@ def run_batch(lm: LoadedModel, input_path: str | Path, output_path: str | Path, 
     if retries < 0:
         raise FeedbackError(f"retries must be >= 0, got {retries}")
     rank, world = shard
-    out = Path(output_path)
+    final = Path(output_path)
+    out = part_path(final, rank) if world > 1 else final
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = finished_ids(out)
+    # Ids finished by any earlier run, sharded or not and whatever its process count, are skipped.
+    done = finished_ids(out, [p for p in [final, *part_files(final)] if p != out])
     tasks = [(n, t, p) for i, (n, t, p) in enumerate(read_tasks(input_path)) if i % world == rank]
     todo = [(n, t, p) for n, t, p in tasks if str((t or {}).get("id", f"line{n}")) not in done]
     summary = {"tasks": len(tasks), "skipped": len(tasks) - len(todo), "ok": 0, "error": 0, "invalid": 0}
@@ -133,7 +152,41 @@ def run_batch(lm: LoadedModel, input_path: str | Path, output_path: str | Path, 
             if progress:
                 progress(i + 1, len(todo), time.perf_counter() - started)
     summary["seconds"] = time.perf_counter() - started
+    summary["output"] = str(out)
     return summary
+
+
+def merge(output: str | Path) -> dict:
+    """Join `output` and its part files into `output`, in input-line order, one record per id.
+
+    Where a task appears twice (a rerun with another process count), a success beats an error.
+    Written to a temporary file and renamed, so a crash leaves the parts intact; parts are then removed.
+    With no parts (the run had one process) the output is left as it is."""
+    final = Path(output)
+    parts = part_files(final)
+    if not parts:
+        if final.exists():  # an unsharded run (one process) already wrote the whole output
+            return {"records": len(_records(final)), "parts": 0, "duplicates": 0, "output": str(final)}
+        raise FeedbackError(f"neither {final} nor its part files ({final.name}.part0, ...) exist")
+    best: dict[str, dict] = {}
+    seen = 0
+    for path in [final, *parts] if final.exists() else parts:
+        for record in _records(path):
+            seen += 1
+            key = str(record["id"])
+            if key not in best or (best[key].get("status") != "ok" and record.get("status") == "ok"):
+                best[key] = record
+    records = sorted(best.values(), key=lambda r: (r.get("line", 0), str(r["id"])))
+    tmp = final.with_name(final.name + ".merging")
+    with tmp.open("w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    for path in parts:
+        path.unlink()
+    return {"records": len(records), "parts": len(parts), "duplicates": seen - len(records), "output": str(final)}
 
 
 def summary_line(summary: dict) -> str:

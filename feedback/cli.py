@@ -1,4 +1,4 @@
-"""Command line: python -m feedback {generate, ppl, sweep, deepthink, bench, prepare}."""
+"""Command line: python -m feedback {generate, ppl, sweep, deepthink, batch, merge, bench, prepare}."""
 from __future__ import annotations
 
 import argparse
@@ -24,9 +24,42 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
+def _max_memory(text: str) -> dict:
+    """`0=20GiB,1=20GiB,cpu=64GiB` -> {0: "20GiB", 1: "20GiB", "cpu": "64GiB"} (accelerate's max_memory)."""
+    out: dict = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        device, sep, amount = item.partition("=")
+        device, amount = device.strip(), amount.strip()
+        if not sep or not amount or not (device.isdigit() or device in ("cpu", "disk", "mps")):
+            raise argparse.ArgumentTypeError(f"--max-memory expects DEVICE=AMOUNT,... (e.g. 0=20GiB,cpu=64GiB), "
+                                             f"got {item!r}")
+        out[int(device) if device.isdigit() else device] = amount
+    return out
+
+
 def _add_model_args(p) -> None:
     p.add_argument("--model", default="embedded", help="embedded | hub id | local folder | file.gguf")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    g = p.add_argument_group("large models")
+    g.add_argument("--device-map", default=None, help="e.g. auto: spread layers over GPUs, then CPU (accelerate)")
+    g.add_argument("--max-memory", type=_max_memory, default=None, metavar="DEV=AMOUNT,...",
+                   help="memory cap per device for --device-map, e.g. 0=20GiB,1=20GiB,cpu=64GiB")
+    quant = g.add_mutually_exclusive_group()
+    quant.add_argument("--load-in-4bit", action="store_true", help="bitsandbytes NF4 weights (CUDA only)")
+    quant.add_argument("--load-in-8bit", action="store_true", help="bitsandbytes int8 weights (CUDA only)")
+    g.add_argument("--trust-remote-code", action="store_true", help="run the model repository's own code")
+
+
+def _load(args, device: str = "auto"):
+    """The one model loader, with every model flag of the command line."""
+    from feedback.model import load_model
+
+
+    if args.max_memory and not args.device_map:
+        raise FeedbackError("--max-memory needs --device-map (e.g. --device-map auto)")
+    return load_model(args.model, dtype=args.dtype, device=device, device_map=args.device_map,
+                      max_memory=args.max_memory, load_in_4bit=args.load_in_4bit, load_in_8bit=args.load_in_8bit,
+                      trust_remote_code=args.trust_remote_code)
 
 
 def _add_strategy_args(p, default: str | None, required: bool = False) -> None:
@@ -52,13 +85,11 @@ def _add_generate(sub) -> None:
     p.add_argument("--k", type=int, default=20, help="DeepConf top-k for token confidence")
     p.add_argument("--window", type=int, default=32, help="DeepConf group window (tokens)")
     p.add_argument("--threshold", type=float, default=None, help="early-stop group-confidence threshold")
-    p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--json", action="store_true", help="print one RunResult JSON object")
 
 
 def _generate(args) -> int:
     from feedback.engine import Engine
-    from feedback.model import load_model
     from feedback.records import DeepConfConfig, RunConfig, default_rows
     from feedback.sampling import SamplingConfig
     from feedback.strategies import get_strategy
@@ -71,7 +102,7 @@ def _generate(args) -> int:
         deepconf=DeepConfConfig(args.k, args.window, args.threshold),
         rows=default_rows(args.strategy, dict(args.param)),
     ).validate()
-    lm = load_model(args.model, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    lm = _load(args)
     engine = Engine(lm)
     if args.json:
         print(engine.run(config).to_json())
@@ -117,7 +148,6 @@ def _progress(done: int, total: int, name: str) -> None:
 
 def _ppl(args) -> int:
     from feedback import corpus
-    from feedback.model import load_model
     from feedback.perplexity import evaluate
 
     warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
@@ -128,7 +158,7 @@ def _ppl(args) -> int:
 
         get_strategy(args.strategy)
     cfg.resolved_mode()
-    lm = load_model(args.model, dtype=args.dtype)
+    lm = _load(args)
     result = evaluate(lm, docs, cfg, progress=None if args.json else _progress)
     result["data"] = args.data
     text = json.dumps(result, indent=2)
@@ -152,7 +182,6 @@ def _ppl(args) -> int:
 
 def _sweep(args) -> int:
     from feedback import corpus
-    from feedback.model import load_model
     from feedback.strategies import build_strategy
     from feedback.sweep import parse_grid, run_sweep, to_csv
 
@@ -161,7 +190,7 @@ def _sweep(args) -> int:
     fixed = dict(args.param)
     cfg = _ppl_config(args, fixed)
     cfg.resolved_mode()
-    lm = load_model(args.model, dtype=args.dtype)
+    lm = _load(args)
     grid = parse_grid(args.grid, args.strategy, lm.num_layers)
     build_strategy(args.strategy, fixed, lm.num_layers)
     names = list(grid)
@@ -205,14 +234,13 @@ def _deepthink_config(args, prompt: str):
 
 def _deepthink(args) -> int:
     from feedback.deepthink import accuracy, deep_think, load_questions
-    from feedback.model import load_model
     from feedback.strategies import get_strategy
 
     if (args.prompt is None) == (args.questions is None):
         raise FeedbackError("give either --prompt TEXT or --questions FILE.jsonl")
     get_strategy(args.strategy)
     questions = load_questions(args.questions) if args.questions else None
-    lm = load_model(args.model, dtype=args.dtype)
+    lm = _load(args)
     if questions is not None:
         base = _deepthink_config(args, "")
         for warning in base.validate(lm.num_layers):
@@ -250,21 +278,51 @@ def _deepthink(args) -> int:
     return 0
 
 
+def _launcher_shard() -> tuple[int, int, str]:
+    """(rank, processes, device) under accelerate launch, torchrun or MPI; (0, 1, "auto") when run plainly."""
+    import os
+
+    if not any(os.environ.get(k) for k in ("WORLD_SIZE", "LOCAL_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE",
+                                           "MV2_COMM_WORLD_SIZE", "ACCELERATE_USE_CPU")):
+        return 0, 1, "auto"
+    import torch
+    from accelerate import PartialState
+
+    cpu = not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    state = PartialState(cpu=cpu)
+    return state.process_index, state.num_processes, str(state.device)
+
+
 def _batch(args) -> int:
     from feedback.batch import run_batch, summary_line
-    from feedback.model import load_model
 
-    lm = load_model(args.model, dtype=args.dtype)
+    rank, world, device = _launcher_shard()
+    tag = f"[rank {rank}/{world}] " if world > 1 else ""
+    lm = _load(args, device=device if args.device_map is None else "auto")
 
     def progress(done: int, total: int, elapsed: float) -> None:
         rate = done / elapsed if elapsed > 0 else 0.0
         eta = (total - done) / rate if rate > 0 else float("nan")
-        print(f"\r  [{done}/{total}] {rate:.2f} tasks/s, ETA {eta:.0f} s", end="" if done < total else "\n",
-              file=sys.stderr, flush=True)
+        end = "\n" if world > 1 or done == total else ""  # ranks share stderr: whole lines only
+        print(f"\r  {tag}[{done}/{total}] {rate:.2f} tasks/s, ETA {eta:.0f} s", end=end, file=sys.stderr, flush=True)
 
-    summary = run_batch(lm, args.input, args.output, args.retries,
-                        warn=lambda msg: print(f"warning: {msg}", file=sys.stderr), progress=progress)
-    print(summary_line(summary))
+    summary = run_batch(lm, args.input, args.output, args.retries, shard=(rank, world),
+                        warn=lambda msg: print(f"warning: {tag}{msg}", file=sys.stderr), progress=progress)
+    print(tag + summary_line(summary))
+    if world > 1:
+        print(f"{tag}wrote {summary['output']}; once every rank is done: python -m feedback merge {args.output}")
+    return 0
+
+
+def _merge(args) -> int:
+    from feedback.batch import merge
+
+    res = merge(args.output)
+    if not res["parts"]:
+        print(f"no part files: {res['output']} already holds all {res['records']} results")
+        return 0
+    print(f"merged {res['parts']} part files into {res['output']}: {res['records']} results"
+          + (f" ({res['duplicates']} duplicates dropped)" if res["duplicates"] else ""))
     return 0
 
 
@@ -338,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="JSONL results; rerun with the same file to resume")
     _add_model_args(p)
     p.add_argument("--retries", type=int, default=1, help="retries of a failing task before it is recorded")
+    p = sub.add_parser("merge", help="join the part files of a sharded batch run (accelerate launch) in task order")
+    p.add_argument("output", help="the OUTPUT given to batch; OUTPUT.part0, OUTPUT.part1, ... are joined into it")
     p = sub.add_parser("bench", help="engine speed ratios on the embedded model (SPEC §7)")
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per measurement")
     p.add_argument("--repeats", type=int, default=3, help="repeats per measurement (the median is kept)")
@@ -350,7 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"generate": _generate, "prepare": _prepare, "bench": _bench, "ppl": _ppl,
-               "sweep": _sweep, "deepthink": _deepthink, "batch": _batch}[args.command]
+               "sweep": _sweep, "deepthink": _deepthink, "batch": _batch,
+               "merge": _merge}[args.command]
     try:
         return handler(args)
     except FeedbackError as exc:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from feedback.batch import finished_ids, read_tasks, run_batch
+from feedback.batch import finished_ids, merge, part_files, read_tasks, run_batch
+from feedback.errors import FeedbackError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,3 +79,68 @@ def test_sigkill_mid_run_then_resume_gives_one_line_per_task(tmp_path):
     ids = [r["id"] for r in _lines(out)]
     assert sorted(ids) == sorted(f"t{i}" for i in range(n)) and len(ids) == n
     assert "already done" in done.stdout
+
+
+def test_shards_split_the_tasks_resume_across_process_counts_and_merge_in_order(tiny_lm, tmp_path):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_tasks(inp, 5)
+    first = run_batch(tiny_lm, inp, out, shard=(0, 2))
+    assert first["tasks"] == 3 and first["output"] == str(out) + ".part0" and not out.exists()
+    assert [r["id"] for r in _lines(out.with_name("out.jsonl.part0"))] == ["t0", "t2", "t4"]
+    # A rerun with another process count skips what any part already holds.
+    rest = run_batch(tiny_lm, inp, out)
+    assert rest["skipped"] == 3 and rest["ok"] == 2 and [r["id"] for r in _lines(out)] == ["t1", "t3"]
+    assert merge(out) == {"records": 5, "parts": 1, "duplicates": 0, "output": str(out)}
+    assert [r["id"] for r in _lines(out)] == [f"t{i}" for i in range(5)] and not part_files(out)
+    assert merge(out)["parts"] == 0 and len(_lines(out)) == 5  # nothing left to merge: output untouched
+
+
+def test_merge_prefers_a_success_and_drops_torn_lines(tmp_path):
+    out = tmp_path / "o.jsonl"
+    out.with_name("o.jsonl.part0").write_text('{"id": "b", "line": 2, "status": "error"}\n{"id": "a", "line": 1, "status": "ok"}\n')
+    out.with_name("o.jsonl.part1").write_text('{"id": "b", "line": 2, "status": "ok"}\n{"id": "c", "li')
+    out.with_name("o.jsonl.partial").write_text("not a part file")
+    assert merge(out)["duplicates"] == 1
+    assert [(r["id"], r["status"]) for r in _lines(out)] == [("a", "ok"), ("b", "ok")]
+    assert out.with_name("o.jsonl.partial").exists()
+    with pytest.raises(FeedbackError, match="neither"):
+        merge(tmp_path / "missing.jsonl")
+
+
+def _accelerate(args: list[str], inp: Path, out: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *args, "-m", "feedback", "batch", str(inp), str(out)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_accelerate_launch_two_processes_shards_then_merge_joins_in_order(tmp_path):
+    # accelerate 1.15 starts N CPU processes through torchrun with --multi_gpu (gloo on a CPU-only machine);
+    # with --cpu it starts one process unless an MPI hostfile is given (accelerate issue #2741).
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_tasks(inp, 6)
+    run = _accelerate(["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                       "--dynamo_backend", "no", "--main_process_port", "0"], inp, out)
+    assert run.returncode == 0, run.stderr[-3000:]
+    parts = part_files(out)
+    assert [p.name for p in parts] == ["out.jsonl.part0", "out.jsonl.part1"]
+    assert [r["id"] for r in _lines(parts[0])] == ["t0", "t2", "t4"]
+    assert [r["id"] for r in _lines(parts[1])] == ["t1", "t3", "t5"]
+    assert "[rank 1/2]" in run.stdout
+    again = _accelerate(["--multi_gpu", "--num_processes", "2", "--main_process_port", "0"], inp, out)
+    assert again.returncode == 0 and again.stdout.count("3 already done") == 2  # resume: nothing rerun
+    merged = subprocess.run([sys.executable, "-m", "feedback", "merge", str(out)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert merged.returncode == 0 and "merged 2 part files" in merged.stdout
+    rows = _lines(out)
+    assert [r["id"] for r in rows] == [f"t{i}" for i in range(6)] and all(r["status"] == "ok" for r in rows)
+
+
+def test_accelerate_launch_cpu_then_merge_gives_every_task_once(tmp_path):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_tasks(inp, 4)
+    run = _accelerate(["--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                       "--dynamo_backend", "no"], inp, out)
+    assert run.returncode == 0, run.stderr[-3000:]
+    merged = subprocess.run([sys.executable, "-m", "feedback", "merge", str(out)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert merged.returncode == 0, merged.stderr
+    assert [r["id"] for r in _lines(out)] == [f"t{i}" for i in range(4)] and not part_files(out)

@@ -53,6 +53,10 @@ def test_generate_text_output_labels_both_rows():
     (["--prompt", "hi", "--model", "./no/such/folder"], "model path not usable"),
     (["--prompt", "hi", "--model", "missing.gguf"], "GGUF file not found"),
     (["--prompt", "word " * 9000], "exceeds the model context"),
+    (["--prompt", "hi", "--load-in-4bit"], "needs a CUDA GPU"),
+    (["--prompt", "hi", "--load-in-4bit", "--load-in-8bit"], "not allowed with argument"),
+    (["--prompt", "hi", "--max-memory", "0=10GiB"], "--max-memory needs --device-map"),
+    (["--prompt", "hi", "--device-map", "auto", "--max-memory", "gpu0:10"], "--max-memory expects DEVICE=AMOUNT"),
 ])
 def test_bad_input_exits_nonzero_with_one_line(args, message):
     out = cli("generate", *args)
@@ -148,3 +152,10 @@ def test_deepthink_cli_json_and_bad_input(tmp_path):
     warn = cli("deepthink", "--prompt", "Say hi.", "--traces", "1", "--warmup", "1", "--max-new-tokens", "4",
                "--window", "8")
     assert warn.returncode == 0 and "no early stop can happen" in warn.stderr
+
+
+def test_device_map_with_a_memory_cap_loads_through_the_same_loader():
+    out = cli("generate", "--prompt", "Hi", "--max-new-tokens", "4", "--device-map", "auto",
+              "--max-memory", "cpu=2GiB", "--json")
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)["rows"][0]["token_ids"]) == 4
