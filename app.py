@@ -2,6 +2,7 @@
 
 Host, port, share and auth come from flags or the usual GRADIO_* variables; the model allowlist
 from --models or FEEDBACK_MODELS (the first entry is the default; `embedded` is SmolLM2-135M).
+The HTTP API is served at /api (keys and limits from the FEEDBACK_API_* variables).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def ensure_embedded_model() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ensure_embedded_model()
+    from feedback.api import ApiSettings, api_routes
     from feedback.errors import FeedbackError
     from feedback.model import ModelPool
     from ui.app import FeedbackLensApp
@@ -58,12 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pool = ModelPool([m.strip() for m in args.models.split(",") if m.strip()])
         demo = FeedbackLensApp(pool).build()
+        routes = api_routes(pool, ApiSettings.from_env())
     except FeedbackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     demo.queue(max_size=args.queue_size, default_concurrency_limit=1)
+    # The HTTP API (/api) is its own app mounted in Gradio's server: same process, model pool and
+    # model line as the page; Gradio's UI auth does not cover it, FEEDBACK_API_KEYS does.
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, auth=auth, css=CSS,
-                footer_links=["api", "gradio"])
+                footer_links=["api", "gradio"], app_kwargs={"routes": routes})
     return 0
 
 

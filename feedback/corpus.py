@@ -10,6 +10,7 @@ from pathlib import Path
 from feedback.errors import FeedbackError
 
 MAX_FILE_BYTES = 50_000_000
+SERVED_TEXT_MAX_CHARS = 200_000  # pasted text (UI) and request text (API) on a shared server
 
 
 @dataclass

@@ -12,6 +12,7 @@ from torch import nn
 
 from feedback import embedded
 from feedback.errors import FeedbackError
+from feedback.gate import Gate
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Measured with `python -m feedback bench --dtypes` on the 2-core dev CPU (README, Performance): bf16
@@ -227,11 +228,13 @@ def load_model(
 class ModelPool:
     """Loaded models by name, restricted to an allowlist; keeps at most `capacity` in memory.
 
-    Shared by the UI and API so one process loads each model once. Loading is serialised."""
+    Shared by the UI and API so one process loads each model once. Loading is serialised; runs
+    take a slot of `gate` first."""
 
-    def __init__(self, allowlist: list[str], capacity: int = 1, **load_kwargs):
+    def __init__(self, allowlist: list[str], capacity: int = 1, concurrency: int = 1, **load_kwargs):
         if not allowlist:
             raise FeedbackError("the model allowlist is empty")
+        self.gate = Gate(concurrency)  # one line for all model work of this process, UI and API alike
         self.allowlist = list(dict.fromkeys(allowlist))
         self.capacity = max(1, capacity)
         self.load_kwargs = load_kwargs
@@ -252,6 +255,11 @@ class ModelPool:
                     self._models.pop(next(iter(self._models)))
                 self._models[name] = load_model(name, **self.load_kwargs)
             return self._models[name]
+
+    def loaded(self) -> dict[str, LoadedModel]:
+        """The models in memory now, by name."""
+        with self._lock:
+            return dict(self._models)
 
 
 def allowlist_from_env(default: str = embedded.EMBEDDED_NAME) -> list[str]:

@@ -11,7 +11,9 @@ from feedback.errors import FeedbackError
 from feedback.sampling import SamplingConfig
 
 MAX_NEW_TOKENS_CAP = 4096
+SERVED_MAX_NEW_TOKENS = 1024  # the UI's and the HTTP API's cap: shared servers bound a run's length
 MAX_ROWS = 64
+MAX_PROMPT_CHARS = 100_000  # checked before tokenising, so a huge prompt costs nothing
 
 
 @dataclass
@@ -65,6 +67,8 @@ class RunConfig:
     def validate(self) -> "RunConfig":
         if not isinstance(self.prompt, str) or not self.prompt.strip():
             raise FeedbackError("prompt is empty")
+        if len(self.prompt) > MAX_PROMPT_CHARS:
+            raise FeedbackError(f"prompt is limited to {MAX_PROMPT_CHARS} characters, got {len(self.prompt)}")
         if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP:
             raise FeedbackError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS_CAP}], "
                                 f"got {self.max_new_tokens!r}")

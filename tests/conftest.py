@@ -39,6 +39,7 @@ def app_url(embedded_lm):
     """The real app on the embedded model, launched in-process on a free local port."""
     import socket
 
+    from feedback.api import ApiSettings, api_routes
     from feedback.model import ModelPool
     from ui.app import FeedbackLensApp
     from ui.render import CSS
@@ -51,6 +52,6 @@ def app_url(embedded_lm):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, css=CSS,
-                            quiet=True)
+                            quiet=True, app_kwargs={"routes": api_routes(pool, ApiSettings())})
     yield url
     demo.close()

@@ -19,7 +19,7 @@ from feedback import memory
 from feedback.engine import Engine
 from feedback.errors import FeedbackError
 from feedback.model import ModelPool
-from feedback.records import DeepConfConfig, RowSpec, RunConfig, RunResult
+from feedback.records import SERVED_MAX_NEW_TOKENS, DeepConfConfig, RowSpec, RunConfig, RunResult
 from feedback.sampling import SamplingConfig
 from feedback.strategies import REGISTRY
 from ui import charts, history, render
@@ -30,7 +30,7 @@ from ui.lab import LabTabs
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CHART_INTERVAL_S = 0.25  # charts at most ~4 times a second; text goes out every step
 MEMORY_POINTS = 600
-UI_MAX_NEW_TOKENS = 1024
+UI_MAX_NEW_TOKENS = SERVED_MAX_NEW_TOKENS
 
 try:  # ZeroGPU on Hugging Face Spaces: the decorated function gets the GPU; elsewhere a no-op.
     import spaces
@@ -367,7 +367,7 @@ class FeedbackLensApp:
                               seed, k, window, thr_mode, thr, mem, *self.controls.components]
             compare_outputs = [base_html, fb_html, base_stats, fb_stats, conf_plot, mem_plot, status, run_json,
                                last, mem, generate, stop]
-            compare = with_named_params(self.compare, self.controls)
+            compare = with_named_params(self.compare, self.controls, self.pool.gate)
             gen_event = generate.click(compare, compare_inputs, compare_outputs, api_name="compare",
                                        concurrency_id="model", concurrency_limit=1, show_progress="minimal")
             gen_event.then(self.record, [hist, last], hist, api_name=False)
@@ -375,7 +375,7 @@ class FeedbackLensApp:
                                          concurrency_id="model", concurrency_limit=1, show_progress="minimal")
             submit_event.then(self.record, [hist, last], hist, api_name=False)
             self.deepthink.compare_controls = self.controls
-            calibrate.click(with_named_params(self.deepthink.calibrate, self.controls),
+            calibrate.click(with_named_params(self.deepthink.calibrate, self.controls, self.pool.gate),
                             [prompt, chat, strategy, temperature, top_p, seed, window, k, max_new, eta_preset, eta,
                              warmup, *self.controls.components], [thr_mode, thr, calib_plot, calib_note],
                             api_name="calibrate", concurrency_id="model", concurrency_limit=1)

@@ -1,6 +1,7 @@
 """Gradio controls generated from a strategy's parameter schema, and reading their values back."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from feedback.errors import FeedbackError
+from feedback.gate import Gate
 from feedback.strategies import REGISTRY
 
 
@@ -88,9 +90,10 @@ def build_strategy_controls(num_layers: int, selected: str, prefix: str = "param
     return StrategyControls(groups, components, keys)
 
 
-def with_named_params(fn, controls: StrategyControls):
+def with_named_params(fn, controls: StrategyControls, gate: Gate | None = None):
     """Wrap a handler `fn(fixed..., *param_values, request=None)` so that its API signature names
-    every strategy control (`residual_alpha`, ...) instead of anonymous positions."""
+    every strategy control (`residual_alpha`, ...) instead of anonymous positions. With `gate`, the
+    handler runs only in its turn on the process's model line (shared with the HTTP API)."""
     base = inspect.signature(fn)
     fixed = [p for p in base.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
     named = [inspect.Parameter(f"{strategy}_{param}", inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -98,17 +101,20 @@ def with_named_params(fn, controls: StrategyControls):
     # Gradio injects the request only into a positional parameter, so it comes last here.
     request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
                                 annotation=gr.Request)
+    turn = gate.slot if gate is not None else contextlib.nullcontext
 
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def wrapper(*args):
             *values, req = args
-            yield from fn(*values, request=req)
+            with turn():
+                yield from fn(*values, request=req)
     else:
         @functools.wraps(fn)
         def wrapper(*args):
             *values, req = args
-            return fn(*values, request=req)
+            with turn():
+                return fn(*values, request=req)
 
     wrapper.__signature__ = base.replace(parameters=[*fixed, *named, request])
     return wrapper

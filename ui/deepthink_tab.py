@@ -155,7 +155,7 @@ class DeepThinkTab:
             with gr.Accordion("Report (JSON)", open=False):
                 report = gr.JSON()
             self.controls.follow(strategy)
-            go.click(with_named_params(self.run, self.controls),
+            go.click(with_named_params(self.run, self.controls, self.pool.gate),
                      [prompt, strategy, traces, warmup, eta_preset, eta, window, max_new, temperature, top_p, seed,
                       regex, shared, check, *self.controls.components],
                      [summary, votes, base_curves, fb_curves, table, report, warm_hist], api_name="deepthink",

@@ -26,7 +26,7 @@ from ui import charts
 from ui.controls import build_strategy_controls, parse_number, with_named_params
 
 UPLOAD_MAX_BYTES = 5_000_000
-TEXT_MAX_CHARS = 200_000
+TEXT_MAX_CHARS = corpus.SERVED_TEXT_MAX_CHARS
 SOURCES = ["pasted text", "uploaded file", "builtin:dev", "builtin:test"]
 
 
@@ -236,7 +236,7 @@ class LabTabs:
             with gr.Accordion("Result (JSON)", open=False):
                 result = gr.JSON()
             self.ppl_controls.follow(strategy)
-            run.click(with_named_params(self.perplexity, self.ppl_controls),
+            run.click(with_named_params(self.perplexity, self.ppl_controls, self.pool.gate),
                       [source, text, upload, strategy, mode, passes, max_docs, *self.ppl_controls.components],
                       [summary, coloured, fig, table, result], api_name="perplexity", concurrency_id="model",
                       concurrency_limit=1)
@@ -257,7 +257,7 @@ class LabTabs:
             heat = gr.Plot(show_label=False, elem_id="sweep-plot")
             csv_file = gr.File(label="sweep.csv", interactive=False)
             self.sweep_controls.follow(s_strategy)
-            go.click(with_named_params(self.sweep, self.sweep_controls),
+            go.click(with_named_params(self.sweep, self.sweep_controls, self.pool.gate),
                      [s_source, s_text, s_upload, s_strategy, grid_x, grid_y, s_mode, s_passes, s_max_docs,
                       *self.sweep_controls.components], [heat, status, csv_file], api_name="sweep",
                      concurrency_id="model", concurrency_limit=1)

@@ -1,6 +1,10 @@
 """Strategy parameter schema -> Gradio controls, and values back to parameters."""
 from __future__ import annotations
 
+import inspect
+import threading
+import time
+
 import gradio as gr
 
 from feedback.strategies import REGISTRY
@@ -47,3 +51,27 @@ def test_params_for_and_layer_updates():
     assert by_key[("residual", "source_layer")]["maximum"] == 11
     assert by_key[("residual", "source_layer")]["value"] == 8  # round(0.7 * 12)
     assert "maximum" not in by_key[("residual", "alpha")]
+
+
+def test_a_gated_handler_waits_for_the_shared_model_line():
+    from feedback.gate import Gate
+    from ui.controls import with_named_params
+
+    with gr.Blocks():
+        controls = build_strategy_controls(30, "residual")
+    gate, events = Gate(1), []
+
+    def handler(prompt, *values, request=None):
+        events.append("ran")
+        yield prompt
+
+    wrapped = with_named_params(handler, controls, gate)
+    assert inspect.isgeneratorfunction(wrapped)  # Gradio streams it
+    gate.acquire("api")  # an API run holds the model
+    t = threading.Thread(target=lambda: events.append(list(wrapped("hi", *[None] * len(controls.keys), None))))
+    t.start()
+    time.sleep(0.2)
+    assert events == [] and gate.status()["waiting"] == 1
+    gate.release()
+    t.join(5)
+    assert events == ["ran", ["hi"]] and gate.status()["running"] == 0

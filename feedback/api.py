@@ -1,0 +1,362 @@
+"""HTTP API beside the UI: compare (whole or streamed), perplexity, health, models, strategies.
+
+Mounted at /api in the Gradio server (`app.py`). It uses the same engine, validation and model pool
+as the page, and the same first-come line to the model (`ModelPool.gate`), with a cap on how many
+API requests may wait, so API traffic cannot starve the page. OpenAPI: /api/openapi.json, docs: /api/docs.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, AsyncIterator, Literal
+
+import anyio
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+from starlette.routing import Mount
+
+from feedback import corpus
+from feedback.confidence import DEFAULT_K, DEFAULT_WINDOW
+from feedback.engine import Engine, Run
+from feedback.errors import FeedbackError
+from feedback.gate import Busy
+from feedback.model import ModelPool
+from feedback.perplexity import PPLConfig, evaluate, surprise_diff
+from feedback.records import (MAX_PROMPT_CHARS, SERVED_MAX_NEW_TOKENS, DeepConfConfig, RowSpec, RunConfig,
+                              default_rows)
+from feedback.sampling import SamplingConfig
+from feedback.strategies import REGISTRY, get_strategy
+
+API_ROWS_CAP = 8
+ParamValue = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """Limits and keys; `from_env` reads the FEEDBACK_API_* variables."""
+
+    keys: tuple[str, ...] = ()
+    max_body_bytes: int = 1_000_000
+    max_waiting: int = 8  # API requests allowed to wait for the model at once; more get 503
+    wait_s: float = 300.0  # longest wait for the model before a 503
+
+    @classmethod
+    def from_env(cls) -> "ApiSettings":
+        env = os.environ.get
+        keys = tuple(k.strip() for k in env("FEEDBACK_API_KEYS", "").split(",") if k.strip())
+        try:
+            return cls(keys, int(env("FEEDBACK_API_MAX_BODY", cls.max_body_bytes)),
+                       int(env("FEEDBACK_API_QUEUE", cls.max_waiting)), float(env("FEEDBACK_API_WAIT_S", cls.wait_s)))
+        except ValueError as exc:
+            raise FeedbackError(f"bad FEEDBACK_API_* setting: {exc}") from None
+
+
+# ---- request bodies (their constraints are the OpenAPI schema; the engine re-validates) ----
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class SamplingIn(_Body):
+    temperature: float = Field(0.0, ge=0, le=10, description="0 = greedy")
+    top_k: int = Field(0, ge=0, le=1_000_000, description="0 = off")
+    top_p: float = Field(1.0, gt=0, le=1, description="1 = off")
+    min_p: float = Field(0.0, ge=0, le=1, description="0 = off")
+    repetition_penalty: float = Field(1.0, ge=0.01, le=10, description="1 = off")
+
+
+class DeepConfIn(_Body):
+    k: int = Field(DEFAULT_K, ge=1, le=1000, description="top-k for token confidence")
+    window: int = Field(DEFAULT_WINDOW, ge=1, le=100_000, description="group confidence window (tokens)")
+    threshold: float | None = Field(None, description="early stop when group confidence falls below; null = off")
+
+
+class RowIn(_Body):
+    name: str = Field(min_length=1, max_length=64)
+    strategy: str | None = Field(None, description="null for a plain baseline row")
+    params: dict[str, ParamValue] = Field(default_factory=dict, max_length=32)
+    seed_offset: int = Field(0, ge=0, le=2**31, description="rows with equal offsets share random draws")
+    threshold: float | None = Field(None, description="this row's early-stop threshold; null: the run's")
+
+
+class GenerateIn(_Body):
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    model: str | None = Field(None, description="a name from GET /api/models; null: the default")
+    chat_template: bool = True
+    system_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    max_new_tokens: int = Field(128, ge=1, le=SERVED_MAX_NEW_TOKENS)
+    seed: int = Field(0, ge=0, le=2**63 - 1)
+    sampling: SamplingIn = Field(default_factory=SamplingIn)
+    strategy: str = Field("residual", description="the feedback row's strategy (GET /api/strategies)")
+    params: dict[str, ParamValue] = Field(default_factory=dict, max_length=32)
+    rows: list[RowIn] | None = Field(None, min_length=1, max_length=API_ROWS_CAP,
+                                     description="explicit rows; overrides strategy/params (default: "
+                                                 "baseline + one feedback row)")
+    deepconf: DeepConfIn = Field(default_factory=DeepConfIn)
+    steps: bool = Field(True, description="include per-token step records in the result")
+
+
+class PPLIn(_Body):
+    text: str = Field(min_length=1, max_length=corpus.SERVED_TEXT_MAX_CHARS)
+    model: str | None = None
+    strategy: str | None = Field(None, description="null: baseline perplexity only")
+    params: dict[str, ParamValue] = Field(default_factory=dict, max_length=32)
+    mode: Literal["exact", "parallel", "jacobi"] | None = Field(
+        None, description="null: parallel for non-recurrent strategies, jacobi for recurrent ones")
+    passes: int = Field(3, ge=2, le=32, description="jacobi passes")
+    window: int = Field(1024, ge=2, le=1_000_000, description="tokens per scoring window (capped by the context)")
+    stride: int = Field(512, ge=1, le=1_000_000)
+    chunk: int = Field(512, ge=1, le=1_000_000)
+    bootstrap: int = Field(1000, ge=0, le=10_000, description="bootstrap resamples for the 95% CI")
+    seed: int = Field(0, ge=0, le=2**31)
+    token_detail: bool = Field(False, description="also return per-token NLLs of both sides")
+
+
+class ErrorOut(BaseModel):
+    error: str
+    details: list[dict[str, Any]] | None = None
+
+
+ERRORS = {code: {"model": ErrorOut, "description": text} for code, text in [
+    (400, "malformed JSON"), (401, "missing or wrong API key"), (413, "request body too large"),
+    (422, "invalid values"), (503, "the model is busy; see Retry-After")]}
+
+
+class ApiError(HTTPException):
+    pass
+
+
+class BodyTooLarge(HTTPException):
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body is larger than {limit} bytes")
+
+
+class BodyLimit:
+    """ASGI middleware: refuse bodies over `limit` bytes, declared or streamed (chunked)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            response = JSONResponse({"error": f"request body is larger than {self.limit} bytes"}, 413)
+            return await response(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise BodyTooLarge(self.limit)  # FastAPI passes HTTPExceptions from body reading through
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def _row_names(config: RunConfig) -> list[str]:
+    return [r.name for r in config.rows]
+
+
+def to_config(req: GenerateIn, model: str) -> RunConfig:
+    """The request as a validated `RunConfig`, exactly as the UI builds one."""
+    rows = ([RowSpec(**r.model_dump()) for r in req.rows] if req.rows
+            else default_rows(req.strategy, dict(req.params)))
+    for row in rows:
+        if row.strategy is not None:
+            get_strategy(row.strategy)
+    return RunConfig(prompt=req.prompt, model=model, chat_template=req.chat_template, system_prompt=req.system_prompt,
+                     max_new_tokens=req.max_new_tokens, seed=req.seed,
+                     sampling=SamplingConfig(**req.sampling.model_dump()),
+                     deepconf=DeepConfConfig(**req.deepconf.model_dump()), rows=rows).validate()
+
+
+def result_json(run: Run, steps: bool) -> dict:
+    data = run.result.to_dict()
+    if not steps:
+        for row in data["rows"]:
+            row.pop("steps")
+    return data
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and infinities (an undefined metric) become null: strict JSON has no spelling for them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def _event(kind: str, payload: dict, sse: bool) -> str:
+    if sse:
+        return f"event: {kind}\ndata: {json.dumps(json_safe(payload))}\n\n"
+    return json.dumps(json_safe({"event": kind, **payload})) + "\n"
+
+
+def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
+    """The API as its own FastAPI app (mount it with `api_routes`)."""
+    settings = settings or ApiSettings.from_env()
+    api = FastAPI(title="Feedback Lens API", version="1.0",
+                  description="Baseline vs activation-feedback generation, streamed step records and perplexity, "
+                              "on the same engine as the Feedback Lens page. When the server sets "
+                              "FEEDBACK_API_KEYS, send `Authorization: Bearer KEY` (all routes but /health).",
+                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json", servers=[{"url": "/api"}])
+    api.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    bearer = HTTPBearer(auto_error=False, description="an API key from FEEDBACK_API_KEYS")
+
+    def require_key(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if not settings.keys:
+            return
+        given = (creds.credentials if creds else "").encode()
+        if not any(hmac.compare_digest(given, key.encode()) for key in settings.keys):
+            raise ApiError(401, "a valid API key is required: Authorization: Bearer KEY",
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    keyed = [Depends(require_key)]
+
+    @api.exception_handler(HTTPException)
+    async def http_error(_request, exc: HTTPException):
+        return JSONResponse({"error": exc.detail}, exc.status_code, headers=getattr(exc, "headers", None))
+
+    @api.exception_handler(RequestValidationError)
+    async def invalid(_request, exc: RequestValidationError):
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return JSONResponse({"error": "the body is not valid JSON"}, 400)
+        details = [{"field": ".".join(str(p) for p in e.get("loc", ())[1:]) or "body", "message": e.get("msg", "")}
+                   for e in errors]
+        text = "; ".join(f"{d['field']}: {d['message']}" for d in details)
+        return JSONResponse({"error": f"invalid request: {text}", "details": details}, 422)
+
+    @api.exception_handler(FeedbackError)
+    async def refused(_request, exc: FeedbackError):
+        if isinstance(exc, Busy):
+            return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": str(exc.retry_after_s)})
+        return JSONResponse({"error": str(exc)}, 422)
+
+    def start(req: GenerateIn) -> Run:
+        lm = pool.get(req.model)
+        return Engine(lm).start(to_config(req, lm.name))  # validated, tokenised, strategies built: before queueing
+
+    @api.get("/health", summary="liveness and load (no key needed)")
+    def health() -> dict:
+        return {"status": "ok", **pool.gate.status(), "models_loaded": sorted(pool.loaded())}
+
+    @api.get("/models", dependencies=keyed, responses=ERRORS, summary="the model allowlist")
+    def models() -> dict:
+        loaded = pool.loaded()
+        out = []
+        for name in pool.allowlist:
+            entry: dict = {"name": name, "default": name == pool.default, "loaded": name in loaded}
+            if name in loaded:
+                lm = loaded[name]
+                entry |= {"dtype": lm.dtype, "device": str(lm.device), "layers": lm.num_layers,
+                          "context_length": lm.context_length}
+            out.append(entry)
+        return {"default": pool.default, "models": out}
+
+    @api.get("/strategies", dependencies=keyed, responses=ERRORS, summary="feedback strategies and parameter schemas")
+    def strategies(model: str | None = Query(None, description="layer bounds are this model's; default model if null")) -> dict:
+        lm = pool.get(model)
+        return {"model": lm.name, "layers": lm.num_layers,
+                "strategies": [cls.schema(lm.num_layers) for cls in REGISTRY.values()]}
+
+    @api.post("/generate", dependencies=keyed, responses=ERRORS,
+              summary="baseline and feedback rows on one prompt; the whole RunResult when done")
+    def generate(req: GenerateIn) -> JSONResponse:
+        run = start(req)
+        t0 = time.perf_counter()
+        with pool.gate.slot("api", settings.max_waiting, settings.wait_s):
+            queued = time.perf_counter() - t0
+            try:
+                for _ in run:
+                    pass
+            except Exception as exc:  # out-of-memory, tokenizer or model errors: this request fails, the server stays
+                raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
+        return JSONResponse(json_safe(result_json(run, req.steps) | {"queued_seconds": round(queued, 4)}))
+
+    @api.post("/generate/stream", dependencies=keyed, responses=ERRORS,
+              summary="the same run, streamed: NDJSON lines (default) or Server-Sent Events",
+              description="Events: `start` (rows, prompt tokens), one `step` per decode step with each live "
+                          "row's record, `done` with the RunResult, or `error`. Closing the connection stops "
+                          "the run within one step. `format=sse` or `Accept: text/event-stream` selects SSE.")
+    async def generate_stream(req: GenerateIn, request: Request,
+                              format: Literal["ndjson", "sse"] | None = Query(None)) -> StreamingResponse:
+        sse = format == "sse" or (format is None and "text/event-stream" in request.headers.get("accept", ""))
+        run = await anyio.to_thread.run_sync(start, req)
+        if pool.gate.would_refuse("api", settings.max_waiting):
+            raise Busy("the model is busy and the API waiting line is full; try again")
+        return StreamingResponse(_stream(run, req.steps, sse), media_type="text/event-stream" if sse
+                                 else "application/x-ndjson",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _stream(run: Run, steps: bool, sse: bool) -> AsyncIterator[str]:
+        held: list[bool] = []
+
+        def take() -> None:
+            pool.gate.acquire("api", settings.max_waiting, settings.wait_s)
+            held.append(True)  # recorded in the worker thread, so a cancellation right after cannot lose it
+
+        events = iter(run)
+        names = _row_names(run.config)
+        try:
+            try:
+                await anyio.to_thread.run_sync(take)
+            except Busy as exc:
+                yield _event("error", {"error": str(exc), "status": 503}, sse)
+                return
+            yield _event("start", {"rows": [{"name": r.name, "strategy": r.strategy, "params": r.params}
+                                            for r in run.result.rows],
+                                   "prompt_tokens": run.result.prompt_tokens, "config": run.result.config}, sse)
+            try:
+                while (event := await anyio.to_thread.run_sync(next, events, None)) is not None:
+                    yield _event("step", {
+                        "step": event.step,
+                        "rows": {names[i]: asdict(rec) for i, rec in event.records.items()},
+                        "finished": {names[i]: why for i, why in event.finished.items()},
+                        "memory": event.memory.to_dict() if event.memory is not None else None}, sse)
+            except Exception as exc:  # the stream has started: report in-band, keep serving
+                yield _event("error", {"error": f"generation failed: {type(exc).__name__}: {exc}", "status": 500}, sse)
+                return
+            yield _event("done", {"result": result_json(run, steps)}, sse)
+        finally:
+            # Runs on normal end and when the client goes away (the task is cancelled between steps).
+            run.stop()
+            events.close()
+            if held:
+                pool.gate.release()
+
+    @api.post("/ppl", dependencies=keyed, responses=ERRORS,
+              summary="teacher-forced perplexity of a text, baseline vs a strategy, with a paired bootstrap CI")
+    def ppl(req: PPLIn) -> JSONResponse:
+        lm = pool.get(req.model)
+        if req.strategy is not None:
+            get_strategy(req.strategy)
+        cfg = PPLConfig(req.strategy, dict(req.params), req.mode, passes=req.passes, window=req.window,
+                        chunk=req.chunk, stride=req.stride, bootstrap=req.bootstrap,
+                        seed=req.seed).validate(lm.context_length)
+        with pool.gate.slot("api", settings.max_waiting, settings.wait_s):
+            res = evaluate(lm, [corpus.Document("text", req.text)], cfg, token_detail=req.token_detail)
+        if req.token_detail:
+            res["token_detail"] = surprise_diff(res)
+        return JSONResponse(json_safe(res))
+
+    return api
+
+
+def api_routes(pool: ModelPool, settings: ApiSettings | None = None) -> list[Mount]:
+    """Routes to hand the Gradio server (`launch(app_kwargs={"routes": ...})`): the API at /api."""
+    return [Mount("/api", app=create_api(pool, settings))]

@@ -1,0 +1,247 @@
+"""The HTTP API (feedback/api.py) against real servers on 127.0.0.1, driven with httpx."""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from feedback.api import ApiSettings, api_routes, to_config, GenerateIn
+from feedback.engine import Engine
+from feedback.model import ModelPool
+from feedback.records import MAX_PROMPT_CHARS
+from tests.conftest import hook_count
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def serve(lm, settings: ApiSettings):
+    """The API mounted at /api exactly as app.py mounts it, served by uvicorn on a free port."""
+    pool = ModelPool([lm.name])
+    pool._models[lm.name] = lm
+    app = FastAPI(routes=api_routes(pool, settings))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", pool
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def api(embedded_lm):
+    with serve(embedded_lm, ApiSettings()) as (url, pool):
+        with httpx.Client(base_url=url + "/api", timeout=300) as client:
+            yield client, pool
+
+
+@pytest.fixture(scope="module")
+def keyed(embedded_lm):
+    with serve(embedded_lm, ApiSettings(keys=("k-one", "k-two"), max_body_bytes=4096, max_waiting=0)) as (url, pool):
+        yield url + "/api", pool
+
+
+def _ndjson(response: httpx.Response) -> list[dict]:
+    return [json.loads(line) for line in response.iter_lines() if line]
+
+
+def test_generate_returns_both_rows_exactly_as_the_engine_runs_them(api, embedded_lm):
+    client, _ = api
+    body = {"prompt": "What is the capital of France?", "max_new_tokens": 12, "params": {"alpha": 0.2}}
+    r = client.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert [row["name"] for row in data["rows"]] == ["baseline", "feedback"]
+    assert data["rows"][1]["params"]["alpha"] == 0.2 and "Paris" in data["rows"][0]["text"]
+    assert data["queued_seconds"] >= 0 and len(data["rows"][0]["steps"]) == len(data["rows"][0]["token_ids"])
+    direct = Engine(embedded_lm).run(to_config(GenerateIn(**body), embedded_lm.name))
+    assert [row["token_ids"] for row in data["rows"]] == [row.token_ids for row in direct.rows]
+
+
+def test_explicit_rows_and_compact_results(api):
+    client, _ = api
+    r = client.post("/generate", json={
+        "prompt": "Name a fruit.", "max_new_tokens": 5, "steps": False,
+        "sampling": {"temperature": 0.8, "top_p": 0.9, "top_k": 40}, "seed": 7,
+        "rows": [{"name": "plain"}, {"name": "res", "strategy": "residual", "params": {"alpha": 0.1}},
+                 {"name": "cache", "strategy": "deep_cache"}]})
+    assert r.status_code == 200, r.text
+    rows = r.json()["rows"]
+    assert [row["name"] for row in rows] == ["plain", "res", "cache"]
+    assert all("steps" not in row and 1 <= len(row["token_ids"]) <= 5 for row in rows)
+
+
+def test_stream_ndjson_carries_every_step_and_the_final_result(api):
+    client, _ = api
+    with client.stream("POST", "/generate/stream", json={"prompt": "Count to five.", "max_new_tokens": 10}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+        events = _ndjson(r)
+    assert events[0]["event"] == "start" and events[0]["prompt_tokens"] > 0
+    assert [e["rows"][0]["name"] for e in events[:1]] == ["baseline"]
+    steps = [e for e in events if e["event"] == "step"]
+    done = events[-1]
+    assert done["event"] == "done" and [e["step"] for e in steps] == list(range(len(steps)))
+    for row in done["result"]["rows"]:
+        streamed = "".join(e["rows"][row["name"]]["text"] for e in steps if row["name"] in e["rows"])
+        assert streamed == row["text"] and len(row["token_ids"]) <= 10
+    assert {"confidence", "group_confidence", "top", "logprob"} <= set(steps[0]["rows"]["feedback"])
+
+
+def test_stream_as_server_sent_events(api):
+    client, _ = api
+    with client.stream("POST", "/generate/stream", json={"prompt": "Hi", "max_new_tokens": 3},
+                       headers={"Accept": "text/event-stream"}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        text = "".join(r.iter_text())
+    blocks = [b for b in text.split("\n\n") if b.strip()]
+    kinds = [b.splitlines()[0] for b in blocks]
+    assert kinds[0] == "event: start" and kinds[-1] == "event: done" and "event: step" in kinds
+    assert all(b.splitlines()[1].startswith("data: {") for b in blocks)
+    json.loads(blocks[-1].splitlines()[1][len("data: "):])
+
+
+def test_a_client_that_disconnects_stops_the_run(api, embedded_lm):
+    client, pool = api
+    body = {"prompt": "Write a very long story about a lighthouse keeper.", "max_new_tokens": 1000}
+    started = time.time()
+    with client.stream("POST", "/generate/stream", json=body) as r:
+        lines = r.iter_lines()
+        for _ in range(4):  # start + three steps, then hang up
+            next(lines)
+    # A full run would take ~100 s; the server notices the hang-up and frees the model within a step or two.
+    deadline = time.time() + 15
+    while pool.gate.status()["running"] and time.time() < deadline:
+        time.sleep(0.05)
+    assert pool.gate.status()["running"] == 0 and time.time() - started < 15
+    assert hook_count(embedded_lm.model) == 0
+    assert client.post("/generate", json={"prompt": "Hi", "max_new_tokens": 2}).status_code == 200
+
+
+def test_ppl_baseline_and_feedback_with_token_detail(api):
+    client, _ = api
+    text = "The quick brown fox jumps over the lazy dog. " * 6
+    base = client.post("/ppl", json={"text": text})
+    assert base.status_code == 200, base.text
+    assert base.json()["baseline_ppl"] > 1 and "feedback_ppl" not in base.json()
+    fb = client.post("/ppl", json={"text": text, "strategy": "deep_cache", "token_detail": True, "bootstrap": 200})
+    data = fb.json()
+    assert fb.status_code == 200 and data["baseline_ppl"] == pytest.approx(base.json()["baseline_ppl"])
+    lo, hi = data["ci95"]
+    assert lo <= data["delta_pct"] <= hi and data["mode"] == "parallel"
+    assert len(data["token_detail"]["tokens"]) == len(data["token_detail"]["feedback_nll"]) == data["tokens"]
+    bad = client.post("/ppl", json={"text": text, "strategy": "residual", "mode": "parallel"})
+    assert bad.status_code == 422 and "recurrent" in bad.json()["error"]
+
+
+def test_health_models_strategies_and_openapi(api):
+    client, _ = api
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["capacity"] == 1 and health["models_loaded"] == ["embedded"]
+    models = client.get("/models").json()
+    assert models["default"] == "embedded" and models["models"][0]["layers"] == 30
+    strategies = {s["name"]: s for s in client.get("/strategies").json()["strategies"]}
+    assert {"residual", "soft_token", "deep_cache", "anchor"} <= set(strategies)
+    alpha = {p["name"]: p for p in strategies["residual"]["params"]}["alpha"]
+    assert alpha["type"] == "float" and alpha["minimum"] == -1.0 and alpha["maximum"] == 1.0
+    schema = client.get("/openapi.json").json()
+    assert schema["servers"] == [{"url": "/api"}]
+    assert {"/generate", "/generate/stream", "/ppl", "/health", "/models", "/strategies"} <= set(schema["paths"])
+    assert client.get("/docs").status_code == 200
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ("{not json", 400, "not valid JSON"),
+    ('{"prompt": "hi", "sampling": {"temperature": NaN}}', 422, "sampling.temperature"),
+    (json.dumps({"prompt": ""}), 422, "prompt"),
+    (json.dumps({"prompt": "hi", "max_new_tokens": 5000}), 422, "less than or equal to 1024"),
+    (json.dumps({"prompt": "hi", "strategy": "nope"}), 422, "unknown strategy 'nope'"),
+    (json.dumps({"prompt": "hi", "params": {"alpha": 9}}), 422, "out of range"),
+    (json.dumps({"prompt": "hi", "model": "evil/model"}), 422, "not in the allowlist"),
+    (json.dumps({"prompt": "hi", "surprise": 1}), 422, "Extra inputs are not permitted"),
+    (json.dumps({"prompt": "hi", "rows": [{"name": "a"}, {"name": "a"}]}), 422, "row names must be unique"),
+    (json.dumps({"prompt": "x" * (MAX_PROMPT_CHARS + 1)}), 422, "at most 100000 characters"),
+    (json.dumps({"prompt": "word " * 9000}), 422, "exceeds the model context"),
+    (json.dumps([1, 2]), 422, "invalid request"),
+])
+def test_bad_requests_get_a_clear_json_error_and_the_server_keeps_serving(api, body, status, message):
+    client, _ = api
+    r = client.post("/generate", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == status and message in r.json()["error"], r.text
+    assert client.get("/health").status_code == 200
+
+
+def test_keys_are_required_everywhere_but_health(keyed):
+    url, _ = keyed
+    assert httpx.get(f"{url}/health").status_code == 200
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic k-one"}):
+        r = httpx.get(f"{url}/models", headers=headers)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer" and "API key" in r.json()["error"]
+        r = httpx.post(f"{url}/generate/stream", json={"prompt": "hi", "max_new_tokens": 2}, headers=headers)
+        assert r.status_code == 401
+    assert httpx.get(f"{url}/models", headers={"Authorization": "Bearer k-two"}).status_code == 200
+    r = httpx.post(f"{url}/generate", json={"prompt": "hi", "max_new_tokens": 2},
+                   headers={"Authorization": "Bearer k-one"})
+    assert r.status_code == 200
+
+
+def test_oversize_bodies_are_refused_declared_or_chunked(keyed):
+    url, _ = keyed
+    auth = {"Authorization": "Bearer k-one"}
+    big = json.dumps({"prompt": "y" * 5000}).encode()
+    r = httpx.post(f"{url}/generate", content=big, headers=auth | {"Content-Type": "application/json"})
+    assert r.status_code == 413 and "larger than 4096 bytes" in r.json()["error"]
+    chunks = (big[i:i + 1000] for i in range(0, len(big), 1000))  # no Content-Length: chunked transfer
+    r = httpx.post(f"{url}/generate", content=chunks, headers=auth | {"Content-Type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_the_api_waits_its_turn_behind_the_page_and_answers_503_when_its_line_is_full(keyed):
+    url, pool = keyed  # max_waiting=0: no API request may queue
+    auth = {"Authorization": "Bearer k-one"}
+    body = {"prompt": "hi", "max_new_tokens": 2}
+    with pool.gate.slot("ui"):  # a page run holds the model
+        r = httpx.post(f"{url}/generate", json=body, headers=auth)
+        assert r.status_code == 503 and r.headers["retry-after"] and "busy" in r.json()["error"]
+        assert httpx.post(f"{url}/generate/stream", json=body, headers=auth).status_code == 503
+        assert httpx.get(f"{url}/health").json()["running"] == 1
+    assert httpx.post(f"{url}/generate", json=body, headers=auth).status_code == 200
+
+
+def test_mounted_beside_the_gradio_app(app_url):
+    base = app_url.rstrip("/")
+    assert httpx.get(f"{base}/api/health").json()["status"] == "ok"
+    r = httpx.post(f"{base}/api/generate", json={"prompt": "Say hi.", "max_new_tokens": 3}, timeout=120)
+    assert r.status_code == 200 and len(r.json()["rows"]) == 2
+    assert httpx.get(base).status_code == 200  # the page is still served
+
+
+def test_schemathesis_finds_no_server_errors(tiny_lm, tmp_path):
+    exe = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or shutil.which("schemathesis")
+    assert exe, "schemathesis is in requirements-dev.txt"
+    with serve(tiny_lm, ApiSettings(keys=("fuzz-key",), wait_s=60)) as (url, _):
+        run = subprocess.run(
+            [exe, "run", f"{url}/api/openapi.json", "--checks", "not_a_server_error", "--max-examples", "25",
+             "--header", "Authorization: Bearer fuzz-key", "--seed", "1", "--workers", "1",
+             "--request-timeout", "120", "--no-color", "--generation-database", "none",
+             "--suppress-health-check", "all", "--report", "junit", "--report-dir", str(tmp_path)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
