@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -53,7 +54,6 @@ def _add_model_args(p) -> None:
 def _load(args, device: str = "auto"):
     """The one model loader, with every model flag of the command line."""
     from feedback.model import load_model
-
 
     if args.max_memory and not args.device_map:
         raise FeedbackError("--max-memory needs --device-map (e.g. --device-map auto)")
@@ -280,8 +280,6 @@ def _deepthink(args) -> int:
 
 def _launcher_shard() -> tuple[int, int, str]:
     """(rank, processes, device) under accelerate launch, torchrun or MPI; (0, 1, "auto") when run plainly."""
-    import os
-
     if not any(os.environ.get(k) for k in ("WORLD_SIZE", "LOCAL_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE",
                                            "MV2_COMM_WORLD_SIZE", "ACCELERATE_USE_CPU")):
         return 0, 1, "auto"

@@ -104,6 +104,8 @@ def test_stream_ndjson_carries_every_step_and_the_final_result(api):
         streamed = "".join(e["rows"][row["name"]]["text"] for e in steps if row["name"] in e["rows"])
         assert streamed == row["text"] and len(row["token_ids"]) <= 10
     assert {"confidence", "group_confidence", "top", "logprob"} <= set(steps[0]["rows"]["feedback"])
+    refused = client.post("/generate/stream", json={"prompt": "hi", "strategy": "nope"})
+    assert refused.status_code == 422 and "unknown strategy" in refused.json()["error"]  # before any stream starts
 
 
 def test_stream_as_server_sent_events(api):

@@ -98,10 +98,10 @@ class AnchorStrategy(Strategy):
             if self.seq_dirs is None:
                 return None
             rows = out[b].float()
-            out[b] = (rows + alpha * rms(rows) * self.seq_dirs).to(out.dtype)
+            out[b] = (rows + alpha * rms(rows) * self.seq_dirs.to(rows.device)).to(out.dtype)
         else:
             if self.current is None:
                 return None
             row = out[b, -1].float()
-            out[b, -1] = (row + alpha * rms(row) * self.current).to(out.dtype)
+            out[b, -1] = (row + alpha * rms(row) * self.current.to(row.device)).to(out.dtype)
         return (out, *output[1:]) if isinstance(output, tuple) else out

@@ -25,6 +25,8 @@ def mix_logits(logits: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, 
                mask: torch.Tensor, lam: float, theta: float, gate: float, max_p: float = 1.0) -> torch.Tensor:
     """Log of the cache mixture for query rows. logits [Q, V]; queries [Q, H] and keys [K, H] unit
     vectors; next_ids [K]; mask [Q, K] True where key k is usable for query q."""
+    # Under a multi-device device_map the capture layer, embeddings and head may sit on different GPUs.
+    queries, keys, next_ids, mask = (t.to(logits.device) for t in (queries, keys, next_ids, mask))
     sims = queries @ keys.T
     usable = mask.any(dim=1)
     if gate > -1.0:

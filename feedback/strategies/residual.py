@@ -83,10 +83,10 @@ class ResidualStrategy(Strategy):
         x = x.clone()
         if phase == "sequence":  # position t receives u_{t-1}; position 0 receives nothing
             rows = x[b, 1:].float()
-            x[b, 1:] = (rows + alpha * rms(rows) * self.seq_u[:-1]).to(x.dtype)
+            x[b, 1:] = (rows + alpha * rms(rows) * self.seq_u[:-1].to(rows.device)).to(x.dtype)
         else:
             row = x[b, -1].float()
-            x[b, -1] = (row + alpha * rms(row) * self.prev_u).to(x.dtype)
+            x[b, -1] = (row + alpha * rms(row) * self.prev_u.to(row.device)).to(x.dtype)
         if in_args:
             return (x, *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": x}

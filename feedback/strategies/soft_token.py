@@ -40,7 +40,7 @@ class SoftTokenStrategy(Strategy):
         """ebar for each row of logits [N, V] -> [N, H] (fp32)."""
         top, ids = torch.topk(logits.float() / self.values["tau"], self.values["top_k"], dim=-1)
         weights = torch.softmax(top, dim=-1)
-        return torch.einsum("nk,nkh->nh", weights, self.table[ids].float())
+        return torch.einsum("nk,nkh->nh", weights, self.table[ids.to(self.table.device)].float().to(weights.device))
 
     def _inject(self, module: nn.Module, args: tuple, output: torch.Tensor):
         b = self.my_index()
@@ -56,12 +56,12 @@ class SoftTokenStrategy(Strategy):
             if self.prev is None:
                 return None
             e = out[b, -1].float()
-            out[b, -1] = (e + beta * (self.prev - e)).to(out.dtype)
+            out[b, -1] = (e + beta * (self.prev.to(e.device) - e)).to(out.dtype)
             return out
         if self.seq_prev is None or out.shape[1] < 3:
             return None
         e = out[b, 2:].float()  # position t >= 2 takes ebar from t-1 >= 1
-        out[b, 2:] = (e + beta * (self.seq_prev[1:-1] - e)).to(out.dtype)
+        out[b, 2:] = (e + beta * (self.seq_prev[1:-1].to(e.device) - e)).to(out.dtype)
         return out
 
     def _capture(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
