@@ -11,6 +11,7 @@ import json
 import math
 import os
 import time
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, AsyncIterator, Literal
 
@@ -25,7 +26,7 @@ from starlette.routing import Mount
 
 from feedback import corpus
 from feedback.confidence import DEFAULT_K, DEFAULT_WINDOW
-from feedback.engine import Engine, Run
+from feedback.engine import Engine, Run, StepEvent
 from feedback.errors import FeedbackError
 from feedback.gate import Busy
 from feedback.model import ModelPool
@@ -274,16 +275,45 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
         return {"model": lm.name, "layers": lm.num_layers,
                 "strategies": [cls.schema(lm.num_layers) for cls in REGISTRY.values()]}
 
-    @api.post("/generate", dependencies=keyed, responses=ERRORS,
-              summary="baseline and feedback rows on one prompt; the whole RunResult when done")
-    def generate(req: GenerateIn) -> JSONResponse:
-        run = start(req)
+    @asynccontextmanager
+    async def turn() -> AsyncIterator[float]:
+        """Hold one slot of the shared model line (waiting in a worker thread); yields seconds queued."""
+        held: list[bool] = []
+
+        def take() -> None:
+            pool.gate.acquire("api", settings.max_waiting, settings.wait_s)
+            held.append(True)  # recorded in the worker thread, so a cancellation right after cannot lose it
+
         t0 = time.perf_counter()
-        with pool.gate.slot("api", settings.max_waiting, settings.wait_s):
-            queued = time.perf_counter() - t0
+        try:
+            await anyio.to_thread.run_sync(take)
+            yield time.perf_counter() - t0
+        finally:
+            if held:
+                pool.gate.release()
+
+    async def decode(run: Run) -> AsyncIterator[StepEvent]:
+        """The run's steps, each computed in a worker thread; however it ends (done, error, or the
+        caller cancelled because the client went away) the run is stopped and its generator closed."""
+        events = iter(run)
+        try:
+            while (event := await anyio.to_thread.run_sync(next, events, None)) is not None:
+                yield event
+        finally:
+            run.stop()
+            events.close()
+
+    @api.post("/generate", dependencies=keyed, responses=ERRORS,
+              summary="baseline and feedback rows on one prompt; the whole RunResult when done",
+              description="A client that hangs up before the answer stops the run within a step.")
+    async def generate(req: GenerateIn, request: Request) -> JSONResponse:
+        run = await anyio.to_thread.run_sync(start, req)
+        async with turn() as queued:
             try:
-                for _ in run:
-                    pass
+                async with aclosing(decode(run)) as steps:
+                    async for _ in steps:
+                        if await request.is_disconnected():
+                            break  # nobody is waiting for the answer: free the model now
             except Exception as exc:  # out-of-memory, tokenizer or model errors: this request fails, the server stays
                 raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
         return JSONResponse(json_safe(result_json(run, req.steps) | {"queued_seconds": round(queued, 4)}))
@@ -299,45 +329,29 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
         run = await anyio.to_thread.run_sync(start, req)
         if pool.gate.would_refuse("api", settings.max_waiting):
             raise Busy("the model is busy and the API waiting line is full; try again")
-        return StreamingResponse(_stream(run, req.steps, sse), media_type="text/event-stream" if sse
+        return StreamingResponse(stream(run, req.steps, sse), media_type="text/event-stream" if sse
                                  else "application/x-ndjson",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    async def _stream(run: Run, steps: bool, sse: bool) -> AsyncIterator[str]:
-        held: list[bool] = []
-
-        def take() -> None:
-            pool.gate.acquire("api", settings.max_waiting, settings.wait_s)
-            held.append(True)  # recorded in the worker thread, so a cancellation right after cannot lose it
-
-        events = iter(run)
+    async def stream(run: Run, steps: bool, sse: bool) -> AsyncIterator[str]:
         names = _row_names(run.config)
         try:
-            try:
-                await anyio.to_thread.run_sync(take)
-            except Busy as exc:
-                yield _event("error", {"error": str(exc), "status": 503}, sse)
-                return
-            yield _event("start", {"rows": [{"name": r.name, "strategy": r.strategy, "params": r.params}
-                                            for r in run.result.rows],
-                                   "prompt_tokens": run.result.prompt_tokens, "config": run.result.config}, sse)
-            try:
-                while (event := await anyio.to_thread.run_sync(next, events, None)) is not None:
-                    yield _event("step", {
-                        "step": event.step,
-                        "rows": {names[i]: asdict(rec) for i, rec in event.records.items()},
-                        "finished": {names[i]: why for i, why in event.finished.items()},
-                        "memory": event.memory.to_dict() if event.memory is not None else None}, sse)
-            except Exception as exc:  # the stream has started: report in-band, keep serving
-                yield _event("error", {"error": f"generation failed: {type(exc).__name__}: {exc}", "status": 500}, sse)
-                return
-            yield _event("done", {"result": result_json(run, steps)}, sse)
-        finally:
-            # Runs on normal end and when the client goes away (the task is cancelled between steps).
-            run.stop()
-            events.close()
-            if held:
-                pool.gate.release()
+            async with turn():
+                yield _event("start", {"rows": [{"name": r.name, "strategy": r.strategy, "params": r.params}
+                                                for r in run.result.rows],
+                                       "prompt_tokens": run.result.prompt_tokens, "config": run.result.config}, sse)
+                async with aclosing(decode(run)) as events:
+                    async for event in events:
+                        yield _event("step", {
+                            "step": event.step,
+                            "rows": {names[i]: asdict(rec) for i, rec in event.records.items()},
+                            "finished": {names[i]: why for i, why in event.finished.items()},
+                            "memory": event.memory.to_dict() if event.memory is not None else None}, sse)
+                yield _event("done", {"result": result_json(run, steps)}, sse)
+        except Busy as exc:  # the line filled up after the check in generate_stream
+            yield _event("error", {"error": str(exc), "status": 503}, sse)
+        except Exception as exc:  # the stream has started: report in-band, keep serving
+            yield _event("error", {"error": f"generation failed: {type(exc).__name__}: {exc}", "status": 500}, sse)
 
     @api.post("/ppl", dependencies=keyed, responses=ERRORS,
               summary="teacher-forced perplexity of a text, baseline vs a strategy, with a paired bootstrap CI")

@@ -138,6 +138,19 @@ def test_a_client_that_disconnects_stops_the_run(api, embedded_lm):
     assert client.post("/generate", json={"prompt": "Hi", "max_new_tokens": 2}).status_code == 200
 
 
+def test_a_generate_client_that_gives_up_stops_the_run(api, embedded_lm):
+    client, pool = api
+    body = {"prompt": "Write a very long story about a lighthouse keeper.", "max_new_tokens": 1000}
+    started = time.time()
+    with pytest.raises(httpx.ReadTimeout):
+        client.post("/generate", json=body, timeout=2)
+    deadline = time.time() + 15
+    while pool.gate.status()["running"] and time.time() < deadline:
+        time.sleep(0.05)
+    assert pool.gate.status()["running"] == 0 and time.time() - started < 17
+    assert hook_count(embedded_lm.model) == 0
+
+
 def test_ppl_baseline_and_feedback_with_token_detail(api):
     client, _ = api
     text = "The quick brown fox jumps over the lazy dog. " * 6
