@@ -165,12 +165,8 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
-def _row_names(config: RunConfig) -> list[str]:
-    return [r.name for r in config.rows]
-
-
 def to_config(req: GenerateIn, model: str) -> RunConfig:
-    """The request as a validated `RunConfig`, exactly as the UI builds one."""
+    """The request as a `RunConfig`, through the same validation as the UI's runs."""
     rows = ([RowSpec(**r.model_dump()) for r in req.rows] if req.rows
             else default_rows(req.strategy, dict(req.params)))
     for row in rows:
@@ -334,7 +330,7 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def stream(run: Run, steps: bool, sse: bool) -> AsyncIterator[str]:
-        names = _row_names(run.config)
+        names = [r.name for r in run.config.rows]
         try:
             async with turn():
                 yield _event("start", {"rows": [{"name": r.name, "strategy": r.strategy, "params": r.params}
