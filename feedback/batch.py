@@ -63,9 +63,11 @@ def part_path(output: str | Path, rank: int) -> Path:
 
 
 def part_files(output: str | Path) -> list[Path]:
+    """The part files beside `output` (`OUTPUT.part0`, `OUTPUT.part1`, ...), by rank."""
     output = Path(output)
-    parts = [p for p in output.parent.glob(f"{output.name}.part*") if p.name[len(output.name) + 5:].isdigit()]
-    return sorted(parts, key=lambda p: int(p.name[len(output.name) + 5:]))
+    prefix = output.name + ".part"
+    ranks = {p: p.name[len(prefix):] for p in output.parent.glob(prefix + "*")}
+    return sorted((p for p, rank in ranks.items() if rank.isdigit()), key=lambda p: int(ranks[p]))
 
 
 def finished_ids(out: Path, others: list[Path] = ()) -> set[str]:

@@ -231,10 +231,12 @@ class ModelPool:
     Shared by the UI and API so one process loads each model once. Loading is serialised; runs
     take a slot of `gate` first."""
 
-    def __init__(self, allowlist: list[str], capacity: int = 1, concurrency: int = 1, **load_kwargs):
+    def __init__(self, allowlist: list[str], capacity: int = 1, **load_kwargs):
         if not allowlist:
             raise FeedbackError("the model allowlist is empty")
-        self.gate = Gate(concurrency)  # one line for all model work of this process, UI and API alike
+        # One line for all model work of this process, page and API alike; one run at a time, as
+        # forwards on a model are serialised anyway (LoadedModel.forward_lock).
+        self.gate = Gate(1)
         self.allowlist = list(dict.fromkeys(allowlist))
         self.capacity = max(1, capacity)
         self.load_kwargs = load_kwargs
