@@ -31,4 +31,7 @@ COPY --chown=user assets ./assets
 RUN python -m feedback prepare
 
 EXPOSE 7860
+# /api/health needs no API key and answers while a run is in progress.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7860/api/health', timeout=4)"]
 CMD ["python", "app.py"]

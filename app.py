@@ -58,9 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         auth = (user, password)
     try:
+        settings = ApiSettings.from_env()  # before the model loads: a typo fails fast
         pool = ModelPool([m.strip() for m in args.models.split(",") if m.strip()])
         demo = FeedbackLensApp(pool).build()
-        routes = api_routes(pool, ApiSettings.from_env())
+        routes = api_routes(pool, settings)
     except FeedbackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -37,6 +37,7 @@ def test_dockerfile_copies_existing_paths_and_runs_as_uid_1000():
         for src in sources:
             assert (ROOT / src).exists(), f"Dockerfile copies missing path {src}"
     assert 'CMD ["python", "app.py"]' in text and "python -m feedback prepare" in text
+    assert "HEALTHCHECK" in text and "127.0.0.1:7860/api/health" in text  # the API's unauthenticated route
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
 
@@ -70,3 +71,11 @@ def test_the_library_never_imports_gradio():
             "assert 'gradio' not in sys.modules, 'feedback imported gradio'\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_bad_api_setting_exits_2(monkeypatch, capsys):
+    import app
+
+    monkeypatch.setenv("FEEDBACK_API_QUEUE", "many")
+    assert app.main([]) == 2
+    assert "bad FEEDBACK_API_* setting" in capsys.readouterr().err
