@@ -260,3 +260,22 @@ def test_schemathesis_finds_no_server_errors(tiny_lm, tmp_path):
              "--suppress-health-check", "all", "--report", "junit", "--report-dir", str(tmp_path)],
             cwd=tmp_path, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+
+
+def test_the_page_waits_in_the_same_line_as_the_api(app_url):
+    from gradio_client import Client
+
+    base = app_url.rstrip("/")
+    body = {"prompt": "Write a very long story about a lighthouse keeper.", "max_new_tokens": 1000}
+    with httpx.stream("POST", f"{base}/api/generate/stream", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        next(lines), next(lines)  # the API run holds the model
+        job = Client(app_url, verbose=False).submit("Say hi.", max_new_tokens=3, api_name="/compare")
+        deadline = time.time() + 30
+        while httpx.get(f"{base}/api/health").json()["waiting"] != 1 and time.time() < deadline:
+            time.sleep(0.05)
+        health = httpx.get(f"{base}/api/health").json()
+        assert (health["running"], health["waiting"]) == (1, 1) and not job.done()
+    # Hanging up ends the API run; the page's run goes next.
+    *_, status, run = job.result(timeout=120)
+    assert "Done" in status and run["rows"][0]["token_ids"]
