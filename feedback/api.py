@@ -11,9 +11,9 @@ import json
 import math
 import os
 import time
-from contextlib import aclosing, asynccontextmanager
+from contextlib import aclosing, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator, Iterator, Literal
 
 import anyio
 from fastapi import Depends, FastAPI, Query, Request
@@ -370,3 +370,31 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
 def api_routes(pool: ModelPool, settings: ApiSettings | None = None) -> list[Mount]:
     """Routes to hand the Gradio server (`launch(app_kwargs={"routes": ...})`): the API at /api."""
     return [Mount("/api", app=create_api(pool, settings))]
+
+
+@contextmanager
+def local_server(pool: ModelPool, settings: ApiSettings | None = None) -> Iterator[str]:
+    """The API alone, mounted at /api as in the app, on a free 127.0.0.1 port in a background
+    thread (tests, benchmarks); yields the server's base URL."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(FastAPI(routes=api_routes(pool, settings)), log_level="warning",
+                                           timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the local API server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

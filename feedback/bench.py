@@ -99,8 +99,8 @@ def _cold_start_s(dtype: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def measure(tokens: int = 64, repeats: int = 3, dtype: str = "auto") -> dict:
-    lm = load_model("embedded", dtype=dtype)
+def measure(tokens: int = 64, repeats: int = 3, dtype: str = "auto", lm: LoadedModel | None = None) -> dict:
+    lm = lm or load_model("embedded", dtype=dtype)
     engine = Engine(lm)
     base, fb = RowSpec("baseline"), RowSpec("feedback", "residual", {})
     _engine_step_s(engine, [base, fb], 8)  # warm-up (allocator, kernels)
@@ -130,6 +130,47 @@ def measure(tokens: int = 64, repeats: int = 3, dtype: str = "auto") -> dict:
     }
 
 
+def api_overhead(lm: LoadedModel, tokens: int = 64, repeats: int = 3) -> dict:
+    """One baseline + feedback run through the HTTP API on a local server (streamed as NDJSON and
+    parsed by the client, or whole) against the same run on the engine in-process, wall time."""
+    import httpx
+
+    from feedback.api import local_server
+    from feedback.model import ModelPool
+
+    rows = [RowSpec("baseline"), RowSpec("feedback", "residual", {})]
+    body = {"prompt": BENCH_PROMPT, "max_new_tokens": tokens,
+            "rows": [{"name": r.name, "strategy": r.strategy} for r in rows]}
+    engine = Engine(lm)
+
+    def direct() -> tuple[float, list]:
+        t = time.perf_counter()
+        result = engine.run(RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=rows))
+        return time.perf_counter() - t, [r.token_ids for r in result.rows]
+
+    with local_server(ModelPool.serving(lm)) as url, httpx.Client(base_url=url + "/api", timeout=600) as client:
+        def streamed() -> tuple[float, list]:
+            t = time.perf_counter()
+            with client.stream("POST", "/generate/stream", json=body) as r:
+                events = [json.loads(line) for line in r.iter_lines() if line]
+            return time.perf_counter() - t, [row["token_ids"] for row in events[-1]["result"]["rows"]]
+
+        def whole() -> tuple[float, list]:
+            t = time.perf_counter()
+            data = client.post("/generate", json=body).json()
+            return time.perf_counter() - t, [row["token_ids"] for row in data["rows"]]
+
+        whole()  # warm-up: first request, server threads
+        runs = {name: [fn() for _ in range(repeats)] for name, fn in
+                (("engine", direct), ("stream", streamed), ("generate", whole))}
+    wall = {name: statistics.median(t for t, _ in r) for name, r in runs.items()}
+    tokens_seen = {name: r[0][1] for name, r in runs.items()}
+    return {"api_stream_vs_engine": wall["stream"] / wall["engine"],
+            "api_generate_vs_engine": wall["generate"] / wall["engine"],
+            "api_same_tokens": tokens_seen["stream"] == tokens_seen["engine"] == tokens_seen["generate"],
+            "api_wall_s": wall}
+
+
 def compare_dtypes(tokens: int = 48, repeats: int = 3) -> dict:
     """Decode step time and greedy agreement of each CPU dtype against fp32."""
     out: dict = {}
@@ -154,7 +195,10 @@ def _verdict(key: str, value: float) -> str:
 
 
 def run_bench(args) -> int:
-    report = measure(args.tokens, args.repeats, args.dtype)
+    lm = load_model("embedded", dtype=args.dtype)
+    report = measure(args.tokens, args.repeats, lm=lm)
+    if getattr(args, "api", False):
+        report |= api_overhead(lm, args.tokens, args.repeats)
     if getattr(args, "dtypes", False):
         report["dtypes"] = compare_dtypes()
     if args.json:
@@ -170,6 +214,10 @@ def run_bench(args) -> int:
           f"at {report['bandwidth_gbs']:.1f} GB/s)")
     print("step ms: " + ", ".join(f"{k} {v:.1f}" for k, v in report["step_ms"].items()))
     print(f"same greedy tokens as model.generate: {report['same_tokens_as_generate']}")
+    if "api_stream_vs_engine" in report:
+        print(f"{'api_stream_vs_engine':32} {report['api_stream_vs_engine']:9.3f}  (HTTP API, NDJSON stream, local)")
+        print(f"{'api_generate_vs_engine':32} {report['api_generate_vs_engine']:9.3f}  (HTTP API, whole result)")
+        print(f"same greedy tokens through the API: {report['api_same_tokens']}")
     for dtype, d in report.get("dtypes", {}).items():
         print(f"{dtype}: {d['step_ms_batch1']:.1f} ms/step, equal to fp32 for "
               f"{d['tokens_equal_to_fp32_before_first_difference']} tokens: {d['text']!r}")

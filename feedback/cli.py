@@ -401,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="repeats per measurement (the median is kept)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--dtypes", action="store_true", help="also compare float32 and bfloat16 decode speed")
+    p.add_argument("--api", action="store_true", help="also time a run through the HTTP API against the engine")
     p.add_argument("--json", action="store_true")
     return parser
 

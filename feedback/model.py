@@ -243,6 +243,13 @@ class ModelPool:
         self._models: dict[str, LoadedModel] = {}
         self._lock = threading.Lock()
 
+    @classmethod
+    def serving(cls, lm: LoadedModel) -> "ModelPool":
+        """A pool whose allowlist is one model that is already loaded (tests, benchmarks)."""
+        pool = cls([lm.name])
+        pool._models[lm.name] = lm
+        return pool
+
     @property
     def default(self) -> str:
         return self.allowlist[0]

@@ -44,8 +44,7 @@ def app_url(embedded_lm):
     from ui.app import FeedbackLensApp
     from ui.render import CSS
 
-    pool = ModelPool(["embedded"])
-    pool._models["embedded"] = embedded_lm  # reuse the session's loaded model
+    pool = ModelPool.serving(embedded_lm)  # reuse the session's loaded model
     demo = FeedbackLensApp(pool).build()
     demo.queue(max_size=16, default_concurrency_limit=1)
     with socket.socket() as s:

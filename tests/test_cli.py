@@ -81,13 +81,13 @@ def test_prepare_prints_the_cache_folder():
 
 @pytest.mark.slow
 def test_bench_json_reports_every_ratio():
-    out = cli("bench", "--tokens", "8", "--repeats", "1", "--json", timeout=600)
+    out = cli("bench", "--tokens", "8", "--repeats", "1", "--api", "--json", timeout=600)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     for key in ("baseline_vs_generate", "side_by_side_overhead", "feedback_row_overhead", "cold_start_s",
-                "roofline_fraction"):
+                "roofline_fraction", "api_stream_vs_engine", "api_generate_vs_engine"):
         assert isinstance(data[key], float) and data[key] > 0
-    assert data["same_tokens_as_generate"] is True
+    assert data["same_tokens_as_generate"] is True and data["api_same_tokens"] is True
 
 
 def test_ppl_json_on_a_text_file(tmp_path):

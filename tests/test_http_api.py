@@ -3,20 +3,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
-from feedback.api import ApiSettings, api_routes, to_config, GenerateIn
+from feedback.api import ApiSettings, GenerateIn, local_server, to_config
 from feedback.engine import Engine
 from feedback.model import ModelPool
 from feedback.records import MAX_PROMPT_CHARS
@@ -28,23 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 @contextmanager
 def serve(lm, settings: ApiSettings):
     """The API mounted at /api exactly as app.py mounts it, served by uvicorn on a free port."""
-    pool = ModelPool([lm.name])
-    pool._models[lm.name] = lm
-    app = FastAPI(routes=api_routes(pool, settings))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", pool
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    pool = ModelPool.serving(lm)
+    with local_server(pool, settings) as url:
+        yield url, pool
 
 
 @pytest.fixture(scope="module")
