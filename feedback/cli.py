@@ -296,6 +296,9 @@ def _batch(args) -> int:
 
     rank, world, device = _launcher_shard()
     tag = f"[rank {rank}/{world}] " if world > 1 else ""
+    if world > 1 and args.device_map:
+        print(f"warning: {tag}--device-map with {world} processes: every rank spreads its own copy of the model "
+              "over all devices; for a model that needs several GPUs run one process", file=sys.stderr)
     lm = _load(args, device=device if args.device_map is None else "auto")
 
     def progress(done: int, total: int, elapsed: float) -> None:
