@@ -34,7 +34,7 @@ from feedback.perplexity import PPLConfig, evaluate, surprise_diff
 from feedback.records import (MAX_PROMPT_CHARS, SERVED_MAX_NEW_TOKENS, DeepConfConfig, RowSpec, RunConfig,
                               default_rows)
 from feedback.sampling import SamplingConfig
-from feedback.strategies import REGISTRY, get_strategy
+from feedback.strategies import REGISTRY
 
 API_ROWS_CAP = 8
 ParamValue = bool | int | float | str
@@ -169,9 +169,6 @@ def to_config(req: GenerateIn, model: str) -> RunConfig:
     """The request as a `RunConfig`, through the same validation as the UI's runs."""
     rows = ([RowSpec(**r.model_dump()) for r in req.rows] if req.rows
             else default_rows(req.strategy, dict(req.params)))
-    for row in rows:
-        if row.strategy is not None:
-            get_strategy(row.strategy)
     return RunConfig(prompt=req.prompt, model=model, chat_template=req.chat_template, system_prompt=req.system_prompt,
                      max_new_tokens=req.max_new_tokens, seed=req.seed,
                      sampling=SamplingConfig(**req.sampling.model_dump()),
@@ -353,8 +350,6 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
               summary="teacher-forced perplexity of a text, baseline vs a strategy, with a paired bootstrap CI")
     def ppl(req: PPLIn) -> JSONResponse:
         lm = pool.get(req.model)
-        if req.strategy is not None:
-            get_strategy(req.strategy)
         cfg = PPLConfig(req.strategy, dict(req.params), req.mode, passes=req.passes, window=req.window,
                         chunk=req.chunk, stride=req.stride, bootstrap=req.bootstrap,
                         seed=req.seed).validate(lm.context_length)
