@@ -269,13 +269,13 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
                 "strategies": [cls.schema(lm.num_layers) for cls in REGISTRY.values()]}
 
     @asynccontextmanager
-    async def turn() -> AsyncIterator[float]:
+    async def turn(label: str) -> AsyncIterator[float]:
         """Hold one slot of the shared model line (waiting in a worker thread); yields seconds queued."""
-        held: list[bool] = []
+        held: list = []
 
         def take() -> None:
-            pool.gate.acquire("api", settings.max_waiting, settings.wait_s)
-            held.append(True)  # recorded in the worker thread, so a cancellation right after cannot lose it
+            # recorded in the worker thread, so a cancellation right after cannot lose it
+            held.append(pool.gate.acquire("api", settings.max_waiting, settings.wait_s, label=label))
 
         t0 = time.perf_counter()
         try:
@@ -283,7 +283,7 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
             yield time.perf_counter() - t0
         finally:
             if held:
-                pool.gate.release()
+                pool.gate.leave(held[0])
 
     async def decode(run: Run) -> AsyncIterator[StepEvent]:
         """The run's steps, each computed in a worker thread; however it ends (done, error, or the
@@ -301,7 +301,7 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
               description="A client that hangs up before the answer stops the run within a step.")
     async def generate(req: GenerateIn, request: Request) -> JSONResponse:
         run = await anyio.to_thread.run_sync(start, req)
-        async with turn() as queued:
+        async with turn("an API generate request") as queued:
             try:
                 async with aclosing(decode(run)) as steps:
                     async for _ in steps:
@@ -329,7 +329,7 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
     async def stream(run: Run, steps: bool, sse: bool) -> AsyncIterator[str]:
         names = [r.name for r in run.config.rows]
         try:
-            async with turn():
+            async with turn("an API stream request"):
                 yield _event("start", {"rows": [{"name": r.name, "strategy": r.strategy, "params": r.params}
                                                 for r in run.result.rows],
                                        "prompt_tokens": run.result.prompt_tokens, "config": run.result.config}, sse)
@@ -353,7 +353,7 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
         cfg = PPLConfig(req.strategy, dict(req.params), req.mode, passes=req.passes, window=req.window,
                         chunk=req.chunk, stride=req.stride, bootstrap=req.bootstrap,
                         seed=req.seed).validate(lm.context_length)
-        with pool.gate.slot("api", settings.max_waiting, settings.wait_s):
+        with pool.gate.slot("api", settings.max_waiting, settings.wait_s, label="an API perplexity request"):
             res = evaluate(lm, [corpus.Document("text", req.text)], cfg, token_detail=req.token_detail)
         if req.token_detail:
             res["token_detail"] = surprise_diff(res)

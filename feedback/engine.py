@@ -20,7 +20,7 @@ from feedback.confidence import GroupWindow, distribution_stats, trace_metrics
 from feedback.detok import IncrementalDecoder
 from feedback.errors import FeedbackError
 from feedback.model import LoadedModel
-from feedback.records import Alternative, RowResult, RunConfig, RunResult, StepRecord
+from feedback.records import Alternative, RowResult, RunConfig, RunResult, StepRecord, first_divergence
 from feedback.sampling import Sampler
 from feedback.strategies import BatchView, Strategy, build_strategy
 
@@ -214,10 +214,7 @@ class Run:
         res.wall_seconds = time.perf_counter() - t0
         res.memory.append(memory.sample(t0, self.lm.device).to_dict())
         if len(res.rows) >= 2:
-            a, b = res.rows[0].token_ids, res.rows[1].token_ids
-            res.first_divergence_step = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-            if res.first_divergence_step is None and len(a) != len(b):
-                res.first_divergence_step = min(len(a), len(b))
+            res.first_divergence_step = first_divergence(res.rows[0].token_ids, res.rows[1].token_ids)
 
 
 def hooked_forward(lm: LoadedModel, batch: BatchView, strategies, **inputs):

@@ -1,13 +1,24 @@
-"""First-come, first-served admission to model work, shared by the UI and the HTTP API."""
+"""First-come, first-served admission to model work, shared by the page and the HTTP API.
+
+Every caller takes a `Ticket`, waits in one line, runs while it holds a slot, and leaves. Waiting is
+done in short `wait` calls, each of which renews the ticket's lease: a waiter that stops renewing
+(its browser tab closed, its generator was never resumed, its HTTP client hung up) loses its place
+within `lease_s` seconds, so an abandoned request never blocks the people behind it. A ticket that
+holds a slot has no lease: whoever holds it must leave on every exit path (the callers do so in
+`finally` blocks, and their work stops within a step when its caller goes away).
+"""
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 from feedback.errors import FeedbackError
+
+LEASE_S = 3.0
 
 
 class Busy(FeedbackError):
@@ -18,66 +29,166 @@ class Busy(FeedbackError):
         self.retry_after_s = retry_after_s
 
 
+@dataclass(eq=False)
+class Ticket:
+    """One caller's place: in the line, then holding a slot. `label` says what it runs ("a Sweep
+    from the page", "an API generate request"), for the people waiting behind it."""
+
+    kind: str
+    label: str
+    joined: float = field(default_factory=time.monotonic)
+    seen: float = field(default_factory=time.monotonic)  # last renewal of the lease while waiting
+    started: float | None = None  # when it got a slot
+    left: bool = False
+
+
+@dataclass
+class Place:
+    """Where a waiting ticket stands: 1 = next; what runs now and what waits ahead of it."""
+
+    position: int
+    running: list[tuple[str, float]]  # (label, seconds it has run)
+    ahead: list[str]
+
+
 class Gate:
-    """At most `capacity` runs at once; waiters are served strictly in arrival order.
+    """At most `capacity` runs at once; live waiters are served strictly in arrival order.
 
     The order is what keeps the page responsive: however many API requests arrive, a page request
     that is already waiting is served before any of them, and each kind can cap its own line."""
 
-    def __init__(self, capacity: int = 1):
+    def __init__(self, capacity: int = 1, lease_s: float = LEASE_S):
         if capacity < 1:
             raise FeedbackError(f"concurrency must be at least 1, got {capacity}")
         self.capacity = capacity
-        self._running = 0
-        self._line: deque[tuple[object, str]] = deque()
+        self.lease_s = lease_s
+        self._line: deque[Ticket] = deque()
+        self._running: list[Ticket] = []
         self._cond = threading.Condition()
 
-    def acquire(self, kind: str = "ui", max_waiting: int | None = None, timeout: float | None = None) -> None:
-        """Wait for a slot. Raises `Busy` at once when `kind` already has `max_waiting` callers
-        waiting, or when `timeout` seconds pass first."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    # ---- the line ----
+    def join(self, kind: str = "ui", label: str = "", max_waiting: int | None = None) -> Ticket:
+        """A ticket at the end of the line. Raises `Busy` at once when `kind` already has
+        `max_waiting` live callers waiting (unless a slot is free right now)."""
         with self._cond:
+            self._drop_stale()
             if self._refuses(kind, max_waiting):
-                raise Busy(f"the model is busy ({self._running} running, {len(self._line)} waiting); try again")
-            ticket = (object(), kind)
+                raise Busy(f"the model is busy ({len(self._running)} running, {len(self._line)} waiting); "
+                           "try again in a minute")
+            ticket = Ticket(kind, label or kind)
             self._line.append(ticket)
-            while not (self._line[0] is ticket and self._running < self.capacity):
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    self._line.remove(ticket)
-                    self._cond.notify_all()
-                    raise Busy(f"the model stayed busy for {timeout:g} s; try again")
-                self._cond.wait(remaining)
-            self._line.popleft()
-            self._running += 1
-            self._cond.notify_all()  # with capacity > 1 the next in line may start too
+            return ticket
 
-    def release(self) -> None:
+    def wait(self, ticket: Ticket, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for a slot, renewing the ticket's lease; True once it holds one.
+        A ticket that lost its place by not renewing in time goes back to the end of the line."""
+        deadline = time.monotonic() + timeout
         with self._cond:
-            if self._running <= 0:
-                raise RuntimeError("Gate.release without a matching acquire")
-            self._running -= 1
+            while True:
+                now = time.monotonic()
+                if ticket.left:
+                    raise RuntimeError("Gate.wait on a ticket that has left")
+                if ticket.started is not None:
+                    return True
+                ticket.seen = now
+                self._drop_stale()
+                if ticket not in self._line:
+                    self._line.append(ticket)
+                if self._line[0] is ticket and len(self._running) < self.capacity:
+                    self._line.popleft()
+                    ticket.started = now
+                    self._running.append(ticket)
+                    self._cond.notify_all()  # with capacity > 1 the next in line may start too
+                    return True
+                remaining = deadline - now
+                if remaining <= 0:
+                    return False
+                self._cond.wait(min(remaining, self.lease_s / 3))
+
+    def leave(self, ticket: Ticket) -> None:
+        """Give up the place in line, or the slot; safe to call more than once."""
+        with self._cond:
+            if ticket.left:
+                return
+            ticket.left = True
+            if ticket in self._running:
+                self._running.remove(ticket)
+            elif ticket in self._line:
+                self._line.remove(ticket)
             self._cond.notify_all()
 
-    @contextmanager
-    def slot(self, kind: str = "ui", max_waiting: int | None = None, timeout: float | None = None) -> Iterator[None]:
-        self.acquire(kind, max_waiting, timeout)
-        try:
-            yield
-        finally:
-            self.release()
-
-    def would_refuse(self, kind: str, max_waiting: int | None) -> bool:
-        """Whether `acquire(kind, max_waiting)` would raise `Busy` at once right now."""
+    def where(self, ticket: Ticket) -> Place:
         with self._cond:
+            self._drop_stale()
+            now = time.monotonic()
+            running = [(t.label, now - t.started) for t in self._running]
+            if ticket.started is not None or ticket not in self._line:
+                return Place(0, running, [])
+            index = self._line.index(ticket)
+            return Place(index + 1, running, [t.label for t in list(self._line)[:index]])
+
+    # ---- blocking use from a worker thread ----
+    def acquire(self, kind: str = "ui", max_waiting: int | None = None, timeout: float | None = None,
+                label: str = "", cancelled: Callable[[], bool] | None = None) -> Ticket:
+        """Wait (blocking) for a slot. Raises `Busy` when the line for `kind` is full or `timeout`
+        seconds pass first; leaves the line at once when `cancelled()` turns true."""
+        ticket = self.join(kind, label, max_waiting)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                step = self.lease_s / 3
+                if deadline is not None:
+                    step = min(step, deadline - time.monotonic())
+                if step > 0 and self.wait(ticket, step):
+                    return ticket
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise Busy(f"the model stayed busy for {timeout:g} s; try again")
+                if cancelled is not None and cancelled():
+                    raise Busy("the caller left before its turn")
+        except BaseException:
+            self.leave(ticket)
+            raise
+
+    def release(self, ticket: Ticket) -> None:
+        if ticket.started is None or ticket.left:
+            raise RuntimeError("Gate.release of a ticket that holds no slot")
+        self.leave(ticket)
+
+    @contextmanager
+    def slot(self, kind: str = "ui", max_waiting: int | None = None, timeout: float | None = None,
+             label: str = "", cancelled: Callable[[], bool] | None = None) -> Iterator[Ticket]:
+        ticket = self.acquire(kind, max_waiting, timeout, label, cancelled)
+        try:
+            yield ticket
+        finally:
+            self.leave(ticket)
+
+    # ---- state ----
+    def would_refuse(self, kind: str, max_waiting: int | None) -> bool:
+        """Whether `join(kind, max_waiting=...)` would raise `Busy` at once right now."""
+        with self._cond:
+            self._drop_stale()
             return self._refuses(kind, max_waiting)
 
     def status(self) -> dict:
+        """Counts, and what runs now (labels and seconds) — no prompts or other request contents."""
         with self._cond:
-            return {"capacity": self.capacity, "running": self._running, "waiting": len(self._line)}
+            self._drop_stale()
+            now = time.monotonic()
+            return {"capacity": self.capacity, "running": len(self._running), "waiting": len(self._line),
+                    "runs": [{"label": t.label, "seconds": round(now - t.started, 1)} for t in self._running]}
+
+    def _drop_stale(self) -> None:
+        """Caller holds the lock. Waiters that stopped renewing their lease lose their place."""
+        now = time.monotonic()
+        stale = [t for t in self._line if now - t.seen > self.lease_s]
+        for t in stale:
+            self._line.remove(t)
+        if stale:
+            self._cond.notify_all()
 
     def _refuses(self, kind: str, max_waiting: int | None) -> bool:
         """Caller holds the lock. A full line for `kind` refuses, unless a slot is free right now."""
-        if max_waiting is None or (not self._line and self._running < self.capacity):
+        if max_waiting is None or (not self._line and len(self._running) < self.capacity):
             return False
-        return sum(1 for _, k in self._line if k == kind) >= max_waiting
+        return sum(1 for t in self._line if t.kind == kind) >= max_waiting

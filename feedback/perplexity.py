@@ -14,6 +14,7 @@ window is prefilled in chunks on a KV cache, bounding the memory its logits take
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -24,7 +25,7 @@ from transformers import DynamicCache
 
 from feedback.corpus import Document, fingerprint
 from feedback.engine import hooked_forward
-from feedback.errors import FeedbackError
+from feedback.errors import FeedbackError, check_stop
 from feedback.model import LoadedModel
 from feedback.strategies import BatchView, build_strategy, get_strategy
 
@@ -125,8 +126,9 @@ def _window_chunked(lm: LoadedModel, ids: torch.Tensor, chunk: int) -> torch.Ten
     return torch.cat(nll)
 
 
-def _window_exact(lm: LoadedModel, ids: torch.Tensor, strategy) -> torch.Tensor:
-    """NLL of ids[1:] decoding token by token with the KV cache, exactly as in generation."""
+def _window_exact(lm: LoadedModel, ids: torch.Tensor, strategy, stop: threading.Event | None = None) -> torch.Tensor:
+    """NLL of ids[1:] decoding token by token with the KV cache, exactly as in generation; checks
+    `stop` at every token (this mode is slow, ~1 forward per token)."""
     batch = BatchView("prefill", [0])
     strategy.attach(lm.model, lm.layers, 0, batch)
     try:
@@ -136,6 +138,7 @@ def _window_exact(lm: LoadedModel, ids: torch.Tensor, strategy) -> torch.Tensor:
             logits = [out.logits[0, -1]]
             batch.phase = "decode"
             for t in range(1, ids.shape[0] - 1):
+                check_stop(stop, "the perplexity evaluation")
                 out = hooked_forward(lm, batch, [strategy], input_ids=ids[None, t:t + 1], cache=cache,
                                      use_cache=True)
                 logits.append(out.logits[0, -1])
@@ -144,14 +147,16 @@ def _window_exact(lm: LoadedModel, ids: torch.Tensor, strategy) -> torch.Tensor:
         strategy.detach()
 
 
-def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig,
-               baseline_cache: dict | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig, baseline_cache: dict | None = None,
+               stop: threading.Event | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-token NLL (targets 1..n-1) for the baseline and, when a strategy is set, the feedback.
-    `baseline_cache` (keyed by the window's tokens) lets sweeps compute each baseline once."""
+    `baseline_cache` (keyed by the window's tokens) lets sweeps compute each baseline once; `stop`
+    is checked before every window (and every token in exact mode)."""
     mode = cfg.resolved_mode()
     ids_t = torch.tensor(ids, device=lm.device)
     base, fb = [], []
     for start, end, scored in windows(len(ids), cfg.window, cfg.stride):
+        check_stop(stop, "the perplexity evaluation")
         w = ids_t[start:end]
         keep = slice(scored - start - 1, None)  # NLL index i is the target at start + i + 1
         key = (tuple(ids[start:end]), scored - start)
@@ -164,7 +169,7 @@ def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig,
         if cfg.strategy:
             strategy = build_strategy(cfg.strategy, cfg.params, lm.num_layers)
             if mode == "exact":
-                fb.append(_window_exact(lm, w, strategy)[keep])
+                fb.append(_window_exact(lm, w, strategy, stop)[keep])
             else:
                 fb.append(_window_parallel(lm, w, strategy, cfg.passes if mode == "jacobi" else 1)[keep])
     to_np = lambda parts: torch.cat(parts).double().cpu().numpy()  # noqa: E731
@@ -194,9 +199,10 @@ def paired_bootstrap(diffs: list[np.ndarray], resamples: int, seed: int) -> tupl
 
 def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
              progress: Callable[[int, int, str], None] | None = None, baseline_cache: dict | None = None,
-             token_detail: bool = False) -> dict:
+             token_detail: bool = False, stop: threading.Event | None = None) -> dict:
     """Baseline and feedback perplexity over documents, with ΔPPL % and its paired 95% CI.
-    With `token_detail`, each per-document entry also holds its tokens and both per-token NLLs."""
+    With `token_detail`, each per-document entry also holds its tokens and both per-token NLLs.
+    Setting `stop` ends the evaluation (raising `Stopped`) within one window."""
     cfg.validate(lm.context_length)
     mode = cfg.resolved_mode()
     if cfg.strategy:
@@ -210,10 +216,12 @@ def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
             ids = ids[: cfg.max_tokens_per_doc]
         if len(ids) < 2:
             continue
-        base, fb = token_nlls(lm, ids, cfg, baseline_cache)
+        base, fb = token_nlls(lm, ids, cfg, baseline_cache, stop)
         entry = {"name": doc.name, "tokens": int(base.size), "baseline_ppl": float(np.exp(base.mean()))}
         if token_detail:
-            entry |= {"token_texts": [lm.tokenizer.decode([t]) for t in ids[1:]], "baseline_nll": base.tolist()}
+            # the first token has no prediction to score (no BOS is added); it is kept for display
+            entry |= {"first_token_text": lm.tokenizer.decode([ids[0]]),
+                      "token_texts": [lm.tokenizer.decode([t]) for t in ids[1:]], "baseline_nll": base.tolist()}
             if fb is not None:
                 entry["feedback_nll"] = fb.tolist()
         if fb is not None:
@@ -258,8 +266,8 @@ def surprise_diff(result: dict) -> dict:
     """Per-token detail of the first document of an `evaluate(..., token_detail=True)` result (the
     UI's surprise chart): tokens, both NLLs, and both perplexities."""
     doc = result["per_doc"][0]
-    out = {"tokens": doc["token_texts"], "baseline_nll": doc["baseline_nll"], "mode": result["mode"],
-           "baseline_ppl": doc["baseline_ppl"]}
+    out = {"first_token": doc.get("first_token_text", ""), "tokens": doc["token_texts"],
+           "baseline_nll": doc["baseline_nll"], "mode": result["mode"], "baseline_ppl": doc["baseline_ppl"]}
     if "feedback_nll" in doc:
         out |= {"feedback_nll": doc["feedback_nll"], "feedback_ppl": doc["feedback_ppl"]}
     return out

@@ -16,6 +16,15 @@ MAX_ROWS = 64
 MAX_PROMPT_CHARS = 100_000  # checked before tokenising, so a huge prompt costs nothing
 
 
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """First step where two rows chose different tokens; if one is a prefix of the other, the
+    step where the shorter one ended; None when they are identical."""
+    diverged = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if diverged is None and len(a) != len(b):
+        return min(len(a), len(b))
+    return diverged
+
+
 @dataclass
 class RowSpec:
     """One row of a run: the baseline (no strategy) or a strategy with parameters."""

@@ -5,6 +5,7 @@ import csv
 import dataclasses
 import io
 import itertools
+import threading
 from typing import Callable
 
 from feedback.corpus import Document
@@ -14,6 +15,7 @@ from feedback.perplexity import PPLConfig, evaluate
 from feedback.strategies import get_strategy
 
 MAX_POINTS = 400
+SERVED_MAX_POINTS = 24  # grid points per request on a shared server (the page)
 CSV_FIELDS = ["delta_pct", "ci95_low", "ci95_high", "ci95_width", "baseline_ppl", "feedback_ppl", "mode",
               "tokens", "wall_seconds"]
 
@@ -44,8 +46,13 @@ def parse_grid(items: list[str], strategy: str, num_layers: int) -> dict[str, li
 
 
 def run_sweep(lm: LoadedModel, docs: list[Document], strategy: str, grid: dict[str, list], base: PPLConfig,
-              fixed: dict | None = None, on_point: Callable[[dict, int, int], None] | None = None) -> list[dict]:
-    """One perplexity evaluation per grid point; rows carry the point's parameters and the results."""
+              fixed: dict | None = None, on_point: Callable[[dict, int, int], None] | None = None,
+              stop: threading.Event | None = None,
+              progress: Callable[[int, int, int, int], None] | None = None) -> list[dict]:
+    """One perplexity evaluation per grid point; rows carry the point's parameters and the results.
+    Setting `stop` ends the sweep (raising `Stopped`) within one window; the points already
+    finished have been handed to `on_point`. `progress(point, points, document, documents)` hears
+    of every document scored."""
     names = list(grid)
     points = list(itertools.product(*grid.values()))
     baseline_cache: dict = {}
@@ -53,7 +60,8 @@ def run_sweep(lm: LoadedModel, docs: list[Document], strategy: str, grid: dict[s
     for i, values in enumerate(points):
         params = {**(fixed or {}), **dict(zip(names, values))}
         cfg = dataclasses.replace(base, strategy=strategy, params=params)
-        res = evaluate(lm, docs, cfg, baseline_cache=baseline_cache)
+        doc_progress = (lambda d, n, _name, i=i: progress(i + 1, len(points), d, n)) if progress else None
+        res = evaluate(lm, docs, cfg, progress=doc_progress, baseline_cache=baseline_cache, stop=stop)
         lo, hi = res["ci95"]
         row = {**dict(zip(names, values)), "delta_pct": res["delta_pct"], "ci95_low": lo, "ci95_high": hi,
                "ci95_width": hi - lo, "baseline_ppl": res["baseline_ppl"], "feedback_ppl": res["feedback_ppl"],
@@ -62,6 +70,18 @@ def run_sweep(lm: LoadedModel, docs: list[Document], strategy: str, grid: dict[s
         if on_point:
             on_point(row, i + 1, len(points))
     return rows
+
+
+def is_noop(strategy: str, params: dict) -> bool:
+    """Whether these parameters switch the strategy off (its strength is 0): such a point measures
+    the baseline again, so it can never be "the best setting"."""
+    return params.get(get_strategy(strategy).strength_param) == 0
+
+
+def best_point(rows: list[dict], strategy: str, fixed: dict | None = None) -> dict | None:
+    """The grid point with the lowest ΔPPL among those that change anything (None if none does)."""
+    live = [r for r in rows if not is_noop(strategy, {**(fixed or {}), **r})]
+    return min(live, key=lambda r: r["delta_pct"]) if live else None
 
 
 def to_csv(rows: list[dict], names: list[str]) -> str:

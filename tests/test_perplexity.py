@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -11,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from feedback import corpus
-from feedback.errors import FeedbackError
+from feedback.errors import FeedbackError, Stopped
 from feedback.perplexity import PPLConfig, evaluate, paired_bootstrap, surprise_diff, token_nlls, windows
-from feedback.sweep import parse_grid, run_sweep, to_csv
+from feedback.sweep import best_point, is_noop, parse_grid, run_sweep, to_csv
 
 TEXT = "The river flows to the sea. The sea rises as clouds, and the clouds rain on the hills again."
 
@@ -95,6 +96,8 @@ def test_surprise_diff_aligns_tokens_and_nlls(tiny_lm):
     base, fb = token_nlls(tiny_lm, tiny_lm.tokenizer(TEXT)["input_ids"], cfg)
     assert np.allclose(out["baseline_nll"], base) and np.allclose(out["feedback_nll"], fb)
     assert out["feedback_ppl"] == pytest.approx(res["feedback_ppl"])
+    ids = tiny_lm.tokenizer(TEXT)["input_ids"]  # the first token is kept for display, unscored
+    assert out["first_token"] == tiny_lm.tokenizer.decode([ids[0]]) and len(out["tokens"]) == len(ids) - 1
     with pytest.raises(FeedbackError, match="at least 2 tokens"):
         evaluate(tiny_lm, [corpus.Document("t", "")], cfg, token_detail=True)
 
@@ -152,3 +155,51 @@ def test_chunked_prefill_matches_one_pass(tiny_lm, chunk):
     one, _ = token_nlls(tiny_lm, ids, PPLConfig(chunk=10_000))
     chunked, _ = token_nlls(tiny_lm, ids, PPLConfig(chunk=chunk))
     assert np.allclose(one, chunked, atol=1e-4)
+
+
+class StopAfter:
+    """A stop event that turns itself on after `n` checks: stands in for a Stop pressed mid-job."""
+
+    def __init__(self, n: int):
+        self.n, self.checks = n, 0
+
+    def is_set(self) -> bool:
+        self.checks += 1
+        return self.checks > self.n
+
+
+@pytest.mark.parametrize("mode, checks", [("parallel", 2), ("exact", 5)])
+def test_a_stopped_evaluation_ends_within_a_window_or_token(tiny_lm, mode, checks):
+    docs = [corpus.Document(f"d{i}", TEXT * 3) for i in range(4)]
+    cfg = PPLConfig("deep_cache" if mode == "parallel" else "residual", {}, mode, window=16, stride=8, bootstrap=0)
+    stop = StopAfter(checks)
+    seen: list[int] = []
+    with pytest.raises(Stopped, match="stopped"):
+        evaluate(tiny_lm, docs, cfg, progress=lambda i, n, name: seen.append(i), stop=stop)
+    assert stop.checks == checks + 1 and seen == []  # nothing ran past the check that saw the stop
+    done = threading.Event()
+    assert evaluate(tiny_lm, docs[:1], cfg, stop=done)["documents"] == 1  # an unset event changes nothing
+
+
+def test_a_stopped_sweep_keeps_the_points_it_finished(tiny_lm):
+    grid = {"lam": [0.0, 0.1, 0.2]}
+    points: list[dict] = []
+    stop = threading.Event()
+
+    def on_point(row, i, n):
+        points.append(row)
+        stop.set()  # Stop pressed after the first point
+
+    with pytest.raises(Stopped):
+        run_sweep(tiny_lm, [corpus.Document("a", TEXT)], "deep_cache", grid, PPLConfig(bootstrap=20), {},
+                  on_point, stop=stop)
+    assert [p["lam"] for p in points] == [0.0]
+
+
+def test_best_point_never_picks_a_setting_with_strength_zero():
+    rows = [{"lam": 0.0, "gate": 0.9, "delta_pct": -0.0}, {"lam": 0.1, "gate": 0.9, "delta_pct": 0.4},
+            {"lam": 0.2, "gate": 0.9, "delta_pct": 0.2}]
+    assert best_point(rows, "deep_cache")["lam"] == 0.2  # the no-op point (ΔPPL 0) is not "best"
+    assert best_point(rows[:1], "deep_cache") is None
+    assert best_point([{"gate": 0.5, "delta_pct": 1.0}], "deep_cache", {"lam": 0.0}) is None  # fixed strength 0
+    assert is_noop("residual", {"alpha": 0}) and not is_noop("residual", {"alpha": 0.1})
