@@ -16,20 +16,31 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from feedback.engine import Engine
-from feedback.errors import FeedbackError
+from feedback.errors import FeedbackError, Stopped
 from feedback.model import LoadedModel
 from feedback.records import DeepConfConfig, RowResult, RowSpec, RunConfig
 from feedback.sampling import SamplingConfig
 from feedback.strategies import build_strategy
-from feedback.voting import Trace, calibrate_threshold, check_eta, compile_answer_regex, extract_answer, vote
+from feedback.voting import (Trace, answer_matches, calibrate_threshold, check_eta, compile_answer_regex,
+                             extract_answer, vote)
 
 MAX_TRACES = 64
+SERVED_MAX_TRACES = 16  # traces (and warm-up traces) per side on a shared server (the page)
+SERVED_MAX_NEW_TOKENS = 512  # tokens per trace on a shared server
 SIDES = ("baseline", "feedback")
+# What each vote means, for reports and the UI.
+VOTE_KINDS = {
+    "lowest_group": "DeepConf's answer: the traces kept (top η% by lowest group confidence, stopped ones "
+                    "excluded) vote with that confidence as weight",
+    "majority": "one vote per trace that was not stopped, confidence ignored",
+    "tail": "like DeepConf's answer, but weighted by the mean confidence of each trace's last window",
+}
 
 
 @dataclass
@@ -50,6 +61,7 @@ class DeepThinkConfig:
     shared_threshold: bool = False  # one threshold from both sides' warm-up traces
     check: bool = False  # finish stopped traces to measure the tokens saved exactly
     chat_template: bool = True
+    expected: str | None = None  # the right answer, if known: traces and votes are marked correct or not
 
     def validate(self, num_layers: int) -> list[str]:
         """Raise on bad values; return warnings (e.g. a window that can never fill)."""
@@ -77,18 +89,30 @@ def _rows(cfg: DeepThinkConfig, n: int, offset: int, thresholds: dict[str, float
     return rows
 
 
-def _run(lm: LoadedModel, cfg: DeepThinkConfig, rows: list[RowSpec]) -> list[RowResult]:
+def _run(lm: LoadedModel, cfg: DeepThinkConfig, rows: list[RowSpec], stop: threading.Event | None = None,
+         progress=None, phase: str = "") -> list[RowResult]:
+    """One batched engine run of these traces; `progress(message)` hears of every decode step.
+    Raises `Stopped` when `stop` is set (within one decode step)."""
     run_cfg = RunConfig(prompt=cfg.prompt, model=lm.name, chat_template=cfg.chat_template,
                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                         sampling=SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p),
                         deepconf=DeepConfConfig(cfg.k, cfg.window, None), rows=rows)
-    return Engine(lm).run(run_cfg).rows
+    run = Engine(lm).start(run_cfg, stop_event=stop)
+    for event in run:
+        if progress:
+            live = len(rows) - sum(r.stop_reason is not None for r in run.result.rows)
+            progress(f"{phase}: step {event.step + 1} of {cfg.max_new_tokens}, {live} of {len(rows)} traces running")
+    if stop is not None and stop.is_set():
+        raise Stopped(f"Deep Think was stopped during the {phase or 'run'}")
+    return run.result.rows
 
 
-def _trace(row: RowResult, pattern, phase: str) -> dict:
+def _trace(row: RowResult, pattern, phase: str, cfg: DeepThinkConfig) -> dict:
     m = row.metrics
     stopped = row.stop_reason == "early_stop"
-    return {"name": row.name, "phase": phase, "text": row.text, "answer": extract_answer(row.text, pattern),
+    answer = extract_answer(row.text, pattern, cfg.prompt)
+    return {"name": row.name, "phase": phase, "text": row.text, "answer": answer,
+            "correct": answer_matches(answer, cfg.expected),
             "stopped": stopped, "excluded": stopped, "stop_reason": row.stop_reason, "stop_step": row.stop_step,
             "tokens": len(row.token_ids), "lowest_group": m.get("lowest_group"), "tail": m.get("tail"),
             "mean": m.get("mean"), "bottom10_group": m.get("bottom10_group"),
@@ -101,11 +125,13 @@ def _as_vote_trace(t: dict) -> Trace:
                  t["tail"] if t["tail"] is not None else nan)
 
 
-def warm_up(lm: LoadedModel, cfg: DeepThinkConfig) -> tuple[dict, dict, dict]:
+def warm_up(lm: LoadedModel, cfg: DeepThinkConfig, stop: threading.Event | None = None,
+            progress=None) -> tuple[dict, dict, dict]:
     """Warm-up traces per side (never stopped), their lowest group confidences, and the thresholds."""
     pattern = compile_answer_regex(cfg.answer_regex)
-    warm_rows = _run(lm, cfg, _rows(cfg, cfg.warmup, 0, {}))
-    warm = {side: [_trace(r, pattern, "warmup") for r in warm_rows if r.name.startswith(side)] for side in SIDES}
+    warm_rows = _run(lm, cfg, _rows(cfg, cfg.warmup, 0, {}), stop, progress, "warm-up")
+    warm = {side: [_trace(r, pattern, "warmup", cfg) for r in warm_rows if r.name.startswith(side)]
+            for side in SIDES}
     lows = {side: [t["lowest_group"] for t in warm[side] if t["lowest_group"] is not None] for side in SIDES}
     if cfg.shared_threshold:
         shared = calibrate_threshold(lows["baseline"] + lows["feedback"], cfg.eta)
@@ -115,29 +141,26 @@ def warm_up(lm: LoadedModel, cfg: DeepThinkConfig) -> tuple[dict, dict, dict]:
     return warm, lows, thresholds
 
 
-def deep_think(lm: LoadedModel, cfg: DeepThinkConfig, progress=None) -> dict:
+def deep_think(lm: LoadedModel, cfg: DeepThinkConfig, progress=None, stop: threading.Event | None = None) -> dict:
     """Warm-up, calibrate, run online with early stop, vote; a JSON-serialisable report per side.
-    `progress(message)` is told when each phase starts."""
+    `progress(message)` hears of each phase and decode step; setting `stop` ends it (raising
+    `Stopped`) within one decode step."""
     warnings = cfg.validate(lm.num_layers)
     pattern = compile_answer_regex(cfg.answer_regex)
     started = time.perf_counter()
-    if progress:
-        progress(f"warm-up: {cfg.warmup} traces per side")
-    warm, lows, thresholds = warm_up(lm, cfg)
-    if progress:
-        progress(f"online: {cfg.traces} traces per side, thresholds "
-                 + ", ".join(f"{side} {thresholds[side]:.3f}" for side in SIDES))
-    online_rows = _run(lm, cfg, _rows(cfg, cfg.traces, cfg.warmup, thresholds))
-    online = {side: [_trace(r, pattern, "online") for r in online_rows if r.name.startswith(side)] for side in SIDES}
+    warm, lows, thresholds = warm_up(lm, cfg, stop, progress)
+    phase = "online (thresholds " + ", ".join(f"{side} {thresholds[side]:.2f}" for side in SIDES) + ")"
+    online_rows = _run(lm, cfg, _rows(cfg, cfg.traces, cfg.warmup, thresholds), stop, progress, phase)
+    online = {side: [_trace(r, pattern, "online", cfg) for r in online_rows if r.name.startswith(side)]
+              for side in SIDES}
 
     full_lengths: dict[str, int] = {}
     if cfg.check:  # same seeds, no threshold: the stopped traces' full lengths
-        if progress:
-            progress("check: finishing the stopped traces")
         stopped = [r for r in _rows(cfg, cfg.traces, cfg.warmup, {})
                    if any(t["name"] == r.name and t["stopped"] for side in SIDES for t in online[side])]
         if stopped:
-            full_lengths = {r.name: len(r.token_ids) for r in _run(lm, cfg, stopped)}
+            full_lengths = {r.name: len(r.token_ids)
+                            for r in _run(lm, cfg, stopped, stop, progress, "check: finishing the stopped traces")}
 
     report = {"config": asdict(cfg), "model": lm.name, "dtype": lm.dtype, "warnings": warnings,
               "thresholds": thresholds, "sides": {}}
@@ -146,7 +169,7 @@ def deep_think(lm: LoadedModel, cfg: DeepThinkConfig, progress=None) -> dict:
         warm_votes = [t | {"excluded": t["lowest_group"] is not None and t["lowest_group"] < thresholds[side]}
                       for t in warm[side]]
         voters = [_as_vote_trace(t) for t in warm_votes + online[side]]
-        votes = {"majority": vote(voters), "lowest_group": vote(voters, "lowest_group", cfg.eta),
+        votes = {"lowest_group": vote(voters, "lowest_group", cfg.eta), "majority": vote(voters),
                  "tail": vote(voters, "tail", cfg.eta)}
         spent = sum(t["tokens"] for t in warm[side] + online[side])
         stopped = [t for t in online[side] if t["stopped"]]
@@ -158,7 +181,9 @@ def deep_think(lm: LoadedModel, cfg: DeepThinkConfig, progress=None) -> dict:
             saved_method = "upper bound: each stopped trace counted as running to max_new_tokens"
         report["sides"][side] = {
             "answer": votes["lowest_group"].answer, "share": votes["lowest_group"].share,
-            "votes": {name: asdict(v) for name, v in votes.items()},
+            "correct": answer_matches(votes["lowest_group"].answer, cfg.expected),
+            "votes": {name: asdict(v) | {"correct": answer_matches(v.answer, cfg.expected),
+                                         "meaning": VOTE_KINDS[name]} for name, v in votes.items()},
             "single_trace_answer": online[side][0]["answer"] if online[side] else None,
             "warmup_lowest_groups": lows[side], "threshold": thresholds[side],
             "tokens_spent": spent, "tokens_saved": saved, "tokens_saved_method": saved_method,
@@ -189,22 +214,20 @@ def load_questions(path: str | Path) -> list[dict]:
 def accuracy(lm: LoadedModel, questions: list[dict], base: DeepThinkConfig, progress=None) -> dict:
     """Per side: accuracy of the single first trace, the majority vote and DeepConf's weighted vote,
     with tokens spent and saved, over a question set with gold answers."""
-    from feedback.voting import normalise
-
     tallies = {side: {"single": 0, "majority": 0, "deepconf": 0, "tokens_spent": 0, "tokens_saved": 0}
                for side in SIDES}
     items = []
     for i, q in enumerate(questions):
-        cfg = DeepThinkConfig(**{**asdict(base), "prompt": q["question"]})
+        gold = str(q["answer"])
+        cfg = DeepThinkConfig(**{**asdict(base), "prompt": q["question"], "expected": gold})
         rep = deep_think(lm, cfg)
-        gold = normalise(str(q["answer"]))
         item = {"question": q["question"], "gold": gold}
         for side in SIDES:
             s = rep["sides"][side]
             got = {"single": s["single_trace_answer"], "majority": s["votes"]["majority"]["answer"],
                    "deepconf": s["votes"]["lowest_group"]["answer"]}
             for method, answer in got.items():
-                tallies[side][method] += int(answer == gold)
+                tallies[side][method] += int(bool(answer_matches(answer, gold)))
             tallies[side]["tokens_spent"] += s["tokens_spent"]
             tallies[side]["tokens_saved"] += s["tokens_saved"]
             item[side] = got

@@ -36,9 +36,35 @@ def calibrate_threshold(lowest_groups: Sequence[float], eta: float) -> float:
     return float(np.percentile(values, 100.0 - eta))
 
 
+REGEX_TIMEOUT_S = 0.5  # a user's answer regex gets this long per trace: a backtracking pattern cannot hold the model line
+
 _BOXED = re.compile(r"\\boxed\s*\{")
-_ANSWER = re.compile(r"answer\s*(?:is)?\s*[:=]\s*(.+)", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+_SENTENCE_END = r"(?:[.!](?:\s|$)|\n|$)"
+# "The answer is 17.", "Answer: Paris", "the answer to the question "…?" is 30": the value up to the
+# end of its sentence. The words between "answer" and "is" stay inside one sentence.
+_STATED = re.compile(r"\banswer\b(?:\s+to\b(?:\"[^\"\n]*\"|“[^”\n]*”|[^.!\n\"“])*?)?\s*(?:\bis\b|:|=)\s*"
+                     r"(?P<value>.+?)" + _SENTENCE_END, re.IGNORECASE)
+# "The number 9 is the answer", "so 42 is our final answer"
+_NAMED = re.compile(r"(?P<value>[^\s.,;:!?]+)\s+is\s+(?:the|our|my)\s+(?:final\s+|correct\s+)?answer\b", re.IGNORECASE)
+# "So, 9 times 3 is also 21", "Therefore, 2^5 is 62": a conclusion that ends in a number
+_CONCLUSION = re.compile(r"\b(?:so|therefore|thus|hence)\b[^.!\n]*?(?:\bis\b|\bare\b|\bequals\b|=|\bget\b)\s*(?:also\s+)?"
+                         r"(?P<value>-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
+# "12 + 7 = 9", "100 divided by 4 equals 25", "is equal to 3"
+_RESULT = re.compile(r"(?:=|\bequals\b|\bis equal to\b)\s*(?P<value>-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
+_WORD_NUMBERS = {w: str(i) for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty".split())} | {
+    w: str(10 * i) for i, w in enumerate("thirty forty fifty sixty seventy eighty ninety".split(), start=3)} | {
+    "hundred": "100", "thousand": "1000"}
+_NUMBER_WORD = re.compile(r"\b(" + "|".join(_WORD_NUMBERS) + r")\b", re.IGNORECASE)
+# Questions that want a number: "Answer with a number", "How many …", "What is 6 multiplied by 7?"
+_NUMERIC_QUESTION = re.compile(r"\bnumber\b|\bhow (?:many|much)\b|\d\s*(?:[-+*/x×^]|times|plus|minus|"
+                               r"multiplied|divided|to the power)", re.IGNORECASE)
+# Words that carry no answer when a reply restates the question ("The capital of France is Paris.")
+_FILLER = set("a an the is are was were be been it its this that which of in on at for to and or by with as "
+              "usually typically often generally always approximately about around roughly called known "
+              "also very just simply".split())
 
 
 def _boxed(text: str) -> str | None:
@@ -55,8 +81,9 @@ def _boxed(text: str) -> str | None:
 
 
 def normalise(answer: str) -> str:
-    """Comparable form: trimmed, lower case, no trailing punctuation; numbers canonical (1,000.0 -> 1000)."""
-    a = answer.strip().strip("$").strip().rstrip(".!;,").strip().lower()
+    """Comparable form: trimmed, lower case, no quotes or trailing punctuation; numbers canonical
+    (1,000.0 -> 1000)."""
+    a = answer.strip().strip("$").strip().rstrip(".!;,").strip().strip("\"'“”‘’`").strip().lower()
     a = re.sub(r"\s+", " ", a)
     if _NUMBER.fullmatch(a):
         value = float(a.replace(",", ""))
@@ -64,40 +91,125 @@ def normalise(answer: str) -> str:
     return a
 
 
-def compile_answer_regex(pattern: str | None) -> re.Pattern | None:
+def compile_answer_regex(pattern: str | None):
+    """A user's answer pattern, compiled with the `regex` module so that matching can time out."""
     if pattern is None:
         return None
+    import regex
+
     try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
+        return regex.compile(pattern)
+    except (regex.error, TypeError) as exc:
         raise FeedbackError(f"answer regex does not compile: {exc}") from None
-    return compiled
 
 
-def extract_answer(text: str, pattern: re.Pattern | None = None) -> str | None:
-    """The trace's final answer, normalised: a user regex (its first group, else the match), else
-    \\boxed{...}, else a final "Answer: ...", else the whole reply when it is a short phrase of up to
-    three words with a letter in it ("Paris.", "H2O"), else the last number; None if nothing is found."""
+def wants_number(question: str | None) -> bool | None:
+    """Whether a question asks for a number (None: no question to tell from)."""
+    return None if not question else bool(_NUMERIC_QUESTION.search(question))
+
+
+def _words_to_digits(text: str) -> str:
+    return _NUMBER_WORD.sub(lambda m: _WORD_NUMBERS[m.group(1).lower()], text)
+
+
+def _stated_number(value: str) -> str | None:
+    """The number a stated answer gives: "17", "27, which is also a number" -> 27, "2^5, which is
+    125" -> 125 (a result inside the statement wins), "2^5" -> None (an expression, not a number)."""
+    results = _RESULT.findall(value) + re.findall(r"\bis\s+(-?\d[\d,]*(?:\.\d+)?)", value)
+    if results:
+        return normalise(results[-1])
+    m = _NUMBER.match(value.strip().strip("\"'“”‘’`$"))
+    if m and not re.match(r"\s*[\^*/+×x]", value.strip().strip("\"'“”‘’`$")[m.end():]):
+        return normalise(m.group(0))
+    return None
+
+
+def _stated(text: str) -> str | None:
+    """The value of the last explicit answer statement ("The answer is …", "9 is the answer")."""
+    found = [(m.start(), m.group("value")) for rx in (_STATED, _NAMED) for m in rx.finditer(text)]
+    return max(found)[1].strip() if found else None
+
+
+def _new_words(text: str, question: str) -> str | None:
+    """The first clause of a reply without the question's words and filler: "The capital of France
+    is Paris." -> "paris". None when more than four words remain (not a short answer)."""
+    clause = re.split(r"[.!?;\n]|,\s*(?:but|and|which|so|not)\b", text.strip(), maxsplit=1)[0]
+    asked = {w.lower() for w in re.findall(r"[\w']+", question)}
+    words = [w for w in re.findall(r"[\w'^+-]+", clause) if w.lower() not in asked and w.lower() not in _FILLER]
+    return normalise(" ".join(words)) if 0 < len(words) <= 4 else None
+
+
+def _user_match(text: str, pattern) -> str | None:
+    try:
+        matches = list(pattern.finditer(text, timeout=REGEX_TIMEOUT_S))
+    except TimeoutError:
+        raise FeedbackError(f"the answer regex took longer than {REGEX_TIMEOUT_S:g} s on one trace "
+                            "(catastrophic backtracking?); simplify it") from None
+    if not matches:
+        return None
+    m = matches[-1]
+    return normalise(m.group(1) if m.groups() else m.group(0))
+
+
+def extract_answer(text: str, pattern=None, question: str | None = None) -> str | None:
+    """The trace's final answer, normalised, or None. In order:
+    1. a user regex (its first group, else the match; time-limited);
+    2. the last \\boxed{...};
+    3. the last explicit statement: "The answer is 17.", "Answer: Paris", "9 is the answer";
+    4. for a question that wants a number (or no question): a conclusion ("So, 9 times 3 is 21"),
+       else the last equation result of the first paragraph ("12 + 7 = 9", "equals 25"), else the
+       whole reply if it is a short phrase, else the last number (number words count: "eight" = 8);
+    5. for other questions: the whole reply if it is a short phrase ("Paris."), else the first
+       clause without the question's words ("The capital of France is Paris." -> "paris")."""
     if pattern is not None:
-        matches = list(pattern.finditer(text))
-        if not matches:
-            return None
-        m = matches[-1]
-        return normalise(m.group(1) if m.groups() else m.group(0))
+        return _user_match(text, pattern)
     boxed = _boxed(text)
     if boxed is not None and boxed.strip():
         return normalise(boxed)
-    answers = _ANSWER.findall(text)
-    if answers:
-        line = answers[-1].strip().splitlines()[0] if answers[-1].strip() else ""
-        numbers = _NUMBER.findall(line)
-        if line:
-            return normalise(numbers[0] if numbers and _NUMBER.fullmatch(line.rstrip(".").strip()) else line)
+    numeric = wants_number(question)
+    plain = _words_to_digits(text) if numeric is not False else text
+    stated = _stated(plain)
+    if stated:
+        if numeric is False:
+            return normalise(stated) if len(stated.split()) <= 4 else _new_words(stated, question or "")
+        number = _stated_number(stated)
+        if number is not None:
+            return number
+        if len(stated.split()) <= 3 and re.search(r"\d", stated):
+            return normalise(stated)  # an expression such as "2^5": what the trace said, not a number
+        if numeric is None and len(stated.split()) <= 4:
+            return normalise(stated)
     short = text.strip().rstrip(".!")
-    if short and len(short.split()) <= 3 and re.search(r"[^\W\d_]", short):
+    is_short = bool(short) and len(short.split()) <= 3 and re.search(r"[^\W\d_]", short) is not None
+    if numeric is False:
+        return normalise(short) if is_short else _new_words(text, question or "")
+    conclusions = _CONCLUSION.findall(plain)
+    if conclusions:
+        return normalise(conclusions[-1])
+    first_paragraph = re.split(r"\n\s*\n", plain.strip(), maxsplit=1)[0]
+    results = _RESULT.findall(first_paragraph)
+    if results:
+        return normalise(results[-1])
+    if is_short and numeric is None:
         return normalise(short)
-    numbers = _NUMBER.findall(text)
+    numbers = _NUMBER.findall(plain)
     return normalise(numbers[-1]) if numbers else None
+
+
+def answer_matches(answer: str | None, expected: str | None) -> bool | None:
+    """Whether an extracted answer is the expected one: equal once normalised (numbers by value),
+    or containing the expected words as a whole ("deep blue" matches "blue"). None without an
+    expected answer."""
+    if expected is None or not str(expected).strip():
+        return None
+    if answer is None:
+        return False
+    want, got = normalise(str(expected)), normalise(answer)
+    if want == got:
+        return True
+    if _NUMBER.fullmatch(want) or _NUMBER.fullmatch(got):
+        return False
+    return re.search(r"(?<![\w])" + re.escape(want) + r"(?![\w])", got) is not None
 
 
 @dataclass

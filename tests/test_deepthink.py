@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
 from feedback.deepthink import DeepThinkConfig, accuracy, deep_think, load_questions
 from feedback.engine import Engine
-from feedback.errors import FeedbackError
+from feedback.errors import FeedbackError, Stopped
 from feedback.records import DeepConfConfig, RowSpec, RunConfig
 from feedback.sampling import SamplingConfig
 
@@ -42,6 +43,34 @@ def test_deep_think_mechanics_and_check_mode(tiny_lm):
         assert s["tokens_saved"] >= 0 and s["tokens_saved_method"].startswith("measured")
         assert s["votes"]["majority"]["voters"] <= 6 - s["stopped"]
     assert rep["thresholds"]["baseline"] != rep["thresholds"]["feedback"] or not cfg.shared_threshold
+
+
+def test_expected_answer_marks_traces_and_votes(tiny_lm):
+    cfg = DeepThinkConfig(prompt="What is 2+2?", traces=2, warmup=2, eta=90, window=4, max_new_tokens=6,
+                          answer_regex=r"(\w+)", expected="no-such-word")
+    rep = deep_think(tiny_lm, cfg)
+    for side in ("baseline", "feedback"):
+        s = rep["sides"][side]
+        assert all(t["correct"] is False for t in s["traces"] if t["answer"] is not None)
+        assert s["correct"] in (False, None) and set(s["votes"]) == {"lowest_group", "majority", "tail"}
+        assert all(v["meaning"] for v in s["votes"].values())
+    target = rep["sides"]["baseline"]["traces"][0]["answer"]
+    again = deep_think(tiny_lm, DeepThinkConfig(**{**cfg.__dict__, "expected": target}))
+    assert again["sides"]["baseline"]["traces"][0]["correct"] is True  # same seeds, same traces
+
+
+def test_a_stopped_deep_think_raises_stopped_within_a_step(tiny_lm):
+    stop = threading.Event()
+    steps: list[str] = []
+
+    def progress(message):
+        steps.append(message)
+        stop.set()
+
+    cfg = DeepThinkConfig(prompt="Name a colour.", traces=2, warmup=2, window=4, max_new_tokens=30)
+    with pytest.raises(Stopped, match="warm-up"):
+        deep_think(tiny_lm, cfg, progress=progress, stop=stop)
+    assert len(steps) == 1 and steps[0].startswith("warm-up: step 1 of 30")
 
 
 def test_shared_threshold_and_upper_bound(tiny_lm):

@@ -1,14 +1,19 @@
 """DeepConf calibration, answer extraction and voting against hand-computed cases."""
 from __future__ import annotations
 
+import json
 import math
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from feedback.errors import FeedbackError
-from feedback.voting import (PRESETS, Trace, calibrate_threshold, compile_answer_regex, extract_answer,
-                             normalise, vote)
+from feedback.voting import (PRESETS, Trace, answer_matches, calibrate_threshold, compile_answer_regex,
+                             extract_answer, normalise, vote, wants_number)
+
+REPLIES = Path(__file__).parent / "data" / "small_model_replies.jsonl"
 
 
 def test_percentile_direction_for_both_presets():
@@ -39,7 +44,7 @@ def test_calibration_needs_values():
     (r"first \boxed{1} then \boxed{\frac{1}{2}}", r"\frac{1}{2}"),
     ("Working...\nAnswer: Paris.", "paris"),
     ("answer = 1,000.0", "1000"),
-    ("The answer is 7 and then 8 apples", "8"),
+    ("The answer is 7 and then 8 apples", "7"),  # what the reply states is its answer
     ("3 + 4 = 7", "7"),
     ("there are no digits in this reply", None),
     ("no digits here", "no digits here"),  # a short phrase is taken whole
@@ -51,6 +56,48 @@ def test_calibration_needs_values():
 ])
 def test_extract_answer(text, answer):
     assert extract_answer(text) == answer
+
+
+def _replies() -> list[dict]:
+    return [json.loads(line) for line in REPLIES.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.mark.parametrize("item", _replies(), ids=lambda item: item["reply"][:40])
+def test_extraction_on_real_small_model_replies(item):
+    """Replies the embedded model really gave (sampled at 0.7, the built-in questions); `answer` is
+    what a person reads as the reply's final answer, right or wrong."""
+    got = extract_answer(item["reply"], question=item["question"])
+    assert got == item["answer"], (item["reply"], got)
+    if item["answer"] is not None and normalise(item["answer"]) == normalise(item["gold"]):
+        assert answer_matches(got, item["gold"])
+
+
+def test_the_reply_from_the_walk_through_reads_as_nine():
+    reply = "12 + 7 = 9 The number 9 is the answer to the equation 12 + 7."
+    assert extract_answer(reply, question="What is 12 + 7? Answer with a number.") == "9"
+    assert extract_answer(reply) == "9"
+
+
+def test_questions_that_want_numbers_and_number_words():
+    assert wants_number("How many legs does a spider have?") and wants_number("What is 9 times 3?")
+    assert not wants_number("What is the capital of France?") and wants_number(None) is None
+    assert extract_answer("A spider has eight legs.", question="How many legs does a spider have?") == "8"
+    assert extract_answer("The capital of France is Paris.", question="What is the capital of France?") == "paris"
+    assert extract_answer("Paris is the capital of France.", question="What is the capital of France?") == "paris"
+
+
+def test_answer_matches_numbers_by_value_and_phrases_by_words():
+    assert answer_matches("42", "42.0") and answer_matches("deep blue", "Blue") and answer_matches("paris", "Paris")
+    assert not answer_matches("420", "42") and not answer_matches("blueish", "blue") and not answer_matches(None, "4")
+    assert answer_matches("4", None) is None and answer_matches("4", "  ") is None
+
+
+def test_a_catastrophic_user_regex_is_stopped_by_its_time_limit():
+    pattern = compile_answer_regex(r"(a|aa)+$")
+    t0 = time.perf_counter()
+    with pytest.raises(FeedbackError, match="took longer than"):
+        extract_answer("a" * 40 + "!", pattern)
+    assert time.perf_counter() - t0 < 3
 
 
 def test_user_regex_and_bad_regex():
