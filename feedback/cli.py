@@ -183,7 +183,7 @@ def _ppl(args) -> int:
 def _sweep(args) -> int:
     from feedback import corpus
     from feedback.strategies import build_strategy
-    from feedback.sweep import parse_grid, run_sweep, to_csv
+    from feedback.sweep import best_point, parse_grid, run_sweep, to_csv
 
     warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
     docs = corpus.load(args.data, warn)
@@ -206,17 +206,21 @@ def _sweep(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.csv").write_text(to_csv(rows, names))
     if len(names) <= 2:
-        from ui.charts import sweep_heatmap
+        from feedback.figures import sweep_heatmap
 
         fig = sweep_heatmap(rows, names[0], names[1] if len(names) == 2 else None,
                             f"{args.strategy} on {args.data}: ΔPPL % vs baseline ({rows[0]['mode']})")
         fig.write_html(out / "sweep.html", include_plotlyjs=True)
     else:
         print("note: a heatmap needs one or two grid parameters; wrote the CSV only", file=sys.stderr)
-    best = min(rows, key=lambda r: r["delta_pct"])
+    best = best_point(rows, args.strategy, fixed)
     print(f"wrote {out / 'sweep.csv'}" + (f" and {out / 'sweep.html'}" if len(names) <= 2 else ""))
-    print("best: " + ", ".join(f"{k}={best[k]}" for k in names) +
-          f" ΔPPL {best['delta_pct']:+.3f}% [{best['ci95_low']:+.3f}, {best['ci95_high']:+.3f}]")
+    if best is None:
+        print("best: none (every point has strength 0, i.e. measures the baseline again)")
+    else:
+        print("best: " + ", ".join(f"{k}={best[k]}" for k in names) +
+              f" ΔPPL {best['delta_pct']:+.3f}% [{best['ci95_low']:+.3f}, {best['ci95_high']:+.3f}] "
+              "(points with strength 0 left out)")
     if args.json:
         print(json.dumps(rows))
     return 0
@@ -229,7 +233,8 @@ def _deepthink_config(args, prompt: str):
                            k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, seed=args.seed, strategy=args.strategy, params=dict(args.param),
                            answer_regex=args.answer_regex, shared_threshold=args.shared_threshold,
-                           check=args.check, chat_template=not args.no_chat_template)
+                           check=args.check, chat_template=not args.no_chat_template,
+                           expected=getattr(args, "expected", None))
 
 
 def _deepthink(args) -> int:
@@ -238,6 +243,8 @@ def _deepthink(args) -> int:
 
     if (args.prompt is None) == (args.questions is None):
         raise FeedbackError("give either --prompt TEXT or --questions FILE.jsonl")
+    if args.expected is not None and args.questions is not None:
+        raise FeedbackError("--expected goes with --prompt; a question file has an answer per question")
     get_strategy(args.strategy)
     questions = load_questions(args.questions) if args.questions else None
     lm = _load(args)
@@ -262,18 +269,22 @@ def _deepthink(args) -> int:
     if args.json:
         print(json.dumps(rep))
         return 0
+    def mark(correct) -> str:
+        return "" if correct is None else " (correct)" if correct else " (wrong)"
+
     for side, s in rep["sides"].items():
         votes = s["votes"]
         print(f"=== {side} === threshold {s['threshold']:.3f}, {s['stopped']} of {args.traces} online traces stopped")
-        print(f"answer: {s['answer']!r} (share {s['share']:.0%}; majority {votes['majority']['answer']!r}, "
-              f"tail-weighted {votes['tail']['answer']!r})")
+        print(f"answer: {s['answer']!r}{mark(s['correct'])} (share {s['share']:.0%}; majority "
+              f"{votes['majority']['answer']!r}{mark(votes['majority']['correct'])}, tail-weighted "
+              f"{votes['tail']['answer']!r}{mark(votes['tail']['correct'])})")
         print(f"tokens spent {s['tokens_spent']}, saved {s['tokens_saved']} ({s['tokens_saved_method']})")
         for t in s["traces"]:
             flag = ("stopped" if t["stopped"] else "filtered" if t["excluded"] else
                     "voted" if t["answer"] is not None else "no answer")
             low = t["lowest_group"]
             print(f"  {t['phase']:6} {t['name']:14} {flag:9} {t['tokens']:4d} tok  lowest {low if low is None else round(low, 2)!s:>6}"
-                  f"  answer {t['answer']!r}")
+                  f"  answer {t['answer']!r}{mark(t['correct'])}")
     print(f"{rep['wall_seconds']:.1f} s")
     return 0
 
@@ -388,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--answer-regex", default=None, help="regex for the answer (first group, else the match)")
+    p.add_argument("--expected", default=None, help="the right answer to --prompt: marks traces and votes")
     p.add_argument("--shared-threshold", action="store_true", help="one threshold from both sides' warm-up")
     p.add_argument("--check", action="store_true", help="finish stopped traces to measure tokens saved")
     p.add_argument("--no-chat-template", action="store_true")

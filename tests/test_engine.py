@@ -11,7 +11,6 @@ from feedback.engine import Engine
 from feedback.errors import FeedbackError
 from feedback.records import DeepConfConfig, RowSpec, RunConfig, RunResult
 from feedback.sampling import SamplingConfig
-from tests.conftest import hook_count
 
 PROMPTS = [
     "What is the capital of France?",
@@ -158,7 +157,7 @@ def test_early_stop_leaves_batch_and_others_unchanged(tiny_lm):
     assert survivor.token_ids == plain.rows[high].token_ids[:n]
 
 
-def test_stop_event_ends_within_one_step_and_frees_hooks(tiny_lm):
+def test_stop_event_ends_within_one_step_and_frees_hooks(tiny_lm, hook_count):
     stop = threading.Event()
     run = Engine(tiny_lm).start(RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=200), stop_event=stop)
     steps = 0
@@ -189,7 +188,7 @@ def test_stop_from_another_thread(tiny_lm):
     assert len(events) < 400 and run.result.rows[0].stop_reason == "stopped"
 
 
-def test_hooks_removed_on_failure_and_abandon(tiny_lm):
+def test_hooks_removed_on_failure_and_abandon(tiny_lm, hook_count):
     def boom(step, live, logits):
         if step == 2:
             raise RuntimeError("observer failed")
@@ -236,7 +235,7 @@ def test_result_is_json_serialisable_and_config_round_trips(tiny_lm):
     (dict(rows=[RowSpec("b"), RowSpec("f", "residual", {"beta": 1})]), "unknown parameter"),
     (dict(model="other-model"), "engine holds"),
 ])
-def test_bad_config_is_refused_before_touching_the_model(tiny_lm, bad, message):
+def test_bad_config_is_refused_before_touching_the_model(tiny_lm, bad, message, hook_count):
     cfg = RunConfig(**({"prompt": "hi", "model": "tiny"} | bad))
     with pytest.raises(FeedbackError, match=message):
         Engine(tiny_lm).start(cfg)
@@ -248,7 +247,7 @@ def test_prompt_longer_than_context_is_refused(tiny_lm):
         Engine(tiny_lm).start(RunConfig(prompt="word " * 600, model="tiny", max_new_tokens=10))
 
 
-def test_interleaved_runs_on_one_model_do_not_interfere(tiny_lm):
+def test_interleaved_runs_on_one_model_do_not_interfere(tiny_lm, hook_count):
     """Two runs stepping alternately on the same model (as two browser sessions would) give the
     same tokens as each run alone; a plain forward meanwhile is untouched by their hooks."""
     rows_a = [RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.9, "target_layer": 0})]

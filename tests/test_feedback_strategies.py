@@ -12,7 +12,6 @@ from feedback.perplexity import PPLConfig, token_nlls
 from feedback.records import RowSpec, RunConfig
 from feedback.strategies import REGISTRY, get_strategy
 from feedback.strategies.deep_cache import mix_logits
-from tests.conftest import hook_count
 
 STRONG = {"residual": {"alpha": 0.5}, "soft_token": {"beta": 0.5}, "deep_cache": {"lam": 0.5, "gate": -1.0},
           "anchor": {"alpha": 0.5, "prompt_tokens": 4}}
@@ -26,7 +25,7 @@ def test_registry_has_all_four():
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_strength_zero_reproduces_baseline_in_generation(tiny_lm, name):
+def test_strength_zero_reproduces_baseline_in_generation(tiny_lm, name, hook_count):
     zero = {REGISTRY[name].strength_param: 0.0}
     seen = []
     cfg = RunConfig(prompt="hello world, this is a test", model="tiny", max_new_tokens=12,
@@ -38,7 +37,7 @@ def test_strength_zero_reproduces_baseline_in_generation(tiny_lm, name):
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_strategy_touches_only_its_own_row(tiny_lm, name):
+def test_strategy_touches_only_its_own_row(tiny_lm, name, hook_count):
     seen = []
     cfg = RunConfig(prompt="one two three four five six seven", model="tiny", max_new_tokens=12,
                     rows=[RowSpec("a"), RowSpec("f", name, STRONG[name]), RowSpec("c")])
@@ -49,7 +48,7 @@ def test_strategy_touches_only_its_own_row(tiny_lm, name):
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_hooks_removed_after_failure_and_stop(tiny_lm, name):
+def test_hooks_removed_after_failure_and_stop(tiny_lm, name, hook_count):
     def boom(step, live, logits):
         if step == 3:
             raise RuntimeError("fail")

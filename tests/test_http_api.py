@@ -16,7 +16,6 @@ from feedback.api import ApiSettings, GenerateIn, local_server, to_config
 from feedback.engine import Engine
 from feedback.model import ModelPool
 from feedback.records import MAX_PROMPT_CHARS
-from tests.conftest import hook_count
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -103,7 +102,7 @@ def test_stream_as_server_sent_events(api):
     json.loads(blocks[-1].splitlines()[1][len("data: "):])
 
 
-def test_a_client_that_disconnects_stops_the_run(api, embedded_lm):
+def test_a_client_that_disconnects_stops_the_run(api, embedded_lm, hook_count):
     client, pool = api
     body = {"prompt": "Write a very long story about a lighthouse keeper.", "max_new_tokens": 1000}
     started = time.time()
@@ -120,7 +119,7 @@ def test_a_client_that_disconnects_stops_the_run(api, embedded_lm):
     assert client.post("/generate", json={"prompt": "Hi", "max_new_tokens": 2}).status_code == 200
 
 
-def test_a_generate_client_that_gives_up_stops_the_run(api, embedded_lm):
+def test_a_generate_client_that_gives_up_stops_the_run(api, embedded_lm, hook_count):
     client, pool = api
     body = {"prompt": "Write a very long story about a lighthouse keeper.", "max_new_tokens": 1000}
     started = time.time()

@@ -12,7 +12,6 @@ from feedback.records import RowSpec, RunConfig
 from feedback.strategies import REGISTRY, BatchView, build_strategy, get_strategy
 from feedback.strategies.base import rms
 from feedback.strategies.residual import ResidualStrategy
-from tests.conftest import hook_count
 
 
 def test_registry_and_unknown_name():
@@ -55,7 +54,27 @@ def test_schema_lists_every_parameter_with_bounds():
     assert params["alpha"]["minimum"] == -1.0 and params["alpha"]["type"] == "float"
 
 
-def test_residual_update_matches_hand_computation(tiny_lm):
+@pytest.mark.parametrize("layers", [4, 12, 30, 80])
+def test_every_preset_is_valid_for_any_depth_and_explained(layers):
+    from feedback.strategies import REGISTRY
+
+    for name, cls in REGISTRY.items():
+        assert cls.presets and cls.formula, name
+        names = [p.name for p in cls.presets]
+        assert names[0] == "visible effect" and len(set(names)) == len(names)
+        for preset in cls.presets:
+            values = cls.preset_values(preset.name, layers)  # validated: layer presets scale with depth
+            assert set(values) == {p.name for p in cls.params} and len(preset.note) > 30
+        schema = cls.schema(layers)
+        assert [p["name"] for p in schema["presets"]] == names and schema["formula"] == cls.formula
+    assert REGISTRY["residual"].preset_values("tuned for perplexity", 30)["target_layer"] == 3
+    with pytest.raises(FeedbackError, match="unknown preset"):
+        REGISTRY["residual"].preset_values("turbo", 30)
+    anchor = {p["name"]: p for p in REGISTRY["anchor"].schema(layers)["params"]}
+    assert anchor["prompt_tokens"]["perplexity_only"] and not anchor["alpha"]["perplexity_only"]
+
+
+def test_residual_update_matches_hand_computation(tiny_lm, hook_count):
     """Prefill seeds mu and u from the prompt (position 0 skipped); the first decode step adds
     alpha * rms(x) * u to the target layer's input of the strategy's row, and nothing to others."""
     model, layers = tiny_lm.model, tiny_lm.layers
@@ -108,7 +127,7 @@ def test_only_own_row_is_touched(tiny_lm):
     assert any(not torch.equal(lg[0], lg[1]) for lg in got[1:])
 
 
-def test_attach_twice_refused_and_detach_idempotent(tiny_lm):
+def test_attach_twice_refused_and_detach_idempotent(tiny_lm, hook_count):
     strat = build_strategy("residual", {}, tiny_lm.num_layers)
     batch = BatchView("prefill", [0])
     strat.attach(tiny_lm.model, tiny_lm.layers, 0, batch)

@@ -54,6 +54,7 @@ class Param:
     maximum: float | None = None
     choices: tuple | None = None
     is_layer: bool = False  # a decoder-layer index: bounded by the model's layer count
+    perplexity_only: bool = False  # only teacher-forced scoring reads it (generation ignores it)
 
     def default_for(self, num_layers: int) -> Any:
         return self.default(num_layers) if callable(self.default) else self.default
@@ -90,8 +91,17 @@ class Param:
         return {
             "name": self.name, "type": self.kind.__name__, "default": self.default_for(num_layers),
             "minimum": lo, "maximum": hi, "choices": list(self.choices) if self.choices else None,
-            "help": self.help,
+            "help": self.help, "perplexity_only": self.perplexity_only,
         }
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named setting of a strategy's parameters and what it is for (unnamed ones keep defaults)."""
+
+    name: str
+    values: dict[str, Any]
+    note: str
 
 
 def rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -113,7 +123,10 @@ class Strategy(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str]
+    formula: ClassVar[str] = ""  # the update, in plain text, for help texts
     params: ClassVar[tuple[Param, ...]]
+    # Named settings, the first being the one a new page starts on; measured, not guessed (the notes say where).
+    presets: ClassVar[tuple[Preset, ...]] = ()
     recurrent: ClassVar[bool] = True
     strength_param: ClassVar[str] = "alpha"  # the parameter that is 0 for "no feedback"
 
@@ -147,9 +160,21 @@ class Strategy(ABC):
     @classmethod
     def schema(cls, num_layers: int) -> dict:
         return {
-            "name": cls.name, "description": cls.description,
+            "name": cls.name, "description": cls.description, "formula": cls.formula,
+            "recurrent": cls.recurrent, "strength_param": cls.strength_param,
             "params": [p.schema(num_layers) for p in cls.params],
+            "presets": [{"name": p.name, "params": cls.preset_values(p.name, num_layers), "note": p.note}
+                        for p in cls.presets],
         }
+
+    @classmethod
+    def preset_values(cls, name: str, num_layers: int) -> dict[str, Any]:
+        """Every parameter's value under a named preset (defaults for the ones it does not name)."""
+        preset = next((p for p in cls.presets if p.name == name), None)
+        if preset is None:
+            known = ", ".join(p.name for p in cls.presets) or "none"
+            raise FeedbackError(f"unknown preset {name!r} for strategy {cls.name}; it has {known}")
+        return cls.validate({k: v(num_layers) if callable(v) else v for k, v in preset.values.items()}, num_layers)
 
     def attach(self, model: nn.Module, layers: nn.ModuleList, row_id: int, batch: BatchView) -> None:
         """Register this strategy's hooks for one row; state starts fresh."""

@@ -17,12 +17,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from feedback.strategies.base import Param, Strategy, layer_output, rms
+from feedback.strategies.base import Param, Preset, Strategy, layer_output, rms
 
 
 class ResidualStrategy(Strategy):
     name = "residual"
     description = "previous token's centred deep state added to a lower layer's residual stream"
+    formula = "x_t ← x_t + α·rms(x_t)·u_{t−1} at the target layer's input; u = the source layer's state, centred and normalised"
+    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/RESULTS.md (held-out split).
+    presets = (
+        Preset("visible effect", {"alpha": 0.1},
+               "changes the answer on all 8 example prompts (first difference after 1–26 tokens); text stays fluent"),
+        Preset("tuned for perplexity", {"alpha": 0.02, "target_layer": lambda n: round(0.1 * n)},
+               "the lowest held-out perplexity found: −0.17 % (95% CI −0.28 to −0.06); changes 6 of the 8 "
+               "example answers"),
+        Preset("defaults", {}, "the starting point: +0.5 % held-out perplexity; changes 6 of the 8 example answers"),
+    )
     params = (
         Param("alpha", float, 0.05, "injection strength, relative to the target's RMS", -1.0, 1.0),
         Param("source_layer", int, lambda n: min(n - 1, round(0.7 * n)), "layer whose output is fed back",
