@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import logging
 import os
 import subprocess
 import sys
@@ -43,12 +44,15 @@ def ensure_embedded_model() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # One line per refused input or stopped job; tracebacks only for real failures.
+    logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    logging.getLogger("feedback_lens").setLevel(logging.INFO)
     ensure_embedded_model()
     from feedback.api import ApiSettings, api_routes
     from feedback.errors import FeedbackError
     from feedback.model import ModelPool
     from ui.app import FeedbackLensApp
-    from ui.render import CSS
+    from ui.theme import launch_kwargs
 
     auth = None
     if args.auth:
@@ -60,16 +64,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = ApiSettings.from_env()  # before the model loads: a typo fails fast
         pool = ModelPool([m.strip() for m in args.models.split(",") if m.strip()])
-        demo = FeedbackLensApp(pool).build()
+        demo = FeedbackLensApp(pool, max_waiting=args.queue_size).build()
         routes = api_routes(pool, settings)
     except FeedbackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # Model handlers wait in the app's own model line (shared with the HTTP API, capped at
+    # --queue-size waiting page requests), which shows each request its place; Gradio's queue only
+    # bounds the rest.
     demo.queue(max_size=args.queue_size, default_concurrency_limit=1)
     # The HTTP API (/api) is its own app mounted in Gradio's server: same process, model pool and
     # model line as the page; Gradio's UI auth does not cover it, FEEDBACK_API_KEYS does.
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, auth=auth, css=CSS,
-                footer_links=["api", "gradio"], app_kwargs={"routes": routes})
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, auth=auth,
+                footer_links=["api", "gradio"], app_kwargs={"routes": routes}, **launch_kwargs())
     return 0
 
 

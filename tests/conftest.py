@@ -29,28 +29,41 @@ def tiny_lm(embedded_lm: LoadedModel) -> LoadedModel:
                        device=torch.device("cpu"), eos_token_ids=[tok.eos_token_id])
 
 
-def hook_count(model: torch.nn.Module) -> int:
-    """Forward hooks and pre-hooks registered anywhere in the model."""
+def _hook_count(model: torch.nn.Module) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
 @pytest.fixture(scope="session")
-def app_url(embedded_lm):
-    """The real app on the embedded model, launched in-process on a free local port."""
+def hook_count():
+    """Counts forward hooks and pre-hooks registered anywhere in a model (none may outlive a run)."""
+    return _hook_count
+
+
+@pytest.fixture(scope="session")
+def app_server(embedded_lm):
+    """The real app on the embedded model, launched in-process on a free local port: its URL, its
+    model pool (tests may hold the model line) and the app object."""
     import socket
+    from types import SimpleNamespace
 
     from feedback.api import ApiSettings, api_routes
     from feedback.model import ModelPool
     from ui.app import FeedbackLensApp
-    from ui.render import CSS
+    from ui.theme import launch_kwargs
 
     pool = ModelPool.serving(embedded_lm)  # reuse the session's loaded model
-    demo = FeedbackLensApp(pool).build()
+    app = FeedbackLensApp(pool)
+    demo = app.build()
     demo.queue(max_size=16, default_concurrency_limit=1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, css=CSS,
-                            quiet=True, app_kwargs={"routes": api_routes(pool, ApiSettings())})
-    yield url
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                            app_kwargs={"routes": api_routes(pool, ApiSettings())}, **launch_kwargs())
+    yield SimpleNamespace(url=url, pool=pool, app=app)
     demo.close()
+
+
+@pytest.fixture(scope="session")
+def app_url(app_server):
+    return app_server.url

@@ -1,5 +1,5 @@
 """`python -m ui.bench`: server time the Compare handler spends building HTML and charts, as a
-share of decode time, measured on the real handler and engine (no browser, no network)."""
+share of decode time, measured on the real handler, runner and engine (no browser, no network)."""
 from __future__ import annotations
 
 import argparse
@@ -14,11 +14,12 @@ PROMPT = "Write a detailed story about a lighthouse keeper who finds a message i
 def measure(tokens: int) -> dict:
     app = FeedbackLensApp(ModelPool(["embedded"]))
     app.build()
-    defaults = [PROMPT, True, "embedded", "residual", "confidence", 0.0, 1.0, 0, 0.0, 1.0, tokens, 0, 20, 32,
-                "off", 10.0, []]
-    params = [c.value for c in app.controls.components]
-    updates = list(app.compare(*defaults, *params))
-    run = updates[-1][7]
+    tab = app.compare
+    fn = app.runner.wrap("compare", tab.prepare_compare, tab.panel.api_names)
+    values = [PROMPT, True, "embedded", "residual", "confidence", 0.0, 1.0, 0, 0.0, 1.0, tokens, 0, 20, 32,
+              "off", 4.5]
+    updates = list(fn(*values, *[c.value for c in tab.panel.components], None))
+    run = updates[-1][tab.run_json]
     steps = len(run["rows"][0]["steps"])
     return {"tokens": steps, "updates": len(updates), "decode_s": run["wall_seconds"], "ui_s": run["ui_seconds"],
             "ui_share_of_decode": run["ui_seconds"] / run["wall_seconds"]}

@@ -1,17 +1,21 @@
-"""Gradio controls generated from a strategy's parameter schema, and reading their values back."""
+"""The strategy panel every tab uses: strategy dropdown, what it does, named presets, and the
+parameter controls generated from each strategy's `Param` schema; and reading typed numbers back.
+
+Controls: layer indices are sliders over the model's layers; every other number is a number box
+with its bounds, so a value out of range is refused with a message (a slider would clamp it
+silently) and wide ranges (1 to 100,000) can be typed instead of dragged.
+"""
 from __future__ import annotations
 
-import contextlib
-import functools
-import inspect
 import math
 from dataclasses import dataclass
 
 import gradio as gr
 
 from feedback.errors import FeedbackError
-from feedback.gate import Gate
 from feedback.strategies import REGISTRY
+
+CUSTOM = "custom"
 
 
 def parse_number(value, name: str, integer: bool = False, lo: float | None = None,
@@ -28,93 +32,178 @@ def parse_number(value, name: str, integer: bool = False, lo: float | None = Non
         raise FeedbackError(f"{name} must be a whole number, got {value!r}")
     out = int(number) if integer else number
     if (lo is not None and out < lo) or (hi is not None and out > hi):
-        raise FeedbackError(f"{name} must be in [{lo}, {hi}], got {out}")
+        bounds = (f"between {lo:g} and {hi:g}" if lo is not None and hi is not None
+                  else f"at least {lo:g}" if lo is not None else f"at most {hi:g}")
+        raise FeedbackError(f"{name} must be {bounds}, got {out}")
     return out
 
 
-@dataclass
-class StrategyControls:
-    """The controls of every registered strategy, flattened in a fixed order for event inputs."""
+def about(strategy: str, preset: str | None) -> str:
+    """What the strategy does, its update rule, and what the chosen preset is for."""
+    cls = REGISTRY[strategy]
+    kind = ("recurrent: each token's feedback feeds the next one" if cls.recurrent
+            else "not recurrent: one parallel pass scores a text exactly")
+    note = next((p.note for p in cls.presets if p.name == preset), None)
+    preset_line = (f"\n\n**Preset “{preset}”**: {note}" if note else
+                   "\n\n**Custom settings** (choose a preset to see what a setting is known to do).")
+    return f"**{strategy}** — {cls.description}.  \n`{cls.formula}`  \n<span class='fl-note'>{kind}</span>{preset_line}"
 
+
+def preset_names(strategy: str) -> list[str]:
+    return [p.name for p in REGISTRY[strategy].presets] + [CUSTOM]
+
+
+def first_preset(strategy: str, context: str = "generate") -> str:
+    """The preset a panel selects for a strategy: in generation, the first ("visible effect"); in
+    perplexity tabs, the one tuned for perplexity (or best on dev) where there is one."""
+    names = preset_names(strategy)[:-1]
+    if context == "perplexity":
+        return next((n for n in names if "perplexity" in n or "best on dev" in n), names[0])
+    return names[0]
+
+
+def matching_preset(strategy: str, params: dict, num_layers: int) -> str:
+    """The preset whose values are exactly `params`, else "custom"."""
+    cls = REGISTRY[strategy]
+    for p in cls.presets:
+        if cls.preset_values(p.name, num_layers) == {**cls.validate({}, num_layers), **params}:
+            return p.name
+    return CUSTOM
+
+
+def _range_text(lo, hi) -> str:
+    """" (0 to 1)", " (≥ 1)", " (≤ 5)" or ""."""
+    if lo is None and hi is None:
+        return ""
+    if hi is None:
+        return f" (≥ {lo:g})"
+    if lo is None:
+        return f" (≤ {hi:g})"
+    return f" ({lo:g} to {hi:g})"
+
+
+def component_for(schema: dict, elem_id: str, value=None, visible: bool = True) -> gr.components.Component:
+    """One control for one parameter schema entry (see `Param.schema`)."""
+    label = schema["name"]
+    value = schema["default"] if value is None else value
+    lo, hi = schema["minimum"], schema["maximum"]
+    info = (schema["help"] or "") + _range_text(lo, hi)
+    if schema["choices"]:
+        return gr.Dropdown(schema["choices"], value=value, label=label, info=info or None, elem_id=elem_id,
+                           visible=visible)
+    if schema["type"] == "bool":
+        return gr.Checkbox(value=value, label=label, info=info or None, elem_id=elem_id, visible=visible)
+    is_layer = schema["type"] == "int" and lo == 0 and "layer" in schema["name"]
+    if is_layer:
+        return gr.Slider(lo, hi, value=value, step=1, label=label, info=info, elem_id=elem_id, visible=visible)
+    integer = schema["type"] == "int"
+    return gr.Number(value=value, label=label, info=info or None, precision=0 if integer else None,
+                     minimum=lo, maximum=hi, step=1 if integer else 0.01, elem_id=elem_id, visible=visible)
+
+
+@dataclass
+class StrategyPanel:
+    """Strategy dropdown, explanation, preset dropdown and every strategy's parameter controls
+    (only the selected strategy's group visible), flattened in a fixed order for event inputs."""
+
+    strategy: gr.Dropdown
+    preset: gr.Dropdown
+    about: gr.Markdown
     groups: dict[str, gr.Group]
     components: list[gr.components.Component]
     keys: list[tuple[str, str]]  # (strategy, param) for each component, same order
+    num_layers: int
+    context: str = "generate"
+
+    @property
+    def api_names(self) -> list[str]:
+        """API parameter names of the controls, `<strategy>_<param>` (e.g. residual_alpha)."""
+        return [f"{strategy}_{param}" for strategy, param in self.keys]
 
     def params_for(self, strategy: str, values: list) -> dict:
         """The selected strategy's parameter values out of the flattened input list."""
         return {param: value for (name, param), value in zip(self.keys, values) if name == strategy}
 
-    def visibility_updates(self, strategy: str) -> list:
-        """Show the selected strategy's group, hide the others."""
-        return [gr.update(visible=name == strategy) for name in self.groups]
+    def component(self, strategy: str, param: str) -> gr.components.Component:
+        return self.components[self.keys.index((strategy, param))]
 
-    def follow(self, dropdown: gr.Dropdown) -> None:
-        """Show the group of whichever strategy `dropdown` selects."""
-        dropdown.change(self.visibility_updates, dropdown, list(self.groups.values()), api_name=False)
+    def show(self, strategy: str, preset: str | None = None, params: dict | None = None) -> dict:
+        """Updates that select `strategy`, with a preset's values (or explicit `params`)."""
+        if params is None:
+            preset = preset or first_preset(strategy, self.context)
+            params = REGISTRY[strategy].preset_values(preset, self.num_layers)
+        elif preset is None:
+            preset = matching_preset(strategy, params, self.num_layers)
+        out: dict = {self.strategy: strategy,
+                     self.preset: gr.update(choices=preset_names(strategy), value=preset),
+                     self.about: about(strategy, preset)}
+        out |= {group: gr.update(visible=name == strategy) for name, group in self.groups.items()}
+        out |= {self.component(strategy, k): v for k, v in params.items() if (strategy, k) in self.keys}
+        return out
 
-    def layer_updates(self, num_layers: int) -> list:
-        """Updates that re-range every layer slider to a model with `num_layers` layers."""
-        updates = []
-        for name, param in self.keys:
+    def outputs(self) -> list:
+        return [self.strategy, self.preset, self.about, *self.groups.values(), *self.components]
+
+    def layer_updates(self, num_layers: int) -> dict:
+        """Re-range every layer slider to a model with `num_layers` layers."""
+        self.num_layers = num_layers
+        out = {}
+        for (name, param), comp in zip(self.keys, self.components):
             p = next(q for q in REGISTRY[name].params if q.name == param)
-            updates.append(gr.update(maximum=num_layers - 1, value=p.default_for(num_layers))
-                           if p.is_layer else gr.update())
-        return updates
+            if p.is_layer:
+                out[comp] = gr.update(maximum=num_layers - 1, value=p.default_for(num_layers))
+        return out
+
+    def _on_strategy(self, strategy: str) -> dict:
+        return self.show(strategy)
+
+    def _on_preset(self, strategy: str, preset: str) -> dict:
+        if preset == CUSTOM:
+            return {self.about: about(strategy, CUSTOM)}
+        return self.show(strategy, preset)
+
+    def wire(self) -> None:
+        """User edits only (`.input`, not `.change`), so programmatic updates — a run reloaded from
+        History, a shared link — are never overwritten by a preset."""
+        self.strategy.input(self._on_strategy, self.strategy, self.outputs(), api_name=False, queue=False,
+                            show_progress="hidden")
+        self.preset.input(self._on_preset, [self.strategy, self.preset], self.outputs(), api_name=False,
+                          queue=False, show_progress="hidden")
+        for comp in self.components:
+            comp.input(lambda s: {self.preset: CUSTOM, self.about: about(s, CUSTOM)}, self.strategy,
+                       [self.preset, self.about], api_name=False, queue=False, show_progress="hidden")
 
 
-def component_for(schema: dict, elem_id: str) -> gr.components.Component:
-    """One control for one parameter schema entry (see `Param.schema`)."""
-    label, info = schema["name"], schema["help"] or None
-    if schema["choices"]:
-        return gr.Dropdown(schema["choices"], value=schema["default"], label=label, info=info, elem_id=elem_id)
-    if schema["type"] == "bool":
-        return gr.Checkbox(value=schema["default"], label=label, info=info, elem_id=elem_id)
-    lo, hi = schema["minimum"], schema["maximum"]
-    step = 1 if schema["type"] == "int" else 0.01
-    if lo is not None and hi is not None:
-        return gr.Slider(lo, hi, value=schema["default"], step=step, label=label, info=info, elem_id=elem_id)
-    return gr.Number(value=schema["default"], label=label, info=info, precision=0 if step == 1 else None,
-                     elem_id=elem_id)
-
-
-def build_strategy_controls(num_layers: int, selected: str, prefix: str = "param") -> StrategyControls:
-    """A group of controls per strategy (only the selected one visible); call inside a Blocks.
-    `prefix` keeps element ids unique when several tabs have their own controls."""
+def build_strategy_panel(num_layers: int, selected: str = "residual", prefix: str = "param",
+                         context: str = "generate", strategies: list[str] | None = None) -> StrategyPanel:
+    """The panel, inside the current Blocks; `prefix` keeps element ids unique per tab. In a
+    "generate" context, controls that only perplexity reads are hidden."""
+    names = strategies or list(REGISTRY)
+    preset = first_preset(selected, context)
+    values = REGISTRY[selected].preset_values(preset, num_layers)
+    strategy = gr.Dropdown(names, value=selected, label="Feedback strategy", elem_id=f"{prefix}-strategy")
+    preset_dd = gr.Dropdown(preset_names(selected), value=preset, label="Preset", elem_id=f"{prefix}-preset",
+                            info="named settings with what each is for; editing a value makes it custom")
+    note = gr.Markdown(about(selected, preset), elem_id=f"{prefix}-about")
     groups, components, keys = {}, [], []
-    for name, cls in REGISTRY.items():
+    for name in names:
+        cls = REGISTRY[name]
         with gr.Group(visible=name == selected) as group:
             for p in cls.schema(num_layers)["params"]:
-                components.append(component_for(p, f"{prefix}-{name}-{p['name']}"))
+                shown = not (p["perplexity_only"] and context == "generate")
+                value = values.get(p["name"]) if name == selected else None
+                components.append(component_for(p, f"{prefix}-{name}-{p['name']}", value, visible=shown))
                 keys.append((name, p["name"]))
         groups[name] = group
-    return StrategyControls(groups, components, keys)
+    panel = StrategyPanel(strategy, preset_dd, note, groups, components, keys, num_layers, context)
+    panel.wire()
+    return panel
 
 
-def with_named_params(fn, controls: StrategyControls, gate: Gate | None = None):
-    """Wrap a handler `fn(fixed..., *param_values, request=None)` so that its API signature names
-    every strategy control (`residual_alpha`, ...) instead of anonymous positions. With `gate`, the
-    handler runs only in its turn on the process's model line (shared with the HTTP API)."""
-    base = inspect.signature(fn)
-    fixed = [p for p in base.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
-    named = [inspect.Parameter(f"{strategy}_{param}", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-             for strategy, param in controls.keys]
-    # Gradio injects the request only into a positional parameter, so it comes last here.
-    request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
-                                annotation=gr.Request)
-    turn = gate.slot if gate is not None else contextlib.nullcontext
-
-    if inspect.isgeneratorfunction(fn):
-        @functools.wraps(fn)
-        def wrapper(*args):
-            *values, req = args
-            with turn():
-                yield from fn(*values, request=req)
-    else:
-        @functools.wraps(fn)
-        def wrapper(*args):
-            *values, req = args
-            with turn():
-                return fn(*values, request=req)
-
-    wrapper.__signature__ = base.replace(parameters=[*fixed, *named, request])
-    return wrapper
+def run_controls(prefix: str, label: str):
+    """A tab's run button, its Stop button (off until something runs) and its status line."""
+    with gr.Row():
+        run = gr.Button(label, variant="primary", elem_id=f"{prefix}-run")
+        stop = gr.Button("Stop", variant="stop", interactive=False, elem_id=f"{prefix}-stop")
+    status = gr.HTML(elem_id=f"{prefix}-status")
+    return run, stop, status

@@ -1,37 +1,50 @@
-"""Deep Think tab (multi-trace DeepConf vote per side) and the Compare tab's Calibrate action."""
+"""Deep Think tab: DeepConf's multi-trace vote on both sides (baseline and feedback). The work goes
+through `ModelRunner`; this module formats the report."""
 from __future__ import annotations
 
+import threading
 from html import escape
 
 import gradio as gr
 
-from feedback.deepthink import MAX_TRACES, SIDES, DeepThinkConfig, deep_think, warm_up
+from feedback.deepthink import (SERVED_MAX_NEW_TOKENS, SERVED_MAX_TRACES, SIDES, VOTE_KINDS, DeepThinkConfig,
+                                deep_think)
 from feedback.errors import FeedbackError
 from feedback.model import ModelPool
-from feedback.strategies import REGISTRY
-from feedback.voting import PRESETS
 from ui import charts
-from ui.controls import build_strategy_controls, parse_number, with_named_params
-from ui.lab import Finished, in_background
+from ui.controls import build_strategy_panel, parse_number, run_controls
+from ui.deepconf import ETA_CHOICES, resolve_eta
+from ui.runner import ModelRunner, Outcome, TabWork, reporting
 
-ETA_CHOICES = ["DeepConf-low (keep 10%)", "DeepConf-high (keep 90%)", "custom"]
+TAB = "deepthink"
 
 
-def resolve_eta(preset: str, custom) -> float:
-    if preset.startswith("DeepConf-low"):
-        return PRESETS["deepconf-low"]
-    if preset.startswith("DeepConf-high"):
-        return PRESETS["deepconf-high"]
-    return parse_number(custom, "eta", lo=0.0001, hi=100)
+def mark(correct: bool | None) -> str:
+    return "" if correct is None else (" ✓ correct" if correct else " ✗ wrong")
 
 
 def side_markdown(side: str, rep: dict, traces: int) -> str:
+    """One side's answer, its other votes with what each means, and the cost."""
     votes = rep["votes"]
-    return (f"### {side}\n**Answer** `{escape(str(rep['answer']))}` — {rep['share']:.0%} of the weighted vote  \n"
-            f"majority `{escape(str(votes['majority']['answer']))}`, tail-weighted "
-            f"`{escape(str(votes['tail']['answer']))}`  \n"
-            f"threshold {rep['threshold']:.3f} · {rep['stopped']} of {traces} online traces stopped  \n"
-            f"tokens spent {rep['tokens_spent']}, saved {rep['tokens_saved']} ({rep['tokens_saved_method']})")
+
+    def answer(name: str) -> str:
+        v = votes[name]
+        return f"`{escape(str(v['answer']))}`{mark(v.get('correct'))}"
+
+    saved = ("measured" if rep["tokens_saved_method"].startswith("measured") else "at most")
+    return (f"### {side}\n**DeepConf answer {answer('lowest_group')}** — {rep['share']:.0%} of the confidence-weighted "
+            f"vote  \n"
+            f"majority vote {answer('majority')} · tail-weighted vote {answer('tail')}  \n"
+            f"threshold {rep['threshold']:.2f} · {rep['stopped']} of {traces} online traces stopped early · "
+            f"tokens spent {rep['tokens_spent']}, saved {saved} {rep['tokens_saved']}")
+
+
+def votes_help() -> str:
+    return ("<div class='fl-note'><b>Three votes, three questions.</b> " +
+            " · ".join(f"<b>{name}</b>: {escape(text)}" for name, text in
+                       [("DeepConf answer", VOTE_KINDS["lowest_group"]), ("majority", VOTE_KINDS["majority"]),
+                        ("tail-weighted", VOTE_KINDS["tail"])]) +
+            ". They differ when confident and unconfident traces disagree.</div>")
 
 
 def trace_rows(report: dict) -> list[list]:
@@ -40,123 +53,132 @@ def trace_rows(report: dict) -> list[list]:
         for t in report["sides"][side]["traces"]:
             state = "stopped" if t["stopped"] else "filtered" if t["excluded"] else "voted"
             low = t["lowest_group"]
-            rows.append([side, t["phase"], t["name"], state, t["tokens"], None if low is None else round(low, 3),
-                         t["answer"], t["text"][:200]])
+            correct = {True: "✓", False: "✗"}.get(t.get("correct"), "—")
+            rows.append([side, t["phase"], t["name"], state, t["tokens"], None if low is None else round(low, 2),
+                         t["answer"], correct, t["text"]])
     return rows
 
 
-class DeepThinkTab:
-    def __init__(self, pool: ModelPool):
-        self.pool = pool
+class DeepThinkWork(TabWork):
+    label = "a Deep Think run"
 
-    def config(self, prompt, strategy, traces, warmup, eta_preset, eta, window, max_new, temperature, top_p, seed,
-               regex, shared, check, params: dict) -> DeepThinkConfig:
-        return DeepThinkConfig(
-            prompt=prompt or "", traces=parse_number(traces, "traces", integer=True, lo=1, hi=MAX_TRACES),
-            warmup=parse_number(warmup, "warm-up traces", integer=True, lo=1, hi=MAX_TRACES),
-            eta=resolve_eta(eta_preset, eta), window=parse_number(window, "window", integer=True, lo=1),
-            max_new_tokens=parse_number(max_new, "max new tokens", integer=True, lo=1, hi=1024),
+    def __init__(self, tab: "DeepThinkTab", lm, cfg: DeepThinkConfig):
+        super().__init__(tab.run, tab.stop, tab.status)
+        self.tab, self.lm, self.cfg = tab, lm, cfg
+        self.report = None
+        self.gpu_seconds = 60 + 3 * cfg.max_new_tokens
+
+    def run(self, stop: threading.Event):
+        yield from reporting(lambda report: deep_think(self.lm, self.cfg, progress=report, stop=stop))
+
+    def progress(self, items: list, elapsed: float) -> dict:
+        out = self.busy()
+        for item in items:
+            if isinstance(item, str):
+                out |= self.say(f"Running… {item} ({elapsed:.0f} s)")
+            else:
+                self.report = item.result
+        return out
+
+    def finish(self, outcome: Outcome) -> dict:
+        rep = self.report
+        if rep is None:
+            return self.ended_early(outcome, "Stopped; no vote was taken.")
+        sides = rep["sides"]
+        summary = (side_markdown("Baseline", sides["baseline"], self.cfg.traces) + "\n\n" +
+                   side_markdown("Feedback", sides["feedback"], self.cfg.traces))
+        return self.idle() | self.say(f"Done in {rep['wall_seconds']:.1f} s."
+                                      + "".join(f" Note: {w}" for w in rep["warnings"])) | {
+            self.tab.summary: summary, self.tab.votes: charts.vote_figure(sides),
+            self.tab.curves[0]: charts.trace_figure("baseline", sides["baseline"], 0),
+            self.tab.curves[1]: charts.trace_figure("feedback", sides["feedback"], 1),
+            self.tab.table: trace_rows(rep), self.tab.report: rep,
+            self.tab.warm_hist: charts.histogram_figure({side: sides[side]["warmup_lowest_groups"] for side in SIDES},
+                                                        rep["thresholds"])}
+
+
+class DeepThinkTab:
+    def __init__(self, pool: ModelPool, runner: ModelRunner):
+        self.pool, self.runner = pool, runner
+
+    def prepare(self, prompt, expected, strategy, traces, warmup, eta_preset, eta, window, max_new, temperature,
+                top_p, seed, regex, shared, check, *param_values) -> DeepThinkWork:
+        """N sampled traces per side with calibrated early stop, then the votes."""
+        if not prompt or not prompt.strip():
+            raise FeedbackError("the question is empty")
+        cfg = DeepThinkConfig(
+            prompt=prompt or "", expected=(expected or "").strip() or None,
+            traces=parse_number(traces, "traces per side", integer=True, lo=1, hi=SERVED_MAX_TRACES),
+            warmup=parse_number(warmup, "warm-up traces per side", integer=True, lo=1, hi=SERVED_MAX_TRACES),
+            eta=resolve_eta(eta_preset, eta), window=parse_number(window, "window", integer=True, lo=1, hi=100_000),
+            max_new_tokens=parse_number(max_new, "max new tokens", integer=True, lo=1, hi=SERVED_MAX_NEW_TOKENS),
             temperature=parse_number(temperature, "temperature", lo=0.01, hi=10),
             top_p=parse_number(top_p, "top-p", lo=0.01, hi=1), seed=parse_number(seed, "seed", integer=True, lo=0),
-            strategy=strategy, params=params, answer_regex=regex or None, shared_threshold=bool(shared),
-            check=bool(check))
+            strategy=strategy, params=self.panel.params_for(strategy, list(param_values)),
+            answer_regex=regex or None, shared_threshold=bool(shared), check=bool(check))
+        lm = self.pool.get()
+        cfg.validate(lm.num_layers)
+        return DeepThinkWork(self, lm, cfg)
 
-    def run(self, prompt, strategy, traces, warmup, eta_preset, eta, window, max_new, temperature, top_p, seed,
-            regex, shared, check, *param_values, request: gr.Request = None):
-        """N sampled traces per side with calibrated early stop, then the votes."""
-        skip = gr.skip()
-        try:
-            if not prompt or not prompt.strip():
-                raise FeedbackError("prompt is empty")
-            params = self.controls.params_for(strategy, list(param_values))
-            cfg = self.config(prompt, strategy, traces, warmup, eta_preset, eta, window, max_new, temperature,
-                              top_p, seed, regex, shared, check, params)
-            lm = self.pool.get()
-            for warning in cfg.validate(lm.num_layers):
-                gr.Warning(warning)
-            for item in in_background(lambda report: deep_think(lm, cfg, progress=report)):
-                if isinstance(item, Finished):
-                    rep = item.result
-                else:
-                    yield f"Running… {escape(item)}", skip, skip, skip, skip, skip, skip
-        except FeedbackError as exc:
-            raise gr.Error(str(exc)) from None
-        sides = rep["sides"]
-        yield (side_markdown("Baseline", sides["baseline"], cfg.traces) + "\n\n" +
-               side_markdown("Feedback", sides["feedback"], cfg.traces) + f"\n\n{rep['wall_seconds']:.1f} s",
-               charts.vote_figure(sides), charts.trace_figure("baseline", sides["baseline"], 0),
-               charts.trace_figure("feedback", sides["feedback"], 1), trace_rows(rep), rep,
-               charts.histogram_figure({side: sides[side]["warmup_lowest_groups"] for side in SIDES},
-                                       rep["thresholds"]))
-
-    def calibrate(self, prompt, chat_template, strategy, temperature, top_p, seed, window, k, max_new, eta_preset,
-                  eta, warmup, *param_values, request: gr.Request = None):
-        """Warm-up traces of the Compare prompt (both rows, pooled) -> a fixed early-stop threshold."""
-        try:
-            if not prompt or not prompt.strip():
-                raise FeedbackError("prompt is empty")
-            temp = parse_number(temperature, "temperature")
-            if temp == 0:
-                raise FeedbackError("calibration samples several traces: set a temperature above 0 first")
-            cfg = DeepThinkConfig(
-                prompt=prompt, warmup=parse_number(warmup, "warm-up traces", integer=True, lo=1, hi=MAX_TRACES),
-                eta=resolve_eta(eta_preset, eta), window=parse_number(window, "window", integer=True, lo=1),
-                k=parse_number(k, "k", integer=True, lo=1), temperature=temp,
-                top_p=parse_number(top_p, "top-p", lo=0.01, hi=1),
-                max_new_tokens=parse_number(max_new, "max new tokens", integer=True, lo=1, hi=1024),
-                seed=parse_number(seed, "seed", integer=True, lo=0), strategy=strategy,
-                params=self.compare_controls.params_for(strategy, list(param_values)), shared_threshold=True,
-                chat_template=bool(chat_template))
-            lm = self.pool.get()
-            cfg.validate(lm.num_layers)
-            _, lows, thresholds = warm_up(lm, cfg)
-        except FeedbackError as exc:
-            raise gr.Error(str(exc)) from None
-        s = thresholds["baseline"]
-        note = (f"Calibrated from {2 * cfg.warmup} warm-up traces (η = {cfg.eta:g}% kept): threshold **{s:.3f}**, "
-                "now used for early stop.")
-        return "fixed", s, charts.histogram_figure(lows, {"shared": s}), note
+    def stop_run(self, request: gr.Request = None) -> str:
+        return self.runner.stop(TAB, request)
 
     def build(self, num_layers: int) -> None:
-        strategies = list(REGISTRY)
-        with gr.Tab("Deep Think", id="deepthink"):
+        with gr.Tab("Deep Think", id=TAB):
             gr.Markdown("DeepConf on both sides: warm-up traces calibrate an early-stop threshold, more traces run "
-                        "with online early stop, and the survivors vote (weighted by their lowest group "
-                        "confidence after keeping the top η%). Stopped traces never vote; their tokens still count.")
-            prompt = gr.Textbox(label="Question", lines=2, elem_id="dt-prompt",
-                                value="What is 6 multiplied by 7? Answer with a number.")
+                        "with online early stop, and the survivors vote. Stopped traces never vote; their tokens "
+                        "still count as cost.")
             with gr.Row():
-                strategy = gr.Dropdown(strategies, value=strategies[0], label="Feedback strategy")
-                traces = gr.Number(8, label="traces per side", precision=0, minimum=1, maximum=MAX_TRACES)
-                warmup = gr.Number(4, label="warm-up traces per side", precision=0, minimum=1, maximum=MAX_TRACES)
+                prompt = gr.Textbox(label="Question", lines=2, elem_id="dt-prompt", scale=3,
+                                    value="What is 6 multiplied by 7? Answer with a number.")
+                expected = gr.Textbox("42", label="expected answer (optional)", elem_id="dt-expected", scale=1,
+                                      info="marks each trace and vote correct or wrong")
+            with gr.Row(equal_height=False):
+                with gr.Column(min_width=280):
+                    self.panel = build_strategy_panel(num_layers, "residual", prefix="dt")
+                with gr.Column(min_width=280):
+                    with gr.Row():
+                        traces = gr.Number(8, label="traces per side", precision=0, minimum=1,
+                                           maximum=SERVED_MAX_TRACES, info=f"1 to {SERVED_MAX_TRACES}",
+                                           elem_id="dt-traces")
+                        warmup = gr.Number(4, label="warm-up traces per side", precision=0, minimum=1,
+                                           maximum=SERVED_MAX_TRACES, info=f"1 to {SERVED_MAX_TRACES}",
+                                           elem_id="dt-warmup")
+                    eta_preset = gr.Radio(ETA_CHOICES, value=ETA_CHOICES[1], label="η (share of traces kept)")
+                    with gr.Row():
+                        eta = gr.Number(50, label="custom η %", minimum=0.0001, maximum=100)
+                        window = gr.Number(16, label="window", precision=0, minimum=1)
+                    with gr.Row():
+                        max_new = gr.Number(96, label="max new tokens", precision=0, minimum=1,
+                                            maximum=SERVED_MAX_NEW_TOKENS, info=f"1 to {SERVED_MAX_NEW_TOKENS}",
+                                            elem_id="dt-max-new")
+                        temperature = gr.Number(0.7, label="temperature", minimum=0.01, maximum=10, step=0.05)
+                        top_p = gr.Number(0.95, label="top-p", minimum=0.01, maximum=1, step=0.05)
+                        seed = gr.Number(0, label="seed", precision=0, minimum=0)
+                    regex = gr.Textbox(label="answer regex (optional; its first group is the answer)",
+                                       placeholder=r"Answer: (\d+)",
+                                       info="otherwise: \\boxed{…}, “the answer is …”, the last equation result, …")
+                    with gr.Row():
+                        shared = gr.Checkbox(False, label="one threshold for both sides")
+                        check = gr.Checkbox(False, label="check mode (finish stopped traces to measure tokens saved)")
+            self.run, self.stop, self.status = run_controls("dt", "Run Deep Think")
+            self.summary = gr.Markdown(elem_id="dt-summary")
+            gr.HTML(votes_help())
+            self.votes = gr.Plot(show_label=False, elem_id="dt-votes")
+            self.warm_hist = gr.Plot(show_label=False, elem_id="dt-warmup")
             with gr.Row():
-                eta_preset = gr.Radio(ETA_CHOICES, value=ETA_CHOICES[1], label="η (share kept)")
-                eta = gr.Number(50, label="custom η %", minimum=0.0001, maximum=100)
-                window = gr.Number(16, label="window", precision=0, minimum=1)
-            with gr.Row():
-                max_new = gr.Number(96, label="max new tokens", precision=0, minimum=1, maximum=1024)
-                temperature = gr.Number(0.7, label="temperature", minimum=0.01, maximum=10)
-                top_p = gr.Number(0.95, label="top-p", minimum=0.01, maximum=1)
-                seed = gr.Number(0, label="seed", precision=0, minimum=0)
-            with gr.Row():
-                regex = gr.Textbox(label="answer regex (optional; first group)", placeholder=r"Answer: (\d+)")
-                shared = gr.Checkbox(False, label="one threshold for both sides")
-                check = gr.Checkbox(False, label="check mode (finish stopped traces to measure tokens saved)")
-            self.controls = build_strategy_controls(num_layers, strategies[0], prefix="dt")
-            go = gr.Button("Run Deep Think", variant="primary", elem_id="dt-run")
-            summary = gr.Markdown(elem_id="dt-summary")
-            votes = gr.Plot(show_label=False, elem_id="dt-votes")
-            warm_hist = gr.Plot(show_label=False, elem_id="dt-warmup")
-            with gr.Row():
-                base_curves = gr.Plot(show_label=False)
-                fb_curves = gr.Plot(show_label=False)
-            table = gr.Dataframe(headers=["side", "phase", "trace", "state", "tokens", "lowest group", "answer",
-                                          "text"], interactive=False, wrap=True)
+                self.curves = [gr.Plot(show_label=False, elem_id="dt-curves-baseline"),
+                               gr.Plot(show_label=False, elem_id="dt-curves-feedback")]
+            self.table = gr.Dataframe(headers=["side", "phase", "trace", "state", "tokens", "lowest group", "answer",
+                                               "correct", "text"], interactive=False, wrap=True, elem_id="dt-table",
+                                      column_widths=["7%", "7%", "9%", "7%", "6%", "7%", "8%", "6%", "43%"])
             with gr.Accordion("Report (JSON)", open=False):
-                report = gr.JSON()
-            self.controls.follow(strategy)
-            go.click(with_named_params(self.run, self.controls, self.pool.gate),
-                     [prompt, strategy, traces, warmup, eta_preset, eta, window, max_new, temperature, top_p, seed,
-                      regex, shared, check, *self.controls.components],
-                     [summary, votes, base_curves, fb_curves, table, report, warm_hist], api_name="deepthink",
-                     concurrency_id="model", concurrency_limit=1)
+                self.report = gr.JSON()
+            stop_ack = gr.Textbox(visible=False)
+        handler = self.runner.wrap(TAB, self.prepare, self.panel.api_names)
+        self.run.click(handler, [prompt, expected, self.panel.strategy, traces, warmup, eta_preset, eta, window,
+                                 max_new, temperature, top_p, seed, regex, shared, check, *self.panel.components],
+                       [self.summary, self.votes, *self.curves, self.table, self.report, self.warm_hist, self.status,
+                        self.run, self.stop], api_name="deepthink", concurrency_limit=None, show_progress="hidden")
+        self.stop.click(self.stop_run, None, stop_ack, api_name="stop_deepthink", concurrency_limit=None,
+                        show_progress="hidden")

@@ -12,31 +12,39 @@ def client(app_url):
 
 
 def test_deepthink_endpoint_reports_both_sides(client):
-    job = client.submit("What is 2 + 3? Answer with a number.", "deep_cache", 2, 2, "custom", 50, 4, 16, 0.8, 0.95,
-                        0, "", False, False, api_name="/deepthink")
-    summary, votes, base_curves, fb_curves, table, report, warm_hist = job.result()
+    job = client.submit("What is 2 + 3? Answer with a number.", "5", "deep_cache", 2, 2, "custom", 50, 4, 16, 0.8,
+                        0.95, 0, "", False, False, api_name="/deepthink")
+    summary, votes, base_curves, fb_curves, table, report, warm_hist, status = job.result()
     assert "### Baseline" in summary and "### Feedback" in summary and "tokens spent" in summary
+    assert "majority vote" in summary and "tail-weighted vote" in summary and "Done" in status
     assert set(report["sides"]) == {"baseline", "feedback"} and report["config"]["eta"] == 50
+    assert report["config"]["expected"] == "5"
     assert len(table["data"]) == 8  # (2 warm-up + 2 online) traces x 2 sides
-    assert '"threshold"' in base_curves["plot"] and "bar" in votes["plot"]
+    assert all(row[7] in ("✓", "✗") for row in table["data"])  # every trace marked against the expected answer
+    texts = {t["name"]: t["text"] for side in report["sides"].values() for t in side["traces"]}
+    assert all(row[8] == texts[row[2]] for row in table["data"])  # whole texts, not cut
+    assert "threshold" in base_curves["plot"] and "bar" in votes["plot"]
     assert "baseline s = " in warm_hist["plot"] and "feedback s = " in warm_hist["plot"]
 
 
 @pytest.mark.parametrize("args, message", [
-    (("", "residual", 2, 2, "custom", 50, 4, 16, 0.8, 0.95, 0, "", False, False), "prompt is empty"),
-    (("q", "residual", 2, 2, "custom", 50, 4, 16, 0.8, 0.95, 0, "(bad", False, False), "does not compile"),
+    (("", "", "residual", 2, 2, "custom", 50, 4, 16, 0.8, 0.95, 0, "", False, False), "the question is empty"),
+    (("q", "", "residual", 2, 2, "custom", 50, 4, 16, 0.8, 0.95, 0, "(bad", False, False), "does not compile"),
+    (("q", "", "residual", 40, 2, "custom", 50, 4, 16, 0.8, 0.95, 0, "", False, False), "greater than maximum"),
 ])
 def test_deepthink_bad_input(client, args, message):
     with pytest.raises(AppError, match=message):
         client.predict(*args, api_name="/deepthink")
 
 
-def test_calibrate_sets_a_fixed_threshold(client):
-    mode, threshold, plot, note = client.predict(
-        "Name a colour.", True, "residual", 0.8, 0.95, 0, 4, 20, 16, "DeepConf-high (keep 90%)", 50, 3,
+def test_calibrate_sets_a_fixed_threshold_and_samples_when_compare_is_greedy(client):
+    mode, threshold, plot, note, status = client.predict(
+        "Name a colour.", True, "embedded", "residual", 0.8, 0.95, 0, 4, 20, 16, "DeepConf-high (keep 90%)", 50, 3,
         api_name="/calibrate")
-    assert mode == "fixed" and isinstance(threshold, float) and f"{threshold:.3f}" in note
-    assert "histogram" in plot["plot"]
-    with pytest.raises(AppError, match="temperature above 0"):
-        client.predict("Name a colour.", True, "residual", 0.0, 0.95, 0, 4, 20, 16, "DeepConf-high (keep 90%)", 50,
-                       3, api_name="/calibrate")
+    assert mode == "fixed" and threshold == round(threshold, 2) and f"{threshold:.2f}" in note
+    plot = plot.get("value", plot)  # an update that also makes the (hidden until now) chart visible
+    assert "histogram" in plot["plot"] and "sampled at temperature" not in note
+    mode, threshold, plot, note, status = client.predict(
+        "Name a colour.", True, "embedded", "residual", 0.0, 1.0, 0, 4, 20, 16, "DeepConf-high (keep 90%)", 50, 3,
+        api_name="/calibrate")
+    assert mode == "fixed" and "sampled at temperature 0.7" in note and "Calibrated" in status

@@ -15,20 +15,22 @@ def client(app_url):
 
 
 def test_perplexity_on_pasted_text(client):
-    summary, coloured, fig, table, result = client.predict(
+    summary, coloured, fig, table, result, status = client.predict(
         "pasted text", TEXT, None, "deep_cache", "auto", 3, 5, deep_cache_lam=0.2, api_name="/perplexity")
     assert "Baseline PPL" in summary and "Feedback PPL" in summary and "95% CI" in summary
     assert result["mode"] == "parallel" and result["config"]["params"]["lam"] == 0.2
     assert result["ci95"][0] <= result["delta_pct"] <= result["ci95"][1]
-    assert coloured.count("fl-tok") == result["tokens"] and "NLL baseline" in coloured
-    assert fig["type"] == "plotly" and table["data"][0][0] == "pasted text"
+    # every scored token, plus the first one shown unscored
+    assert coloured.count('class="fl-tok"') == result["tokens"] and coloured.count("fl-tok fl-first") == 1
+    assert "NLL baseline" in coloured and "not scored" in coloured
+    assert fig["type"] == "plotly" and table["data"][0][0] == "pasted text" and "Done" in status
 
 
 def test_perplexity_on_an_uploaded_jsonl_with_a_bad_line(client, tmp_path):
     path = tmp_path / "docs.jsonl"
     path.write_text('{"text": "First document about rivers and seas."}\nnot json\n'
                     '{"text": "Second document about clouds and rain."}\n')
-    summary, coloured, fig, table, result = client.predict(
+    summary, coloured, fig, table, result, status = client.predict(
         "uploaded file", "", handle_file(str(path)), "residual", "jacobi", 2, 5, api_name="/perplexity")
     assert result["documents"] == 2 and result["mode"] == "jacobi" and result["approximate"] is True
     assert "approximate, 2 passes" in summary and len(table["data"]) == 2 and coloured == ""
@@ -58,7 +60,12 @@ def test_sweep_streams_a_heatmap_and_a_csv(client):
     updates = list(job)
     assert len(updates) >= 4  # one per point, then the final one
     heat, status, csv_path = job.outputs()[-1]
-    assert "Done: 4 points" in status and '"heatmap"' in heat["plot"]
+    assert "Done: 4 points" in status and '"heatmap"' in heat["plot"] and "strength-0 points left out" in status
+    assert "best" in status and "lam=0.0," not in status  # the no-op points are never "best"
     assert open(csv_path, encoding="utf-8").read().startswith("lam,theta,delta_pct")
+    assert csv_path.endswith(".csv") and "sweep-deep_cache-" in csv_path
     with pytest.raises(AppError, match="unknown parameter"):
         client.predict("pasted text", TEXT, None, "deep_cache", "zeta=1", "", "auto", 3, 5, api_name="/sweep")
+    with pytest.raises(AppError, match="the page runs at most 24"):
+        client.predict("pasted text", TEXT, None, "deep_cache", "lam=0,0.1,0.2,0.3,0.4",
+                       "theta=1,2,3,4,5", "auto", 3, 5, api_name="/sweep")

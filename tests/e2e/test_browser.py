@@ -1,14 +1,17 @@
-"""Real-browser end-to-end tests: headless Chromium drives the Compare tab of the running app.
+"""Real-browser end-to-end tests: headless Chromium drives the running app as a person would.
 
-The app is the real one on the embedded model (the session fixture `app_url`), talked to only on
-127.0.0.1. Timings are taken inside the page (click listener + MutationObserver, `performance.now()`),
-so they measure what a user sees, and are written to test-output/e2e-metrics.json.
+The app is the real one on the embedded model (the session fixture `app_server`), talked to only on
+127.0.0.1. Timings are taken inside the page (click listener + MutationObserver, `performance.now()`)
+and written to test-output/e2e-metrics.json; screenshots (1440 px and 390 px, light and dark) go to
+test-output/.
 """
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -23,7 +26,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 LOAD_TIMEOUT_MS = 30_000
 RUN_TIMEOUT_MS = 90_000  # generous: the CPU may be shared with other jobs
-ANSWER_TOKENS = 64  # enough for two sentences, and keeps the run short on a slow CPU
+ANSWER_TOKENS = 48
 
 # In-page timers: the moment of a button click and the first DOM state matching a condition.
 TIMERS_JS = """
@@ -46,6 +49,15 @@ TIMERS_JS = """
 """
 
 
+# "Error" badges a person can see in the output area (an element with opacity 0 somewhere above it is not seen).
+SHOWN_ERROR_BADGES = """
+() => Array.from(document.querySelectorAll('#columns *, #conf-plot *, #mem-plot *'))
+  .filter(e => e.children.length === 0 && e.textContent.trim() === 'Error')
+  .filter(e => { for (let x = e; x; x = x.parentElement) { if (getComputedStyle(x).opacity === '0') return false; }
+                 return true; }).length
+"""
+
+
 def save_metrics(**values: float) -> dict:
     """Merge `values` into test-output/e2e-metrics.json and print the whole file."""
     OUT.mkdir(exist_ok=True)
@@ -56,6 +68,11 @@ def save_metrics(**values: float) -> dict:
     return data
 
 
+def shot(page: Page, name: str, full: bool = True) -> None:
+    OUT.mkdir(exist_ok=True)
+    page.screenshot(path=str(OUT / f"e2e-{name}.png"), full_page=full)
+
+
 @pytest.fixture(scope="module")
 def browser() -> Browser:
     with sync_playwright() as p:
@@ -64,29 +81,47 @@ def browser() -> Browser:
         b.close()
 
 
-@pytest.fixture()
-def page(browser: Browser, app_url: str, request) -> Page:
-    """A fresh context (own local storage, own Gradio session) with the app loaded; a screenshot of
-    the page is saved to test-output/ when the test fails."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+def health(url: str) -> dict:
+    return httpx.get(f"{url.rstrip('/')}/api/health", timeout=10).json()
+
+
+def wait_idle(url: str, within_s: float) -> float:
+    """Seconds until the model line is free (nothing running, nothing waiting); fails past `within_s`."""
+    t0 = time.monotonic()
+    while True:
+        h = health(url)
+        if h["running"] == 0 and h["waiting"] == 0:
+            return time.monotonic() - t0
+        assert time.monotonic() - t0 < within_s, h
+        time.sleep(0.2)
+
+
+def open_app(browser: Browser, url: str, width: int = 1440, scheme: str = "light", touch: bool = False):
+    context = browser.new_context(viewport={"width": width, "height": 900 if width > 500 else 844},
+                                  color_scheme=scheme, has_touch=touch, is_mobile=touch)
     pg = context.new_page()
     pg.set_default_timeout(LOAD_TIMEOUT_MS)
     errors: list[str] = []
     pg.on("pageerror", lambda exc: errors.append(str(exc)))
-    assert app_url.startswith("http://127.0.0.1:")
-    pg.goto(app_url)
+    pg.goto(url)
     expect(pg.locator("#prompt textarea")).to_be_editable(timeout=LOAD_TIMEOUT_MS)
     expect(pg.locator("#generate")).to_be_enabled()
     expect(pg.locator("#stop")).to_be_disabled()
-    expect(pg.locator("#baseline-text .fl-text")).to_be_visible()
+    pg.errors = errors
+    return context, pg
+
+
+@pytest.fixture()
+def page(browser: Browser, app_url: str, request) -> Page:
+    """A fresh context (own local storage, own Gradio session) with the app loaded; a screenshot of
+    the page is saved to test-output/ when the test fails."""
+    context, pg = open_app(browser, app_url)
     pg.evaluate(TIMERS_JS)
     failed_before = request.session.testsfailed
     yield pg
     if request.session.testsfailed > failed_before:
-        OUT.mkdir(exist_ok=True)
-        shot = OUT / f"e2e-failed-{request.node.name}.png"
-        pg.screenshot(path=str(shot), full_page=True)
-        print(f"\nscreenshot of the failed page: {shot}; page errors: {errors}")
+        shot(pg, f"failed-{request.node.name}")
+        print(f"\nscreenshot of the failed page saved; page errors: {pg.errors}")
     context.close()
 
 
@@ -99,19 +134,42 @@ def stop_cell(pg: Page, column: str):
     return pg.locator(f"#{column}-stats tr").filter(has=pg.locator("th", has_text="stop")).locator("td")
 
 
-def set_max_new_tokens(pg: Page, n: int) -> None:
-    """Open the (closed by default) Sampling accordion and type a max-new-tokens value."""
-    pg.locator("button.label-wrap").filter(has_text="Sampling").click()
-    field = pg.locator("#max-new-tokens input")
+def accordion(pg: Page, title: str) -> None:
+    pg.locator("button.label-wrap").filter(has_text=title).click()
+
+
+def set_number(pg: Page, elem_id: str, value) -> None:
+    field = pg.locator(f"#{elem_id} input").first
     expect(field).to_be_visible()
-    field.fill(str(n))
+    field.fill(str(value))
     field.press("Tab")
-    expect(field).to_have_value(str(n))
+    expect(field).to_have_value(str(value))
 
 
-def test_generate_streams_both_columns_with_charts_and_token_views(page: Page):
-    set_max_new_tokens(page, ANSWER_TOKENS)
-    page.locator("#prompt textarea").fill("Explain why the sky is blue in two sentences.")
+def choose(pg: Page, elem_id: str, option: str) -> None:
+    """Pick an option of a Gradio dropdown as a person does: open it, click the option."""
+    pg.locator(f"#{elem_id} input").click()
+    pg.get_by_role("option", name=option, exact=False).first.click()
+    expect(pg.locator(f"#{elem_id} input")).to_have_value(option)
+
+
+def radio(pg: Page, elem_id: str, label: str) -> None:
+    pg.locator(f"#{elem_id} label").filter(has_text=label).first.click()
+
+
+def generate(pg: Page, prompt: str, tokens: int = ANSWER_TOKENS) -> None:
+    accordion(pg, "Sampling")
+    set_number(pg, "max-new-tokens", tokens)
+    accordion(pg, "Sampling")
+    pg.locator("#prompt textarea").fill(prompt)
+    pg.locator("#generate").click()
+    expect(pg.locator("#status")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
+
+
+def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page, app_url: str):
+    accordion(page, "Sampling")
+    set_number(page, "max-new-tokens", ANSWER_TOKENS)
+    page.locator("#prompt textarea").fill("Write a four-line poem about a lighthouse in winter.")
     page.locator("#generate").click()
 
     # Streaming: the first coloured token shows up while the run is still going.
@@ -121,7 +179,8 @@ def test_generate_streams_both_columns_with_charts_and_token_views(page: Page):
     assert 0 < ttft < 30, ttft
 
     expect(page.locator("#status")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
-    print("\nstatus:", page.locator("#status").inner_text().strip())
+    status = page.locator("#status").inner_text()
+    assert "UI build" not in status and "ms" not in status  # no developer timings for users
     expect(page.locator("#generate")).to_be_enabled()
     expect(page.locator("#stop")).to_be_disabled()
     for column in ("baseline", "feedback"):
@@ -129,9 +188,17 @@ def test_generate_streams_both_columns_with_charts_and_token_views(page: Page):
         expect(page.locator(f"#{column}-text .fl-caret")).to_have_count(0)  # finished: no cursor
         expect(page.locator(f"#{column}-stats")).to_contain_text("tokens/s")
         expect(stop_cell(page, column)).not_to_have_text("running…")
-    n_base, n_fb = spans(page, "baseline").count(), spans(page, "feedback").count()
-    assert 5 <= n_base <= ANSWER_TOKENS and 5 <= n_fb <= ANSWER_TOKENS, (n_base, n_fb)
+    # The page starts on the preset that shows a difference, and the headings say what made each column.
+    expect(page.locator("#feedback-heading")).to_contain_text("residual")
+    expect(page.locator("#feedback-heading")).to_contain_text("alpha=0.1")
+    expect(page.locator("#baseline-heading")).to_contain_text("no feedback")
+    assert "differ at step" in status
+    expect(page.locator("#baseline-text .fl-diverge")).to_have_count(1)  # the text marks where they split
+    expect(page.locator("#feedback-text .fl-diverge")).to_have_count(1)
+    n_base = spans(page, "baseline").count()
+    assert 5 <= n_base <= ANSWER_TOKENS
     expect(page.locator("#baseline-stats tr").first).to_contain_text(str(n_base))
+    expect(page.locator("#confidence-legend")).to_contain_text("very uncertain")
 
     # Confidence chart: Plotly drew a token-conf and a group-conf trace for each row.
     chart = page.locator("#conf-plot .js-plotly-plot")
@@ -142,58 +209,251 @@ def test_generate_streams_both_columns_with_charts_and_token_views(page: Page):
     legend = " | ".join(chart.locator(".legendtext").all_text_contents())
     for name in ("baseline token conf", "baseline group conf", "feedback token conf", "feedback group conf"):
         assert name in legend, legend
-    assert chart.locator(".scatterlayer .trace path.js-line").count() >= 4  # lines, not empty traces
+    expect(page.locator("#mem-plot")).to_contain_text("seconds since the run began")
 
-    # Hover details on a token.
-    token = spans(page, "feedback").nth(min(2, n_fb - 1))
+    # Hover a token: a styled detail card with the numbers and the top-5 alternatives.
+    token = spans(page, "feedback").nth(2)
     token.hover()
-    title = token.get_attribute("title") or ""
-    assert "confidence" in title and "top-5" in title and "entropy" in title, title
+    card = page.locator("#fl-card.fl-open")
+    expect(card).to_be_visible()
+    for word in ("probability", "confidence", "entropy", "top-5"):
+        expect(card).to_contain_text(word)
+    page.mouse.move(5, 5)
+    expect(card).to_have_count(0)
 
-    # The confidence view's text, then the plain view: no spans, the same text.
+    # The plain view: no spans, the same text; then back.
     coloured = {c: "".join(spans(page, c).all_text_contents()) for c in ("baseline", "feedback")}
-    assert all(t.strip() for t in coloured.values()), coloured
-    page.locator("#token-view label").filter(has_text="plain").click()
+    radio(page, "token-view", "plain")
     for column in ("baseline", "feedback"):
         expect(spans(page, column)).to_have_count(0, timeout=10_000)
         body = page.locator(f"#{column}-text .fl-text")
-        expect(body).to_be_visible()
-        assert body.text_content() == coloured[column]
-    page.locator("#token-view label").filter(has_text="confidence").click()
+        assert body.text_content().replace("differs from here", "") == coloured[column]
+    radio(page, "token-view", "confidence")
     expect(spans(page, "baseline")).to_have_count(n_base, timeout=10_000)
-
-    OUT.mkdir(exist_ok=True)
-    page.screenshot(path=str(OUT / "e2e-compare.png"), full_page=True)
+    shot(page, "compare-1440-light")
+    assert page.errors == []
     save_metrics(click_to_first_token_s=ttft)
 
 
-def test_stop_ends_a_long_generation(page: Page):
-    set_max_new_tokens(page, 1000)
-
+def test_stop_ends_a_long_generation(page: Page, app_url: str):
+    accordion(page, "Sampling")
+    set_number(page, "max-new-tokens", 1000)
     page.locator("#prompt textarea").fill("Write a very long story about a lighthouse keeper and the sea.")
     page.locator("#generate").click()
-    expect(page.locator("#status")).to_contain_text("/ 1000", timeout=RUN_TIMEOUT_MS)  # the setting took
+    expect(page.locator("#status")).to_contain_text("of 1000", timeout=RUN_TIMEOUT_MS)  # the setting took
     page.wait_for_function("() => document.querySelectorAll('#baseline-text .fl-tok').length >= 10",
                            timeout=RUN_TIMEOUT_MS)
     expect(page.locator("#stop")).to_be_enabled()
     at_stop = spans(page, "baseline").count()
     page.locator("#stop").click()
 
-    expect(page.locator("#status")).to_contain_text("Done", timeout=15_000)
+    expect(page.locator("#status")).to_contain_text("Done (stopped)", timeout=15_000)
     page.wait_for_function("() => window.__fl.seen.done !== undefined && window.__fl.clicks.stop !== undefined")
     stop_to_done = page.evaluate("() => (window.__fl.seen.done - window.__fl.clicks.stop) / 1000")
     assert 0 < stop_to_done < 15, stop_to_done
-
     for column in ("baseline", "feedback"):
         expect(stop_cell(page, column)).to_contain_text("stopped")
     expect(page.locator("#generate")).to_be_enabled()
     expect(page.locator("#stop")).to_be_disabled()
     final = spans(page, "baseline").count()
     assert at_stop <= final < 250, (at_stop, final)
-    page.wait_for_timeout(2_000)  # nothing may arrive after the run ended
+    page.wait_for_timeout(1_000)  # nothing may arrive after the run ended
     assert spans(page, "baseline").count() == final
-    expect(page.locator("#status")).to_contain_text("Done")
-
-    OUT.mkdir(exist_ok=True)
-    page.screenshot(path=str(OUT / "e2e-stop.png"), full_page=True)
+    assert health(app_url)["running"] == 0
     save_metrics(stop_to_done_s=stop_to_done, stop_tokens_at_click=at_stop, stop_tokens_final=final)
+
+
+def test_an_input_error_leaves_the_previous_run_intact(page: Page):
+    generate(page, "Name three rivers.", 12)
+    before = {c: page.locator(f"#{c}-text .fl-text").inner_html() for c in ("baseline", "feedback")}
+    stats = page.locator("#feedback-stats table").inner_text()
+    page.locator("#prompt textarea").fill("   ")
+    page.locator("#generate").click()
+    expect(page.locator(".toast-body.error")).to_contain_text("prompt is empty")  # one message, in the toast
+    page.wait_for_timeout(500)
+    for column, html in before.items():
+        assert page.locator(f"#{column}-text .fl-text").inner_html() == html
+    assert page.locator("#feedback-stats table").inner_text() == stats
+    # Gradio draws an "Error" badge over an event's outputs when it fails; none may cover the results
+    assert page.evaluate(SHOWN_ERROR_BADGES) == 0
+    expect(page.locator("#status")).to_contain_text("Done in")
+    expect(page.locator("#generate")).to_be_enabled()
+    shot(page, "input-error")
+
+
+def test_waiting_in_line_is_shown_and_stop_leaves_the_line(page: Page, app_server):
+    gate = app_server.pool.gate
+    held = gate.acquire("api", label="an API generate request")  # another client holds the model
+    try:
+        page.locator("#prompt textarea").fill("Say hi.")
+        page.locator("#generate").click()
+        expect(page.locator("#status")).to_contain_text("Waiting for the model: 1st in line", timeout=10_000)
+        expect(page.locator("#status")).to_contain_text("behind an API generate request")
+        expect(page.locator("#stop")).to_be_enabled()
+        shot(page, "waiting-in-line", full=False)
+        page.locator("#stop").click()
+        expect(page.locator("#status")).to_contain_text("Left the line", timeout=10_000)
+        assert gate.status()["waiting"] == 0
+        expect(page.locator("#generate")).to_be_enabled()
+    finally:
+        gate.release(held)
+
+
+def test_every_model_tab_has_a_stop_that_frees_the_model(page: Page, app_url: str):
+    def start_then_stop(prefix: str, run: str, running: str, stopped: str) -> None:
+        page.locator(f"#{run}").click()
+        expect(page.locator(f"#{prefix}status")).to_contain_text(running, timeout=RUN_TIMEOUT_MS)
+        page.locator(f"#{prefix}stop").click()
+        expect(page.locator(f"#{prefix}status")).to_contain_text(stopped, timeout=15_000)
+        wait_idle(app_url, 10)
+        expect(page.locator(f"#{run}")).to_be_enabled()
+
+    # Calibrate (Compare tab): 8 warm-up traces per column.
+    accordion(page, "DeepConf confidence and early stop")
+    page.locator("#prompt textarea").fill("Tell a long story about the sea.")
+    start_then_stop("", "calibrate", "Calibrating", "Calibration stopped")
+    # Perplexity and Sweep on the built-in dev split (20 documents; 12 grid points).
+    for tab, prefix, running in [("Perplexity", "ppl", "Scoring"), ("Sweep", "sweep", "Sweeping")]:
+        page.get_by_role("tab", name=tab).click()
+        radio(page, f"{prefix}-source", "builtin:dev")
+        start_then_stop(f"{prefix}-", f"{prefix}-run", running, "Stopped")
+    # Deep Think: 8 + 4 traces per side.
+    page.get_by_role("tab", name="Deep Think").click()
+    start_then_stop("dt-", "dt-run", "Running", "Stopped")
+
+
+def test_closing_the_tab_during_a_sweep_frees_the_model_within_seconds(browser: Browser, app_url: str):
+    context, pg = open_app(browser, app_url)
+    pg.get_by_role("tab", name="Sweep").click()
+    radio(pg, "sweep-source", "builtin:dev")
+    pg.locator("#sweep-run").click()
+    expect(pg.locator("#sweep-status")).to_contain_text("Sweeping", timeout=RUN_TIMEOUT_MS)
+    assert health(app_url)["running"] == 1
+    context.close()  # the person closes the tab; nobody presses Stop
+    freed = wait_idle(app_url, 20)
+    assert freed < 15, freed
+    save_metrics(tab_closed_to_model_free_s=freed)
+
+
+def test_reload_from_history_restores_every_control(page: Page):
+    accordion(page, "Sampling")
+    set_number(page, "temperature", 0.5)
+    set_number(page, "seed", 7)
+    set_number(page, "max-new-tokens", 8)
+    accordion(page, "Sampling")
+    choose(page, "param-strategy", "deep_cache")
+    choose(page, "param-preset", "tuned for perplexity")
+    expect(page.locator("#param-deep_cache-lam input")).to_have_value("0.02")
+    accordion(page, "DeepConf confidence and early stop")
+    set_number(page, "deepconf-window", 12)
+    radio(page, "thr-mode", "fixed")
+    set_number(page, "threshold", 3.25)
+    page.locator("#prompt textarea").fill("Name a planet.")
+    page.locator("#generate").click()
+    expect(page.locator("#status")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
+    heading = page.locator("#feedback-heading").inner_text()
+    assert "deep_cache" in heading and "lam=0.02" in heading and "gate=0.9" in heading
+    # ... then the person changes everything
+    page.locator("#prompt textarea").fill("Something else entirely.")
+    accordion(page, "Sampling")
+    set_number(page, "temperature", 0)
+    set_number(page, "deepconf-window", 32)
+    radio(page, "thr-mode", "off")
+    choose(page, "param-strategy", "anchor")
+    # ... and reloads the run from History
+    page.get_by_role("tab", name="History").click()
+    expect(page.locator("#history-table")).to_contain_text("Name a planet.")
+    page.locator("#history-runs input").click()
+    page.get_by_role("option").filter(has_text="Name a planet.").first.click()
+    page.locator("#history-reload").click()
+    expect(page.locator("#status")).to_contain_text("Reloaded run", timeout=10_000)
+    expected = {"temperature": "0.5", "seed": "7", "max-new-tokens": "8", "deepconf-window": "12",
+                "threshold": "3.25", "param-strategy": "deep_cache", "param-preset": "tuned for perplexity",
+                "param-deep_cache-lam": "0.02", "param-deep_cache-theta": "50", "param-deep_cache-gate": "0.9"}
+    for elem_id, value in expected.items():
+        expect(page.locator(f"#{elem_id} input").first).to_have_value(value)
+    expect(page.locator("#prompt textarea")).to_have_value("Name a planet.")
+    expect(page.locator("#thr-mode input[value=fixed]")).to_be_checked()
+    expect(page.locator("#feedback-heading")).to_contain_text("lam=0.02")
+    shot(page, "history-reload")
+
+
+def test_touch_tap_and_keyboard_focus_open_the_card_and_columns_stay_side_by_side(browser: Browser, app_url: str):
+    context, pg = open_app(browser, app_url, width=390, touch=True)
+    try:
+        generate(pg, "Explain in two sentences why the sky is blue.", 24)
+        base, fb = pg.locator("#baseline-text").bounding_box(), pg.locator("#feedback-text").bounding_box()
+        assert abs(base["y"] - fb["y"]) < 60 and fb["x"] >= base["x"] + base["width"] - 1  # side by side
+        for name in ("Compare", "Perplexity", "Sweep", "Deep Think", "History"):  # no tab hidden behind "…"
+            expect(pg.get_by_role("tab", name=name)).to_be_visible()
+        shot(pg, "compare-390-light")
+        token = pg.locator("#feedback-text .fl-tok").nth(1)
+        token.tap()
+        card = pg.locator("#fl-card.fl-open")
+        expect(card).to_be_visible()
+        expect(card).to_contain_text("probability")
+        box = card.bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 390  # the card fits on the phone's screen
+        shot(pg, "card-tap-390", full=False)
+        pg.keyboard.press("Escape")
+        expect(card).to_have_count(0)
+        # keyboard: focus the column's first token, then move with the arrow keys
+        first = pg.locator("#baseline-text .fl-tok").first
+        first.focus()
+        expect(card).to_be_visible()
+        title = pg.locator("#fl-card .fl-card-title").inner_text()
+        pg.keyboard.press("ArrowRight")
+        expect(pg.locator("#baseline-text .fl-tok").nth(1)).to_be_focused()
+        expect(pg.locator("#fl-card .fl-card-title")).not_to_have_text(title)
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("width", [1440, 390])
+def test_dark_mode_charts_are_dark(browser: Browser, app_url: str, width: int):
+    context, pg = open_app(browser, app_url, width=width, scheme="dark")
+    try:
+        generate(pg, "Summarise the plot of Romeo and Juliet in three sentences.", 16)
+        pg.wait_for_timeout(500)
+        colours = pg.evaluate("""() => {
+          const svg = document.querySelector('#conf-plot .main-svg');
+          const text = document.querySelector('#conf-plot .xtitle');
+          return {bg: getComputedStyle(svg).backgroundColor, text: getComputedStyle(text).fill,
+                  body: getComputedStyle(document.querySelector('.gradio-container')).backgroundColor,
+                  dark: document.querySelector('.dark') !== null};
+        }""")
+        assert colours["dark"], colours
+        assert colours["bg"] in ("rgba(0, 0, 0, 0)", "transparent"), colours  # the page's dark shows through
+
+        def lum(css: str) -> float:
+            r, g, b = [float(x) for x in css[css.index("(") + 1:css.index(")")].split(",")[:3]]
+            return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+        assert lum(colours["text"]) > 150 and lum(colours["body"]) < 80, colours
+        shot(pg, f"compare-{width}-dark")
+    finally:
+        context.close()
+
+
+def test_idle_page_polls_memory_slowly_and_not_while_hidden(page: Page):
+    fn_index = page.evaluate("() => window.gradio_config.dependencies.find(d => d.api_name === 'memory').id")
+    ticks: list[float] = []
+
+    def on_request(request) -> None:
+        if request.method == "POST" and "queue/join" in request.url:
+            body = json.loads(request.post_data or "{}")
+            if body.get("fn_index") == fn_index:
+                ticks.append(time.monotonic())
+
+    page.on("request", on_request)
+    set_hidden = ("(hidden) => { Object.defineProperty(document, 'hidden', {value: hidden, configurable: true});"
+                  " document.dispatchEvent(new Event('visibilitychange')); }")
+    page.evaluate(set_hidden, True)  # the person switched to another browser tab
+    page.wait_for_timeout(500)
+    ticks.clear()
+    page.wait_for_timeout(6_000)
+    assert ticks == []  # no polling while hidden
+    page.evaluate(set_hidden, False)
+    t0 = time.monotonic()
+    page.wait_for_timeout(6_500)
+    assert 1 <= len(ticks) <= 2 and ticks[0] - t0 < 6  # back, at one request per 5 s

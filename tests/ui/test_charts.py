@@ -4,8 +4,9 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import pytest
 
-from feedback.records import RowResult, StepRecord
-from ui.charts import UIREVISION, confidence_figure, first_divergence, memory_figure
+from feedback.figures import BETTER, DELTA_SCALE, UIREVISION, WORSE, sweep_heatmap
+from feedback.records import RowResult, StepRecord, first_divergence
+from ui.charts import MEMORY_MIN_SPAN_MB, bar_figure, confidence_figure, memory_figure
 
 
 def make_row(name: str, confs: list[float], groups: list[float] | None = None,
@@ -41,11 +42,10 @@ def test_threshold_trace_iff_given(threshold: float | None) -> None:
     fig = confidence_figure([make_row("baseline", [1.0, 2.0, 3.0])], threshold=threshold)
     named = traces(fig)
     if threshold is None:
-        assert "threshold" not in named
+        assert not [n for n in named if n.startswith("threshold")]
     else:
-        assert list(named["threshold"].y) == [threshold, threshold]
-        assert list(named["threshold"].x) == [0, 2]
-        assert named["threshold"].line.dash == "dash"
+        line = named["threshold 1.25"]  # the legend says the value, to 2 decimals
+        assert list(line.y) == [threshold, threshold] and list(line.x) == [0, 2] and line.line.dash == "dash"
 
 
 def test_early_stop_marker_at_stop_step_group_confidence() -> None:
@@ -59,19 +59,21 @@ def test_early_stop_marker_at_stop_step_group_confidence() -> None:
     assert "baseline early stop" not in named
 
 
-def test_divergence_line_and_annotation() -> None:
+def test_divergence_line_and_labels_do_not_overlap() -> None:
     rows = [make_row("baseline", [1.0, 2.0, 4.0]), make_row("feedback", [0.5, 3.0])]
-    fig = confidence_figure(rows, threshold=5.0, divergence_step=1)
-    line = traces(fig)["first divergence"]
-    assert list(line.x) == [1, 1]
-    assert list(line.y) == [0.5, 5.0]
-    assert any(a.text == "diverge @ 1" for a in fig.layout.annotations)
-    assert "first divergence" not in traces(confidence_figure(rows))
+    fig = confidence_figure(rows, threshold=5.0, divergence_step=1, window=4)
+    (line,) = [sh for sh in fig.layout.shapes if sh.type == "line"]
+    assert (line.x0, line.x1, line.yref) == (1, 1, "paper")
+    labels = {a.text: a for a in fig.layout.annotations}
+    div, win = labels["first divergence: step 1"], labels["window filling (4 tokens)"]
+    assert (div.y, div.yanchor) == (1.0, "bottom") and (win.y, win.yanchor) == (0.0, "bottom")  # top vs bottom
+    assert "threshold 5.00" in traces(fig)
+    assert not [sh for sh in confidence_figure(rows).layout.shapes if sh.type == "line"]
 
 
 def test_window_shading() -> None:
     fig = confidence_figure([make_row("baseline", [1.0] * 5)], window=4)
-    assert len(fig.layout.shapes) == 1 and fig.layout.shapes[0].x1 == 2.5
+    assert len(fig.layout.shapes) == 1 and fig.layout.shapes[0].x1 == 2.5 and fig.layout.shapes[0].type == "rect"
     assert not confidence_figure([make_row("baseline", [1.0])]).layout.shapes
 
 
@@ -106,6 +108,25 @@ def test_memory_cuda_traces_when_present() -> None:
     assert list(named["CUDA reserved (MB)"].y) == [None, 600.0]
 
 
+def test_memory_axis_is_time_since_the_run_and_idle_noise_stays_flat() -> None:
+    samples = [mem_sample(0.0, 1000.0), mem_sample(5.0, 1000.015)]
+    fig = memory_figure(samples)
+    lo, hi = fig.layout.yaxis.range
+    assert hi - lo >= MEMORY_MIN_SPAN_MB and lo < 1000.0 < hi
+    assert fig.layout.xaxis.title.text == "seconds since the run began"
+    assert memory_figure(samples, "the page opened").layout.xaxis.title.text == "seconds since the page opened"
+    wide = memory_figure([mem_sample(0.0, 1000.0), mem_sample(1.0, 1500.0)])
+    assert wide.layout.yaxis.range[1] - wide.layout.yaxis.range[0] > 500
+
+
+def test_charts_are_transparent_so_they_take_the_theme() -> None:
+    fig = confidence_figure([make_row("baseline", [1.0])])
+    assert fig.layout.paper_bgcolor == "rgba(0,0,0,0)" and fig.layout.plot_bgcolor == "rgba(0,0,0,0)"
+    from ui.theme import CSS
+
+    assert ".dark .js-plotly-plot" in CSS and "fill: var(--body-text-color)" in CSS
+
+
 @pytest.mark.parametrize(("a", "b", "expected"), [
     ([1, 2, 3], [1, 2, 3], None),
     ([1, 2, 3], [1, 5, 3], 1),
@@ -116,19 +137,11 @@ def test_memory_cuda_traces_when_present() -> None:
     ([], [], None),
 ])
 def test_first_divergence(a: list[int], b: list[int], expected: int | None) -> None:
-    rows = [make_row("baseline", [1.0] * len(a), token_ids=a),
-            make_row("feedback", [1.0] * len(b), token_ids=b)]
-    assert first_divergence(rows) == expected
+    assert first_divergence(a, b) == expected
 
 
-def test_first_divergence_needs_two_rows() -> None:
-    assert first_divergence([]) is None
-    assert first_divergence([make_row("baseline", [1.0])]) is None
-
-
-def test_sweep_heatmap_cells_and_diverging_scale():
-    from ui.charts import sweep_heatmap
-
+def test_one_colour_meaning_for_delta_ppl_everywhere():
+    """Blue = feedback better (lower perplexity), orange = worse: heatmap and bars alike."""
     rows = [{"alpha": a, "layer": l, "delta_pct": d, "ci95_width": 0.4}
             for (a, l, d) in [(0.0, 3, 0.0), (0.1, 3, -1.5), (0.0, 9, 0.0), (0.1, 9, 2.5)]]
     fig = sweep_heatmap(rows, "alpha", "layer", "t")
@@ -137,8 +150,13 @@ def test_sweep_heatmap_cells_and_diverging_scale():
     assert [list(r) for r in hm.z] == [[0.0, -1.5], [0.0, 2.5]]
     assert hm.zmid == 0 and hm.zmin == -2.5 and hm.zmax == 2.5
     assert hm.text[0][1] == "-1.50%<br>±0.20"
+    scale = [tuple(stop) for stop in hm.colorscale]
+    assert scale[0] == (0.0, BETTER) and scale[-1] == (1.0, WORSE) and DELTA_SCALE[0][1] == BETTER  # low z = blue
+    assert "blue better" in hm.colorbar.title.text
     one = sweep_heatmap(rows[:2], "alpha")
     assert list(one.data[0].y) == [""] and len(one.data[0].z[0]) == 2
+    bars = bar_figure(["a", "b"], [-0.5, 0.5], "x", "y")
+    assert list(bars.data[0].marker.color) == [BETTER, WORSE]
 
 
 def test_deep_think_figures():
@@ -153,7 +171,7 @@ def test_deep_think_figures():
     assert list(votes.data[0].x) == ["42", "41"] and list(votes.data[0].y) == [0.75, 0.25]
     curves = trace_figure("baseline", side)
     names = [t.name for t in curves.data]
-    assert "t1 stopped" in names and curves.data[-1].name == "threshold" and list(curves.data[-1].y) == [5.0, 5.0]
+    assert "t1 stopped" in names and curves.data[-1].name == "threshold 5.00" and list(curves.data[-1].y) == [5.0, 5.0]
     stop = next(t for t in curves.data if t.name == "t1 stopped")
     assert list(stop.x) == [1] and list(stop.y) == [4.0]
     hist = histogram_figure({"baseline": [4.0, 5.0], "feedback": [6.0]}, {"baseline": 4.5, "feedback": 6.0})

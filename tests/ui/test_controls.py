@@ -1,33 +1,78 @@
-"""Strategy parameter schema -> Gradio controls, and values back to parameters."""
+"""The strategy panel: controls generated from the Param schema, presets, and values read back."""
 from __future__ import annotations
 
-import inspect
-import threading
-import time
-
 import gradio as gr
+import pytest
 
+from feedback.errors import FeedbackError
 from feedback.strategies import REGISTRY
-from ui.controls import build_strategy_controls, component_for
+from ui.controls import CUSTOM, about, build_strategy_panel, component_for, matching_preset, parse_number
 
 
-def test_every_registered_parameter_gets_a_control():
+def panel(context: str = "generate", selected: str = "residual"):
     with gr.Blocks():
-        controls = build_strategy_controls(30, "residual")
-    expected = [(name, p.name) for name, cls in REGISTRY.items() for p in cls.params]
-    assert controls.keys == expected
-    assert set(controls.groups) == set(REGISTRY)
-    by_key = dict(zip(controls.keys, controls.components))
-    alpha = by_key[("residual", "alpha")]
-    assert isinstance(alpha, gr.Slider) and (alpha.minimum, alpha.maximum, alpha.value) == (-1.0, 1.0, 0.05)
-    layer = by_key[("residual", "source_layer")]
-    assert isinstance(layer, gr.Slider) and (layer.minimum, layer.maximum, layer.step, layer.value) == (0, 29, 1, 21)
+        return build_strategy_panel(30, selected, context=context)
 
 
-def test_only_the_selected_strategy_group_is_visible():
-    with gr.Blocks():
-        controls = build_strategy_controls(30, "residual")
-    assert controls.groups["residual"].visible is True
+def test_every_registered_parameter_gets_a_control_with_its_api_name():
+    p = panel()
+    expected = [(name, q.name) for name, cls in REGISTRY.items() for q in cls.params]
+    assert p.keys == expected and set(p.groups) == set(REGISTRY)
+    assert p.api_names[:3] == ["residual_alpha", "residual_source_layer", "residual_target_layer"]
+    alpha = p.component("residual", "alpha")
+    # a number box with bounds: a typed 5 is refused with a message instead of silently becoming 1
+    assert isinstance(alpha, gr.Number) and (alpha.minimum, alpha.maximum) == (-1.0, 1.0)
+    layer = p.component("residual", "source_layer")
+    assert isinstance(layer, gr.Slider) and (layer.minimum, layer.maximum, layer.step) == (0, 29, 1)
+    window = p.component("deep_cache", "window")  # 1 to 100,000: typed, not dragged
+    assert isinstance(window, gr.Number) and window.precision == 0 and "(1 to 100000)" in window.info
+
+
+def test_the_page_starts_on_a_preset_that_shows_a_difference():
+    p = panel()
+    assert p.preset.value == "visible effect" and p.component("residual", "alpha").value == 0.1
+    assert p.groups["residual"].visible is True and p.groups["anchor"].visible is False
+    assert "visible effect" in p.about.value and REGISTRY["residual"].formula in p.about.value
+
+
+def test_perplexity_only_controls_are_hidden_where_only_generation_runs():
+    assert panel("generate").component("anchor", "prompt_tokens").visible is False
+    assert panel("perplexity").component("anchor", "prompt_tokens").visible is True
+
+
+def test_perplexity_tabs_start_on_the_setting_tuned_for_perplexity():
+    p = panel("perplexity", "deep_cache")
+    assert p.preset.value == "tuned for perplexity" and p.component("deep_cache", "lam").value == 0.02
+    assert p.show("soft_token")[p.preset]["value"] == "best on dev (no clear gain)"
+    assert panel("generate", "deep_cache").preset.value == "visible effect"
+
+
+def test_show_selects_a_strategy_with_a_preset_or_explicit_values():
+    p = panel()
+    out = p.show("deep_cache", "tuned for perplexity")
+    assert out[p.strategy] == "deep_cache" and out[p.preset]["value"] == "tuned for perplexity"
+    assert out[p.component("deep_cache", "lam")] == 0.02 and out[p.groups["deep_cache"]]["visible"] is True
+    assert out[p.groups["residual"]]["visible"] is False and "−0.36 %" in out[p.about]
+    restored = p.show("residual", params={"alpha": 0.3, "source_layer": 20, "target_layer": 5})
+    assert restored[p.preset]["value"] == CUSTOM and restored[p.component("residual", "alpha")] == 0.3
+    assert p.show("residual", params={"alpha": 0.1, "source_layer": 21, "target_layer": 9})[p.preset]["value"] \
+        == "visible effect"
+
+
+def test_matching_preset_and_about():
+    assert matching_preset("anchor", {"alpha": 0.05}, 30) == "defaults"
+    assert matching_preset("anchor", {"alpha": 0.07}, 30) == CUSTOM
+    assert "Custom settings" in about("soft_token", CUSTOM) and "recurrent" in about("soft_token", None)
+
+
+def test_params_for_and_layer_updates():
+    p = panel()
+    values = [c.value for c in p.components]
+    assert p.params_for("residual", values) == {"alpha": 0.1, "source_layer": 21, "target_layer": 9}
+    updates = p.layer_updates(12)
+    assert updates[p.component("residual", "source_layer")]["maximum"] == 11
+    assert updates[p.component("residual", "source_layer")]["value"] == 8  # round(0.7 * 12)
+    assert p.component("residual", "alpha") not in updates
 
 
 def test_component_kinds_follow_the_schema():
@@ -39,39 +84,14 @@ def test_component_kinds_follow_the_schema():
         free = component_for({"name": "theta", "type": "float", "default": 20.0, "minimum": 0.0, "maximum": None,
                               "choices": None, "help": ""}, "x3")
     assert isinstance(choice, gr.Dropdown) and isinstance(flag, gr.Checkbox) and isinstance(free, gr.Number)
+    assert free.info == " (≥ 0)"
 
 
-def test_params_for_and_layer_updates():
-    with gr.Blocks():
-        controls = build_strategy_controls(30, "residual")
-    values = [0.2, 20, 5]
-    assert controls.params_for("residual", values) == {"alpha": 0.2, "source_layer": 20, "target_layer": 5}
-    updates = controls.layer_updates(12)
-    by_key = dict(zip(controls.keys, updates))
-    assert by_key[("residual", "source_layer")]["maximum"] == 11
-    assert by_key[("residual", "source_layer")]["value"] == 8  # round(0.7 * 12)
-    assert "maximum" not in by_key[("residual", "alpha")]
-
-
-def test_a_gated_handler_waits_for_the_shared_model_line():
-    from feedback.gate import Gate
-    from ui.controls import with_named_params
-
-    with gr.Blocks():
-        controls = build_strategy_controls(30, "residual")
-    gate, events = Gate(1), []
-
-    def handler(prompt, *values, request=None):
-        events.append("ran")
-        yield prompt
-
-    wrapped = with_named_params(handler, controls, gate)
-    assert inspect.isgeneratorfunction(wrapped)  # Gradio streams it
-    gate.acquire("api")  # an API run holds the model
-    t = threading.Thread(target=lambda: events.append(list(wrapped("hi", *[None] * len(controls.keys), None))))
-    t.start()
-    time.sleep(0.2)
-    assert events == [] and gate.status()["waiting"] == 1
-    gate.release()
-    t.join(5)
-    assert events == ["ran", ["hi"]] and gate.status()["running"] == 0
+def test_parse_number_edge_cases():
+    assert parse_number("3", "n", integer=True) == 3 and parse_number(2.0, "n", integer=True) == 2
+    for value, message in [(float("inf"), "finite"), ("x", "must be a number"), (None, "must be a number"),
+                           (1.5, "whole number"), (0, "n must be between 1 and 9, got 0")]:
+        with pytest.raises(FeedbackError, match=message):
+            parse_number(value, "n", integer=True, lo=1, hi=9)
+    with pytest.raises(FeedbackError, match="at least 2"):
+        parse_number(1, "passes", lo=2)

@@ -1,0 +1,224 @@
+"""The one wrapper for model handlers: the line is released on every exit path, waiting is visible
+and can be left, and every model handler of the app runs its work inside the GPU function."""
+from __future__ import annotations
+
+import sys
+import time
+import types
+
+import gradio as gr
+import pytest
+
+from feedback.errors import FeedbackError, Stopped
+from feedback.gate import Gate
+from ui.runner import Jobs, ModelRunner, Outcome, Work
+
+
+class Ticker(Work):
+    """Model-free work: `steps` items, `delay` seconds apart; checks stop between items."""
+
+    label = "a test job"
+
+    def __init__(self, steps: int = 5, delay: float = 0.02, fail: BaseException | None = None):
+        self.steps, self.delay, self.fail = steps, delay, fail
+        self.outcome: Outcome | None = None
+        self.seen: list = []
+
+    def run(self, stop):
+        for i in range(self.steps):
+            if stop.is_set():
+                raise Stopped("stopped")
+            time.sleep(self.delay)
+            yield i
+        if self.fail is not None:
+            raise self.fail
+
+    def waiting(self, place):
+        return {"waiting": place}
+
+    def progress(self, items, elapsed):
+        self.seen += items
+        return {"items": list(items)}
+
+    def finish(self, outcome):
+        self.outcome = outcome
+        return {"finish": outcome.kind}
+
+
+def make_runner(**kwargs) -> ModelRunner:
+    return ModelRunner(types.SimpleNamespace(gate=Gate(1, lease_s=0.6)), gpu=lambda fn, **_: fn, **kwargs)
+
+
+def _idle(runner: ModelRunner, timeout: float = 5.0) -> float:
+    t0 = time.monotonic()
+    while runner.pool.gate.status()["running"] or runner.pool.gate.status()["waiting"]:
+        assert time.monotonic() - t0 < timeout, runner.pool.gate.status()
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def test_a_finished_job_streams_its_items_and_releases_the_line():
+    runner, work = make_runner(), Ticker(steps=5)
+    updates = list(runner.drive("s1", "compare", work))
+    assert work.seen == [0, 1, 2, 3, 4] and updates[-1] == {"finish": "done"}
+    assert work.outcome.kind == "done" and work.outcome.seconds > 0
+    _idle(runner)
+    assert not runner.jobs.active("s1")
+
+
+@pytest.mark.parametrize("error, shown", [(RuntimeError("kaboom"), "A test job failed: RuntimeError: kaboom"),
+                                          (FeedbackError("too long"), "too long")])
+def test_a_failing_job_reports_once_and_releases_the_line(error, shown):
+    runner, work = make_runner(), Ticker(steps=2, fail=error)
+    updates = []
+    with pytest.raises(gr.Error, match=shown):
+        for u in runner.drive("s1", "sweep", work):
+            updates.append(u)
+    assert updates[-1] == {"finish": "failed"} and work.outcome.error is error
+    _idle(runner)
+
+
+def test_stop_ends_a_running_job_within_a_step():
+    runner, work = make_runner(), Ticker(steps=10_000, delay=0.01)
+    gen = runner.drive("s1", "perplexity", work)
+    next(gen)
+    assert runner.stop("perplexity", types.SimpleNamespace(session_hash="s1")) == "Stopping…"
+    assert runner.stop("perplexity", types.SimpleNamespace(session_hash="other")) == "Nothing is running."
+    assert list(gen)[-1] == {"finish": "stopped"}
+    assert _idle(runner) < 1 and len(work.seen) < 10_000
+
+
+def test_a_cancelled_request_stops_its_work_and_releases_the_line():
+    """Gradio closes the handler's generator on cancel: the worker must stop and leave the line."""
+    runner, work = make_runner(), Ticker(steps=10_000, delay=0.01)
+    gen = runner.drive("s1", "deepthink", work)
+    next(gen)
+    gen.close()
+    assert _idle(runner) < 2
+
+
+def test_a_page_that_stops_listening_has_its_job_stopped():
+    """A closed tab: Gradio never resumes the handler again. The watchdog notices and stops it."""
+    runner = make_runner(jobs=Jobs(abandon_s=0.5))
+    work = Ticker(steps=10_000, delay=0.01)
+    gen = runner.drive("s1", "sweep", work)
+    next(gen)  # ... and never again
+    t = _idle(runner, timeout=5)
+    assert t < 3 and len(work.seen) < 10_000
+    time.sleep(0.6)
+    assert not runner.jobs.active("s1")  # forgotten once its worker ended
+
+
+def test_waiting_shows_the_place_and_stop_leaves_the_line():
+    runner = make_runner()
+    held = runner.pool.gate.acquire(label="an API generate request")
+    gen = runner.drive("s1", "compare", Ticker())
+    first = next(gen)
+    place = first["waiting"]
+    assert place.position == 1 and place.running[0][0] == "an API generate request"
+    assert runner.pool.gate.status()["waiting"] == 1
+    runner.stop("compare", types.SimpleNamespace(session_hash="s1"))
+    assert list(gen)[-1] == {"finish": "left"}
+    assert runner.pool.gate.status()["waiting"] == 0
+    # closing a waiting request (cancel, tab gone) also leaves the line
+    gen = runner.drive("s2", "compare", Ticker())
+    next(gen)
+    gen.close()
+    assert runner.pool.gate.status()["waiting"] == 0
+    runner.pool.gate.release(held)
+
+
+def test_a_full_line_is_refused_at_once():
+    runner = make_runner(max_waiting=0)
+    held = runner.pool.gate.acquire()
+    with pytest.raises(gr.Error, match="requests are already waiting"):
+        next(runner.drive("s1", "compare", Ticker()))
+    runner.pool.gate.release(held)
+
+
+def test_wrap_validates_before_waiting_and_names_parameters():
+    runner = make_runner()
+    calls = []
+
+    def prepare(prompt, count, *param_values):
+        calls.append(prompt)
+        if not prompt:
+            raise FeedbackError("prompt is empty")
+        return Ticker(steps=int(count))
+
+    handler = runner.wrap("compare", prepare, ["residual_alpha"])
+    held = runner.pool.gate.acquire()
+    with pytest.raises(gr.Error, match="prompt is empty"):
+        next(handler("", 1, None, None))  # refused without waiting behind the run that holds the model
+    runner.pool.gate.release(held)
+    assert runner.pool.gate.status()["waiting"] == 0
+    assert list(handler("hi", 2, None, types.SimpleNamespace(session_hash="x")))[-1] == {"finish": "done"}
+    import inspect
+
+    assert list(inspect.signature(handler).parameters) == ["prompt", "count", "residual_alpha", "request"]
+    assert inspect.isgeneratorfunction(handler) and handler.model_handler
+
+
+# ---- every model handler of the real app goes through the wrapper and runs inside spaces.GPU ----
+MODEL_HANDLERS = {"compare", "calibrate", "perplexity", "sweep", "deepthink"}
+TEXT = "def add(a, b):\n    return a + b\n\nThe function add returns the sum of its two arguments."
+SETTINGS = {  # elem_id -> value for a quick run of each handler on the tiny model
+    "prompt": "Say hi.", "max-new-tokens": 3, "temperature": 0.0, "warmup": 2,
+    "ppl-text": TEXT, "sweep-text": TEXT, "sweep-grid-x": "lam=0,0.1", "sweep-grid-y": "",
+    "dt-prompt": "What is 2 + 2? Answer with a number.", "dt-traces": 1, "dt-warmup": 1, "dt-max-new": 3,
+}
+
+
+@pytest.fixture()
+def fake_spaces(monkeypatch):
+    """A stand-in `spaces` package whose GPU decorator records when the decorated work runs."""
+    state = {"inside": 0, "decorated": 0}
+
+    def GPU(fn=None, duration=None):
+        assert callable(duration)
+        state["decorated"] += 1
+
+        def wrapped(*args, **kwargs):
+            state["inside"] += 1
+            try:
+                yield from fn(*args, **kwargs)
+            finally:
+                state["inside"] -= 1
+        return wrapped
+
+    monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=GPU))
+    return state
+
+
+def test_every_model_handler_runs_its_model_work_inside_the_gpu_function(fake_spaces, tiny_lm):
+    from feedback.model import ModelPool
+    from ui.app import FeedbackLensApp
+
+    pool = ModelPool.serving(tiny_lm)
+    demo = FeedbackLensApp(pool).build()
+    assert fake_spaces["decorated"] == 1
+    wrapped = {fn.api_name for fn in demo.fns.values() if getattr(fn.fn, "model_handler", False)}
+    assert wrapped == MODEL_HANDLERS  # and no other handler touches the model (they are plain UI updates)
+
+    forwards: list[int] = []
+    handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.append(fake_spaces["inside"]))
+    try:
+        for fn in demo.fns.values():
+            if fn.api_name not in MODEL_HANDLERS:
+                continue
+            values = [SETTINGS.get(c.elem_id, c.value) for c in fn.inputs]
+            before = len(forwards)
+            updates = list(fn.fn(*values, types.SimpleNamespace(session_hash=f"test-{fn.api_name}")))
+            assert updates and len(forwards) > before, fn.api_name
+            assert pool.gate.status()["running"] == 0, fn.api_name
+            # a request cancelled after its first update (Gradio closes the generator) frees the line too
+            gen = fn.fn(*values, types.SimpleNamespace(session_hash=f"cancel-{fn.api_name}"))
+            next(gen)
+            gen.close()
+            t0 = time.monotonic()
+            while pool.gate.status()["running"] and time.monotonic() - t0 < 10:
+                time.sleep(0.02)
+            assert pool.gate.status() | {"runs": []} == {"capacity": 1, "running": 0, "waiting": 0, "runs": []}
+    finally:
+        handle.remove()
+    assert forwards and all(inside == 1 for inside in forwards)

@@ -1,0 +1,87 @@
+"""History tab: this browser's Compare runs — list, reload into Compare with every setting, export."""
+from __future__ import annotations
+
+import gradio as gr
+
+from feedback.errors import FeedbackError
+from ui import history, render
+from ui.compare_tab import CompareTab
+from ui.exports import export_file, stamp
+
+TAB = "history"
+
+
+def _entries(hist) -> list[dict]:
+    runs, skipped = history.valid(hist)
+    if skipped:
+        gr.Warning(f"{skipped} entr{'y' if skipped == 1 else 'ies'} of this browser's history could not be read "
+                   "and were skipped")
+    return runs
+
+
+class HistoryTab:
+    def __init__(self, compare: CompareTab):
+        self.compare = compare
+
+    def view(self, hist: list | None):
+        """The table of runs, the run picker, and how many are kept."""
+        runs = _entries(hist)
+        choices = [(f"{e['id']} · {e['result']['config']['prompt'][:40]}", e["id"]) for e in runs]
+        note = (f"{len(runs)} run(s) stored in this browser. It keeps the last {history.MAX_RUNS} runs (at most "
+                f"{history.MAX_BYTES // 1_000_000} MB); older ones are dropped first — export what you want to keep.")
+        table, ids, shown = self.view_outputs
+        return {table: history.table(runs), ids: gr.update(choices=choices, value=[]), shown: note}
+
+    def reload(self, hist: list | None, ids: list[str] | None, view: str) -> dict:
+        """Put a stored run back into Compare: its prompt, model, strategy, parameters, sampling,
+        DeepConf settings and its columns, exactly as the run had them."""
+        entries = history.select(_entries(hist), ids[:1] if ids else None)
+        if not ids or not entries:
+            raise gr.Error("choose a run to reload", print_exception=False)
+        try:
+            out = self.compare.restore(entries[0]["result"], view)
+        except (KeyError, TypeError, ValueError, FeedbackError) as exc:
+            raise gr.Error(f"this run cannot be restored: {exc}", print_exception=False) from None
+        return out | {self.compare.status: render.status_html(
+            f"Reloaded run {entries[0]['id']} from History: every control is as that run had it."),
+            self.tabs: gr.update(selected="compare")}
+
+    def export_json(self, hist: list | None, ids: list[str] | None) -> str:
+        """Selected runs (all when none is selected) as a JSON list of RunResult objects."""
+        return self._export(hist, ids, "json")
+
+    def export_csv(self, hist: list | None, ids: list[str] | None) -> str:
+        """Selected runs (all when none is selected) as per-token CSV rows with each run's settings."""
+        return self._export(hist, ids, "csv")
+
+    def _export(self, hist, ids, kind: str) -> str:
+        entries = history.select(_entries(hist), ids)
+        if not entries:
+            raise gr.Error("no runs in this browser's history yet", print_exception=False)
+        text = history.to_json(entries) if kind == "json" else history.to_csv(entries)
+        name = entries[0]["id"] if len(entries) == 1 else f"{len(entries)}-runs"
+        return export_file(f"feedback-lens-{name}-{stamp()}.{kind}", text)
+
+    def build(self, hist: gr.BrowserState, tabs: gr.Tabs) -> None:
+        self.tabs = tabs
+        with gr.Tab("History", id=TAB):
+            note = gr.Markdown(elem_id="history-note")
+            table = gr.Dataframe(headers=history.TABLE_HEADERS, interactive=False, wrap=True, elem_id="history-table")
+            ids = gr.Dropdown([], multiselect=True, label="Runs (reload takes the first; export takes all chosen, "
+                                                          "or every run when none is chosen)",
+                              allow_custom_value=True, elem_id="history-runs")
+            with gr.Row():
+                reload_btn = gr.Button("Reload into Compare", elem_id="history-reload")
+                json_btn = gr.Button("Export JSON", elem_id="history-json")
+                csv_btn = gr.Button("Export CSV", elem_id="history-csv")
+            export = gr.File(label="Export", interactive=False, elem_id="history-file")
+        c = self.compare
+        restore_outputs = [c.prompt, c.chat, c.model, c.temperature, c.top_p, c.top_k, c.min_p, c.rep, c.max_new,
+                           c.seed, c.k, c.window, c.thr_mode, c.threshold, *c.panel.outputs(),
+                           *[x for col in c.cols for x in (col.heading, col.text, col.stats)], c.conf_plot, c.last,
+                           c.run_json, c.status, tabs]
+        self.view_outputs = [table, ids, note]
+        tabs.select(self.view, hist, self.view_outputs, api_name="history", show_progress="hidden")
+        json_btn.click(self.export_json, [hist, ids], export, api_name="export_json")
+        csv_btn.click(self.export_csv, [hist, ids], export, api_name="export_csv")
+        reload_btn.click(self.reload, [hist, ids, c.view], restore_outputs, api_name="reload", show_progress="hidden")

@@ -1,0 +1,127 @@
+"""Perplexity tab: does feedback lower perplexity on *my* text? Both perplexities, ΔPPL with a paired
+95% CI, and per-token surprise. The work goes through `ModelRunner`; this module formats numbers."""
+from __future__ import annotations
+
+import math
+import threading
+
+import gradio as gr
+
+from feedback.model import ModelPool
+from feedback.perplexity import PPLConfig, evaluate, surprise_diff
+from ui import charts, render
+from ui.controls import build_strategy_panel, parse_number, run_controls
+from ui.lab import SERVED_MAX_DOCS, delta_legend, load_documents, mode_inputs, mode_of, source_inputs, surprise_html
+from ui.runner import ModelRunner, Outcome, TabWork, reporting
+
+TAB = "perplexity"
+
+
+def summary_markdown(res: dict) -> str:
+    """Both perplexities, ΔPPL with its CI and a plain verdict, and how they were computed."""
+    mode = res["mode"] + (f" (approximate, {res['passes']} passes)" if res.get("approximate") else "")
+    lines = [f"**Baseline PPL** {res['baseline_ppl']:.3f}"]
+    if "feedback_ppl" in res:
+        lo, hi = res["ci95"]
+        verdict = ("feedback **lowers** perplexity (the CI excludes 0)" if hi < 0 else
+                   "feedback **raises** perplexity (the CI excludes 0)" if lo > 0 else
+                   "no clear difference (the CI includes 0)")
+        lines += [f"**Feedback PPL** {res['feedback_ppl']:.3f}",
+                  f"**ΔPPL** {res['delta_pct']:+.3f} %, 95% CI [{lo:+.3f}, {hi:+.3f}] % — {verdict}"]
+    lines.append(f"{res['documents']} document(s), {res['tokens']} scored tokens · mode {mode} · "
+                 f"{res['wall_seconds']:.1f} s" + (f" · CI by resampling {res['ci_method']}" if "ci_method" in res else ""))
+    return "  \n".join(lines)
+
+
+def surprise_figure(detail: dict):
+    """Per-token NLL difference (feedback − baseline) along the text."""
+    diffs = [f - b for f, b in zip(detail["feedback_nll"], detail["baseline_nll"])]
+    labels = [f"{i + 1}: {render.visible(t)}" for i, t in enumerate(detail["tokens"])]
+    return charts.bar_figure(labels, diffs, "scored token (position: text)", "NLL feedback − baseline (nats)")
+
+
+class PerplexityWork(TabWork):
+    label = "a Perplexity measurement"
+
+    def __init__(self, tab: "PerplexityTab", lm, docs, cfg: PPLConfig, pasted: bool):
+        super().__init__(tab.run, tab.stop, tab.status)
+        self.tab, self.lm, self.docs, self.cfg, self.pasted = tab, lm, docs, cfg, pasted
+        self.result = None
+        self.gpu_seconds = 60 + 2 * len(docs)
+
+    def run(self, stop: threading.Event):
+        yield from reporting(lambda report: evaluate(
+            self.lm, self.docs, self.cfg, progress=lambda i, n, name: report((i, n, name)),
+            token_detail=self.pasted, stop=stop))
+
+    def progress(self, items: list, elapsed: float) -> dict:
+        text = f"Scoring… {len(self.docs)} document(s) ({elapsed:.0f} s)"
+        for item in items:
+            if isinstance(item, tuple):
+                done, total, name = item
+                text = f"Scoring… {done} of {total} documents done, last: {name} ({elapsed:.0f} s)"
+            else:
+                self.result = item.result
+        return self.busy() | self.say(text)
+
+    def finish(self, outcome: Outcome) -> dict:
+        res = self.result
+        if res is None:
+            return self.ended_early(outcome, "Stopped; nothing was measured (a result needs every document).",
+                                    "Left the line; nothing was measured.")
+        detail = surprise_diff(res) if self.pasted and "feedback_nll" in res["per_doc"][0] else None
+        table = [[d["name"], d["tokens"], round(d["baseline_ppl"], 3), round(d.get("feedback_ppl", math.nan), 3),
+                  round(d.get("delta_pct", math.nan), 3)] for d in res["per_doc"]]
+        fig = surprise_figure(detail) if detail else charts.bar_figure(
+            [d["name"] for d in res["per_doc"]], [d.get("delta_pct", 0.0) for d in res["per_doc"]], "document",
+            "ΔPPL % per document")
+        return self.idle() | self.say(f"Done in {res['wall_seconds']:.1f} s.") | {
+            self.tab.summary: summary_markdown(res), self.tab.coloured: surprise_html(detail) if detail else "",
+            self.tab.plot: fig, self.tab.table: table, self.tab.result: res}
+
+
+class PerplexityTab:
+    def __init__(self, pool: ModelPool, runner: ModelRunner):
+        self.pool, self.runner = pool, runner
+
+    def prepare(self, source, text, upload, strategy, mode, passes, max_docs, *param_values) -> PerplexityWork:
+        """Both perplexities of the chosen text, ΔPPL with a paired 95% CI, per-token detail."""
+        lm = self.pool.get()
+        cfg = PPLConfig(strategy, self.panel.params_for(strategy, list(param_values)), mode_of(mode),
+                        parse_number(passes, "passes", integer=True, lo=2, hi=32), bootstrap=2000)
+        cfg.validate(lm.context_length)
+        docs = load_documents(source, text, upload,
+                              parse_number(max_docs, "max documents", integer=True, lo=1, hi=SERVED_MAX_DOCS))
+        return PerplexityWork(self, lm, docs, cfg, source == "pasted text")
+
+    def stop_run(self, request: gr.Request = None) -> str:
+        return self.runner.stop(TAB, request)
+
+    def build(self, num_layers: int) -> None:
+        with gr.Tab("Perplexity", id=TAB):
+            gr.Markdown("Teacher-forced perplexity of the same tokens with and without feedback. `exact` decodes "
+                        "token by token; `parallel` is exact for non-recurrent strategies; `jacobi` approximates "
+                        "recurrent ones with several passes. The 95% CI is a paired bootstrap.")
+            source, text, upload, max_docs = source_inputs("ppl")
+            with gr.Row(equal_height=False):
+                with gr.Column(min_width=280):
+                    self.panel = build_strategy_panel(num_layers, "deep_cache", prefix="ppl", context="perplexity")
+                with gr.Column(min_width=280):
+                    mode, passes = mode_inputs("ppl")
+            self.run, self.stop, self.status = run_controls("ppl", "Measure perplexity")
+            self.summary = gr.Markdown(elem_id="ppl-summary")
+            self.coloured = gr.HTML(elem_id="ppl-text")
+            gr.HTML(delta_legend())
+            self.plot = gr.Plot(show_label=False, elem_id="ppl-plot")
+            self.table = gr.Dataframe(headers=["document", "tokens", "baseline PPL", "feedback PPL", "ΔPPL %"],
+                                      interactive=False, elem_id="ppl-table")
+            with gr.Accordion("Result (JSON)", open=False):
+                self.result = gr.JSON()
+            stop_ack = gr.Textbox(visible=False)
+        handler = self.runner.wrap(TAB, self.prepare, self.panel.api_names)
+        self.run.click(handler, [source, text, upload, self.panel.strategy, mode, passes, max_docs,
+                                 *self.panel.components],
+                       [self.summary, self.coloured, self.plot, self.table, self.result, self.status, self.run,
+                        self.stop], api_name="perplexity", concurrency_limit=None, show_progress="hidden")
+        self.stop.click(self.stop_run, None, stop_ack, api_name="stop_perplexity", concurrency_limit=None,
+                        show_progress="hidden")

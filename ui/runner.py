@@ -1,0 +1,390 @@
+"""The one wrapper every page handler that runs the model goes through (Compare, Calibrate,
+Perplexity, Sweep, Deep Think).
+
+For each request it:
+1. reads the inputs and validates them (`prepare`), before anything waits: a bad input is refused at
+   once with a `gr.Error` (a toast; the tab's earlier results stay as they were);
+2. takes a place in the process's one model line (`ModelPool.gate`, shared with the HTTP API) and,
+   while waiting, tells the page its position and what it waits behind; Stop leaves the line;
+3. runs the model work on a worker thread, inside the `spaces.GPU` function (ZeroGPU; a no-op
+   elsewhere), streaming the work's progress to the page at least every HEARTBEAT_S seconds;
+4. releases the line on every exit path: done, error, Stop, a cancelled request, and a page that
+   stopped listening (a closed tab): a watchdog stops any job whose page has not taken an update for
+   ABANDON_S seconds, so its work ends within a step / window / trace and the next in line goes.
+
+A tab supplies a `Work`: the model work itself (`run`, on the worker) and how its progress and end
+look on the page (dicts of component updates, built in the handler's thread).
+"""
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import gradio as gr
+
+from feedback.errors import FeedbackError, Stopped
+from feedback.gate import Busy, Place
+from feedback.model import ModelPool
+from ui import render
+
+log = logging.getLogger("feedback_lens.ui")
+
+ON_ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true")  # set by Hugging Face on ZeroGPU
+HEARTBEAT_S = 0.5  # the page hears from a waiting or running job at least this often
+ABANDON_S = 6.0  # a job whose page took no update for this long is stopped (closed tab, lost client)
+WATCH_EVERY_S = 0.5
+
+
+def zero_gpu():
+    """`spaces.GPU` on a ZeroGPU Space; elsewhere a decorator that changes nothing."""
+    try:
+        import spaces
+    except ImportError:
+        def no_op(fn=None, **_kwargs):
+            return fn if fn is not None else (lambda f: f)
+        return no_op
+    return spaces.GPU
+
+
+@dataclass
+class Outcome:
+    """How a job ended: "done", "stopped" (Stop / cancel / page gone), "left" (left the line before
+    it ran) or "failed" (with the error)."""
+
+    kind: str
+    error: BaseException | None = None
+    seconds: float = 0.0
+
+    @property
+    def message(self) -> str:
+        if self.error is None:
+            return ""
+        if isinstance(self.error, FeedbackError):
+            return str(self.error)
+        return f"{type(self.error).__name__}: {self.error}"
+
+
+class Work:
+    """One request's model work and its look on the page. Subclasses set `label` and implement
+    `run` (model work, on the worker thread: yields plain-data progress items, checks `stop`),
+    `progress` and `finish` (component updates, in the handler's thread)."""
+
+    label = "a model run"  # what people waiting behind it are told it is
+    gpu_seconds = 120  # ZeroGPU time to ask for
+
+    def run(self, stop: threading.Event) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def waiting(self, place: Place) -> dict:
+        return {}
+
+    def progress(self, items: list, elapsed: float) -> dict:
+        return {}
+
+    def finish(self, outcome: Outcome) -> dict:
+        return {}
+
+
+class TabWork(Work):
+    """Work started from a tab with a run button, a Stop button and a status line: while it waits
+    or runs, the run button is off and Stop is on; when it ends, the other way round."""
+
+    def __init__(self, run_button, stop_button, status_line):
+        self.run_button, self.stop_button, self.status_line = run_button, stop_button, status_line
+
+    def busy(self) -> dict:
+        return {self.run_button: gr.update(interactive=False), self.stop_button: gr.update(interactive=True)}
+
+    def idle(self) -> dict:
+        return {self.run_button: gr.update(interactive=True), self.stop_button: gr.update(interactive=False)}
+
+    def say(self, text: str, kind: str = "info") -> dict:
+        return {self.status_line: render.status_html(text, kind)}
+
+    def waiting(self, place: Place) -> dict:
+        return self.busy() | self.say(waiting_text(place), "wait")
+
+    def ended_early(self, outcome: Outcome, stopped: str, left: str = "Left the line; nothing ran.") -> dict:
+        """The end of a job that has no result to show: why, in the status line."""
+        text = {"left": left, "stopped": stopped}.get(outcome.kind, f"Failed: {outcome.message}")
+        return self.idle() | self.say(text, "error" if outcome.kind == "failed" else "stopped")
+
+
+def waiting_text(place: Place) -> str:
+    """"Waiting for the model: 2nd in line, behind a Sweep (running 1 min 20 s) and …"."""
+    def ordinal(n: int) -> str:
+        return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+    def duration(s: float) -> str:
+        return f"{s:.0f} s" if s < 60 else f"{int(s // 60)} min {int(s % 60)} s"
+
+    running = "; ".join(f"{label} (running {duration(s)})" for label, s in place.running) or "nothing"
+    ahead = f", then {len(place.ahead)} waiting ahead of you ({', '.join(place.ahead[:3])}" \
+            f"{', …' if len(place.ahead) > 3 else ''})" if place.ahead else ""
+    return (f"Waiting for the model: {ordinal(place.position)} in line, behind {running}{ahead}. "
+            "The model serves one request at a time; press Stop to leave the line.")
+
+
+@dataclass(eq=False)
+class PageJob:
+    session: str
+    tab: str
+    stop: threading.Event = field(default_factory=threading.Event)
+    last_pull: float = field(default_factory=time.monotonic)
+    worker: threading.Thread | None = None
+    abandoned: bool = False
+
+    def pulled(self) -> None:
+        self.last_pull = time.monotonic()
+
+
+class Jobs:
+    """This process's page jobs, by browser session and tab; a watchdog thread stops the jobs whose
+    page went away."""
+
+    def __init__(self, abandon_s: float = ABANDON_S):
+        self.abandon_s = abandon_s
+        self._jobs: list[PageJob] = []
+        self._lock = threading.Lock()
+        self._watchdog: threading.Thread | None = None
+
+    def begin(self, session: str, tab: str) -> PageJob:
+        job = PageJob(session, tab)
+        with self._lock:
+            self._jobs.append(job)
+            if self._watchdog is None or not self._watchdog.is_alive():
+                self._watchdog = threading.Thread(target=self._watch, name="feedback-lens-watchdog", daemon=True)
+                self._watchdog.start()
+        return job
+
+    def end(self, job: PageJob) -> None:
+        with self._lock:
+            if job in self._jobs:
+                self._jobs.remove(job)
+
+    def stop(self, session: str, tab: str | None = None) -> int:
+        """Stop every job of this session (and tab): waiting ones leave the line, running ones end
+        within a step. Returns how many were told."""
+        with self._lock:
+            jobs = [j for j in self._jobs if j.session == session and (tab is None or j.tab == tab)]
+        for job in jobs:
+            job.stop.set()
+        return len(jobs)
+
+    def active(self, session: str, tab: str | None = None) -> bool:
+        with self._lock:
+            return any(j.session == session and (tab is None or j.tab == tab) and not j.stop.is_set()
+                       for j in self._jobs)
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(WATCH_EVERY_S)
+            now = time.monotonic()
+            with self._lock:
+                jobs = list(self._jobs)
+                if not jobs:
+                    self._watchdog = None
+                    return
+            for job in jobs:
+                if not job.stop.is_set() and now - job.last_pull > self.abandon_s:
+                    log.info("stopping a %s job: its page took no update for %.0f s", job.tab, now - job.last_pull)
+                    job.abandoned = True
+                    job.stop.set()
+                # A job whose page is gone is never resumed, so its handler's cleanup never runs:
+                # forget it here once its worker (if any) has finished.
+                if job.abandoned and (job.worker is None or not job.worker.is_alive()):
+                    self.end(job)
+
+
+_END = object()
+
+
+def user_error(exc: BaseException) -> gr.Error:
+    """A `gr.Error` for a refused input: a toast with the message; logged as one line, no traceback."""
+    log.info("refused: %s", exc)
+    return gr.Error(str(exc), print_exception=False)
+
+
+class ModelRunner:
+    """Wraps tab handlers: `wrap(tab, prepare)` returns the generator Gradio calls."""
+
+    def __init__(self, pool: ModelPool, max_waiting: int | None = 32, gpu=None, jobs: Jobs | None = None):
+        self.pool = pool
+        self.max_waiting = max_waiting
+        self.jobs = jobs or Jobs()
+        decorate = gpu if gpu is not None else zero_gpu()
+        # Decorated once: ZeroGPU expects its GPU functions to exist when the app starts.
+        self._on_gpu = decorate(_run_work, duration=lambda work, stop: work.gpu_seconds)
+
+    # ---- the wrapper ----
+    def wrap(self, tab: str, prepare: Callable[..., Work], named_params: list[str] | None = None) -> Callable:
+        """A Gradio generator handler: `prepare(*inputs)` validates and returns the `Work`.
+        `named_params` are extra API parameter names (strategy controls) appended to prepare's own."""
+        runner = self
+
+        def handler(*args):
+            *values, request = args
+            session = getattr(request, "session_hash", None) or "local"
+            try:
+                work = prepare(*values)
+            except FeedbackError as exc:
+                raise user_error(exc) from None
+            yield from runner.drive(session, tab, work)
+
+        functools.update_wrapper(handler, prepare)
+        base = inspect.signature(prepare)
+        fixed = [p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in base.parameters.values()
+                 if p.kind is p.POSITIONAL_OR_KEYWORD]
+        named = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in named_params or []]
+        # Gradio passes the request only to a parameter annotated gr.Request; it comes last here.
+        request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                    annotation=gr.Request)
+        handler.__signature__ = base.replace(parameters=[*fixed, *named, request])
+        handler.__annotations__ = {"request": gr.Request}  # Gradio finds the request parameter by its type hint
+        handler.model_handler = True  # marks the handlers that go through here (tests check every model event)
+        return handler
+
+    def stop(self, tab: str, request: gr.Request | None) -> str:
+        session = getattr(request, "session_hash", None) or "local"
+        return "Stopping…" if self.jobs.stop(session, tab) else "Nothing is running."
+
+    def drive(self, session: str, tab: str, work: Work) -> Iterator[dict]:
+        """Wait in line, run, stream; see the module docstring."""
+        job = self.jobs.begin(session, tab)
+        outcome: list[Outcome] = []  # set once the job has ended one way or another
+        try:
+            ticket = yield from self._wait_in_line(job, work, outcome)
+            if ticket is not None:
+                yield from self._run(job, work, ticket, outcome)
+        finally:
+            if not outcome:  # cancelled or closed before the end: stop the worker, if any
+                job.stop.set()
+            self.jobs.end(job)
+
+    def _wait_in_line(self, job: PageJob, work: Work, outcome: list) -> Iterator[dict]:
+        """Join the line and wait, telling the page its place; returns the ticket once it holds a
+        slot, or None when Stop made it leave. Closing the generator leaves the line."""
+        gate = self.pool.gate
+        try:
+            ticket = gate.join("ui", work.label, self.max_waiting)
+        except Busy as exc:
+            raise user_error(Busy(f"{exc}: {self.max_waiting} requests are already waiting")) from None
+        try:
+            while not gate.wait(ticket, HEARTBEAT_S):
+                if job.stop.is_set():
+                    gate.leave(ticket)
+                    outcome.append(Outcome("left"))
+                    yield _updates(work.finish(outcome[0]))
+                    return None
+                yield _updates(work.waiting(gate.where(ticket)))
+                job.pulled()
+        except BaseException:
+            gate.leave(ticket)
+            raise
+        return ticket
+
+    def _run(self, job: PageJob, work: Work, ticket, outcome: list) -> Iterator[dict]:
+        """Start the worker (which leaves the line when the work ends) and stream its progress."""
+        items: queue.Queue = queue.Queue()
+        ctx = contextvars.copy_context()  # Gradio's request context, for spaces.GPU and gr.Warning
+        job.worker = threading.Thread(target=ctx.run, args=(self._work, work, job, ticket, items),
+                                      name=f"feedback-lens-{job.tab}", daemon=True)
+        job.worker.start()
+        started = time.monotonic()
+        while True:
+            batch, end = _drain(items, HEARTBEAT_S)
+            if batch or end is None:
+                yield _updates(work.progress(batch, time.monotonic() - started))
+                job.pulled()
+            if end is not None:
+                break
+        end.seconds = time.monotonic() - started
+        outcome.append(end)
+        yield _updates(work.finish(end))
+        if end.kind == "failed":
+            if not isinstance(end.error, FeedbackError):
+                log.error("%s failed", job.tab, exc_info=end.error)
+                raise user_error(FeedbackError(f"{work.label[0].upper()}{work.label[1:]} failed: {end.message}"))
+            raise user_error(end.error)
+
+    def _work(self, work: Work, job: PageJob, ticket, items: queue.Queue) -> None:
+        """On the worker thread: the work inside the GPU function; always leaves the line."""
+        try:
+            updates = self._on_gpu(work, job.stop)
+            for item in updates:
+                items.put(item)
+                if ON_ZERO_GPU and job.stop.is_set():
+                    # There the work runs in another process, which never sees this process's stop
+                    # event: closing the generator is how it is stopped (not verified on ZeroGPU).
+                    updates.close()
+                    break
+            end = Outcome("stopped" if job.stop.is_set() else "done")
+        except Stopped:
+            end = Outcome("stopped")
+        except BaseException as exc:  # reported to the page; the server keeps serving
+            end = Outcome("stopped") if job.stop.is_set() else Outcome("failed", exc)
+        finally:
+            self.pool.gate.leave(ticket)
+        items.put((_END, end))
+
+
+def _updates(out: dict):
+    """Gradio reads `{}` as one value, not as "no updates": send a skip instead."""
+    return out if out else gr.skip()
+
+
+def _run_work(work: Work, stop: threading.Event) -> Iterator[Any]:
+    """The function that runs inside `spaces.GPU`: the model work itself."""
+    yield from work.run(stop)
+
+
+@dataclass
+class Finished:
+    """The return value of a function run by `reporting`."""
+
+    result: Any
+
+
+def reporting(work: Callable[[Callable[[Any], None]], Any]) -> Iterator[Any]:
+    """Turn `work(report)` — a library call that reports progress through a callback — into a
+    generator of its reports and then `Finished(result)`. The call runs on a helper thread; its
+    errors are raised here. Stopping is the call's own business (its `stop` event)."""
+    items: queue.Queue = queue.Queue()
+    outcome: list = []
+
+    def target() -> None:
+        try:
+            outcome.append(Finished(work(items.put)))
+        except BaseException as exc:  # re-raised below, in the generator's thread
+            outcome.append(exc)
+        finally:
+            items.put(_END)
+
+    threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True).start()
+    while (item := items.get()) is not _END:
+        yield item
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    yield outcome[0]
+
+
+def _drain(items: queue.Queue, timeout: float) -> tuple[list, Outcome | None]:
+    """Everything queued now (waiting up to `timeout` for the first item), and the end if it came."""
+    batch: list = []
+    try:
+        item = items.get(timeout=timeout)
+        while True:
+            if isinstance(item, tuple) and len(item) == 2 and item[0] is _END:
+                return batch, item[1]
+            batch.append(item)
+            item = items.get_nowait()
+    except queue.Empty:
+        return batch, None

@@ -1,0 +1,171 @@
+"""Page-wide CSS and the small script behind token detail cards and idle polling.
+
+Both go to `launch()` (Gradio 6 takes `css` and `head` there): use `launch_kwargs()`.
+Colours use Gradio's theme variables, so light and dark themes both read well; charts are drawn
+with transparent backgrounds and get their text and grid colours here.
+"""
+from __future__ import annotations
+
+CSS = """
+/* ---- generated text ---- */
+.fl-text { white-space: pre-wrap; word-break: break-word; line-height: 1.65; min-height: 3em;
+  color: var(--body-text-color); font-family: var(--font-mono, ui-monospace, monospace); font-size: 0.92em; }
+.fl-empty { color: var(--body-text-color-subdued); font-style: italic; }
+.fl-tok { border-radius: 3px; padding: 0 1px; cursor: pointer; }
+.fl-tok:hover, .fl-tok:focus, .fl-tok.fl-active { outline: 2px solid var(--color-accent); outline-offset: 0; }
+.fl-tok.fl-first { color: var(--body-text-color-subdued); }
+.fl-caret { display: inline-block; width: 0.5em; height: 1.1em; vertical-align: text-bottom;
+  background: var(--body-text-color); animation: fl-blink 1s step-end infinite; }
+@keyframes fl-blink { 50% { opacity: 0; } }
+.fl-diverge { display: inline-block; font-size: 0.72em; font-family: var(--font); font-weight: 600;
+  line-height: 1.2; padding: 0 4px; margin: 0 2px; border-radius: 3px; vertical-align: 1px;
+  color: var(--body-text-color); border: 1px dashed var(--body-text-color-subdued); }
+.fl-diverge ~ .fl-tok, .fl-diverge ~ .fl-plain { text-decoration: underline dotted var(--body-text-color-subdued);
+  text-underline-offset: 3px; }
+/* ---- stats tables ---- */
+.fl-stats { border-collapse: collapse; width: 100%; font-size: 0.88em; border: none !important; margin: 0; }
+.fl-stats tr, .fl-stats th, .fl-stats td { border: none !important; background: transparent !important; }
+.fl-stats th, .fl-stats td { padding: 2px 6px; text-align: left;
+  border-bottom: 1px solid var(--border-color-primary) !important; }
+.fl-stats th { font-weight: 500; color: var(--body-text-color); opacity: 0.8; width: 48%; }
+.fl-stats td { font-variant-numeric: tabular-nums; color: var(--body-text-color); }
+.fl-ok { color: var(--color-green-600, #1a7f37); font-weight: 600; }
+.fl-bad { color: var(--color-red-600, #c4320a); font-weight: 600; }
+.dark .fl-ok { color: #5cc77a; } .dark .fl-bad { color: #ff8a65; }
+/* ---- legends and notes ---- */
+.fl-legend { display: flex; flex-wrap: wrap; gap: 4px 10px; align-items: center; font-size: 0.85em;
+  color: var(--body-text-color); }
+.fl-swatch { display: inline-block; width: 1.1em; height: 1.1em; border-radius: 3px; vertical-align: -3px;
+  margin-right: 3px; border: 1px solid var(--border-color-primary); }
+.fl-note { font-size: 0.88em; color: var(--body-text-color); opacity: 0.85; }
+.fl-status { font-size: 0.95em; }
+.fl-status.fl-wait { font-weight: 600; }
+.fl-status.fl-wait::before { content: ""; display: inline-block; width: 0.6em; height: 0.6em; border-radius: 50%;
+  margin-right: 0.45em; background: var(--color-accent); animation: fl-blink 1s step-end infinite; }
+.fl-status.fl-error { color: var(--error-text-color, #b91c1c); }
+/* Help under controls: Gradio's default grey is 1.9:1 on white; this is ~7:1 in both themes. */
+.gradio-container .info-text, .gradio-container [data-testid="block-info"] {
+  color: var(--body-text-color) !important; opacity: 0.78; }
+/* ---- token detail card (one element, filled by the script below) ---- */
+#fl-card { position: fixed; z-index: 1000; display: none; max-width: min(340px, 92vw); padding: 8px 10px;
+  border-radius: 8px; font-size: 13px; line-height: 1.4; pointer-events: none;
+  background: var(--background-fill-primary, #fff); color: var(--body-text-color, #111);
+  border: 1px solid var(--border-color-primary, #ccc); box-shadow: 0 6px 20px rgba(0,0,0,0.25); }
+#fl-card.fl-open { display: block; }
+#fl-card .fl-card-title { font-family: var(--font-mono, monospace); font-weight: 700; margin-bottom: 4px;
+  word-break: break-all; }
+#fl-card table { border-collapse: collapse; width: 100%; margin: 0; }
+#fl-card td { padding: 1px 4px; border: none; font-variant-numeric: tabular-nums; }
+#fl-card td:first-child { opacity: 0.8; }
+#fl-card .fl-alt { display: flex; align-items: center; gap: 6px; font-family: var(--font-mono, monospace); }
+#fl-card .fl-alt-bar { height: 6px; border-radius: 3px; background: var(--color-accent, #f97316); }
+#fl-card .fl-alt-text { min-width: 6em; white-space: pre; overflow: hidden; text-overflow: ellipsis; }
+#fl-card .fl-alt.fl-chosen { font-weight: 700; }
+/* ---- layout: side by side columns stay side by side on a phone ---- */
+.fl-columns { flex-wrap: nowrap !important; gap: 8px !important; }
+.fl-columns > .column { min-width: 0 !important; flex: 1 1 0 !important; }
+@media (max-width: 640px) {
+  .fl-text { font-size: 0.8em; line-height: 1.5; }
+  .fl-stats { font-size: 0.78em; }
+  .fl-stats th, .fl-stats td { padding: 1px 3px; }
+}
+.fl-hidden { display: none !important; }
+/* ---- charts: transparent figures take the theme's text and grid colours ---- */
+.js-plotly-plot .main-svg .gtitle, .js-plotly-plot .main-svg .xtitle, .js-plotly-plot .main-svg .ytitle,
+.js-plotly-plot .main-svg .xtick text, .js-plotly-plot .main-svg .ytick text,
+.js-plotly-plot .main-svg .legendtext, .js-plotly-plot .main-svg .annotation-text,
+.js-plotly-plot .main-svg .cbtitle, .js-plotly-plot .main-svg .cbaxis text {
+  fill: var(--body-text-color) !important; }
+.dark .js-plotly-plot .main-svg .gridlayer path, .dark .js-plotly-plot .main-svg .zerolinelayer path {
+  stroke: rgba(255,255,255,0.14) !important; }
+.dark .js-plotly-plot .modebar-btn path { fill: rgba(255,255,255,0.6) !important; }
+"""
+
+# Token cards: hover (mouse), focus (keyboard: Tab to a column's first token, then arrow keys) and
+# tap (touch) open one card with the token's numbers; Escape or a tap elsewhere closes it. The data
+# sits in each token's data-card attribute as JSON; text goes in with textContent, never as HTML.
+# Idle polling: a hidden checkbox mirrors the page's visibility so the memory timer stops when hidden.
+HEAD = """
+<script>
+(() => {
+  let card = null, pinned = null, shown = null;
+  const ensure = () => {
+    if (!card) { card = document.createElement("div"); card.id = "fl-card"; card.setAttribute("role", "tooltip");
+                 document.body.appendChild(card); }
+    return card;
+  };
+  const row = (table, label, value) => {
+    const tr = table.insertRow(); tr.insertCell().textContent = label; tr.insertCell().textContent = value;
+  };
+  const fill = (el) => {
+    let d; try { d = JSON.parse(el.dataset.card); } catch (e) { return false; }
+    const c = ensure(); c.replaceChildren();
+    const title = document.createElement("div"); title.className = "fl-card-title"; title.textContent = d.title;
+    c.appendChild(title);
+    const table = document.createElement("table");
+    for (const [k, v] of d.rows || []) row(table, k, v);
+    c.appendChild(table);
+    if (d.top && d.top.length) {
+      const head = document.createElement("div"); head.textContent = d.top_label || "top-5 next tokens";
+      head.style.margin = "4px 0 2px"; head.style.opacity = "0.8"; c.appendChild(head);
+      for (const [text, p, chosen] of d.top) {
+        const line = document.createElement("div"); line.className = "fl-alt" + (chosen ? " fl-chosen" : "");
+        const t = document.createElement("span"); t.className = "fl-alt-text"; t.textContent = text;
+        const bar = document.createElement("span"); bar.className = "fl-alt-bar";
+        bar.style.width = Math.max(2, Math.round(p * 90)) + "px";
+        const pct = document.createElement("span"); pct.textContent = (100 * p).toFixed(1) + "%";
+        line.append(t, bar, pct); c.appendChild(line);
+      }
+    }
+    return true;
+  };
+  const place = (el) => {
+    const c = ensure(), r = el.getBoundingClientRect(), w = c.offsetWidth, h = c.offsetHeight;
+    let x = Math.min(Math.max(6, r.left), window.innerWidth - w - 6);
+    let y = r.bottom + 6;
+    if (y + h > window.innerHeight - 6) y = Math.max(6, r.top - h - 6);
+    c.style.left = x + "px"; c.style.top = y + "px";
+  };
+  const open = (el) => {
+    if (!fill(el)) return;
+    document.querySelectorAll(".fl-tok.fl-active").forEach((t) => t.classList.remove("fl-active"));
+    el.classList.add("fl-active");
+    ensure().classList.add("fl-open"); place(el); shown = el;
+  };
+  const close = () => {
+    if (card) card.classList.remove("fl-open");
+    document.querySelectorAll(".fl-tok.fl-active").forEach((t) => t.classList.remove("fl-active"));
+    pinned = null; shown = null;
+  };
+  const tok = (e) => e.target && e.target.closest ? e.target.closest(".fl-tok[data-card]") : null;
+  document.addEventListener("mouseover", (e) => { const t = tok(e); if (t && !pinned) open(t); });
+  document.addEventListener("mouseout", (e) => { const t = tok(e); if (t && !pinned) close(); });
+  document.addEventListener("focusin", (e) => { const t = tok(e); if (t) { pinned = t; open(t); } });
+  document.addEventListener("click", (e) => {
+    const t = tok(e);
+    if (t) { pinned = t; open(t); } else if (pinned || (card && card.classList.contains("fl-open"))) close();
+  });
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Escape") { close(); return; }
+    const t = tok(e);
+    if (!t || !["ArrowRight", "ArrowLeft", "Home", "End"].includes(e.key)) return;
+    const all = Array.from(t.parentElement.querySelectorAll(".fl-tok[data-card]"));
+    const i = all.indexOf(t);
+    const j = e.key === "ArrowRight" ? i + 1 : e.key === "ArrowLeft" ? i - 1 : e.key === "Home" ? 0 : all.length - 1;
+    if (all[j]) { e.preventDefault(); all[j].focus(); }
+  });
+  window.addEventListener("scroll", () => { if (shown && document.contains(shown)) place(shown); }, true);
+  // Idle memory polling only while the page is visible: mirror visibility into a hidden checkbox.
+  const sync = () => {
+    const box = document.querySelector("#fl-page-visible input[type=checkbox]");
+    if (box && box.checked === document.hidden) box.click();
+  };
+  document.addEventListener("visibilitychange", sync);
+})();
+</script>
+"""
+
+
+def launch_kwargs() -> dict:
+    """What `Blocks.launch()` needs besides host and port: the page's CSS and script."""
+    return {"css": CSS, "head": HEAD}
