@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = ApiSettings.from_env()  # before the model loads: a typo fails fast
         pool = ModelPool([m.strip() for m in args.models.split(",") if m.strip()])
-        demo = FeedbackLensApp(pool, max_waiting=args.queue_size).build()
+        app = FeedbackLensApp(pool, max_waiting=args.queue_size)
+        demo = app.build()
         routes = api_routes(pool, settings)
     except FeedbackError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -75,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.queue(max_size=args.queue_size, default_concurrency_limit=1)
     # The HTTP API (/api) is its own app mounted in Gradio's server: same process, model pool and
     # model line as the page; Gradio's UI auth does not cover it, FEEDBACK_API_KEYS does.
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, auth=auth,
-                footer_links=["api", "gradio"], app_kwargs={"routes": routes}, **launch_kwargs())
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, share=args.share, auth=auth,
+                    footer_links=["api", "gradio"], app_kwargs={"routes": routes}, **launch_kwargs())
+    finally:
+        app.runner.jobs.stop_all(timeout=10)  # running jobs end within a step before the process exits
     return 0
 
 

@@ -61,6 +61,7 @@ def app_server(embedded_lm):
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
                             app_kwargs={"routes": api_routes(pool, ApiSettings())}, **launch_kwargs())
     yield SimpleNamespace(url=url, pool=pool, app=app)
+    app.runner.jobs.stop_all()  # no model work may still run when the interpreter exits
     demo.close()
 
 

@@ -166,7 +166,7 @@ class CalibrateWork(TabWork):
         self.result = None
 
     def run(self, stop: threading.Event):
-        yield from reporting(lambda report: warm_up(self.lm, self.cfg, stop, report))
+        yield from reporting(lambda report, halt: warm_up(self.lm, self.cfg, halt, report), stop)
 
     def progress(self, items: list, elapsed: float) -> dict:
         out = self.busy()

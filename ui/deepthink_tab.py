@@ -69,7 +69,7 @@ class DeepThinkWork(TabWork):
         self.gpu_seconds = 60 + 3 * cfg.max_new_tokens
 
     def run(self, stop: threading.Event):
-        yield from reporting(lambda report: deep_think(self.lm, self.cfg, progress=report, stop=stop))
+        yield from reporting(lambda report, halt: deep_think(self.lm, self.cfg, progress=report, stop=halt), stop)
 
     def progress(self, items: list, elapsed: float) -> dict:
         out = self.busy()

@@ -50,9 +50,9 @@ class PerplexityWork(TabWork):
         self.gpu_seconds = 60 + 2 * len(docs)
 
     def run(self, stop: threading.Event):
-        yield from reporting(lambda report: evaluate(
+        yield from reporting(lambda report, halt: evaluate(
             self.lm, self.docs, self.cfg, progress=lambda i, n, name: report((i, n, name)),
-            token_detail=self.pasted, stop=stop))
+            token_detail=self.pasted, stop=halt), stop)
 
     def progress(self, items: list, elapsed: float) -> dict:
         text = f"Scoring… {len(self.docs)} document(s) ({elapsed:.0f} s)"

@@ -179,6 +179,17 @@ class Jobs:
             job.stop.set()
         return len(jobs)
 
+    def stop_all(self, timeout: float = 30.0) -> None:
+        """Stop every job and wait for their workers (server shutdown, test teardown)."""
+        with self._lock:
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.stop.set()
+        deadline = time.monotonic() + timeout
+        for job in jobs:
+            if job.worker is not None:
+                job.worker.join(max(0.0, deadline - time.monotonic()))
+
     def active(self, session: str, tab: str | None = None) -> bool:
         with self._lock:
             return any(j.session == session and (tab is None or j.tab == tab) and not j.stop.is_set()
@@ -353,24 +364,47 @@ class Finished:
     result: Any
 
 
-def reporting(work: Callable[[Callable[[Any], None]], Any]) -> Iterator[Any]:
-    """Turn `work(report)` — a library call that reports progress through a callback — into a
-    generator of its reports and then `Finished(result)`. The call runs on a helper thread; its
-    errors are raised here. Stopping is the call's own business (its `stop` event)."""
+class _Halt:
+    """A stop signal that is on when the job's is, or when this helper was told to halt on its own
+    (the job's own signal is left alone, so a failure is not mistaken for a Stop)."""
+
+    def __init__(self, job_stop: threading.Event):
+        self.job_stop, self.own = job_stop, threading.Event()
+
+    def is_set(self) -> bool:
+        return self.job_stop.is_set() or self.own.is_set()
+
+    def set(self) -> None:
+        self.own.set()
+
+
+def reporting(work: Callable[[Callable[[Any], None], Any], Any], stop: threading.Event) -> Iterator[Any]:
+    """Turn `work(report, stop)` — a library call that reports progress through a callback and
+    checks a stop signal — into a generator of its reports and then `Finished(result)`. The call
+    runs on a helper thread; its errors are raised here. However the generator ends (done, error,
+    closed), the call has ended before it returns: closing it halts the call and waits for it, so
+    no model work outlives the job that holds the model line."""
     items: queue.Queue = queue.Queue()
     outcome: list = []
+    halt = _Halt(stop)
 
     def target() -> None:
         try:
-            outcome.append(Finished(work(items.put)))
+            outcome.append(Finished(work(items.put, halt)))
         except BaseException as exc:  # re-raised below, in the generator's thread
             outcome.append(exc)
         finally:
             items.put(_END)
 
-    threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True).start()
-    while (item := items.get()) is not _END:
-        yield item
+    helper = threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True)
+    helper.start()
+    try:
+        while (item := items.get()) is not _END:
+            yield item
+    finally:
+        if helper.is_alive():
+            halt.set()
+            helper.join()
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     yield outcome[0]

@@ -34,10 +34,10 @@ class SweepWork(TabWork):
         self.gpu_seconds = 60 + 10 * self.total
 
     def run(self, stop: threading.Event):
-        yield from reporting(lambda report: run_sweep(
+        yield from reporting(lambda report, halt: run_sweep(
             self.lm, self.docs, self.strategy, self.grid, self.base, self.fixed,
-            on_point=lambda row, i, n: report(row), stop=stop,
-            progress=lambda p, n, d, m: report(f"point {p} of {n}: document {d} of {m} done")))
+            on_point=lambda row, i, n: report(row), stop=halt,
+            progress=lambda p, n, d, m: report(f"point {p} of {n}: document {d} of {m} done")), stop)
 
     def _heatmap(self, title: str):
         x, y = self.names[0], self.names[1] if len(self.names) > 1 else None

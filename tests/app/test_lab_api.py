@@ -1,6 +1,9 @@
 """Perplexity and Sweep tabs through their API endpoints on the running app."""
 from __future__ import annotations
 
+import time
+
+import httpx
 import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
@@ -69,3 +72,18 @@ def test_sweep_streams_a_heatmap_and_a_csv(client):
     with pytest.raises(AppError, match="the page runs at most 24"):
         client.predict("pasted text", TEXT, None, "deep_cache", "lam=0,0.1,0.2,0.3,0.4",
                        "theta=1,2,3,4,5", "auto", 3, 5, api_name="/sweep")
+
+
+def test_a_cancelled_perplexity_request_frees_the_model_line_within_seconds(client, app_url):
+    """A Gradio client cancels a long Perplexity run: the line must not stay busy after it."""
+    health = f"{app_url.rstrip('/')}/api/health"
+    job = client.submit("builtin:dev", "", None, "deep_cache", "auto", 3, 20, api_name="/perplexity")
+    t0 = time.monotonic()
+    while httpx.get(health).json()["running"] == 0:
+        assert time.monotonic() - t0 < 60
+        time.sleep(0.1)
+    job.cancel()
+    t0 = time.monotonic()
+    while httpx.get(health).json()["running"]:
+        assert time.monotonic() - t0 < 10, httpx.get(health).json()
+        time.sleep(0.1)

@@ -232,6 +232,40 @@ def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page
     expect(spans(page, "baseline")).to_have_count(n_base, timeout=10_000)
     shot(page, "compare-1440-light")
     assert page.errors == []
+    assert help_contrast(page, "#param-residual-alpha") >= 4.5  # WCAG AA for the help under a control
+
+
+HELP_COLOURS = """
+(selector) => {
+  const info = document.querySelector(selector + ' .info-text');
+  let opacity = 1;
+  for (let x = info; x; x = x.parentElement) opacity *= parseFloat(getComputedStyle(x).opacity);
+  let bg = null;
+  for (let x = info; x && !bg; x = x.parentElement) {
+    const c = getComputedStyle(x).backgroundColor;
+    if (c !== 'rgba(0, 0, 0, 0)' && c !== 'transparent') bg = c;
+  }
+  return {fg: getComputedStyle(info).color, opacity, bg: bg || 'rgb(255, 255, 255)'};
+}
+"""
+
+
+def help_contrast(pg: Page, selector: str) -> float:
+    """WCAG contrast ratio of a control's help text against what is behind it."""
+    c = pg.evaluate(HELP_COLOURS, selector)
+
+    def rgb(css: str) -> list[float]:
+        return [float(x) for x in css[css.index("(") + 1:css.index(")")].split(",")[:3]]
+
+    fg, bg = rgb(c["fg"]), rgb(c["bg"])
+    fg = [c["opacity"] * f + (1 - c["opacity"]) * b for f, b in zip(fg, bg)]
+
+    def luminance(v: list[float]) -> float:
+        lin = [x / 255 / 12.92 if x / 255 <= 0.03928 else ((x / 255 + 0.055) / 1.055) ** 2.4 for x in v]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted([luminance(fg), luminance(bg)], reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
     save_metrics(click_to_first_token_s=ttft)
 
 
@@ -430,6 +464,7 @@ def test_dark_mode_charts_are_dark(browser: Browser, app_url: str, width: int):
             return 0.2126 * r + 0.7152 * g + 0.0722 * b
 
         assert lum(colours["text"]) > 150 and lum(colours["body"]) < 80, colours
+        assert help_contrast(pg, "#param-residual-alpha") >= 4.5
         shot(pg, f"compare-{width}-dark")
     finally:
         context.close()

@@ -171,8 +171,9 @@ SETTINGS = {  # elem_id -> value for a quick run of each handler on the tiny mod
 
 @pytest.fixture()
 def fake_spaces(monkeypatch):
-    """A stand-in `spaces` package whose GPU decorator records when the decorated work runs."""
-    state = {"inside": 0, "decorated": 0}
+    """A stand-in `spaces` package whose GPU decorator records when the decorated work runs, and
+    can make the work fail after its first progress item (`state["fail"] = True`)."""
+    state = {"inside": 0, "decorated": 0, "fail": False}
 
     def GPU(fn=None, duration=None):
         assert callable(duration)
@@ -181,7 +182,10 @@ def fake_spaces(monkeypatch):
         def wrapped(*args, **kwargs):
             state["inside"] += 1
             try:
-                yield from fn(*args, **kwargs)
+                for item in fn(*args, **kwargs):
+                    yield item
+                    if state["fail"]:
+                        raise RuntimeError("the GPU went away")
             finally:
                 state["inside"] -= 1
         return wrapped
@@ -190,35 +194,50 @@ def fake_spaces(monkeypatch):
     return state
 
 
-def test_every_model_handler_runs_its_model_work_inside_the_gpu_function(fake_spaces, tiny_lm):
+def _line_free(pool, timeout: float = 10.0) -> None:
+    t0 = time.monotonic()
+    while pool.gate.status()["running"] or pool.gate.status()["waiting"]:
+        assert time.monotonic() - t0 < timeout, pool.gate.status()
+        time.sleep(0.02)
+
+
+def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_every_path(fake_spaces, tiny_lm):
+    """Each model tab's handler, on each exit path: it finishes; it is cancelled (Gradio closes the
+    generator); its page stops listening (closed tab); its work fails."""
     from feedback.model import ModelPool
     from ui.app import FeedbackLensApp
 
     pool = ModelPool.serving(tiny_lm)
-    demo = FeedbackLensApp(pool).build()
+    app = FeedbackLensApp(pool)
+    demo = app.build()
+    app.runner.jobs.abandon_s = 0.5
     assert fake_spaces["decorated"] == 1
-    wrapped = {fn.api_name for fn in demo.fns.values() if getattr(fn.fn, "model_handler", False)}
-    assert wrapped == MODEL_HANDLERS  # and no other handler touches the model (they are plain UI updates)
+    handlers = {fn.api_name: fn for fn in demo.fns.values() if getattr(fn.fn, "model_handler", False)}
+    assert set(handlers) == MODEL_HANDLERS  # and no other handler touches the model (they are plain UI updates)
 
     forwards: list[int] = []
     handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.append(fake_spaces["inside"]))
     try:
-        for fn in demo.fns.values():
-            if fn.api_name not in MODEL_HANDLERS:
-                continue
+        for name, fn in handlers.items():
             values = [SETTINGS.get(c.elem_id, c.value) for c in fn.inputs]
+
+            def start(path: str):
+                return fn.fn(*values, types.SimpleNamespace(session_hash=f"{path}-{name}"))
+
             before = len(forwards)
-            updates = list(fn.fn(*values, types.SimpleNamespace(session_hash=f"test-{fn.api_name}")))
-            assert updates and len(forwards) > before, fn.api_name
-            assert pool.gate.status()["running"] == 0, fn.api_name
-            # a request cancelled after its first update (Gradio closes the generator) frees the line too
-            gen = fn.fn(*values, types.SimpleNamespace(session_hash=f"cancel-{fn.api_name}"))
+            assert list(start("finish")) and len(forwards) > before, name  # finished
+            _line_free(pool)
+            gen = start("cancel")
             next(gen)
-            gen.close()
-            t0 = time.monotonic()
-            while pool.gate.status()["running"] and time.monotonic() - t0 < 10:
-                time.sleep(0.02)
-            assert pool.gate.status() | {"runs": []} == {"capacity": 1, "running": 0, "waiting": 0, "runs": []}
+            gen.close()  # cancelled
+            _line_free(pool)
+            next(start("abandon"))  # ... and never resumed: the page went away
+            _line_free(pool)
+            fake_spaces["fail"] = True
+            with pytest.raises(gr.Error, match="failed: RuntimeError: the GPU went away"):
+                list(start("fail"))
+            fake_spaces["fail"] = False
+            _line_free(pool)
     finally:
         handle.remove()
     assert forwards and all(inside == 1 for inside in forwards)
