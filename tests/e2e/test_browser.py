@@ -139,10 +139,18 @@ def accordion(pg: Page, title: str) -> None:
 
 
 def set_number(pg: Page, elem_id: str, value) -> None:
+    """Type a number as a person does. A field that has just appeared (an accordion opening) can
+    still be taking its stored value when the first keystrokes land; then it is typed again."""
     field = pg.locator(f"#{elem_id} input").first
     expect(field).to_be_visible()
-    field.fill(str(value))
-    field.press("Tab")
+    for _ in range(3):
+        field.fill(str(value))
+        field.press("Tab")
+        try:
+            expect(field).to_have_value(str(value), timeout=2_000)
+            return
+        except AssertionError:
+            pass
     expect(field).to_have_value(str(value))
 
 
