@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from feedback import memory
+from feedback.budget import PREFILL_CHUNK, Budget, dtype_bytes, generation_memory_mb
 from feedback.confidence import GroupWindow, distribution_stats, trace_metrics
 from feedback.detok import IncrementalDecoder
 from feedback.errors import FeedbackError
@@ -46,7 +47,7 @@ class Run:
     ends it within one step; `result` is complete once iteration ends."""
 
     def __init__(self, lm: LoadedModel, config: RunConfig, stop_event: threading.Event | None = None,
-                 observer: LogitsObserver | None = None):
+                 observer: LogitsObserver | None = None, budget: Budget | None = None):
         self.lm = lm
         self.config = config.validate()
         if config.model not in (lm.name, None, ""):
@@ -60,6 +61,12 @@ class Run:
                 f"prompt is {len(self.prompt_ids)} tokens; with max_new_tokens={config.max_new_tokens} "
                 f"it exceeds the model context of {limit} tokens"
             )
+        if budget is not None:  # a served request: refused before any work if it is too big
+            rows, new = len(config.rows), config.max_new_tokens
+            budget.check_decoding(rows * new, f"{rows} rows x {new} new tokens")
+            budget.check_memory(
+                generation_memory_mb(lm.model.config, dtype_bytes(lm.dtype), rows, len(self.prompt_ids), new),
+                f"{len(self.prompt_ids)} prompt + {new} new tokens, {rows} rows")
         # Build (and so validate) every strategy before any hook touches the model.
         self.strategies: dict[int, Strategy] = {
             i: build_strategy(row.strategy, row.params, lm.num_layers)
@@ -108,7 +115,11 @@ class Run:
             with torch.inference_mode():
                 prompt = torch.tensor([self.prompt_ids], device=device)
                 cache = DynamicCache(config=model.config)
-                out = self._forward(batch, input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+                out = self._prefill(batch, prompt, cache)
+                if out is None:  # stopped while prefilling a long prompt
+                    for row in rows:
+                        row.stop_reason = "stopped"
+                    return
                 logits = out.logits[:, -1, :].float().expand(n_rows, -1)
                 if n_rows > 1:
                     cache.batch_repeat_interleave(n_rows)
@@ -194,6 +205,20 @@ class Run:
             del cache
             self._finish(decoders, confs, t0)
 
+    def _prefill(self, batch: BatchView, prompt: torch.Tensor, cache: DynamicCache):
+        """The shared prompt, PREFILL_CHUNK tokens per forward on the cache, so a long prompt's
+        attention scratch stays bounded and Stop is seen between chunks (None when stopped).
+        A prompt within one chunk takes one forward, exactly as before chunking existed."""
+        out = None
+        for start in range(0, prompt.shape[1], PREFILL_CHUNK):
+            if start and self.stop_event.is_set():
+                return None
+            batch.offset = start
+            out = self._forward(batch, input_ids=prompt[:, start:start + PREFILL_CHUNK], cache=cache,
+                                use_cache=True, logits_to_keep=1)
+        batch.offset = 0
+        return out
+
     def _forward(self, batch: BatchView, **inputs):
         return hooked_forward(self.lm, batch, self.strategies.values(), **inputs)
 
@@ -238,8 +263,8 @@ class Engine:
         self.lm = lm
 
     def start(self, config: RunConfig, stop_event: threading.Event | None = None,
-              observer: LogitsObserver | None = None) -> Run:
-        return Run(self.lm, config, stop_event, observer)
+              observer: LogitsObserver | None = None, budget: Budget | None = None) -> Run:
+        return Run(self.lm, config, stop_event, observer, budget)
 
     def run(self, config: RunConfig, stop_event: threading.Event | None = None,
             observer: LogitsObserver | None = None) -> RunResult:

@@ -289,3 +289,75 @@ def test_run_resumed_on_different_threads(tiny_lm):
             break
     got = [[e.records[r].token_id for e in run_steps[:-1] if r in e.records] for r in range(2)]
     assert got == [r.token_ids for r in want.rows]
+
+
+# ---- long prompts: chunked prefill, budgets ----
+CHUNKED_ROWS = [RowSpec("baseline"), RowSpec("residual", "residual", {"alpha": 0.3}),
+                RowSpec("soft_token", "soft_token", {"beta": 0.3}),
+                RowSpec("deep_cache", "deep_cache", {"lam": 0.3, "gate": -1.0, "theta": 20.0}),
+                RowSpec("anchor", "anchor", {"alpha": 0.3})]
+
+
+def _logits_per_step(lm, cfg) -> list[torch.Tensor]:
+    seen: list[torch.Tensor] = []
+    Engine(lm).run(cfg, observer=lambda step, live, logits: seen.append(logits.clone()) if len(live) == 5 else None)
+    return seen
+
+
+def test_a_prompt_prefilled_in_chunks_gives_every_strategy_the_same_state(tiny_lm, monkeypatch):
+    """Each strategy reads the prompt during prefill (means, summaries, cache keys, the last
+    distribution); prefilled in 7-token chunks it must end up where one whole-prompt forward does."""
+    import feedback.engine as engine
+
+    cfg = RunConfig(prompt="The river runs to the sea and the sea rises into clouds over the hills. " * 3,
+                    model="tiny", max_new_tokens=6, rows=CHUNKED_ROWS, chat_template=False)
+    whole = _logits_per_step(tiny_lm, cfg)
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 7)
+    chunked = _logits_per_step(tiny_lm, cfg)
+    assert len(whole) == len(chunked) == 6
+    for a, b in zip(whole, chunked):
+        assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max(dim=1).values  # per row
+
+
+def test_stop_during_a_chunked_prefill_ends_the_run_before_any_token(tiny_lm, monkeypatch, hook_count):
+    import feedback.engine as engine
+
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 4)
+    stop = threading.Event()
+    forwards: list[int] = []
+
+    def count(*_):
+        forwards.append(1)
+        if len(forwards) == 2:
+            stop.set()  # Stop pressed while the prompt is still being read
+
+    handle = tiny_lm.model.register_forward_pre_hook(count)
+    try:
+        cfg = RunConfig(prompt="word " * 40, model="tiny", max_new_tokens=5, chat_template=False,
+                        rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.2})])
+        result = Engine(tiny_lm).run(cfg, stop_event=stop)
+    finally:
+        handle.remove()
+    assert len(forwards) == 2 and all(r.stop_reason == "stopped" and not r.steps for r in result.rows)
+    assert hook_count(tiny_lm.model) == 0
+
+
+def test_a_request_over_budget_is_refused_before_any_work(embedded_lm, hook_count):
+    from feedback.budget import Budget
+
+    forwards: list[int] = []
+    handle = embedded_lm.model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        rows = [RowSpec(f"r{i}") for i in range(4)]
+        with pytest.raises(FeedbackError, match=r"would decode 4,096 tokens \(4 rows x 1024 new tokens\).*"
+                                                 "FEEDBACK_BUDGET_DECODED_TOKENS"):
+            Engine(embedded_lm).start(RunConfig(prompt="hi", max_new_tokens=1024, rows=rows),
+                                      budget=Budget(decoded_tokens=2048))
+        with pytest.raises(FeedbackError, match=r"needs about [\d,]+ MB of memory \(\d+ prompt \+ 8 new tokens, 2 "
+                                                 r"rows\).*FEEDBACK_BUDGET_MEMORY_MB"):
+            Engine(embedded_lm).start(RunConfig(prompt="word " * 6000, max_new_tokens=8),
+                                      budget=Budget(memory_mb=200))
+        Engine(embedded_lm).start(RunConfig(prompt="word " * 6000, max_new_tokens=8), budget=Budget(memory_mb=2000))
+    finally:
+        handle.remove()
+    assert forwards == [] and hook_count(embedded_lm.model) == 0

@@ -72,16 +72,19 @@ class AnchorStrategy(Strategy):
                 dirs[:k] = 0.0  # the prompt itself is not pushed
             self.seq_dirs = dirs
             return
-        states = hidden[1:] if phase == "prefill" else hidden[-1:]
-        if phase == "prefill" and hidden.shape[0] == 1:
-            states = hidden[:0]  # a one-token prefill is only the sink
+        first = 1 if phase == "prefill" and self.batch.offset == 0 else 0  # position 0 is the sink
+        states = hidden[first:] if phase == "prefill" else hidden[-1:]
         for h in states:
             self.count += 1
             self.mean = h.clone() if self.mean is None else self.mean + (h - self.mean) / self.count
         self.position += hidden.shape[0]
         if phase == "prefill":
-            if hidden.shape[0] > 1:
-                self.summary = hidden[1:].mean(dim=0)
+            if states.shape[0] > 0:
+                # a long prompt arrives in chunks: the summary is the mean over all of them
+                n, chunk_mean = states.shape[0], states.mean(dim=0)
+                seen = self.count - n
+                self.summary = chunk_mean if self.summary is None else self.summary + (chunk_mean - self.summary) * (
+                    n / (seen + n))
             elif self.summary is None:  # exact perplexity: the prompt arrives token by token
                 self.prompt_seen = []
             return

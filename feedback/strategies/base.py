@@ -26,6 +26,9 @@ class BatchView:
     # "sequence": teacher-forced full sequences, one per live row (perplexity passes)
     phase: str = "prefill"
     live_rows: list[int] = field(default_factory=list)  # row ids in batch order while decoding
+    # prefill: absolute position of this forward's first token (a long prompt is prefilled in chunks;
+    # position 0, the attention sink, is only in the chunk at offset 0)
+    offset: int = 0
     # True only while this run's own forward is in flight (the engine serialises forwards per model),
     # so hooks of one run never touch another run's forward on the same model.
     active: bool = False

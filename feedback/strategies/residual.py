@@ -67,11 +67,14 @@ class ResidualStrategy(Strategy):
             self.seq_states = hidden[b].float()
             return
         if self.batch.phase == "prefill":
-            states = hidden[b, 1:].float()  # skip position 0 (attention sink)
+            first = 1 if self.batch.offset == 0 else 0  # skip position 0 (attention sink)
+            states = hidden[b, first:].float()
             if states.shape[0] == 0:
                 return
-            self.count = states.shape[0]
-            self.mean = states.mean(dim=0)
+            n, chunk_mean = states.shape[0], states.mean(dim=0)
+            # a long prompt arrives in chunks: the mean of all of them, weighted by their sizes
+            self.mean = chunk_mean if self.mean is None else self.mean + (chunk_mean - self.mean) * (n / (self.count + n))
+            self.count += n
             self.next_u = self._direction(states[-1])
             return
         h = hidden[b, -1].float()

@@ -57,7 +57,7 @@ class SoftTokenStrategy(Strategy):
         if b is None:
             return None
         if phase == "prefill":
-            self.prompt_len = args[0].shape[-1]
+            self.prompt_len = self.batch.offset + args[0].shape[-1]  # prompt positions seen so far
             return None
         beta = self.values["beta"]
         out = output.clone()
