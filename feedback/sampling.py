@@ -17,6 +17,9 @@ from transformers import (
 from feedback.errors import FeedbackError
 
 
+MIN_TEMPERATURE = 0.01  # below it logits / T leaves float range (1e-38 gave inf and a failed draw)
+
+
 @dataclass
 class SamplingConfig:
     """Decoding settings shared by every row of a run. temperature 0 means greedy."""
@@ -37,6 +40,9 @@ class SamplingConfig:
                 raise FeedbackError(f"{name} must be a finite number in [{lo}, {hi}], got {value!r}")
 
         finite("temperature", self.temperature, 0.0, 10.0)
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            raise FeedbackError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got "
+                                f"{self.temperature!r}: dividing logits by a smaller one overflows to inf")
         finite("top_p", self.top_p, 0.0, 1.0)
         finite("min_p", self.min_p, 0.0, 1.0)
         finite("repetition_penalty", self.repetition_penalty, 0.01, 10.0)
