@@ -6,13 +6,15 @@ API requests may wait, so API traffic cannot starve the page. OpenAPI: /api/open
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import math
 import os
+import threading
 import time
 from contextlib import aclosing, asynccontextmanager, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Iterator, Literal
 
 import anyio
@@ -25,12 +27,13 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Mount
 
 from feedback import corpus
+from feedback.budget import Budget
 from feedback.confidence import DEFAULT_K, DEFAULT_WINDOW
 from feedback.engine import Engine, Run, StepEvent
-from feedback.errors import FeedbackError
+from feedback.errors import FeedbackError, Stopped
 from feedback.gate import Busy
 from feedback.model import ModelPool
-from feedback.perplexity import PPLConfig, evaluate, surprise_diff
+from feedback.perplexity import PPLConfig, document_ids, evaluate, scoring_work, surprise_diff
 from feedback.records import (MAX_PROMPT_CHARS, SERVED_MAX_NEW_TOKENS, DeepConfConfig, RowSpec, RunConfig,
                               default_rows)
 from feedback.sampling import SamplingConfig
@@ -48,14 +51,22 @@ class ApiSettings:
     max_body_bytes: int = 1_000_000
     max_waiting: int = 8  # API requests allowed to wait for the model at once; more get 503
     wait_s: float = 300.0  # longest wait for the model before a 503
+    budget: Budget = field(default_factory=Budget)  # the same per-request budgets as the page
+    gradio_keys: bool = False  # FEEDBACK_GRADIO_API=keys: the Gradio API's clients need a key too
 
     @classmethod
     def from_env(cls) -> "ApiSettings":
         env = os.environ.get
         keys = tuple(k.strip() for k in env("FEEDBACK_API_KEYS", "").split(",") if k.strip())
+        gradio = env("FEEDBACK_GRADIO_API", "open").strip().lower()
+        if gradio not in ("open", "keys"):
+            raise FeedbackError(f"FEEDBACK_GRADIO_API must be open or keys, got {gradio!r}")
+        if gradio == "keys" and not keys:
+            raise FeedbackError("FEEDBACK_GRADIO_API=keys needs FEEDBACK_API_KEYS")
         try:
             return cls(keys, int(env("FEEDBACK_API_MAX_BODY", cls.max_body_bytes)),
-                       int(env("FEEDBACK_API_QUEUE", cls.max_waiting)), float(env("FEEDBACK_API_WAIT_S", cls.wait_s)))
+                       int(env("FEEDBACK_API_QUEUE", cls.max_waiting)), float(env("FEEDBACK_API_WAIT_S", cls.wait_s)),
+                       Budget.from_env(), gradio == "keys")
         except ValueError as exc:
             raise FeedbackError(f"bad FEEDBACK_API_* setting: {exc}") from None
 
@@ -66,7 +77,7 @@ class _Body(BaseModel):
 
 
 class SamplingIn(_Body):
-    temperature: float = Field(0.0, ge=0, le=10, description="0 = greedy")
+    temperature: float = Field(0.0, ge=0, le=10, description="0 = greedy; otherwise at least 0.01")
     top_k: int = Field(0, ge=0, le=1_000_000, description="0 = off")
     top_p: float = Field(1.0, gt=0, le=1, description="1 = off")
     min_p: float = Field(0.0, ge=0, le=1, description="0 = off")
@@ -165,6 +176,38 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+def key_ok(headers: dict, keys: tuple[str, ...]) -> bool:
+    """Whether ASGI `headers` carry `Authorization: Bearer <one of keys>` (constant-time compare)."""
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    scheme, _, given = auth.partition(" ")
+    return scheme.lower() == "bearer" and any(hmac.compare_digest(given.strip().encode(), k.encode()) for k in keys)
+
+
+class KeyGate:
+    """ASGI middleware: requests to paths for which `protected(path, headers)` is true need a valid
+    key, checked before anything reads the body (so a malformed body without a key gets 401, not 400)."""
+
+    def __init__(self, app, keys: tuple[str, ...], protected):
+        self.app, self.keys, self.protected = app, keys, protected
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.keys:
+            headers = dict(scope["headers"])
+            if self.protected(scope["path"], headers) and not key_ok(headers, self.keys):
+                response = JSONResponse({"error": "a valid API key is required: Authorization: Bearer KEY"}, 401,
+                                        headers={"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+OPEN_API_PATHS = ("/health", "/openapi.json", "/docs")  # what the API serves without a key
+
+
+def _api_protected(path: str, _headers: dict) -> bool:
+    path = path.removeprefix("/api")
+    return not any(path == p or path.startswith(p + "/") for p in OPEN_API_PATHS)
+
+
 def to_config(req: GenerateIn, model: str) -> RunConfig:
     """The request as a `RunConfig`, through the same validation as the UI's runs."""
     rows = ([RowSpec(**r.model_dump()) for r in req.rows] if req.rows
@@ -206,9 +249,11 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
     api = FastAPI(title="Feedback Lens API", version="1.0",
                   description="Baseline vs activation-feedback generation, streamed step records and perplexity, "
                               "on the same engine as the Feedback Lens page. When the server sets "
-                              "FEEDBACK_API_KEYS, send `Authorization: Bearer KEY` (all routes but /health).",
+                              "FEEDBACK_API_KEYS, send `Authorization: Bearer KEY` (all routes but /health, this schema and "
+                              "its docs page).",
                   docs_url="/docs", redoc_url=None, openapi_url="/openapi.json", servers=[{"url": "/api"}])
     api.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    api.add_middleware(KeyGate, keys=settings.keys, protected=_api_protected)  # outermost: keys first
     bearer = HTTPBearer(auto_error=False, description="an API key from FEEDBACK_API_KEYS")
 
     def require_key(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
@@ -243,7 +288,8 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
 
     def start(req: GenerateIn) -> Run:
         lm = pool.get(req.model)
-        return Engine(lm).start(to_config(req, lm.name))  # validated, tokenised, strategies built: before queueing
+        # validated, tokenised, budgets checked, strategies built: all before queueing
+        return Engine(lm).start(to_config(req, lm.name), budget=settings.budget)
 
     @api.get("/health", summary="liveness and load (no key needed)")
     def health() -> dict:
@@ -269,44 +315,59 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
                 "strategies": [cls.schema(lm.num_layers) for cls in REGISTRY.values()]}
 
     @asynccontextmanager
-    async def turn(label: str) -> AsyncIterator[float]:
-        """Hold one slot of the shared model line (waiting in a worker thread); yields seconds queued."""
-        held: list = []
+    async def turn(label: str, request: Request | None = None) -> AsyncIterator[float]:
+        """Hold one slot of the shared model line; yields seconds queued. The wait happens in a
+        worker thread; a caller that goes away while waiting (its request cancelled, or — with
+        `request` — its client disconnected) leaves the line at once instead of holding its place."""
+        gone, lock, held = threading.Event(), threading.Lock(), []
 
         def take() -> None:
-            # recorded in the worker thread, so a cancellation right after cannot lose it
-            held.append(pool.gate.acquire("api", settings.max_waiting, settings.wait_s, label=label))
+            ticket = pool.gate.acquire("api", settings.max_waiting, settings.wait_s, label=label,
+                                       cancelled=gone.is_set)
+            with lock:  # the caller may have left between the slot and this line
+                if gone.is_set():
+                    pool.gate.leave(ticket)
+                else:
+                    held.append(ticket)
 
         t0 = time.perf_counter()
         try:
-            await anyio.to_thread.run_sync(take)
+            async with _watching(request, gone):
+                await anyio.to_thread.run_sync(take, abandon_on_cancel=True)
+            if gone.is_set():
+                raise ClientGone()
             yield time.perf_counter() - t0
         finally:
-            if held:
-                pool.gate.leave(held[0])
+            with lock:
+                gone.set()  # a waiter thread left behind by a cancelled request gives up its place
+                if held:
+                    pool.gate.leave(held.pop())
 
     async def decode(run: Run) -> AsyncIterator[StepEvent]:
         """The run's steps, each computed in a worker thread; however it ends (done, error, or the
-        caller cancelled because the client went away) the run is stopped and its generator closed."""
+        caller cancelled because the client went away) the run is stopped and its generator closed.
+        A cancelled caller does not wait for the step in flight (a long prompt's prefill can take
+        a while): the run is told to stop first, and its generator is closed once that step ends."""
         events = iter(run)
         try:
-            while (event := await anyio.to_thread.run_sync(next, events, None)) is not None:
+            while (event := await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)) is not None:
                 yield event
         finally:
             run.stop()
-            events.close()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_close_when_idle, events)
 
     @api.post("/generate", dependencies=keyed, responses=ERRORS,
               summary="baseline and feedback rows on one prompt; the whole RunResult when done",
               description="A client that hangs up before the answer stops the run within a step.")
     async def generate(req: GenerateIn, request: Request) -> JSONResponse:
         run = await anyio.to_thread.run_sync(start, req)
-        async with turn("an API generate request") as queued:
+        async with turn("an API generate request", request) as queued:
             try:
-                async with aclosing(decode(run)) as steps:
+                # a hang-up stops the run between prefill chunks or decode steps: nobody waits for the answer
+                async with _watching(request, run.stop_event), aclosing(decode(run)) as steps:
                     async for _ in steps:
-                        if await request.is_disconnected():
-                            break  # nobody is waiting for the answer: free the model now
+                        pass
             except Exception as exc:  # out-of-memory, tokenizer or model errors: this request fails, the server stays
                 raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
         return JSONResponse(json_safe(result_json(run, req.steps) | {"queued_seconds": round(queued, 4)}))
@@ -346,20 +407,79 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
         except Exception as exc:  # the stream has started: report in-band, keep serving
             yield _event("error", {"error": f"generation failed: {type(exc).__name__}: {exc}", "status": 500}, sse)
 
-    @api.post("/ppl", dependencies=keyed, responses=ERRORS,
-              summary="teacher-forced perplexity of a text, baseline vs a strategy, with a paired bootstrap CI")
-    def ppl(req: PPLIn) -> JSONResponse:
+    def ppl_prepare(req: PPLIn):
         lm = pool.get(req.model)
         cfg = PPLConfig(req.strategy, dict(req.params), req.mode, passes=req.passes, window=req.window,
                         chunk=req.chunk, stride=req.stride, bootstrap=req.bootstrap,
                         seed=req.seed).validate(lm.context_length)
-        with pool.gate.slot("api", settings.max_waiting, settings.wait_s, label="an API perplexity request"):
-            res = evaluate(lm, [corpus.Document("text", req.text)], cfg, token_detail=req.token_detail)
+        docs = [corpus.Document("text", req.text)]
+        settings.budget.check_scoring(*scoring_work([len(ids) for ids in document_ids(lm, docs, cfg)], cfg))
+        return lm, cfg, docs
+
+    @api.post("/ppl", dependencies=keyed, responses=ERRORS,
+              summary="teacher-forced perplexity of a text, baseline vs a strategy, with a paired bootstrap CI",
+              description="Refused (422) when it would score more than the server's budget; a client that hangs "
+                          "up stops the scoring within one window.")
+    async def ppl(req: PPLIn, request: Request) -> JSONResponse:
+        lm, cfg, docs = await anyio.to_thread.run_sync(ppl_prepare, req)  # validated and costed before queueing
+        async with turn("an API perplexity request", request):
+            stop = threading.Event()
+            res = await until_gone(request, stop, lambda: evaluate(lm, docs, cfg, token_detail=req.token_detail,
+                                                                   stop=stop))
         if req.token_detail:
             res["token_detail"] = surprise_diff(res)
         return JSONResponse(json_safe(res))
 
     return api
+
+
+class ClientGone(HTTPException):
+    """The client went away; nobody reads this answer (499 in nginx's usage)."""
+
+    def __init__(self):
+        super().__init__(499, "the client closed the request")
+
+
+async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
+    while not gone.is_set():
+        if await request.is_disconnected():
+            gone.set()
+            return
+        await anyio.sleep(0.25)
+
+
+@asynccontextmanager
+async def _watching(request: Request | None, gone: threading.Event) -> AsyncIterator[None]:
+    """While the body runs, a background task sets `gone` when the client disconnects."""
+    watcher = asyncio.create_task(_watch_disconnect(request, gone)) if request is not None else None
+    try:
+        yield
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+
+
+def _close_when_idle(events) -> None:
+    """Close a generator that another thread may still be running (it ends within a step once
+    its run is stopped); a generator cannot be closed while it executes."""
+    while True:
+        try:
+            events.close()
+            return
+        except ValueError:  # "generator already executing"
+            time.sleep(0.01)
+
+
+async def until_gone(request: Request, stop: threading.Event, work):
+    """`work()` in a worker thread, its `stop` set as soon as the client disconnects (the work then
+    ends within a window or step, raising `Stopped`, and the request ends as `ClientGone`)."""
+    try:
+        async with _watching(request, stop):
+            return await anyio.to_thread.run_sync(work)
+    except Stopped:
+        raise ClientGone() from None
+    finally:
+        stop.set()
 
 
 def api_routes(pool: ModelPool, settings: ApiSettings | None = None) -> list[Mount]:

@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from feedback.budget import Budget, dtype_bytes, generation_memory_mb
 from feedback.engine import Engine
 from feedback.errors import FeedbackError, Stopped
 from feedback.model import LoadedModel
@@ -89,6 +90,18 @@ def _rows(cfg: DeepThinkConfig, n: int, offset: int, thresholds: dict[str, float
     return rows
 
 
+def check_budget(lm: LoadedModel, cfg: DeepThinkConfig, budget: Budget, warm_up_only: bool = False) -> None:
+    """Refuse, before any work, a Deep Think (or its warm-up alone) the budget does not allow: all
+    its traces' tokens, and the memory of its largest batched run."""
+    per_side = cfg.warmup if warm_up_only else cfg.warmup + cfg.traces + (cfg.traces if cfg.check else 0)
+    budget.check_decoding(2 * per_side * cfg.max_new_tokens,
+                          f"2 sides x {per_side} traces x {cfg.max_new_tokens} new tokens")
+    prompt = len(lm.encode(cfg.prompt, cfg.chat_template))
+    rows = 2 * (cfg.warmup if warm_up_only else max(cfg.warmup, cfg.traces))
+    budget.check_memory(generation_memory_mb(lm.model.config, dtype_bytes(lm.dtype), rows, prompt, cfg.max_new_tokens),
+                        f"{rows} traces at once, {prompt} prompt + {cfg.max_new_tokens} new tokens")
+
+
 def _run(lm: LoadedModel, cfg: DeepThinkConfig, rows: list[RowSpec], stop: threading.Event | None = None,
          progress=None, phase: str = "") -> list[RowResult]:
     """One batched engine run of these traces; `progress(message)` hears of every decode step.
@@ -126,9 +139,11 @@ def _as_vote_trace(t: dict) -> Trace:
 
 
 def warm_up(lm: LoadedModel, cfg: DeepThinkConfig, stop: threading.Event | None = None,
-            progress=None) -> tuple[dict, dict, dict]:
+            progress=None, budget: Budget | None = None) -> tuple[dict, dict, dict]:
     """Warm-up traces per side (never stopped), their lowest group confidences, and the thresholds."""
     pattern = compile_answer_regex(cfg.answer_regex)
+    if budget is not None:
+        check_budget(lm, cfg, budget, warm_up_only=True)
     warm_rows = _run(lm, cfg, _rows(cfg, cfg.warmup, 0, {}), stop, progress, "warm-up")
     warm = {side: [_trace(r, pattern, "warmup", cfg) for r in warm_rows if r.name.startswith(side)]
             for side in SIDES}
@@ -141,11 +156,14 @@ def warm_up(lm: LoadedModel, cfg: DeepThinkConfig, stop: threading.Event | None 
     return warm, lows, thresholds
 
 
-def deep_think(lm: LoadedModel, cfg: DeepThinkConfig, progress=None, stop: threading.Event | None = None) -> dict:
+def deep_think(lm: LoadedModel, cfg: DeepThinkConfig, progress=None, stop: threading.Event | None = None,
+               budget: Budget | None = None) -> dict:
     """Warm-up, calibrate, run online with early stop, vote; a JSON-serialisable report per side.
     `progress(message)` hears of each phase and decode step; setting `stop` ends it (raising
-    `Stopped`) within one decode step."""
+    `Stopped`) within one decode step. With `budget`, a run it does not allow is refused first."""
     warnings = cfg.validate(lm.num_layers)
+    if budget is not None:
+        check_budget(lm, cfg, budget)
     pattern = compile_answer_regex(cfg.answer_regex)
     started = time.perf_counter()
     warm, lows, thresholds = warm_up(lm, cfg, stop, progress)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from feedback.budget import EXACT_COST, Budget, scoring_cost
 from feedback.corpus import Document, fingerprint
 from feedback.engine import hooked_forward
 from feedback.errors import FeedbackError, check_stop
@@ -197,23 +198,47 @@ def paired_bootstrap(diffs: list[np.ndarray], resamples: int, seed: int) -> tupl
     return float(lo), float(hi), method
 
 
+def document_ids(lm: LoadedModel, docs: list[Document], cfg: PPLConfig) -> list[list[int]]:
+    """Each document's token ids as scored (no BOS added; cut to `max_tokens_per_doc`)."""
+    docs = docs[: cfg.max_docs] if cfg.max_docs else docs
+    out = []
+    for doc in docs:
+        ids = lm.tokenizer(doc.text)["input_ids"]
+        out.append(ids[: cfg.max_tokens_per_doc] if cfg.max_tokens_per_doc else ids)
+    return out
+
+
+def scoring_work(token_counts: list[int], cfg: PPLConfig, feedback_points: int = 1) -> tuple[int, str]:
+    """(token-forwards, how) of scoring documents of these lengths: the baseline once and the
+    strategy at `feedback_points` settings, every window in full (`cfg` validated)."""
+    window_tokens = sum(end - start for n in token_counts if n >= 2 for start, end, _ in windows(n, cfg.window,
+                                                                                             cfg.stride))
+    mode = cfg.resolved_mode() if cfg.strategy else None
+    cost = scoring_cost(window_tokens, mode, cfg.passes, feedback_points if cfg.strategy else 0)
+    how = f"{window_tokens:,} window tokens, baseline" + (
+        f" + {feedback_points} x {mode}" + (f" ({cfg.passes} passes)" if mode == "jacobi" else "")
+        + (f" (x{EXACT_COST}: token by token)" if mode == "exact" else "") if mode else " only")
+    return cost, how
+
+
 def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
              progress: Callable[[int, int, str], None] | None = None, baseline_cache: dict | None = None,
-             token_detail: bool = False, stop: threading.Event | None = None) -> dict:
+             token_detail: bool = False, stop: threading.Event | None = None, budget: Budget | None = None) -> dict:
     """Baseline and feedback perplexity over documents, with ΔPPL % and its paired 95% CI.
     With `token_detail`, each per-document entry also holds its tokens and both per-token NLLs.
-    Setting `stop` ends the evaluation (raising `Stopped`) within one window."""
+    Setting `stop` ends the evaluation (raising `Stopped`) within one window. With `budget`, a
+    request that would score more than it allows is refused before any forward pass."""
     cfg.validate(lm.context_length)
     mode = cfg.resolved_mode()
     if cfg.strategy:
         build_strategy(cfg.strategy, cfg.params, lm.num_layers)  # validate parameters before the work
     docs = docs[: cfg.max_docs] if cfg.max_docs else docs
+    all_ids = document_ids(lm, docs, cfg)
+    if budget is not None:
+        budget.check_scoring(*scoring_work([len(ids) for ids in all_ids], cfg))
     started = time.perf_counter()
     per_doc, base_all, fb_all = [], [], []
-    for i, doc in enumerate(docs):
-        ids = lm.tokenizer(doc.text)["input_ids"]
-        if cfg.max_tokens_per_doc:
-            ids = ids[: cfg.max_tokens_per_doc]
+    for i, (doc, ids) in enumerate(zip(docs, all_ids)):
         if len(ids) < 2:
             continue
         base, fb = token_nlls(lm, ids, cfg, baseline_cache, stop)

@@ -11,7 +11,8 @@ from typing import Callable
 from feedback.corpus import Document
 from feedback.errors import FeedbackError
 from feedback.model import LoadedModel
-from feedback.perplexity import PPLConfig, evaluate
+from feedback.budget import Budget
+from feedback.perplexity import PPLConfig, document_ids, evaluate, scoring_work
 from feedback.strategies import get_strategy
 
 MAX_POINTS = 400
@@ -48,13 +49,18 @@ def parse_grid(items: list[str], strategy: str, num_layers: int) -> dict[str, li
 def run_sweep(lm: LoadedModel, docs: list[Document], strategy: str, grid: dict[str, list], base: PPLConfig,
               fixed: dict | None = None, on_point: Callable[[dict, int, int], None] | None = None,
               stop: threading.Event | None = None,
-              progress: Callable[[int, int, int, int], None] | None = None) -> list[dict]:
+              progress: Callable[[int, int, int, int], None] | None = None, budget: Budget | None = None) -> list[dict]:
     """One perplexity evaluation per grid point; rows carry the point's parameters and the results.
     Setting `stop` ends the sweep (raising `Stopped`) within one window; the points already
     finished have been handed to `on_point`. `progress(point, points, document, documents)` hears
     of every document scored."""
     names = list(grid)
     points = list(itertools.product(*grid.values()))
+    if budget is not None:  # the whole grid, checked before the first point
+        cfg = dataclasses.replace(base, strategy=strategy, params=dict(fixed or {}))
+        cfg.validate(lm.context_length)
+        counts = [len(ids) for ids in document_ids(lm, docs, cfg)]
+        budget.check_scoring(*scoring_work(counts, cfg, len(points)))
     baseline_cache: dict = {}
     rows = []
     for i, values in enumerate(points):

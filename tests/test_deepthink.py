@@ -128,3 +128,15 @@ def test_deep_think_on_the_embedded_model(embedded_lm):
     for s in rep["sides"].values():
         assert len(s["traces"]) == 4 and all(t["text"] for t in s["traces"])
         assert {"majority", "lowest_group", "tail"} == set(s["votes"])
+
+
+def test_deep_think_over_budget_is_refused_before_any_trace(tiny_lm):
+    from feedback.budget import Budget
+    from feedback.deepthink import check_budget
+
+    cfg = DeepThinkConfig(prompt="What is 2+2?", traces=8, warmup=4, max_new_tokens=64, check=True)
+    with pytest.raises(FeedbackError, match=r"would decode 2,560 tokens \(2 sides x 20 traces x 64 new tokens\)"):
+        deep_think(tiny_lm, cfg, budget=Budget(decoded_tokens=2000))
+    check_budget(tiny_lm, cfg, Budget(decoded_tokens=2000), warm_up_only=True)  # 2 x 4 x 64 = 512 fits
+    with pytest.raises(FeedbackError, match="memory"):
+        check_budget(tiny_lm, cfg, Budget(memory_mb=0))

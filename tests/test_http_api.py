@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from feedback.api import ApiSettings, GenerateIn, local_server, to_config
+from feedback.budget import Budget
 from feedback.engine import Engine
 from feedback.model import ModelPool
 from feedback.records import MAX_PROMPT_CHARS
@@ -185,9 +186,14 @@ def test_bad_requests_get_a_clear_json_error_and_the_server_keeps_serving(api, b
     assert client.get("/health").status_code == 200
 
 
-def test_keys_are_required_everywhere_but_health(keyed):
+def test_keys_are_required_everywhere_but_health_and_the_schema(keyed):
     url, _ = keyed
     assert httpx.get(f"{url}/health").status_code == 200
+    # the schema and its docs page describe the API and hold no data: open, as the README says
+    assert httpx.get(f"{url}/openapi.json").status_code == 200 and httpx.get(f"{url}/docs").status_code == 200
+    # the key is checked before the body is read: a malformed body without a key is 401, not 400
+    r = httpx.post(f"{url}/generate", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 401
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic k-one"}):
         r = httpx.get(f"{url}/models", headers=headers)
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer" and "API key" in r.json()["error"]
@@ -233,7 +239,11 @@ def test_mounted_beside_the_gradio_app(app_url):
 def test_schemathesis_finds_no_server_errors(tiny_lm, tmp_path):
     exe = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or shutil.which("schemathesis")
     assert exe, "schemathesis is in requirements-dev.txt"
-    with serve(tiny_lm, ApiSettings(keys=("fuzz-key",), wait_s=60)) as (url, _):
+    # Small budgets: the fuzzer is after input handling, not minutes-long runs (over-budget requests
+    # are refused with 422, which is itself under test).
+    fuzz = ApiSettings(keys=("fuzz-key",), wait_s=60, budget=Budget(scored_tokens=20_000, decoded_tokens=64,
+                                                                    memory_mb=512))
+    with serve(tiny_lm, fuzz) as (url, _):
         run = subprocess.run(
             [exe, "run", f"{url}/api/openapi.json", "--checks", "not_a_server_error", "--max-examples", "25",
              "--header", "Authorization: Bearer fuzz-key", "--seed", "1", "--workers", "1",
@@ -260,3 +270,64 @@ def test_the_page_waits_in_the_same_line_as_the_api(app_url):
     # Hanging up ends the API run; the page's run goes next.
     *_, status, run = job.result(timeout=120)
     assert "Done" in status and run["rows"][0]["token_ids"]
+
+
+def _wait_free(pool, within_s: float) -> float:
+    t0 = time.time()
+    while pool.gate.status()["running"] or pool.gate.status()["waiting"]:
+        assert time.time() - t0 < within_s, pool.gate.status()
+        time.sleep(0.05)
+    return time.time() - t0
+
+
+LONG_TEXT = " ".join(f"Line {i}: rivers carry water to the sea, and the sea gives it back as rain." for i in range(900))
+
+
+def test_a_ppl_client_that_hangs_up_frees_the_model_within_a_window(api):
+    """~20,000 tokens in parallel mode would take minutes; the hang-up stops it after the window in hand."""
+    client, pool = api
+    with pytest.raises(httpx.ReadTimeout):
+        client.post("/ppl", json={"text": LONG_TEXT, "strategy": "deep_cache", "bootstrap": 0}, timeout=3)
+    assert _wait_free(pool, 15) < 12
+
+
+def test_a_waiter_whose_client_left_gives_up_its_place_at_once(api):
+    client, pool = api
+    held = pool.gate.acquire("ui", label="a page run")
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("/generate", json={"prompt": "Hi", "max_new_tokens": 2}, timeout=1)
+        t0 = time.time()
+        while pool.gate.status()["waiting"] and time.time() - t0 < 5:
+            time.sleep(0.05)
+        assert pool.gate.status()["waiting"] == 0 and time.time() - t0 < 2  # not when its turn would have come
+    finally:
+        pool.gate.release(held)
+
+
+def test_work_over_the_budget_is_refused_before_it_starts(api, embedded_lm):
+    client, pool = api
+    t0 = time.time()
+    r = client.post("/ppl", json={"text": LONG_TEXT * 2, "strategy": "residual", "mode": "jacobi"})
+    assert r.status_code == 422 and "FEEDBACK_BUDGET_SCORED_TOKENS" in r.json()["error"] and time.time() - t0 < 5
+    with serve(embedded_lm, ApiSettings(budget=Budget(memory_mb=300))) as (url, _):  # a long prompt's cache does not fit
+        r = httpx.post(f"{url}/api/generate", json={"prompt": "word " * 6000, "max_new_tokens": 8}, timeout=60)
+    error = r.json()["error"]
+    assert r.status_code == 422 and "MB of memory" in error and "FEEDBACK_BUDGET_MEMORY_MB" in error
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_and_a_hang_up_stops_it(api, embedded_lm, hook_count):
+    client, pool = api
+    t0 = time.time()
+    with pytest.raises(httpx.ReadTimeout):
+        client.post("/generate", json={"prompt": "word " * 6000, "max_new_tokens": 8}, timeout=1)
+    freed = _wait_free(pool, 15)
+    assert freed < 5, freed  # within a chunk or two of the 12 the prompt needs
+    assert hook_count(embedded_lm.model) == 0 and time.time() - t0 < 10
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 5e-324, 0.005])
+def test_tiny_temperatures_are_refused_never_a_server_error(api, temperature):
+    client, _ = api
+    r = client.post("/generate", json={"prompt": "Hi", "max_new_tokens": 2, "sampling": {"temperature": temperature}})
+    assert r.status_code == 422 and "0 (greedy) or at least 0.01" in r.json()["error"]

@@ -203,3 +203,24 @@ def test_best_point_never_picks_a_setting_with_strength_zero():
     assert best_point(rows[:1], "deep_cache") is None
     assert best_point([{"gate": 0.5, "delta_pct": 1.0}], "deep_cache", {"lam": 0.0}) is None  # fixed strength 0
     assert is_noop("residual", {"alpha": 0}) and not is_noop("residual", {"alpha": 0.1})
+
+
+def test_scoring_over_budget_is_refused_before_any_forward(tiny_lm):
+    from feedback.budget import Budget
+
+    forwards: list[int] = []
+    handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        docs = [corpus.Document("a", TEXT * 4)]
+        n = len(tiny_lm.tokenizer(TEXT * 4)["input_ids"])
+        cfg = PPLConfig("residual", {}, "jacobi", passes=3, bootstrap=0)
+        with pytest.raises(FeedbackError, match=rf"would score {4 * n:,} token-forwards \({n:,} window tokens, "
+                                                 r"baseline \+ 1 x jacobi \(3 passes\)\)"):
+            evaluate(tiny_lm, docs, cfg, budget=Budget(scored_tokens=4 * n - 1))
+        with pytest.raises(FeedbackError, match="FEEDBACK_BUDGET_SCORED_TOKENS"):
+            run_sweep(tiny_lm, docs, "deep_cache", {"lam": [0.1, 0.2, 0.3]}, PPLConfig(bootstrap=0),
+                      budget=Budget(scored_tokens=3 * n))  # baseline + 3 points = 4n
+        assert forwards == []
+        evaluate(tiny_lm, docs, cfg, budget=Budget(scored_tokens=4 * n))
+    finally:
+        handle.remove()
