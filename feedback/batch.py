@@ -18,18 +18,48 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from feedback import corpus, memory
+from feedback.budget import Budget
 from feedback.errors import FeedbackError
 from feedback.model import LoadedModel
 
 MODES = ("compare", "ppl", "deepthink")
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+_COMMON = {"id", "prompt", "mode"}
 
 
-def read_tasks(path: str | Path) -> Iterator[tuple[int, dict | None, str | None]]:
-    """(line number, task or None, problem or None) for every non-empty input line."""
+def task_fields(mode: str) -> set[str]:
+    """The fields a task of this mode may have (anything else is a typo or a misunderstanding)."""
+    if mode == "compare":
+        return _COMMON | {"max_new_tokens", "seed", "chat_template", "strategy", "params", *SAMPLING_KEYS}
+    if mode == "ppl":
+        return _COMMON | {"strategy", "params", "ppl_mode", "bootstrap"}
+    from feedback.deepthink import DeepThinkConfig
+
+    return _COMMON | set(DeepThinkConfig.__dataclass_fields__) - {"prompt"}
+
+
+def _problem(task, lenient: bool) -> str | None:
+    if not isinstance(task, dict):
+        return "a task must be a JSON object"
+    if not isinstance(task.get("prompt"), str) or not task["prompt"].strip():
+        return "needs a non-empty string field 'prompt'"
+    mode = task.get("mode", "compare")
+    if mode not in MODES:
+        return f"mode must be one of {', '.join(MODES)}"
+    unknown = sorted(set(task) - task_fields(mode))
+    if unknown and not lenient:
+        return (f"unknown field(s) {', '.join(unknown)} for mode {mode} (--lenient ignores them); it takes "
+                f"{', '.join(sorted(task_fields(mode)))}")
+    return None
+
+
+def read_tasks(path: str | Path, lenient: bool = False) -> Iterator[tuple[int, dict | None, str | None]]:
+    """(line number, task or None, problem or None) for every non-empty input line. A task whose
+    id an earlier line already has is a problem (it would overwrite that result on resume)."""
     path = Path(path)
     if not path.is_file():
         raise FeedbackError(f"no such input file: {path}")
+    first_line: dict[str, int] = {}
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
@@ -39,14 +69,16 @@ def read_tasks(path: str | Path) -> Iterator[tuple[int, dict | None, str | None]
             except json.JSONDecodeError as exc:
                 yield number, None, f"not valid JSON ({exc.msg})"
                 continue
-            if not isinstance(task, dict):
-                yield number, None, "a task must be a JSON object"
-            elif not isinstance(task.get("prompt"), str) or not task["prompt"].strip():
-                yield number, None, "needs a non-empty string field 'prompt'"
-            elif task.get("mode", "compare") not in MODES:
-                yield number, None, f"mode must be one of {', '.join(MODES)}"
-            else:
-                yield number, task, None
+            problem = _problem(task, lenient)
+            if problem is None:
+                task_id = str(task.get("id", f"line{number}"))
+                if task_id in first_line:
+                    problem = f"duplicate id {task_id!r} (first on line {first_line[task_id]})"
+                else:
+                    first_line[task_id] = number
+            if problem is None and lenient:
+                task = {k: v for k, v in task.items() if k in task_fields(task.get("mode", "compare"))}
+            yield number, (task if problem is None else None), problem
 
 
 def _records(path: Path) -> list[dict]:
@@ -81,8 +113,9 @@ def finished_ids(out: Path, others: list[Path] = ()) -> set[str]:
     return {str(r["id"]) for path in [out, *others] if path.exists() for r in _records(path)}
 
 
-def run_task(lm: LoadedModel, task: dict) -> dict:
-    """One task through the same engine, perplexity and Deep Think code as the UI and CLI."""
+def run_task(lm: LoadedModel, task: dict, budget: Budget | None = None) -> dict:
+    """One task through the same engine, perplexity and Deep Think code as the UI and CLI, within
+    `budget` when one is set (FEEDBACK_BUDGET_* variables)."""
     mode = task.get("mode", "compare")
     strategy = task.get("strategy", "residual")
     params = task.get("params", {})
@@ -95,16 +128,21 @@ def run_task(lm: LoadedModel, task: dict) -> dict:
                         seed=task.get("seed", 0), chat_template=task.get("chat_template", True),
                         sampling=SamplingConfig(**{k: task[k] for k in SAMPLING_KEYS if k in task}),
                         rows=default_rows(strategy, params))
-        return Engine(lm).run(cfg).to_dict()
+        run = Engine(lm).start(cfg, budget=budget)
+        for _ in run:
+            pass
+        return run.result.to_dict()
     if mode == "ppl":
         from feedback.perplexity import PPLConfig, evaluate
 
         return evaluate(lm, [corpus.Document(str(task.get("id", "text")), task["prompt"])],
-                        PPLConfig(strategy, params, task.get("ppl_mode"), bootstrap=task.get("bootstrap", 1000)))
+                        PPLConfig(strategy, params, task.get("ppl_mode"), bootstrap=task.get("bootstrap", 1000)),
+                        budget=budget)
     from feedback.deepthink import DeepThinkConfig, deep_think
 
     fields = DeepThinkConfig.__dataclass_fields__
-    return deep_think(lm, DeepThinkConfig(**{k: v for k, v in task.items() if k in fields and k != "mode"}))
+    return deep_think(lm, DeepThinkConfig(**{k: v for k, v in task.items() if k in fields and k != "mode"}),
+                      budget=budget)
 
 
 def _append(f, record: dict) -> None:
@@ -115,8 +153,10 @@ def _append(f, record: dict) -> None:
 
 def run_batch(lm: LoadedModel, input_path: str | Path, output_path: str | Path, retries: int = 1,
               shard: tuple[int, int] = (0, 1), warn: Callable[[str], None] = print,
-              progress: Callable[[int, int, float], None] | None = None) -> dict:
-    """Run every task of this shard not yet in the output; return a summary."""
+              progress: Callable[[int, int, float], None] | None = None, lenient: bool = False,
+              budget: Budget | None = None) -> dict:
+    """Run every task of this shard not yet in the output; return a summary. Unknown task fields
+    make a line invalid unless `lenient`; tasks over `budget` fail with its message."""
     if retries < 0:
         raise FeedbackError(f"retries must be >= 0, got {retries}")
     rank, world = shard
@@ -125,7 +165,7 @@ def run_batch(lm: LoadedModel, input_path: str | Path, output_path: str | Path, 
     out.parent.mkdir(parents=True, exist_ok=True)
     # Ids finished by any earlier run, sharded or not and whatever its process count, are skipped.
     done = finished_ids(out, [p for p in [final, *part_files(final)] if p != out])
-    tasks = [(n, t, p) for i, (n, t, p) in enumerate(read_tasks(input_path)) if i % world == rank]
+    tasks = [(n, t, p) for i, (n, t, p) in enumerate(read_tasks(input_path, lenient)) if i % world == rank]
     todo = [(n, t, p) for n, t, p in tasks if str((t or {}).get("id", f"line{n}")) not in done]
     summary = {"tasks": len(tasks), "skipped": len(tasks) - len(todo), "ok": 0, "error": 0, "invalid": 0}
     started = time.perf_counter()
@@ -141,7 +181,7 @@ def run_batch(lm: LoadedModel, input_path: str | Path, output_path: str | Path, 
             for attempt in range(1, retries + 2):
                 t0 = time.perf_counter()
                 try:
-                    result = run_task(lm, task)
+                    result = run_task(lm, task, budget)
                 except Exception as exc:  # recorded, retried, never fatal for the batch
                     record |= {"status": "error", "error": f"{type(exc).__name__}: {exc}", "attempts": attempt}
                     continue

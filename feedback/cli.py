@@ -318,8 +318,11 @@ def _batch(args) -> int:
         end = "\n" if world > 1 or done == total else ""  # ranks share stderr: whole lines only
         print(f"\r  {tag}[{done}/{total}] {rate:.2f} tasks/s, ETA {eta:.0f} s", end=end, file=sys.stderr, flush=True)
 
+    from feedback.budget import Budget
+
     summary = run_batch(lm, args.input, args.output, args.retries, shard=(rank, world),
-                        warn=lambda msg: print(f"warning: {tag}{msg}", file=sys.stderr), progress=progress)
+                        warn=lambda msg: print(f"warning: {tag}{msg}", file=sys.stderr), progress=progress,
+                        lenient=args.lenient, budget=Budget.from_env(served=False))
     print(tag + summary_line(summary))
     if world > 1:
         print(f"{tag}wrote {summary['output']}; once every rank is done: python -m feedback merge {args.output}")
@@ -409,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="JSONL results; rerun with the same file to resume")
     _add_model_args(p)
     p.add_argument("--retries", type=int, default=1, help="retries of a failing task before it is recorded")
+    p.add_argument("--lenient", action="store_true",
+                   help="ignore unknown task fields instead of recording the line as invalid")
     p = sub.add_parser("merge", help="join the part files of a sharded batch run (accelerate launch) in task order")
     p.add_argument("output", help="the OUTPUT given to batch; OUTPUT.part0, OUTPUT.part1, ... are joined into it")
     p = sub.add_parser("bench", help="engine speed ratios on the embedded model (SPEC §7)")

@@ -50,6 +50,32 @@ def test_bad_lines_failures_and_resume(tiny_lm, tmp_path):
     assert again["skipped"] == 5 and len(_lines(out)) == 5
 
 
+def test_duplicate_ids_and_unknown_fields_are_invalid_lines(tiny_lm, tmp_path, monkeypatch):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join([
+        json.dumps({"id": "a", "prompt": "hi", "max_new_tokens": 2}),
+        json.dumps({"id": "a", "prompt": "again", "max_new_tokens": 2}),
+        json.dumps({"id": "b", "prompt": "hi", "max_new_tokens": 2, "temprature": 0.7}),
+        json.dumps({"id": "c", "prompt": "some text to score here", "mode": "ppl", "max_new_tokens": 2}),
+    ]) + "\n")
+    summary = run_batch(tiny_lm, inp, out, warn=lambda _: None)
+    assert summary == summary | {"tasks": 4, "ok": 1, "invalid": 3}
+    rows = _lines(out)
+    assert [r["id"] for r in rows] == ["a", "line2", "line3", "line4"] and rows[0]["status"] == "ok"
+    assert "duplicate id 'a' (first on line 1)" in rows[1]["error"]
+    assert "unknown field(s) temprature for mode compare" in rows[2]["error"]
+    assert "unknown field(s) max_new_tokens for mode ppl" in rows[3]["error"]
+    lenient = run_batch(tiny_lm, inp, tmp_path / "lenient.jsonl", lenient=True, warn=lambda _: None)
+    assert lenient == lenient | {"ok": 3, "invalid": 1}  # the duplicate is still refused
+    # a budget set for the batch runner turns an over-budget task into an error line, not a crash
+    from feedback.budget import Budget
+
+    tight = run_batch(tiny_lm, inp, tmp_path / "tight.jsonl", lenient=True, warn=lambda _: None,
+                      budget=Budget(decoded_tokens=1, scored_tokens=None, memory_mb=None))
+    errors = [r for r in _lines(tmp_path / "tight.jsonl") if r["status"] == "error"]
+    assert tight["error"] == 2 and all("FEEDBACK_BUDGET_DECODED_TOKENS" in r["error"] for r in errors)
+
+
 def test_torn_last_line_is_cut_before_resuming(tmp_path):
     out = tmp_path / "out.jsonl"
     out.write_text('{"id": "a", "status": "ok"}\n{"id": "b", "sta')
