@@ -48,10 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     logging.getLogger("feedback_lens").setLevel(logging.INFO)
     ensure_embedded_model()
-    from feedback.api import ApiSettings, api_routes
+    from feedback.api import ApiSettings
     from feedback.errors import FeedbackError
     from feedback.model import ModelPool
     from ui.app import FeedbackLensApp
+    from ui.server import app_kwargs
     from ui.theme import launch_kwargs
 
     auth = None
@@ -64,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = ApiSettings.from_env()  # before the model loads: a typo fails fast
         pool = ModelPool([m.strip() for m in args.models.split(",") if m.strip()])
-        app = FeedbackLensApp(pool, max_waiting=args.queue_size)
+        app = FeedbackLensApp(pool, max_waiting=args.queue_size, budget=settings.budget)
         demo = app.build()
-        routes = api_routes(pool, settings)
+        server = app_kwargs(pool, settings)
     except FeedbackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     # model line as the page; Gradio's UI auth does not cover it, FEEDBACK_API_KEYS does.
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, auth=auth,
-                    footer_links=["api", "gradio"], app_kwargs={"routes": routes}, **launch_kwargs())
+                    footer_links=["api", "gradio"], app_kwargs=server, **launch_kwargs())
     finally:
         app.runner.jobs.stop_all(timeout=10)  # running jobs end within a step before the process exits
     return 0

@@ -46,9 +46,10 @@ def app_server(embedded_lm):
     import socket
     from types import SimpleNamespace
 
-    from feedback.api import ApiSettings, api_routes
+    from feedback.api import ApiSettings
     from feedback.model import ModelPool
     from ui.app import FeedbackLensApp
+    from ui.server import app_kwargs
     from ui.theme import launch_kwargs
 
     pool = ModelPool.serving(embedded_lm)  # reuse the session's loaded model
@@ -59,7 +60,7 @@ def app_server(embedded_lm):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                            app_kwargs={"routes": api_routes(pool, ApiSettings())}, **launch_kwargs())
+                            app_kwargs=app_kwargs(pool, ApiSettings()), **launch_kwargs())
     yield SimpleNamespace(url=url, pool=pool, app=app)
     app.runner.jobs.stop_all()  # no model work may still run when the interpreter exits
     demo.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gradio as gr
 
+from feedback.budget import Budget
 from feedback.model import ModelPool
 from ui.compare_tab import CompareTab
 from ui.deepthink_tab import DeepThinkTab
@@ -24,9 +25,9 @@ INTRO = ("# Feedback Lens\nOne model, one prompt, two decodes streamed side by s
 class FeedbackLensApp:
     """Holds the model pool and the runner; `build()` returns the Blocks."""
 
-    def __init__(self, pool: ModelPool, max_waiting: int | None = 32, gpu=None):
+    def __init__(self, pool: ModelPool, max_waiting: int | None = 32, gpu=None, budget: Budget | None = None):
         self.pool = pool
-        self.runner = ModelRunner(pool, max_waiting=max_waiting, gpu=gpu)
+        self.runner = ModelRunner(pool, max_waiting=max_waiting, gpu=gpu, budget=budget)
         self.compare = CompareTab(pool, self.runner)
         self.perplexity = PerplexityTab(pool, self.runner)
         self.sweep = SweepTab(pool, self.runner)
@@ -41,7 +42,8 @@ class FeedbackLensApp:
 
     def build(self) -> gr.Blocks:
         layers = self.pool.get().num_layers
-        with gr.Blocks(title="Feedback Lens") as demo:
+        # Gradio's cache of uploaded and returned files: anything older than an hour is removed, hourly.
+        with gr.Blocks(title="Feedback Lens", delete_cache=(3600, 3600)) as demo:
             gr.Markdown(INTRO, elem_id="intro")
             hist = gr.BrowserState([], storage_key="feedback-lens-history")
             with gr.Tabs(overflow_behavior="wrap") as tabs:  # every tab reachable on a phone

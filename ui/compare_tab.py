@@ -17,7 +17,7 @@ from pathlib import Path
 import gradio as gr
 
 from feedback import memory
-from feedback.deepthink import SERVED_MAX_TRACES, DeepThinkConfig, warm_up
+from feedback.deepthink import SERVED_MAX_TRACES, DeepThinkConfig, check_budget, warm_up
 from feedback.engine import Engine, Run, StepEvent
 from feedback.errors import FeedbackError
 from feedback.model import ModelPool
@@ -27,7 +27,7 @@ from feedback.sampling import SamplingConfig
 from ui import charts, history, render
 from ui.controls import StrategyPanel, build_strategy_panel, parse_number
 from ui.deepconf import ETA_CHOICES, resolve_eta
-from ui.runner import ModelRunner, Outcome, TabWork, reporting
+from ui.runner import ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CHART_INTERVAL_S = 0.25  # charts at most ~4 times a second; text goes out with every update
@@ -243,7 +243,7 @@ class CompareTab:
         cfg = self.config(prompt, chat_template, model, strategy, temperature, top_p, top_k, min_p,
                           repetition_penalty, max_new_tokens, seed, k, window, threshold_mode, threshold, params)
         lm = self.pool.get(cfg.model)
-        return CompareWork(self, Engine(lm).start(cfg), view)
+        return CompareWork(self, Engine(lm).start(cfg, budget=self.runner.budget), view)
 
     def prepare_calibrate(self, prompt, chat_template, model, strategy, temperature, top_p, seed, window, k,
                           max_new_tokens, eta_preset, eta, warmup, *param_values) -> CalibrateWork:
@@ -267,6 +267,7 @@ class CompareTab:
             chat_template=bool(chat_template))
         lm = self.pool.get(model)
         cfg.validate(lm.num_layers)
+        check_budget(lm, cfg, self.runner.budget, warm_up_only=True)
         return CalibrateWork(self, lm, cfg, note)
 
     def stop_run(self, request: gr.Request = None) -> str:
@@ -342,7 +343,7 @@ class CompareTab:
                     self.panel: StrategyPanel = build_strategy_panel(num_layers, "residual", prefix="param")
                     with gr.Accordion("Sampling", open=False, elem_id="sampling"):
                         with gr.Row():
-                            self.temperature = gr.Number(0.0, label="temperature", info="0 = greedy", minimum=0,
+                            self.temperature = gr.Number(0.0, label="temperature", info="0 = greedy, else ≥ 0.01", minimum=0,
                                                          maximum=10, step=0.05, min_width=100, elem_id="temperature")
                             self.top_p = gr.Number(1.0, label="top-p", info="1 = off", minimum=0, maximum=1,
                                                    step=0.05, min_width=100, elem_id="top-p")
@@ -409,6 +410,7 @@ class CompareTab:
             self.mem_state = gr.State({})
             self.last = gr.State(None)
             self.stop_ack = gr.Textbox(visible=False)  # Stop's answer: never shares the status line
+            self.cancel_trigger = gr.Button(visible=False)  # for program clients' Job.cancel()
             self.timer = gr.Timer(IDLE_POLL_S)
             self.page_visible = gr.Checkbox(True, elem_id="fl-page-visible", elem_classes="fl-hidden",
                                             container=False, label="page visible")
@@ -426,12 +428,13 @@ class CompareTab:
                     concurrency_limit=None, show_progress="hidden")
         run.then(record_run, [hist, self.last], hist, api_name=False, show_progress="hidden")
         calibrate = self.runner.wrap(TAB, self.prepare_calibrate, self.panel.api_names)
-        self.calibrate.click(
+        calibrating = self.calibrate.click(
             calibrate, [self.prompt, self.chat, self.model, self.panel.strategy, self.temperature, self.top_p,
                         self.seed, self.window, self.k, self.max_new, self.eta_preset, self.eta, self.warmup,
                         *self.panel.components],
             [self.thr_mode, self.threshold, self.calib_plot, self.calib_note, self.status, self.stop, self.calibrate],
             api_name="calibrate", concurrency_limit=None, show_progress="hidden")
+        cancellable_by_clients(self.cancel_trigger, run, calibrating)
         self.stop.click(self.stop_run, None, self.stop_ack, api_name="stop", concurrency_limit=None,
                         show_progress="hidden")
         self.timer.tick(self.tick, self.mem_state, [self.mem_state, self.mem_plot], api_name="memory",

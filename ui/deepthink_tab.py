@@ -8,13 +8,13 @@ from html import escape
 import gradio as gr
 
 from feedback.deepthink import (SERVED_MAX_NEW_TOKENS, SERVED_MAX_TRACES, SIDES, VOTE_KINDS, DeepThinkConfig,
-                                deep_think)
+                                check_budget, deep_think)
 from feedback.errors import FeedbackError
 from feedback.model import ModelPool
 from ui import charts
 from ui.controls import build_strategy_panel, parse_number, run_controls
 from ui.deepconf import ETA_CHOICES, resolve_eta
-from ui.runner import ModelRunner, Outcome, TabWork, reporting
+from ui.runner import ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
 
 TAB = "deepthink"
 
@@ -118,6 +118,7 @@ class DeepThinkTab:
             answer_regex=regex or None, shared_threshold=bool(shared), check=bool(check))
         lm = self.pool.get()
         cfg.validate(lm.num_layers)
+        check_budget(lm, cfg, self.runner.budget)
         return DeepThinkWork(self, lm, cfg)
 
     def stop_run(self, request: gr.Request = None) -> str:
@@ -175,10 +176,12 @@ class DeepThinkTab:
             with gr.Accordion("Report (JSON)", open=False):
                 self.report = gr.JSON()
             stop_ack = gr.Textbox(visible=False)
+            cancel_trigger = gr.Button(visible=False)  # for program clients' Job.cancel()
         handler = self.runner.wrap(TAB, self.prepare, self.panel.api_names)
-        self.run.click(handler, [prompt, expected, self.panel.strategy, traces, warmup, eta_preset, eta, window,
-                                 max_new, temperature, top_p, seed, regex, shared, check, *self.panel.components],
-                       [self.summary, self.votes, *self.curves, self.table, self.report, self.warm_hist, self.status,
-                        self.run, self.stop], api_name="deepthink", concurrency_limit=None, show_progress="hidden")
+        running = self.run.click(handler, [prompt, expected, self.panel.strategy, traces, warmup, eta_preset, eta, window,
+                                     max_new, temperature, top_p, seed, regex, shared, check, *self.panel.components],
+                           [self.summary, self.votes, *self.curves, self.table, self.report, self.warm_hist, self.status,
+                            self.run, self.stop], api_name="deepthink", concurrency_limit=None, show_progress="hidden")
         self.stop.click(self.stop_run, None, stop_ack, api_name="stop_deepthink", concurrency_limit=None,
                         show_progress="hidden")
+        cancellable_by_clients(cancel_trigger, running)

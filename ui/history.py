@@ -11,6 +11,8 @@ import json
 import time
 import uuid
 
+from feedback.errors import FeedbackError
+
 MAX_RUNS = 30
 MAX_BYTES = 3_000_000  # keep localStorage well under browsers' ~5 MB quota
 OUTPUT_PREVIEW = 80
@@ -35,7 +37,11 @@ def _is_run(result) -> bool:
 
 
 def valid(history) -> tuple[list[dict], int]:
-    """(the well-formed entries, how many were skipped)."""
+    """(the well-formed entries, how many were skipped). A history larger than a browser could
+    have stored is refused whole: it did not come from this page."""
+    if history and len(json.dumps(history, default=str)) > 2 * MAX_BYTES:
+        raise FeedbackError(f"a run history is at most {MAX_BYTES // 1_000_000} MB (this page stores no more); "
+                            "this one is larger")
     if not isinstance(history, list):
         return [], 0 if history in (None, "", {}) else 1
     good = [e for e in history if isinstance(e, dict) and isinstance(e.get("id"), str)
@@ -46,7 +52,10 @@ def valid(history) -> tuple[list[dict], int]:
 def add_run(history: list[dict] | None, result: dict) -> list[dict]:
     """A new history with `result` (a RunResult dict) first, oldest runs dropped past the caps.
     A result already present (same `run_id`) is not added twice."""
-    runs, _ = valid(history)
+    try:
+        runs, _ = valid(history)
+    except FeedbackError:  # a store too large to be this page's: start again rather than fail the run
+        runs = []
     run_id = result.get("run_id") or uuid.uuid4().hex[:8]
     if any(e["id"] == run_id for e in runs):
         return runs

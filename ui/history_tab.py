@@ -12,7 +12,10 @@ TAB = "history"
 
 
 def _entries(hist) -> list[dict]:
-    runs, skipped = history.valid(hist)
+    try:
+        runs, skipped = history.valid(hist)
+    except FeedbackError as exc:
+        raise gr.Error(str(exc), print_exception=False) from None
     if skipped:
         gr.Warning(f"{skipped} entr{'y' if skipped == 1 else 'ies'} of this browser's history could not be read "
                    "and were skipped")

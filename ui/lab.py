@@ -35,11 +35,15 @@ def load_documents(source: str, text: str | None, upload: str | None, max_docs: 
         if not upload:
             raise FeedbackError("upload a .txt or .jsonl file first")
         path = Path(upload)
+        problem = None
         if path.stat().st_size > UPLOAD_MAX_BYTES:
-            raise FeedbackError(f"uploads are limited to {UPLOAD_MAX_BYTES // 1_000_000} MB; "
-                                f"this file is {path.stat().st_size / 1e6:.1f} MB")
-        if path.suffix not in (".txt", ".jsonl"):
-            raise FeedbackError("upload a .txt file or a .jsonl file with a 'text' field")
+            problem = (f"uploads are limited to {UPLOAD_MAX_BYTES // 1_000_000} MB; "
+                       f"this file is {path.stat().st_size / 1e6:.1f} MB")
+        elif path.suffix not in (".txt", ".jsonl"):
+            problem = "upload a .txt file or a .jsonl file with a 'text' field"
+        if problem:
+            path.unlink(missing_ok=True)  # a refused upload leaves nothing on the server's disk
+            raise FeedbackError(problem)
         warnings: list[str] = []
         docs = corpus.load(str(path), warnings.append)
         if warnings:

@@ -8,11 +8,11 @@ import threading
 import gradio as gr
 
 from feedback.model import ModelPool
-from feedback.perplexity import PPLConfig, evaluate, surprise_diff
+from feedback.perplexity import PPLConfig, document_ids, evaluate, scoring_work, surprise_diff
 from ui import charts, render
 from ui.controls import build_strategy_panel, parse_number, run_controls
 from ui.lab import SERVED_MAX_DOCS, delta_legend, load_documents, mode_inputs, mode_of, source_inputs, surprise_html
-from ui.runner import ModelRunner, Outcome, TabWork, reporting
+from ui.runner import ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
 
 TAB = "perplexity"
 
@@ -92,6 +92,7 @@ class PerplexityTab:
         cfg.validate(lm.context_length)
         docs = load_documents(source, text, upload,
                               parse_number(max_docs, "max documents", integer=True, lo=1, hi=SERVED_MAX_DOCS))
+        self.runner.budget.check_scoring(*scoring_work([len(ids) for ids in document_ids(lm, docs, cfg)], cfg))
         return PerplexityWork(self, lm, docs, cfg, source == "pasted text")
 
     def stop_run(self, request: gr.Request = None) -> str:
@@ -118,10 +119,12 @@ class PerplexityTab:
             with gr.Accordion("Result (JSON)", open=False):
                 self.result = gr.JSON()
             stop_ack = gr.Textbox(visible=False)
+            cancel_trigger = gr.Button(visible=False)  # for program clients' Job.cancel()
         handler = self.runner.wrap(TAB, self.prepare, self.panel.api_names)
-        self.run.click(handler, [source, text, upload, self.panel.strategy, mode, passes, max_docs,
-                                 *self.panel.components],
-                       [self.summary, self.coloured, self.plot, self.table, self.result, self.status, self.run,
-                        self.stop], api_name="perplexity", concurrency_limit=None, show_progress="hidden")
+        running = self.run.click(handler, [source, text, upload, self.panel.strategy, mode, passes, max_docs,
+                                     *self.panel.components],
+                           [self.summary, self.coloured, self.plot, self.table, self.result, self.status, self.run,
+                            self.stop], api_name="perplexity", concurrency_limit=None, show_progress="hidden")
         self.stop.click(self.stop_run, None, stop_ack, api_name="stop_perplexity", concurrency_limit=None,
                         show_progress="hidden")
+        cancellable_by_clients(cancel_trigger, running)

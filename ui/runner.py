@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
+from feedback.budget import Budget
 from feedback.errors import FeedbackError, Stopped
 from feedback.gate import Busy, Place
 from feedback.model import ModelPool
@@ -227,9 +228,11 @@ def user_error(exc: BaseException) -> gr.Error:
 class ModelRunner:
     """Wraps tab handlers: `wrap(tab, prepare)` returns the generator Gradio calls."""
 
-    def __init__(self, pool: ModelPool, max_waiting: int | None = 32, gpu=None, jobs: Jobs | None = None):
+    def __init__(self, pool: ModelPool, max_waiting: int | None = 32, gpu=None, jobs: Jobs | None = None,
+                 budget: Budget | None = None):
         self.pool = pool
         self.max_waiting = max_waiting
+        self.budget = budget if budget is not None else Budget.from_env()  # per request, as the HTTP API's
         self.jobs = jobs or Jobs()
         decorate = gpu if gpu is not None else zero_gpu()
         # Decorated once: ZeroGPU expects its GPU functions to exist when the app starts.
@@ -422,3 +425,12 @@ def _drain(items: queue.Queue, timeout: float) -> tuple[list, Outcome | None]:
             item = items.get_nowait()
     except queue.Empty:
         return batch, None
+
+
+def cancellable_by_clients(trigger: gr.Button, *events) -> None:
+    """Give program clients a way to cancel these events: gradio_client's `Job.cancel()` looks for
+    an event that cancels the one it runs and triggers it, which closes the handler's generator, so
+    its job stops (its worker within a step). `trigger` is a hidden button of the tab; the page's
+    own Stop buttons stop jobs gracefully instead, so that the final update (partial results,
+    "stopped") still arrives."""
+    trigger.click(None, None, None, cancels=list(events))

@@ -10,12 +10,12 @@ import gradio as gr
 from feedback.errors import FeedbackError
 from feedback.figures import sweep_heatmap
 from feedback.model import ModelPool
-from feedback.perplexity import PPLConfig
+from feedback.perplexity import PPLConfig, document_ids, scoring_work
 from feedback.sweep import SERVED_MAX_POINTS, best_point, parse_grid, run_sweep, to_csv
 from ui.controls import build_strategy_panel, parse_number, run_controls
 from ui.exports import export_file, stamp
 from ui.lab import SERVED_MAX_DOCS, delta_legend, load_documents, mode_inputs, mode_of, source_inputs
-from ui.runner import ModelRunner, Outcome, TabWork, reporting
+from ui.runner import ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
 
 TAB = "sweep"
 
@@ -93,6 +93,8 @@ class SweepTab:
         base.validate(lm.context_length)
         docs = load_documents(source, text, upload,
                               parse_number(max_docs, "max documents", integer=True, lo=1, hi=SERVED_MAX_DOCS))
+        self.runner.budget.check_scoring(*scoring_work([len(ids) for ids in document_ids(lm, docs, base)], base,
+                                                       points))
         return SweepWork(self, lm, docs, strategy, grid, base, fixed)
 
     def stop_run(self, request: gr.Request = None) -> str:
@@ -118,11 +120,13 @@ class SweepTab:
             self.heatmap = gr.Plot(show_label=False, elem_id="sweep-plot")
             self.csv = gr.File(label="sweep.csv (the points measured)", interactive=False, elem_id="sweep-csv")
             stop_ack = gr.Textbox(visible=False)
+            cancel_trigger = gr.Button(visible=False)  # for program clients' Job.cancel()
         handler = self.runner.wrap(TAB, self.prepare, self.panel.api_names)
-        self.run.click(handler, [source, text, upload, self.panel.strategy, grid_x, grid_y, mode, passes, max_docs,
-                                 *self.panel.components],
-                       [self.heatmap, self.status, self.csv, self.run, self.stop], api_name="sweep",
-                       concurrency_limit=None, show_progress="hidden")
+        running = self.run.click(handler, [source, text, upload, self.panel.strategy, grid_x, grid_y, mode, passes, max_docs,
+                                     *self.panel.components],
+                           [self.heatmap, self.status, self.csv, self.run, self.stop], api_name="sweep",
+                           concurrency_limit=None, show_progress="hidden")
         self.stop.click(self.stop_run, None, stop_ack, api_name="stop_sweep", concurrency_limit=None,
                         show_progress="hidden")
+        cancellable_by_clients(cancel_trigger, running)
 

@@ -166,6 +166,10 @@ HEAD = """
 """
 
 
+UPLOAD_MAX = "5mb"  # Gradio refuses larger uploads itself, before writing anything to disk
+
+
 def launch_kwargs() -> dict:
-    """What `Blocks.launch()` needs besides host and port: the page's CSS and script."""
-    return {"css": CSS, "head": HEAD}
+    """What `Blocks.launch()` needs besides host and port: the page's CSS and script, and the upload
+    size limit."""
+    return {"css": CSS, "head": HEAD, "max_file_size": UPLOAD_MAX}

@@ -354,10 +354,15 @@ def test_every_model_tab_has_a_stop_that_frees_the_model(page: Page, app_url: st
     accordion(page, "DeepConf confidence and early stop")
     page.locator("#prompt textarea").fill("Tell a long story about the sea.")
     start_then_stop("", "calibrate", "Calibrating", "Calibration stopped")
-    # Perplexity and Sweep on the built-in dev split (20 documents; 12 grid points).
-    for tab, prefix, running in [("Perplexity", "ppl", "Scoring"), ("Sweep", "sweep", "Sweeping")]:
+    # Perplexity and Sweep on the built-in dev split (20 documents; 12 grid points on 3 documents:
+    # both within the default scoring budget, both minutes of work).
+    for tab, prefix, running, docs in [("Perplexity", "ppl", "Scoring", 20), ("Sweep", "sweep", "Sweeping", 3)]:
         page.get_by_role("tab", name=tab).click()
         radio(page, f"{prefix}-source", "builtin:dev")
+        if tab == "Sweep":  # 12 points on 20 documents is over the budget: refused at once, saying why
+            page.locator("#sweep-run").click()
+            expect(page.locator(".toast-body.error").last).to_contain_text("FEEDBACK_BUDGET_SCORED_TOKENS")
+        set_number(page, f"{prefix}-max-docs", docs)
         start_then_stop(f"{prefix}-", f"{prefix}-run", running, "Stopped")
     # Deep Think: 8 + 4 traces per side.
     page.get_by_role("tab", name="Deep Think").click()
@@ -368,6 +373,7 @@ def test_closing_the_tab_during_a_sweep_frees_the_model_within_seconds(browser: 
     context, pg = open_app(browser, app_url)
     pg.get_by_role("tab", name="Sweep").click()
     radio(pg, "sweep-source", "builtin:dev")
+    set_number(pg, "sweep-max-docs", 3)
     pg.locator("#sweep-run").click()
     expect(pg.locator("#sweep-status")).to_contain_text("Sweeping", timeout=RUN_TIMEOUT_MS)
     assert health(app_url)["running"] == 1
