@@ -96,8 +96,10 @@ def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -logp.gather(1, targets[:, None])[:, 0]
 
 
-def _window_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int) -> torch.Tensor:
-    """NLL of ids[1:] from `passes` full-sequence forwards (the strategy, if any, on row 0)."""
+def _window_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int,
+                     stop: threading.Event | None = None) -> torch.Tensor:
+    """NLL of ids[1:] from `passes` full-sequence forwards (the strategy, if any, on row 0);
+    `stop` is checked before each pass."""
     batch = BatchView("sequence", [0])
     strategies = [strategy] if strategy else []
     if strategy:
@@ -105,6 +107,7 @@ def _window_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int) 
     try:
         with torch.inference_mode():
             for _ in range(passes):
+                check_stop(stop, "the perplexity evaluation")
                 out = hooked_forward(lm, batch, strategies, input_ids=ids[None], use_cache=False)
             return _nll(out.logits[0, :-1], ids[1:])
     finally:
@@ -112,14 +115,16 @@ def _window_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int) 
             strategy.detach()
 
 
-def _window_chunked(lm: LoadedModel, ids: torch.Tensor, chunk: int) -> torch.Tensor:
+def _window_chunked(lm: LoadedModel, ids: torch.Tensor, chunk: int, stop: threading.Event | None = None) -> torch.Tensor:
     """Baseline NLL of ids[1:] with a chunked prefill: `chunk` tokens per forward on a growing KV
-    cache, so peak memory for logits is [chunk, V] rather than [window, V]."""
+    cache, so peak memory for logits is [chunk, V] rather than [window, V]; `stop` is checked
+    before each chunk."""
     batch = BatchView("sequence", [])
     nll = []
     with torch.inference_mode():
         cache = DynamicCache(config=lm.model.config)
         for start in range(0, ids.shape[0] - 1, chunk):
+            check_stop(stop, "the perplexity evaluation")
             piece = ids[start:start + chunk]
             out = hooked_forward(lm, batch, [], input_ids=piece[None], cache=cache, use_cache=True)
             targets = ids[start + 1:start + 1 + piece.shape[0]]
@@ -152,7 +157,7 @@ def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig, baseline_cache: 
                stop: threading.Event | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-token NLL (targets 1..n-1) for the baseline and, when a strategy is set, the feedback.
     `baseline_cache` (keyed by the window's tokens) lets sweeps compute each baseline once; `stop`
-    is checked before every window (and every token in exact mode)."""
+    is checked before every forward (every token in exact mode)."""
     mode = cfg.resolved_mode()
     ids_t = torch.tensor(ids, device=lm.device)
     base, fb = [], []
@@ -164,7 +169,7 @@ def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig, baseline_cache: 
         if baseline_cache is not None and key in baseline_cache:
             base.append(baseline_cache[key])
         else:
-            base.append(_window_chunked(lm, w, cfg.chunk)[keep])
+            base.append(_window_chunked(lm, w, cfg.chunk, stop)[keep])
             if baseline_cache is not None:
                 baseline_cache[key] = base[-1]
         if cfg.strategy:
@@ -172,7 +177,7 @@ def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig, baseline_cache: 
             if mode == "exact":
                 fb.append(_window_exact(lm, w, strategy, stop)[keep])
             else:
-                fb.append(_window_parallel(lm, w, strategy, cfg.passes if mode == "jacobi" else 1)[keep])
+                fb.append(_window_parallel(lm, w, strategy, cfg.passes if mode == "jacobi" else 1, stop)[keep])
     to_np = lambda parts: torch.cat(parts).double().cpu().numpy()  # noqa: E731
     return to_np(base), (to_np(fb) if fb else None)
 
@@ -226,7 +231,7 @@ def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
              token_detail: bool = False, stop: threading.Event | None = None, budget: Budget | None = None) -> dict:
     """Baseline and feedback perplexity over documents, with ΔPPL % and its paired 95% CI.
     With `token_detail`, each per-document entry also holds its tokens and both per-token NLLs.
-    Setting `stop` ends the evaluation (raising `Stopped`) within one window. With `budget`, a
+    Setting `stop` ends the evaluation (raising `Stopped`) within one forward. With `budget`, a
     request that would score more than it allows is refused before any forward pass."""
     cfg.validate(lm.context_length)
     mode = cfg.resolved_mode()

@@ -51,7 +51,7 @@ def run_sweep(lm: LoadedModel, docs: list[Document], strategy: str, grid: dict[s
               stop: threading.Event | None = None,
               progress: Callable[[int, int, int, int], None] | None = None, budget: Budget | None = None) -> list[dict]:
     """One perplexity evaluation per grid point; rows carry the point's parameters and the results.
-    Setting `stop` ends the sweep (raising `Stopped`) within one window; the points already
+    Setting `stop` ends the sweep (raising `Stopped`) within one forward pass; the points already
     finished have been handed to `on_point`. `progress(point, points, document, documents)` hears
     of every document scored."""
     names = list(grid)

@@ -181,6 +181,29 @@ def test_a_stopped_evaluation_ends_within_a_window_or_token(tiny_lm, mode, check
     assert evaluate(tiny_lm, docs[:1], cfg, stop=done)["documents"] == 1  # an unset event changes nothing
 
 
+@pytest.mark.parametrize("mode", ["parallel", "jacobi"])
+def test_stop_is_looked_at_before_every_forward(tiny_lm, mode):
+    """A long window takes several forwards (baseline chunks, Jacobi passes): Stop is seen between
+    any two of them, so a stopped job never runs more than one forward on."""
+    since_check: list[int] = [0]
+    gaps: list[int] = []
+
+    class Watch:
+        def is_set(self) -> bool:
+            gaps.append(since_check[0])
+            since_check[0] = 0
+            return False
+
+    handle = tiny_lm.model.register_forward_pre_hook(lambda *_: since_check.__setitem__(0, since_check[0] + 1))
+    try:
+        cfg = PPLConfig("residual" if mode == "jacobi" else "deep_cache", {}, mode, passes=3, window=32, stride=16,
+                        chunk=8, bootstrap=0)
+        evaluate(tiny_lm, [corpus.Document("d", TEXT * 3)], cfg, stop=Watch())
+    finally:
+        handle.remove()
+    assert max(gaps[1:] + since_check) <= 1 and len(gaps) > 10
+
+
 def test_a_stopped_sweep_keeps_the_points_it_finished(tiny_lm):
     grid = {"lam": [0.0, 0.1, 0.2]}
     points: list[dict] = []
