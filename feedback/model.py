@@ -86,16 +86,25 @@ class LoadedModel:
                 return int(getattr(cfg, key))
         return 2048
 
-    def encode(self, prompt: str, chat_template: bool = True, system: str | None = None) -> list[int]:
-        """Token ids of a prompt, through the model's chat template when asked and available."""
+    def encode(self, prompt: str, chat_template: bool = True, system: str | None = None,
+               messages: list[dict] | None = None) -> list[int]:
+        """Token ids of a prompt — the newest user turn after `messages` (earlier turns) — through
+        the model's chat template when asked and available."""
         tok = self.tokenizer
         if chat_template and getattr(tok, "chat_template", None):
-            messages = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": prompt}
-            ]
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            history = list(messages or [])
+            head = ([{"role": "system", "content": system}]
+                    if system and not (history and history[0]["role"] == "system") else [])
+            turns = head + history + [{"role": "user", "content": prompt}]
+            text = tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
             return list(tok(text, add_special_tokens=False)["input_ids"])
+        if messages:
+            raise FeedbackError("a conversation (messages) needs the chat template; turn it on")
         return list(tok(prompt)["input_ids"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> str:

@@ -361,3 +361,154 @@ def test_a_request_over_budget_is_refused_before_any_work(embedded_lm, hook_coun
     finally:
         handle.remove()
     assert forwards == [] and hook_count(embedded_lm.model) == 0
+
+
+# ---- rows with their own prompts: left padding, one batched forward ----
+VARIANTS = [
+    "Hi.",
+    "What is the capital of France? Answer in one sentence.",
+    "Write a short poem about the sea, in four rhyming lines, about waves, the moon and sailors far from home.",
+]
+# Greedy logits of a row batched with rows of other prompt lengths vs the row alone, SmolLM2-135M fp32
+# on CPU: at most 6.7e-5 measured over five mixes of VARIANTS (logits of magnitude ~10-30). Not bitwise:
+# the batch shape changes how the matrix products are blocked and summed, and a padded row's attention
+# sums over a longer (masked) key row, so float32 rounding differs in the last bits.
+PADDED_LOGIT_TOL = 2e-4
+_alone_cache: dict = {}
+
+
+def _logits_by_row(lm, cfg) -> tuple[RunResult, dict[int, list[torch.Tensor]]]:
+    seen: dict[int, list[torch.Tensor]] = {}
+
+    def observer(step, live, logits):
+        for pos, row in enumerate(live):
+            seen.setdefault(row, []).append(logits[pos].clone())
+
+    return Engine(lm).run(cfg, observer=observer), seen
+
+
+def _alone(lm, spec: RowSpec, n: int):
+    key = (spec.prompt, spec.strategy, tuple(sorted(spec.params.items())), n, lm.name)
+    if key not in _alone_cache:
+        _alone_cache[key] = _logits_by_row(lm, RunConfig(prompt="", model=lm.name, max_new_tokens=n, rows=[spec]))
+    result, seen = _alone_cache[key]
+    return result.rows[0], seen[0]
+
+
+@pytest.mark.parametrize("mix", [(0, 1, 2), (2, 0), (1, 2)])
+def test_a_row_with_its_own_prompt_batched_equals_the_row_alone(embedded_lm, mix):
+    rows = [RowSpec(f"v{p}", prompt=VARIANTS[p]) for p in mix]
+    result, seen = _logits_by_row(embedded_lm, RunConfig(prompt="", max_new_tokens=16, rows=rows))
+    for i, spec in enumerate(rows):
+        alone, alone_logits = _alone(embedded_lm, spec, 16)
+        assert result.rows[i].token_ids == alone.token_ids, spec.name
+        worst = max((a - b).abs().max().item() for a, b in zip(seen[i], alone_logits))
+        assert worst <= PADDED_LOGIT_TOL, (spec.name, worst)
+
+
+def test_strength_zero_reproduces_its_baseline_beside_padded_rows(embedded_lm):
+    rows = [RowSpec("long", prompt=VARIANTS[2]), RowSpec("long0", "residual", {"alpha": 0.0}, prompt=VARIANTS[2]),
+            RowSpec("short", prompt=VARIANTS[0]), RowSpec("short0", "anchor", {"alpha": 0.0}, prompt=VARIANTS[0])]
+    result, seen = _logits_by_row(embedded_lm, RunConfig(prompt="", max_new_tokens=12, rows=rows))
+    for base, zero in ((0, 1), (2, 3)):
+        assert result.rows[base].token_ids == result.rows[zero].token_ids
+        for a, b in zip(seen[base], seen[zero]):
+            assert (a - b).abs().max().item() <= 1e-5
+
+
+def test_rows_with_the_same_prompt_share_one_prefill(tiny_lm):
+    widths: list[int] = []
+    handle = tiny_lm.model.register_forward_pre_hook(lambda _m, _a, kw: widths.append(kw["input_ids"].shape),
+                                                     with_kwargs=True)
+    try:
+        rows = [RowSpec("a", prompt="one two three"), RowSpec("b", "residual", {"alpha": 0.3}, prompt="one two three"),
+                RowSpec("c", prompt="four")]
+        result = Engine(tiny_lm).run(RunConfig(prompt="", model="tiny", max_new_tokens=3, rows=rows))
+    finally:
+        handle.remove()
+    assert widths[0][0] == 2  # two distinct prompts prefilled, three rows decoded
+    assert all(w[0] == 3 for w in widths[1:])
+    assert result.prompt_tokens == len(tiny_lm.encode("one two three"))
+
+
+STRATEGY_ROWS = [("residual", {"alpha": 0.6, "source_layer": 3, "target_layer": 1}), ("soft_token", {"beta": 0.5}),
+                 ("deep_cache", {"lam": 0.5, "gate": -1.0, "theta": 20.0}), ("anchor", {"alpha": 0.5})]
+
+
+@pytest.mark.parametrize("chunk", [512, 5])
+def test_each_strategy_acts_on_its_own_row_when_prompts_are_padded(tiny_lm, monkeypatch, chunk):
+    """Every strategy reads its own row's real prompt tokens (not the padding, not position 0 of a
+    padded row as its sink) and changes only its own row: each row of a padded batch gives the logits
+    it gives alone, also when the padded prompts are prefilled in chunks."""
+    import feedback.engine as engine
+
+    prompts = ["The river runs to the sea. " * k for k in (1, 4, 2, 3)]
+    rows = [RowSpec("baseline", prompt="Tell me about rivers, seas and the clouds above the hills.")] + [
+        RowSpec(name, name, params, prompt=p) for (name, params), p in zip(STRATEGY_ROWS, prompts)]
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", chunk)
+    result, seen = _logits_by_row(tiny_lm, RunConfig(prompt="", model="tiny", max_new_tokens=6, rows=rows,
+                                                     chat_template=False))
+    for i, spec in enumerate(rows):
+        alone, alone_seen = _logits_by_row(tiny_lm, RunConfig(prompt="", model="tiny", max_new_tokens=6,
+                                                              rows=[spec], chat_template=False))
+        assert result.rows[i].token_ids == alone.rows[0].token_ids, spec.name
+        for a, b in zip(seen[i], alone_seen[0]):
+            assert torch.allclose(a, b, atol=1e-4), (spec.name, (a - b).abs().max().item())
+
+
+def test_a_forced_prefix_is_marked_and_decoding_continues_after_it(embedded_lm):
+    prompt = "What is the capital of France?"
+    prefix = embedded_lm.tokenizer(" Well, the capital", add_special_tokens=False)["input_ids"]
+    row = Engine(embedded_lm).run(RunConfig(prompt=prompt, max_new_tokens=12,
+                                            rows=[RowSpec("b", prefix=prefix)])).rows[0]
+    assert row.token_ids[:len(prefix)] == prefix
+    assert [s.forced for s in row.steps] == [True] * len(prefix) + [False] * (len(row.steps) - len(prefix))
+    expected = _generate_greedy(embedded_lm, embedded_lm.encode(prompt) + prefix, 12 - len(prefix))
+    assert row.token_ids[len(prefix):] == expected
+
+
+def test_a_forced_end_of_sequence_ends_the_row(tiny_lm):
+    eos = tiny_lm.eos_token_ids[0]
+    row = Engine(tiny_lm).run(RunConfig(prompt="hi", model="tiny", max_new_tokens=10,
+                                        rows=[RowSpec("b", prefix=[5, eos])])).rows[0]
+    assert row.token_ids == [5, eos] and row.stop_reason == "eos" and row.stop_step == 1
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([RowSpec("a"), RowSpec("long", prompt="word " * 600)], "row long: prompt is .* exceeds the model context"),
+    ([RowSpec("a"), RowSpec("empty", prompt="  ")], "row empty: prompt is empty"),
+    ([RowSpec("a", messages=[{"role": "wizard", "content": "hi"}])], r"row a: messages\[0\].role must be one of"),
+    ([RowSpec("a", messages=[{"role": "user"}])], r"row a: messages\[0\] must have exactly a role and a content"),
+    ([RowSpec("a", prefix=[1, 10**6])], "row a: prefix token id 1000000 is outside the vocabulary"),
+    ([RowSpec("a", prefix=[-1])], "row a: prefix must be a list of token ids"),
+    ([RowSpec("a", prefix=[1] * 11)], "row a: prefix has 11 tokens but max_new_tokens is 10"),
+    ([RowSpec(f"r{i}") for i in range(65)], "a run needs 1 to 64 rows, got 65"),
+])
+def test_bad_rows_are_refused_naming_the_row_before_any_work(tiny_lm, hook_count, rows, message):
+    forwards: list[int] = []
+    handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        with pytest.raises(FeedbackError, match=message):
+            Engine(tiny_lm).start(RunConfig(prompt="hi", model="tiny", max_new_tokens=10, rows=rows))
+    finally:
+        handle.remove()
+    assert forwards == [] and hook_count(tiny_lm.model) == 0
+
+
+def test_a_conversation_needs_the_chat_template(tiny_lm):
+    with pytest.raises(FeedbackError, match="needs the chat template"):
+        Engine(tiny_lm).start(RunConfig(prompt="and now?", model="tiny", chat_template=False,
+                                        rows=[RowSpec("a", messages=[{"role": "user", "content": "hi"}])]))
+
+
+def test_hooks_never_outlive_a_failed_run_with_padded_rows(tiny_lm, hook_count):
+    rows = [RowSpec("a", prompt="short"), RowSpec("b", "deep_cache", {"lam": 0.5}, prompt="a longer prompt here"),
+            RowSpec("c", "soft_token", {"beta": 0.5}, prompt="mid length one")]
+
+    def boom(step, live, logits):
+        if step == 1:
+            raise RuntimeError("failed mid-run")
+
+    with pytest.raises(RuntimeError, match="failed mid-run"):
+        Engine(tiny_lm).run(RunConfig(prompt="", model="tiny", max_new_tokens=8, rows=rows), observer=boom)
+    assert hook_count(tiny_lm.model) == 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,7 +140,7 @@ class CompareWork(TabWork):
         out |= {self.tab.conf_plot: self.tab.confidence_chart(result.rows, self.threshold, self.window),
                 self.tab.mem_plot: charts.memory_figure(self.mem["samples"]), self.tab.mem_state: self.mem}
         self.ui_seconds += time.perf_counter() - t
-        data = result.to_dict() | {"ui_seconds": self.ui_seconds, "run_id": uuid.uuid4().hex[:8]}
+        data = result.to_dict() | {"ui_seconds": self.ui_seconds}
         out |= {self.tab.run_json: data, self.tab.last: data}
         out |= self.say(done_text(result), "stopped" if outcome.kind == "stopped" else "info")
         return out
@@ -232,7 +231,7 @@ class CompareTab:
                                     parse_number(repetition_penalty, "repetition penalty", lo=0.01, hi=10)),
             deepconf=DeepConfConfig(parse_number(k, "DeepConf k", integer=True, lo=1, hi=1000),
                                     parse_number(window, "window", integer=True, lo=1, hi=100_000), thr),
-            rows=rows,
+            rows=rows, quality=True,  # self and prompt perplexity per row: ~a forward pass each, after the run
         ).validate()
 
     def prepare_compare(self, prompt, chat_template, model, strategy, view, temperature, top_p, top_k, min_p,

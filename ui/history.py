@@ -19,8 +19,8 @@ OUTPUT_PREVIEW = 80
 
 CSV_COLUMNS = ["run_id", "created", "prompt", "system_prompt", "model", "chat_template", "temperature", "top_p",
                "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens", "deepconf_k", "deepconf_window",
-               "threshold", "row", "strategy", "params", "step", "token_id", "text", "logprob", "prob", "confidence",
-               "entropy", "group_confidence", "top5"]
+               "threshold", "row", "strategy", "params", "row_prompt", "row_metrics", "step", "token_id", "forced",
+               "text", "logprob", "prob", "confidence", "entropy", "group_confidence", "top5"]
 TABLE_HEADERS = ["id", "time", "prompt", "feedback", "baseline output", "feedback output", "tokens", "differ at",
                  "stop"]
 
@@ -98,7 +98,8 @@ def to_json(entries: list[dict]) -> str:
 
 def to_csv(entries: list[dict]) -> str:
     """One line per generated token of every row of every selected run, each with the run's
-    prompt and settings; the top-5 alternatives as a JSON list (so ':' and '|' in tokens are safe)."""
+    prompt and settings, the row's own prompt and its metrics (JSON); the top-5 alternatives as a
+    JSON list (so ':' and '|' in tokens are safe)."""
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(CSV_COLUMNS)
@@ -110,12 +111,16 @@ def to_csv(entries: list[dict]) -> str:
                cfg.get("chat_template", ""), s.get("temperature"), s.get("top_p"), s.get("top_k"), s.get("min_p"),
                s.get("repetition_penalty"), cfg.get("seed"), cfg.get("max_new_tokens"), dc.get("k"),
                dc.get("window"), "" if dc.get("threshold") is None else dc["threshold"]]
+        specs = {r.get("name"): r for r in cfg.get("rows", []) if isinstance(r, dict)}
         for row in res["rows"]:
             params = json.dumps(row.get("params", {}), sort_keys=True)
+            own = specs.get(row["name"], {}).get("prompt")
+            metrics = json.dumps(row.get("metrics", {}), sort_keys=True, ensure_ascii=False)
             for st in row["steps"]:
                 top = json.dumps([{"token_id": a["token_id"], "text": a["text"], "prob": round(a["prob"], 6)}
                                   for a in st.get("top", [])], ensure_ascii=False)
-                writer.writerow([*run, row["name"], row.get("strategy") or "", params, st["step"], st["token_id"],
-                                 st["text"], f"{st['logprob']:.6f}", f"{st['prob']:.6f}", f"{st['confidence']:.6f}",
+                writer.writerow([*run, row["name"], row.get("strategy") or "", params,
+                                 cfg["prompt"] if own is None else own, metrics, st["step"], st["token_id"],
+                                 int(bool(st.get("forced"))), st["text"], f"{st['logprob']:.6f}", f"{st['prob']:.6f}", f"{st['confidence']:.6f}",
                                  f"{st['entropy']:.6f}", f"{st['group_confidence']:.6f}", top])
     return buf.getvalue()

@@ -9,7 +9,7 @@ import json
 import math
 from html import escape
 
-from feedback.records import RowResult, StepRecord
+from feedback.records import RowResult, StepRecord, confidence_summary, tokens_per_second
 
 MISSING = "—"
 # An absolute scale (the same colour means the same confidence in every run and column), in one hue
@@ -108,22 +108,6 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
     return format(value, spec)
 
 
-def live_tokens_per_s(steps: list[StepRecord]) -> float | None:
-    """Decode speed from step times, excluding step 0 (the prefill)."""
-    seconds = sum(s.time_ms for s in steps[1:]) / 1000.0
-    return (len(steps) - 1) / seconds if len(steps) > 1 and seconds > 0 else None
-
-
-def _confidence_summary(row: RowResult) -> tuple[float | None, float | None]:
-    """(mean confidence, lowest group confidence): the final metrics, else from the steps so far."""
-    if row.metrics:
-        return row.metrics.get("mean"), row.metrics.get("lowest_group")
-    if not row.steps:
-        return None, None
-    return (math.fsum(s.confidence for s in row.steps) / len(row.steps),
-            min(s.group_confidence for s in row.steps))
-
-
 def _stop_text(row: RowResult, live: bool) -> str:
     if row.stop_reason is None:
         return "running…" if live else MISSING
@@ -132,8 +116,8 @@ def _stop_text(row: RowResult, live: bool) -> str:
 
 def render_stats(row: RowResult, live: bool = False) -> str:
     """Compact table: tokens, tokens/s, mean confidence, lowest group confidence, stop reason."""
-    tps = live_tokens_per_s(row.steps) if live else row.tokens_per_s
-    mean, lowest = _confidence_summary(row)
+    tps = tokens_per_second(row.steps) if live else row.tokens_per_s
+    mean, lowest = confidence_summary(row)
     items = [
         ("tokens", str(len(row.token_ids))),
         ("tokens/s", _fmt(tps, ".1f")),

@@ -72,12 +72,11 @@ class AnchorStrategy(Strategy):
                 dirs[:k] = 0.0  # the prompt itself is not pushed
             self.seq_dirs = dirs
             return
-        first = 1 if phase == "prefill" and self.batch.offset == 0 else 0  # position 0 is the sink
-        states = hidden[first:] if phase == "prefill" else hidden[-1:]
+        states = hidden[self.batch.after_sink(b):] if phase == "prefill" else hidden[-1:]  # no padding, no sink
         for h in states:
             self.count += 1
             self.mean = h.clone() if self.mean is None else self.mean + (h - self.mean) / self.count
-        self.position += hidden.shape[0]
+        self.position += hidden.shape[0] - self.batch.real_start(b)
         if phase == "prefill":
             if states.shape[0] > 0:
                 # a long prompt arrives in chunks: the summary is the mean over all of them

@@ -26,9 +26,12 @@ class BatchView:
     # "sequence": teacher-forced full sequences, one per live row (perplexity passes)
     phase: str = "prefill"
     live_rows: list[int] = field(default_factory=list)  # row ids in batch order while decoding
-    # prefill: absolute position of this forward's first token (a long prompt is prefilled in chunks;
-    # position 0, the attention sink, is only in the chunk at offset 0)
+    # Prefill: prompts are left-padded into one batch and prefilled in chunks. `offset` is the padded
+    # position of this forward's first token, `pads` each batch row's left padding, `groups` which
+    # batch row holds each row's prompt (rows with the same prompt share one).
     offset: int = 0
+    pads: dict[int, int] = field(default_factory=dict)
+    groups: dict[int, int] = field(default_factory=dict)
     # True only while this run's own forward is in flight (the engine serialises forwards per model),
     # so hooks of one run never touch another run's forward on the same model.
     active: bool = False
@@ -38,11 +41,24 @@ class BatchView:
         if not self.active:
             return None
         if self.phase == "prefill":
-            return 0  # every row shares the prompt's single prefill row
+            return self.groups.get(row_id, 0)  # the batch row of this row's prompt
         try:
             return self.live_rows.index(row_id)
         except ValueError:
             return None
+
+    def real_start(self, b: int) -> int:
+        """Index, in this forward, of batch row `b`'s first real (not padding) token."""
+        return max(0, self.pads.get(b, 0) - self.offset) if self.phase == "prefill" else 0
+
+    def real_before(self, b: int) -> int:
+        """Real tokens of batch row `b` that earlier forwards of the prefill already took."""
+        return max(0, self.offset - self.pads.get(b, 0)) if self.phase == "prefill" else 0
+
+    def after_sink(self, b: int) -> int:
+        """Index, in this forward, of row `b`'s first real token that is not its attention sink (the
+        first real token of a sequence, which no strategy reads or changes)."""
+        return self.real_start(b) + (1 if self.real_before(b) == 0 else 0)
 
 
 @dataclass(frozen=True)

@@ -102,14 +102,18 @@ class DeepCacheStrategy(Strategy):
             return
         self.states = F.normalize(layer_output(output)[b].float(), dim=-1)
         if self.batch.phase == "prefill":
-            n, offset = self.states.shape[0], self.batch.offset
-            first = 1 if offset == 0 else 0  # position 0 (the sink) is never a key
+            start, before = self.batch.real_start(b), self.batch.real_before(b)
+            states, ids = self.states[start:], self.ids[start:]  # the real tokens, without left padding
+            n = states.shape[0]
+            if n == 0:
+                return
+            first = 1 if before == 0 else 0  # the first real token (the sink) is never a key
             if self.pending is not None:  # the previous chunk's last position: its next token starts this one
-                self._remember(self.pending[None], self.ids[:1])
+                self._remember(self.pending[None], ids[:1])
             if n - 1 > first:  # keys: this chunk's positions but the last, whose next tokens are in it
-                self._remember(self.states[first:n - 1], self.ids[first + 1:n])
-            self.pending = self.states[-1] if offset + n > 1 else None
-            self.seen = offset + n
+                self._remember(states[first:n - 1], ids[first + 1:n])
+            self.pending = states[-1] if before + n > 1 else None
+            self.seen = before + n
 
     def _mix(self, module: nn.Module, args: tuple, output):
         b = self.my_index()

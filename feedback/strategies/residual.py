@@ -67,8 +67,7 @@ class ResidualStrategy(Strategy):
             self.seq_states = hidden[b].float()
             return
         if self.batch.phase == "prefill":
-            first = 1 if self.batch.offset == 0 else 0  # skip position 0 (attention sink)
-            states = hidden[b, first:].float()
+            states = hidden[b, self.batch.after_sink(b):].float()  # no padding, no attention sink
             if states.shape[0] == 0:
                 return
             n, chunk_mean = states.shape[0], states.mean(dim=0)

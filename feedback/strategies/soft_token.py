@@ -57,7 +57,8 @@ class SoftTokenStrategy(Strategy):
         if b is None:
             return None
         if phase == "prefill":
-            self.prompt_len = self.batch.offset + args[0].shape[-1]  # prompt positions seen so far
+            b_in = args[0][b]  # this row's prompt tokens in this forward, left padding included
+            self.prompt_len = self.batch.real_before(b) + b_in.shape[-1] - self.batch.real_start(b)
             return None
         beta = self.values["beta"]
         out = output.clone()

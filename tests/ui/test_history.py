@@ -15,7 +15,8 @@ def _result(run_id: str, text: str = 'a "quoted", comma\nline') -> dict:
     steps = [StepRecord(i, 10 + i, text if i == 0 else "x", -0.5, 0.6, 3.0 + i, 1.2, 3.0,
                         [Alternative(10 + i, "x", 0.6), Alternative(99, ",|:", 0.1)], 12.0) for i in range(3)]
     rows = [RowResult("baseline", None, {}, [10, 11, 12], "base text " * 20, "max_tokens", 2, steps),
-            RowResult("feedback", "residual", {"alpha": 0.1}, [10, 11, 12], "feedback text", "max_tokens", 2, steps)]
+            RowResult("feedback", "residual", {"alpha": 0.1}, [10, 11, 12], "feedback text", "max_tokens", 2, steps,
+                      {"self_ppl": 1.5, "distinct_1": 1.0})]
     config = RunConfig(prompt="p" * 100, seed=7).to_dict()
     data = RunResult(config, rows, first_divergence_step=None).to_dict()
     return data | {"run_id": run_id}
@@ -58,8 +59,20 @@ def test_csv_has_one_row_per_token_with_settings_and_survives_hostile_text():
     assert row["temperature"] == "0.0" and row["deepconf_window"] == "32" and row["model"] == "embedded"
     fb = dict(zip(history.CSV_COLUMNS, parsed[4]))
     assert fb["strategy"] == "residual" and json.loads(fb["params"]) == {"alpha": 0.1}
+    assert fb["row_prompt"] == "p" * 100 and json.loads(fb["row_metrics"]) == {"self_ppl": 1.5, "distinct_1": 1.0}
+    assert row["forced"] == "0"
     top = json.loads(row["top5"])  # ':' and '|' inside tokens cannot break the field
     assert top == [{"token_id": 10, "text": "x", "prob": 0.6}, {"token_id": 99, "text": ",|:", "prob": 0.1}]
+
+
+def test_csv_gives_each_row_its_own_prompt_and_marks_forced_tokens():
+    data = _result("a")
+    data["config"]["rows"] = [{"name": "baseline", "prompt": None}, {"name": "feedback", "prompt": "variant B"}]
+    data["rows"][1]["steps"][0]["forced"] = True
+    parsed = [dict(zip(history.CSV_COLUMNS, line)) for line in csv.reader(io.StringIO(history.to_csv(
+        history.add_run([], data))))][1:]
+    assert [p["row_prompt"] for p in parsed] == ["p" * 100] * 3 + ["variant B"] * 3
+    assert [p["forced"] for p in parsed] == ["0"] * 3 + ["1", "0", "0"]
 
 
 def test_json_export_round_trips_to_run_results():
