@@ -39,7 +39,7 @@ def _max_memory(text: str) -> dict:
 
 
 def _add_model_args(p) -> None:
-    p.add_argument("--model", default="embedded", help="embedded | hub id | local folder | file.gguf")
+    p.add_argument("--model", default=None, help="embedded (default) | hub id | local folder | file.gguf")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     g = p.add_argument_group("large models")
     g.add_argument("--device-map", default=None, help="e.g. auto: spread layers over GPUs, then CPU (accelerate)")
@@ -51,13 +51,15 @@ def _add_model_args(p) -> None:
     g.add_argument("--trust-remote-code", action="store_true", help="run the model repository's own code")
 
 
-def _load(args, device: str = "auto"):
-    """The one model loader, with every model flag of the command line."""
+def _load(args, device: str = "auto", model: str | None = None, dtype: str | None = None):
+    """The one model loader, with every model flag of the command line. `model`/`dtype`: a saved
+    run's, used unless --model / --dtype were given."""
     from feedback.model import load_model
 
     if args.max_memory and not args.device_map:
         raise FeedbackError("--max-memory needs --device-map (e.g. --device-map auto)")
-    return load_model(args.model, dtype=args.dtype, device=device, device_map=args.device_map,
+    dtype = args.dtype if args.dtype != "auto" or not dtype else dtype
+    return load_model(args.model or model or "embedded", dtype=dtype, device=device, device_map=args.device_map,
                       max_memory=args.max_memory, load_in_4bit=args.load_in_4bit, load_in_8bit=args.load_in_8bit,
                       trust_remote_code=args.trust_remote_code)
 
@@ -68,11 +70,36 @@ def _add_strategy_args(p, default: str | None, required: bool = False) -> None:
     p.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE")
 
 
+def _named(text: str) -> tuple[str, str]:
+    """NAME=TEXT (the text may itself hold '=')."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expects NAME=TEXT, got {text!r}")
+    return name.strip(), value
+
+
+def _row(text: str) -> tuple[str, str | None, dict]:
+    """NAME[:STRATEGY][,KEY=VALUE...] -> (name, strategy or None, params)."""
+    head, *pairs = text.split(",")
+    name, _, strategy = head.partition(":")
+    if not name.strip():
+        raise argparse.ArgumentTypeError(f"--row expects NAME[:STRATEGY][,KEY=VALUE...], got {text!r}")
+    return name.strip(), strategy.strip() or None, dict(_param(p) for p in pairs if p.strip())
+
+
 def _add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="baseline vs feedback on one prompt")
-    p.add_argument("--prompt", required=True)
+    p = sub.add_parser("generate", help="baseline vs feedback (or any rows, each with its own prompt) on one prompt; "
+                       "the next turn of a saved run (--continue), or a branch of it (--branch)")
+    p.add_argument("--prompt", default=None, help="the prompt (every row's, unless --row-prompt gives it its own)")
     _add_model_args(p)
     _add_strategy_args(p, "residual")
+    g = p.add_argument_group("rows (default: baseline, and feedback with --strategy/--param)")
+    g.add_argument("--row", action="append", type=_row, default=[], metavar="NAME[:STRATEGY][,K=V...]",
+                   help="a row; repeat for more (no STRATEGY: a plain baseline row)")
+    g.add_argument("--row-prompt", action="append", type=_named, default=[], metavar="NAME=TEXT",
+                   help="this row's own prompt (a prompt variant)")
+    g.add_argument("--row-system", action="append", type=_named, default=[], metavar="NAME=TEXT",
+                   help="this row's own system prompt")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -85,33 +112,140 @@ def _add_generate(sub) -> None:
     p.add_argument("--k", type=int, default=20, help="DeepConf top-k for token confidence")
     p.add_argument("--window", type=int, default=32, help="DeepConf group window (tokens)")
     p.add_argument("--threshold", type=float, default=None, help="early-stop group-confidence threshold")
+    q = p.add_argument_group("quality metrics (length, distinct-n and repetition are always reported)")
+    q.add_argument("--quality", action="store_true", help="also self-perplexity and prompt perplexity per row")
+    q.add_argument("--reference", default=None, help="a reference answer: its perplexity after each row's prompt")
+    q.add_argument("--key-fact", action="append", default=[], metavar="TEXT|/REGEX/",
+                   help="a fact each answer should contain; repeat; recall is reported per row")
+    f = p.add_argument_group("follow-ups of a saved run (RUN.json from --json or --out; its settings carry over)")
+    follow = f.add_mutually_exclusive_group()
+    follow.add_argument("--continue", dest="continue_from", default=None, metavar="RUN.json",
+                        help="the next turn: every row answers --say after its own conversation")
+    follow.add_argument("--branch", dest="branch_from", default=None, metavar="RUN.json",
+                        help="replay --row up to --step, force --token there, decode on")
+    f.add_argument("--say", default=None, help="the next user message (with --continue)")
+    f.add_argument("--step", type=int, default=None, help="the step to branch at (with --branch)")
+    f.add_argument("--token", default=None, help="the token forced at --step: a token id, or text (its tokens)")
+    f.add_argument("--only-row", action="store_true",
+                   help="branch only --row; the other rows decode afresh (default: every row is forced the same)")
+    p.add_argument("--out", default=None, help="also write the RunResult JSON to this file")
     p.add_argument("--json", action="store_true", help="print one RunResult JSON object")
+
+
+def _rows(args) -> list:
+    """The rows the flags describe, each with its own prompt and system prompt where given."""
+    from feedback.records import RowSpec, default_rows
+
+    rows = ([RowSpec(name, strategy, params) for name, strategy, params in args.row] if args.row
+            else default_rows(args.strategy, dict(args.param)))
+    by_name = {r.name: r for r in rows}
+    for flag, field, pairs in (("--row-prompt", "prompt", args.row_prompt), ("--row-system", "system_prompt",
+                                                                           args.row_system)):
+        for name, text in pairs:
+            if name not in by_name:
+                raise FeedbackError(f"{flag} {name}: no such row (rows: {', '.join(by_name)})")
+            setattr(by_name[name], field, text)
+    return rows
 
 
 def _generate(args) -> int:
     from feedback.engine import Engine
-    from feedback.records import DeepConfConfig, RunConfig, default_rows
+    from feedback.records import DeepConfConfig, RunConfig
     from feedback.sampling import SamplingConfig
     from feedback.strategies import get_strategy
 
-    get_strategy(args.strategy)  # unknown names fail before the model loads
+    if args.continue_from or args.branch_from:
+        return _follow_up(args)
+    if args.say is not None or args.step is not None or args.token is not None or args.only_row:
+        raise FeedbackError("--say goes with --continue; --step, --token and --only-row go with --branch")
+    if args.row and args.param:
+        raise FeedbackError("--param sets the default feedback row; with --row give parameters as NAME:STRATEGY,K=V")
+    for _, strategy, _ in args.row or [(None, args.strategy, None)]:
+        if strategy:
+            get_strategy(strategy)  # unknown names fail before the model loads
     config = RunConfig(
-        prompt=args.prompt, model=args.model, dtype=args.dtype, chat_template=not args.no_chat_template,
-        system_prompt=args.system, max_new_tokens=args.max_new_tokens, seed=args.seed,
-        sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.min_p, args.repetition_penalty),
-        deepconf=DeepConfConfig(args.k, args.window, args.threshold),
-        rows=default_rows(args.strategy, dict(args.param)),
+        prompt=args.prompt or "", model=args.model or "embedded", dtype=args.dtype,
+        chat_template=not args.no_chat_template, system_prompt=args.system, max_new_tokens=args.max_new_tokens,
+        seed=args.seed, sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.min_p,
+                                                args.repetition_penalty),
+        deepconf=DeepConfConfig(args.k, args.window, args.threshold), rows=_rows(args),
+        reference=args.reference, key_facts=list(args.key_fact), quality=args.quality,
     ).validate()
-    lm = _load(args)
-    engine = Engine(lm)
+    return _run_and_report(args, Engine(_load(args)), config)
+
+
+def _follow_up(args) -> int:
+    """--continue / --branch: a saved run's next turn or branch, on the model it ran on (unless
+    --model/--dtype say otherwise), with its settings; --quality, --reference and --key-fact add to them."""
+    from dataclasses import replace
+
+    from feedback.engine import Engine
+    from feedback.session import branch, continue_run
+
+    fresh = [flag for flag, given in (("--prompt", args.prompt), ("--row-prompt", args.row_prompt),
+                                      ("--row-system", args.row_system), ("--system", args.system),
+                                      ("--param", args.param)) if given]
+    if fresh:
+        raise FeedbackError(f"{fresh[0]} belongs to a new run; a follow-up takes the saved run's prompts and rows")
+    saved = _read_run(args.continue_from or args.branch_from)
+    if args.continue_from:
+        if args.say is None or args.row or args.step is not None or args.token is not None or args.only_row:
+            raise FeedbackError('--continue takes --say "the next message" (and no --row, --step, --token)')
+        lm = _load(args, model=saved.config.get("model"), dtype=saved.config.get("dtype"))
+        config = continue_run(saved, args.say)
+    else:
+        if len(args.row) != 1 or args.row[0][1] or args.row[0][2] or args.step is None or args.token is None:
+            raise FeedbackError("--branch needs --row NAME, --step N and --token TEXT|ID")
+        lm = _load(args, model=saved.config.get("model"), dtype=saved.config.get("dtype"))
+        config = branch(saved, args.row[0][0], args.step, _token_ids(lm, args.token), all_rows=not args.only_row)
+    extra = {"quality": config.quality or args.quality}
+    if args.reference is not None:
+        extra["reference"] = args.reference
+    if args.key_fact:
+        extra["key_facts"] = list(args.key_fact)
+    return _run_and_report(args, Engine(lm), replace(config, **extra).validate())
+
+
+def _read_run(path: str):
+    from feedback.records import RunResult
+
+    try:
+        data = json.loads(Path(path).read_text())
+        return RunResult.from_dict(data)
+    except FileNotFoundError:
+        raise FeedbackError(f"no such file: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FeedbackError(f"{path} is not JSON: {exc}") from None
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise FeedbackError(f"{path} is not a saved run (a RunResult from --json or --out): {exc!r}") from None
+
+
+def _token_ids(lm, token: str) -> list[int]:
+    """--token: digits are a token id; anything else is text, forced as its tokens."""
+    if token.strip().isdigit():
+        return [int(token)]
+    ids = list(lm.tokenizer(token, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise FeedbackError(f"--token {token!r} has no tokens")
+    return ids
+
+
+def _run_and_report(args, engine, config) -> int:
+    lm = engine.lm
     if args.json:
-        print(engine.run(config).to_json())
-        return 0
-    run = engine.start(config)
-    print(f"model {lm.name} ({lm.dtype}, {lm.device}), prompt {len(run.prompt_ids)} tokens", file=sys.stderr)
-    for _ in run:
-        pass
-    _print_result(run.result)
+        result = engine.run(config)
+    else:
+        run = engine.start(config)
+        print(f"model {lm.name} ({lm.dtype}, {lm.device}), prompt {len(run.prompt_ids)} tokens", file=sys.stderr)
+        for _ in run:
+            pass
+        result = run.result
+    if args.out:
+        Path(args.out).write_text(result.to_json())
+    if args.json:
+        print(result.to_json())
+    else:
+        _print_result(result)
     return 0
 
 
@@ -121,16 +255,33 @@ def _print_result(result) -> None:
         label = row.name if not row.strategy else f"{row.name} [{row.strategy} " + ", ".join(
             f"{k}={v}" for k, v in row.params.items()) + "]"
         m = row.metrics
+        forced = sum(s.forced for s in row.steps)
         print(f"=== {label} ===")
         print(textwrap.fill(row.text.strip(), width, replace_whitespace=False) if row.text.strip() else "(empty)")
         lowest = m.get("lowest_group")
-        print(f"--- {len(row.token_ids)} tokens, {row.tokens_per_s:.1f} tok/s, mean confidence "
-              f"{(m.get('mean') or 0):.2f}, lowest group {lowest if lowest is None else round(lowest, 2)}, "
-              f"stop: {row.stop_reason} at step {row.stop_step}\n")
+        print(f"--- {len(row.token_ids)} tokens{f' ({forced} forced)' if forced else ''}, {row.tokens_per_s:.1f} tok/s, "
+              f"mean confidence {(m.get('mean') or 0):.2f}, lowest group {lowest if lowest is None else round(lowest, 2)}, "
+              f"stop: {row.stop_reason} at step {row.stop_step}")
+        print("--- " + _quality_line(m) + "\n")
     if result.first_divergence_step is not None:
-        print(f"first divergence at step {result.first_divergence_step}")
-    else:
-        print("the two rows produced identical tokens")
+        print(f"first divergence of {result.rows[0].name} and {result.rows[1].name} at step "
+              f"{result.first_divergence_step}")
+    elif len(result.rows) > 1:
+        print(f"{result.rows[0].name} and {result.rows[1].name} produced identical tokens")
+
+
+def _quality_line(m: dict) -> str:
+    def num(key: str, spec: str) -> str:
+        return "n/a" if m.get(key) is None else format(m[key], spec)
+
+    parts = [f"distinct-1 {num('distinct_1', '.2f')}", f"distinct-2 {num('distinct_2', '.2f')}",
+             f"repeated 3-grams {num('repeat_3gram_rate', '.0%')}", f"longest repeat {m.get('longest_repeat', 0)}"]
+    for key, label in (("self_ppl", "self PPL"), ("prompt_ppl", "prompt PPL"), ("reference_ppl", "reference PPL")):
+        if key in m:
+            parts.append(f"{label} {num(key, '.2f')}")
+    if "key_fact_recall" in m:
+        parts.append(f"key-fact recall {m['key_fact_recall']:.0%} ({', '.join(m['key_facts_found']) or 'none found'})")
+    return ", ".join(parts)
 
 
 def _ppl_config(args, params: dict | None = None):

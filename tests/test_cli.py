@@ -56,6 +56,77 @@ def test_generate_text_output_labels_both_rows():
     assert "tok/s" in out.stdout and "stop:" in out.stdout
 
 
+def test_prompt_variants_a_next_turn_and_a_branch(tmp_path, capsys):
+    """Three rows with their own prompts and quality metrics (a real process, as a user runs it),
+    then the saved run's next turn and a branch from an alternative token (in-process)."""
+    from feedback.cli import main
+
+    first = tmp_path / "run1.json"
+    out = cli("generate", "--row", "plain", "--row", "strong:residual,alpha=0.2", "--row", "restate:anchor,alpha=0.2",
+              "--row-prompt", "plain=What is the capital of France?",
+              "--row-prompt", "strong=What is the capital of France? Answer precisely, in one sentence.",
+              "--row-prompt", "restate=Question: what is the capital of France? Restate it, then answer.",
+              "--reference", "The capital of France is Paris.", "--key-fact", "Paris", "--quality",
+              "--max-new-tokens", "16", "--out", str(first))
+    assert out.returncode == 0, out.stderr
+    assert "=== restate [anchor alpha=0.2" in out.stdout and "self PPL" in out.stdout
+    assert "reference PPL" in out.stdout and "key-fact recall" in out.stdout
+    run1 = json.loads(first.read_text())
+    assert [r["name"] for r in run1["rows"]] == ["plain", "strong", "restate"]
+    assert run1["config"]["rows"][2]["prompt"].startswith("Question:")
+    assert {"self_ppl", "prompt_ppl", "reference_ppl", "distinct_2", "key_fact_recall"} <= set(run1["rows"][0]["metrics"])
+
+    assert main(["generate", "--continue", str(first), "--say", "And of Italy?", "--json"]) == 0
+    run2 = json.loads(capsys.readouterr().out)
+    for row, answer in zip(run2["config"]["rows"], run1["rows"]):
+        assert row["messages"][-1] == {"role": "assistant", "content": answer["text"]}
+    assert run2["config"]["prompt"] == "And of Italy?" and run2["config"]["quality"] is True
+
+    step = 2
+    assert main(["generate", "--branch", str(first), "--row", "strong", "--step", str(step), "--token", " Italy",
+                 "--max-new-tokens", "5", "--json"]) == 0
+    run3 = json.loads(capsys.readouterr().out)
+    italy = run3["rows"][1]["token_ids"][step]
+    for old, new in zip(run1["rows"], run3["rows"]):
+        assert new["token_ids"][:step + 1] == old["token_ids"][:step] + [italy]
+        assert [s["forced"] for s in new["steps"][:step + 2]] == [True] * (step + 1) + [False]
+    assert run3["config"]["max_new_tokens"] == 16  # the saved run's settings carry over
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--row", "a", "--row-prompt", "b=hi", "--prompt", "x"], "--row-prompt b: no such row (rows: a)"),
+    (["--row", "a:nope"], "unknown strategy 'nope'"),
+    (["--row", "a", "--row", "b", "--row-prompt", "a=hi"], "prompt is empty"),
+    (["--row", "a", "--row-prompt", "a=  "], "row a: prompt is empty"),
+    (["--prompt", "hi", "--row", "a", "--param", "alpha=1"], "with --row give parameters as NAME:STRATEGY,K=V"),
+    (["--prompt", "hi", "--say", "more"], "--say goes with --continue"),
+    (["--prompt", "hi", "--key-fact", " "], "key_facts must be a list"),
+    (["--continue", "missing.json", "--say", "x"], "no such file: missing.json"),
+    (["--continue", "README.md", "--say", "x"], "README.md is not JSON"),
+    (["--continue", "requirements.txt", "--say", "x"], "not JSON"),
+    (["--branch", "x.json", "--step", "1"], "no such file"),
+])
+def test_bad_rows_and_follow_ups_exit_with_one_line(args, message, capsys):
+    err = refused(capsys, "generate", *args)
+    assert message in err, err
+
+
+def test_bad_follow_ups_of_a_saved_run(tmp_path, capsys):
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({"config": {"prompt": "hi", "max_new_tokens": 4, "chat_template": False},
+                                 "rows": [{"name": "b", "strategy": None, "params": {}, "token_ids": [1, 2, 3],
+                                           "text": "abc", "steps": []}]}))
+    assert "needs the chat template" in refused(capsys, "generate", "--continue", str(saved), "--say", "more")
+    assert "--continue takes --say" in refused(capsys, "generate", "--continue", str(saved))
+    assert "--branch needs --row NAME" in refused(capsys, "generate", "--branch", str(saved), "--step", "1")
+    assert "step 3 is outside row b's answer (steps 0 to 2)" in refused(
+        capsys, "generate", "--branch", str(saved), "--row", "b", "--step", "3", "--token", "5")
+    assert "outside the vocabulary" in refused(
+        capsys, "generate", "--branch", str(saved), "--row", "b", "--step", "1", "--token", "99999999")
+    (tmp_path / "bad.json").write_text('{"config": {}}')
+    assert "is not a saved run" in refused(capsys, "generate", "--continue", str(tmp_path / "bad.json"), "--say", "x")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--prompt", "  "], "prompt is empty"),
     (["--prompt", "hi", "--strategy", "nope"], "unknown strategy 'nope'"),
@@ -103,7 +174,8 @@ def test_bench_json_reports_every_ratio():
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     for key in ("baseline_vs_generate", "side_by_side_overhead", "feedback_row_overhead", "cold_start_s",
-                "roofline_fraction", "api_stream_vs_engine", "api_generate_vs_engine"):
+                "roofline_fraction", "api_stream_vs_engine", "api_generate_vs_engine", "mixed_prompts_overhead",
+                "rows4_vs_forward4", "quality_overhead"):
         assert isinstance(data[key], float) and data[key] > 0
     assert data["same_tokens_as_generate"] is True and data["api_same_tokens"] is True
 
