@@ -1,4 +1,4 @@
-"""HTTP API beside the UI: compare (whole or streamed), perplexity, health, models, strategies.
+"""HTTP API beside the UI: compare (whole or streamed), follow-ups (next turn, branch), perplexity, health, models, strategies.
 
 Mounted at /api in the Gradio server (`app.py`). It uses the same engine, validation and model pool
 as the page, and the same first-come line to the model (`ModelPool.gate`), with a cap on how many
@@ -15,7 +15,7 @@ import threading
 import time
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, AsyncIterator, Iterator, Literal
+from typing import Annotated, Any, AsyncIterator, Iterator, Literal
 
 import anyio
 from fastapi import Depends, FastAPI, Query, Request
@@ -34,12 +34,15 @@ from feedback.errors import FeedbackError, Stopped
 from feedback.gate import Busy
 from feedback.model import ModelPool
 from feedback.perplexity import PPLConfig, document_ids, evaluate, scoring_work, surprise_diff
-from feedback.records import (MAX_PROMPT_CHARS, SERVED_MAX_NEW_TOKENS, DeepConfConfig, RowSpec, RunConfig,
-                              default_rows)
+from feedback.records import (MAX_KEY_FACTS, MAX_PROMPT_CHARS, SERVED_MAX_NEW_TOKENS, DeepConfConfig, RowResult,
+                              RowSpec, RunConfig, RunResult, default_rows)
 from feedback.sampling import SamplingConfig
+from feedback.session import RecentRuns, branch, continue_run
 from feedback.strategies import REGISTRY
 
 API_ROWS_CAP = 8
+MAX_MESSAGES = 200  # earlier turns of one row's conversation
+RECENT_RUNS = 64  # results kept for /continue and /branch by run_id
 ParamValue = bool | int | float | str
 
 
@@ -90,29 +93,102 @@ class DeepConfIn(_Body):
     threshold: float | None = Field(None, description="early stop when group confidence falls below; null = off")
 
 
+class MessageIn(_Body):
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
 class RowIn(_Body):
     name: str = Field(min_length=1, max_length=64)
     strategy: str | None = Field(None, description="null for a plain baseline row")
     params: dict[str, ParamValue] = Field(default_factory=dict, max_length=32)
     seed_offset: int = Field(0, ge=0, le=2**31, description="rows with equal offsets share random draws")
     threshold: float | None = Field(None, description="this row's early-stop threshold; null: the run's")
+    prompt: str | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS,
+                               description="this row's own prompt (a prompt variant; its newest user turn); "
+                                           "null: the run's")
+    system_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS, description="null: the run's")
+    messages: list[MessageIn] | None = Field(None, max_length=MAX_MESSAGES,
+                                             description="this row's earlier conversation turns, before its prompt "
+                                                         "(chat template only)")
+    prefix: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, max_length=SERVED_MAX_NEW_TOKENS,
+        description="token ids the reply is forced to start with (a branch's replay); marked `forced` in the steps")
 
 
-class GenerateIn(_Body):
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+class _RunFields(_Body):
+    """What a run is, shared by new requests and the saved runs that follow-ups send back."""
+
+    prompt: str = Field("", max_length=MAX_PROMPT_CHARS,
+                        description="every row's prompt, unless a row has its own (may be empty only then)")
     model: str | None = Field(None, description="a name from GET /api/models; null: the default")
     chat_template: bool = True
     system_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     max_new_tokens: int = Field(128, ge=1, le=SERVED_MAX_NEW_TOKENS)
     seed: int = Field(0, ge=0, le=2**63 - 1)
     sampling: SamplingIn = Field(default_factory=SamplingIn)
+    deepconf: DeepConfIn = Field(default_factory=DeepConfIn)
+    reference: str | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS,
+                                  description="a reference answer: its perplexity after each row's prompt")
+    key_facts: list[Annotated[str, Field(min_length=1, max_length=1000)]] = Field(
+        default_factory=list, max_length=MAX_KEY_FACTS,
+        description="texts (or /regular expressions/) each answer should contain: recall per row")
+    quality: bool = Field(False, description="also self-perplexity and prompt perplexity per row (forward passes)")
+
+
+class GenerateIn(_RunFields):
     strategy: str = Field("residual", description="the feedback row's strategy (GET /api/strategies)")
     params: dict[str, ParamValue] = Field(default_factory=dict, max_length=32)
     rows: list[RowIn] | None = Field(None, min_length=1, max_length=API_ROWS_CAP,
                                      description="explicit rows; overrides strategy/params (default: "
                                                  "baseline + one feedback row)")
-    deepconf: DeepConfIn = Field(default_factory=DeepConfIn)
     steps: bool = Field(True, description="include per-token step records in the result")
+
+
+class SavedConfigIn(_RunFields):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    dtype: str = "auto"
+    rows: list[RowIn] = Field(min_length=1, max_length=API_ROWS_CAP)
+
+
+class SavedRowIn(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    name: str = Field(min_length=1, max_length=64)
+    strategy: str | None = None
+    params: dict[str, ParamValue] = Field(default_factory=dict, max_length=32)
+    token_ids: list[Annotated[int, Field(ge=0)]] = Field(max_length=SERVED_MAX_NEW_TOKENS)
+    text: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
+class SavedRunIn(BaseModel):
+    """A RunResult as /generate returned it (its steps, metrics and memory are ignored: send it with
+    `steps: false`, or its `run_id`, to stay well under the body limit)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    run_id: str | None = Field(None, max_length=64)
+    config: SavedConfigIn
+    rows: list[SavedRowIn] = Field(min_length=1, max_length=API_ROWS_CAP)
+
+
+class _FollowUp(_Body):
+    run: SavedRunIn | None = Field(None, description="the earlier RunResult (or give run_id)")
+    run_id: str | None = Field(None, min_length=1, max_length=64,
+                               description="the run_id of a run this server produced recently")
+    steps: bool = Field(True, description="include per-token step records in the result")
+
+
+class ContinueIn(_FollowUp):
+    message: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS, description="the next user message")
+
+
+class BranchIn(_FollowUp):
+    row: str = Field(min_length=1, max_length=64, description="the row whose token is replaced")
+    step: int = Field(ge=0, le=SERVED_MAX_NEW_TOKENS, description="the step at which the token is forced")
+    token_id: int | None = Field(None, ge=0, description="the token forced at `step` (or give token_text)")
+    token_text: str | None = Field(None, min_length=1, max_length=1000,
+                                   description="text forced at `step`, as its tokens (or give token_id)")
+    all_rows: bool = Field(True, description="force every row the same way after its own tokens (paired); "
+                                             "false: only `row`, the others decode afresh")
 
 
 class PPLIn(_Body):
@@ -215,7 +291,14 @@ def to_config(req: GenerateIn, model: str) -> RunConfig:
     return RunConfig(prompt=req.prompt, model=model, chat_template=req.chat_template, system_prompt=req.system_prompt,
                      max_new_tokens=req.max_new_tokens, seed=req.seed,
                      sampling=SamplingConfig(**req.sampling.model_dump()),
-                     deepconf=DeepConfConfig(**req.deepconf.model_dump()), rows=rows).validate()
+                     deepconf=DeepConfConfig(**req.deepconf.model_dump()), rows=rows, reference=req.reference,
+                     key_facts=list(req.key_facts), quality=req.quality).validate()
+
+
+def saved_result(run: SavedRunIn) -> RunResult:
+    """A RunResult sent back by a client, as far as a follow-up needs it."""
+    rows = [RowResult(r.name, r.strategy, dict(r.params), list(r.token_ids), r.text) for r in run.rows]
+    return RunResult(config=run.config.model_dump(), rows=rows, **({"run_id": run.run_id} if run.run_id else {}))
 
 
 def result_json(run: Run, steps: bool) -> dict:
@@ -286,10 +369,50 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
             return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": str(exc.retry_after_s)})
         return JSONResponse({"error": str(exc)}, 422)
 
+    recent = RecentRuns(RECENT_RUNS)
+
     def start(req: GenerateIn) -> Run:
         lm = pool.get(req.model)
         # validated, tokenised, budgets checked, strategies built: all before queueing
         return Engine(lm).start(to_config(req, lm.name), budget=settings.budget)
+
+    def earlier(req: _FollowUp) -> RunResult:
+        if (req.run is None) == (req.run_id is None):
+            raise FeedbackError("give either run (an earlier RunResult) or run_id (a recent run of this server)")
+        return recent.get(req.run_id) if req.run is None else saved_result(req.run)
+
+    def start_follow_up(req: ContinueIn | BranchIn) -> Run:
+        past = earlier(req)
+        lm = pool.get(past.config.get("model"))
+        if isinstance(req, ContinueIn):
+            config = continue_run(past, req.message)
+        else:
+            if (req.token_id is None) == (req.token_text is None):
+                raise FeedbackError("give either token_id or token_text")
+            tokens = ([req.token_id] if req.token_id is not None
+                      else list(lm.tokenizer(req.token_text, add_special_tokens=False)["input_ids"]))
+            config = branch(past, req.row, req.step, tokens, req.all_rows)
+        return Engine(lm).start(config, budget=settings.budget)
+
+    async def respond(run: Run, request: Request, steps: bool, stream_as: str | None):
+        """The run's answer: the whole RunResult when done, or streamed (`stream_as` ndjson or sse)."""
+        if stream_as is not None:
+            if pool.gate.would_refuse("api", settings.max_waiting):
+                raise Busy("the model is busy and the API waiting line is full; try again")
+            sse = stream_as == "sse"
+            return StreamingResponse(stream(run, steps, sse), media_type="text/event-stream" if sse
+                                     else "application/x-ndjson",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        async with turn("an API generate request", request) as queued:
+            try:
+                # a hang-up stops the run between prefill chunks or decode steps: nobody waits for the answer
+                async with _watching(request, run.stop_event), aclosing(decode(run)) as steps_seen:
+                    async for _ in steps_seen:
+                        pass
+            except Exception as exc:  # out-of-memory, tokenizer or model errors: this request fails, the server stays
+                raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
+        recent.put(run.result)
+        return JSONResponse(json_safe(result_json(run, steps) | {"queued_seconds": round(queued, 4)}))
 
     @api.get("/health", summary="liveness and load (no key needed)")
     def health() -> dict:
@@ -358,19 +481,12 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
                 await anyio.to_thread.run_sync(_close_when_idle, events)
 
     @api.post("/generate", dependencies=keyed, responses=ERRORS,
-              summary="baseline and feedback rows on one prompt; the whole RunResult when done",
-              description="A client that hangs up before the answer stops the run within a step.")
+              summary="baseline and feedback rows (each may have its own prompt or conversation); the whole "
+                      "RunResult when done",
+              description="A client that hangs up before the answer stops the run within a step. The result's "
+                          "`run_id` names it for /continue and /branch.")
     async def generate(req: GenerateIn, request: Request) -> JSONResponse:
-        run = await anyio.to_thread.run_sync(start, req)
-        async with turn("an API generate request", request) as queued:
-            try:
-                # a hang-up stops the run between prefill chunks or decode steps: nobody waits for the answer
-                async with _watching(request, run.stop_event), aclosing(decode(run)) as steps:
-                    async for _ in steps:
-                        pass
-            except Exception as exc:  # out-of-memory, tokenizer or model errors: this request fails, the server stays
-                raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
-        return JSONResponse(json_safe(result_json(run, req.steps) | {"queued_seconds": round(queued, 4)}))
+        return await respond(await anyio.to_thread.run_sync(start, req), request, req.steps, None)
 
     @api.post("/generate/stream", dependencies=keyed, responses=ERRORS,
               summary="the same run, streamed: NDJSON lines (default) or Server-Sent Events",
@@ -379,13 +495,29 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
                           "the run within one step. `format=sse` or `Accept: text/event-stream` selects SSE.")
     async def generate_stream(req: GenerateIn, request: Request,
                               format: Literal["ndjson", "sse"] | None = Query(None)) -> StreamingResponse:
-        sse = format == "sse" or (format is None and "text/event-stream" in request.headers.get("accept", ""))
         run = await anyio.to_thread.run_sync(start, req)
-        if pool.gate.would_refuse("api", settings.max_waiting):
-            raise Busy("the model is busy and the API waiting line is full; try again")
-        return StreamingResponse(stream(run, req.steps, sse), media_type="text/event-stream" if sse
-                                 else "application/x-ndjson",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await respond(run, request, req.steps, _stream_format(request, format, "ndjson"))
+
+    @api.post("/continue", dependencies=keyed, responses=ERRORS,
+              summary="the next turn of an earlier run: each row answers `message` after its own conversation",
+              description="Give the earlier RunResult (`run`, best sent with `steps: false`) or its `run_id`. "
+                          "Each row's history is its own prompt and answer, so the rows' conversations diverge "
+                          "as their answers did. Settings carry over. `format=ndjson|sse` streams it as "
+                          "/generate/stream does.")
+    async def continue_(req: ContinueIn, request: Request,
+                        format: Literal["ndjson", "sse"] | None = Query(None)):
+        run = await anyio.to_thread.run_sync(start_follow_up, req)
+        return await respond(run, request, req.steps, _stream_format(request, format, None))
+
+    @api.post("/branch", dependencies=keyed, responses=ERRORS,
+              summary="an earlier run again, replayed up to `step` and forced to another token there",
+              description="`row` is replayed token for token up to `step`, then forced `token_id` (or "
+                          "`token_text`'s tokens), then decodes on; with `all_rows` (default) every row is "
+                          "forced the same way after its own tokens, keeping the comparison paired. Forced "
+                          "steps are marked `forced`. `format=ndjson|sse` streams it.")
+    async def branch_(req: BranchIn, request: Request, format: Literal["ndjson", "sse"] | None = Query(None)):
+        run = await anyio.to_thread.run_sync(start_follow_up, req)
+        return await respond(run, request, req.steps, _stream_format(request, format, None))
 
     async def stream(run: Run, steps: bool, sse: bool) -> AsyncIterator[str]:
         names = [r.name for r in run.config.rows]
@@ -401,6 +533,7 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
                             "rows": {names[i]: asdict(rec) for i, rec in event.records.items()},
                             "finished": {names[i]: why for i, why in event.finished.items()},
                             "memory": event.memory.to_dict() if event.memory is not None else None}, sse)
+                recent.put(run.result)
                 yield _event("done", {"result": result_json(run, steps)}, sse)
         except Busy as exc:  # the line filled up after the check in generate_stream
             yield _event("error", {"error": str(exc), "status": 503}, sse)
@@ -419,7 +552,7 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
     @api.post("/ppl", dependencies=keyed, responses=ERRORS,
               summary="teacher-forced perplexity of a text, baseline vs a strategy, with a paired bootstrap CI",
               description="Refused (422) when it would score more than the server's budget; a client that hangs "
-                          "up stops the scoring within one window.")
+                          "up stops the scoring within one forward pass.")
     async def ppl(req: PPLIn, request: Request) -> JSONResponse:
         lm, cfg, docs = await anyio.to_thread.run_sync(ppl_prepare, req)  # validated and costed before queueing
         async with turn("an API perplexity request", request):
@@ -431,6 +564,13 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
         return JSONResponse(json_safe(res))
 
     return api
+
+
+def _stream_format(request: Request, format: str | None, default: str | None) -> str | None:
+    """ndjson, sse or None (not streamed): `format` if given, else SSE when the client accepts it."""
+    if format is not None:
+        return format
+    return "sse" if "text/event-stream" in request.headers.get("accept", "") else default
 
 
 class ClientGone(HTTPException):
@@ -472,7 +612,7 @@ def _close_when_idle(events) -> None:
 
 async def until_gone(request: Request, stop: threading.Event, work):
     """`work()` in a worker thread, its `stop` set as soon as the client disconnects (the work then
-    ends within a window or step, raising `Stopped`, and the request ends as `ClientGone`)."""
+    ends within a forward pass or step, raising `Stopped`, and the request ends as `ClientGone`)."""
     try:
         async with _watching(request, stop):
             return await anyio.to_thread.run_sync(work)

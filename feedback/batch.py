@@ -30,7 +30,8 @@ _COMMON = {"id", "prompt", "mode"}
 def task_fields(mode: str) -> set[str]:
     """The fields a task of this mode may have (anything else is a typo or a misunderstanding)."""
     if mode == "compare":
-        return _COMMON | {"max_new_tokens", "seed", "chat_template", "strategy", "params", *SAMPLING_KEYS}
+        return _COMMON | {"max_new_tokens", "seed", "chat_template", "strategy", "params", *SAMPLING_KEYS,
+                          "rows", "system_prompt", "reference", "key_facts", "quality"}
     if mode == "ppl":
         return _COMMON | {"strategy", "params", "ppl_mode", "bootstrap"}
     from feedback.deepthink import DeepThinkConfig
@@ -38,14 +39,35 @@ def task_fields(mode: str) -> set[str]:
     return _COMMON | set(DeepThinkConfig.__dataclass_fields__) - {"prompt"}
 
 
+def _rows_problem(rows) -> str | None:
+    """The shape of a compare task's `rows` (their values are checked when the task runs)."""
+    from feedback.records import RowSpec
+
+    known = set(RowSpec.__dataclass_fields__)
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        return "rows must be a non-empty list of objects"
+    for i, row in enumerate(rows):
+        if not isinstance(row.get("name"), str):
+            return f"rows[{i}] needs a string field 'name'"
+        unknown = sorted(set(row) - known)
+        if unknown:
+            return f"rows[{i}] has unknown field(s) {', '.join(unknown)}; a row takes {', '.join(sorted(known))}"
+    return None
+
+
 def _problem(task, lenient: bool) -> str | None:
     if not isinstance(task, dict):
         return "a task must be a JSON object"
-    if not isinstance(task.get("prompt"), str) or not task["prompt"].strip():
-        return "needs a non-empty string field 'prompt'"
     mode = task.get("mode", "compare")
+    rows = task.get("rows")
+    own = mode == "compare" and isinstance(rows, list) and rows and all(isinstance(r, dict) and r.get("prompt")
+                                                                      for r in rows)
+    if not own and (not isinstance(task.get("prompt"), str) or not task["prompt"].strip()):
+        return "needs a non-empty string field 'prompt' (a compare task may instead give every row its own)"
     if mode not in MODES:
         return f"mode must be one of {', '.join(MODES)}"
+    if mode == "compare" and "rows" in task and (problem := _rows_problem(rows)):
+        return problem
     unknown = sorted(set(task) - task_fields(mode))
     if unknown and not lenient:
         return (f"unknown field(s) {', '.join(unknown)} for mode {mode} (--lenient ignores them); it takes "
@@ -121,13 +143,16 @@ def run_task(lm: LoadedModel, task: dict, budget: Budget | None = None) -> dict:
     params = task.get("params", {})
     if mode == "compare":
         from feedback.engine import Engine
-        from feedback.records import RunConfig, default_rows
+        from feedback.records import RowSpec, RunConfig, default_rows
         from feedback.sampling import SamplingConfig
 
-        cfg = RunConfig(prompt=task["prompt"], model=lm.name, max_new_tokens=task.get("max_new_tokens", 128),
+        rows = [RowSpec(**r) for r in task["rows"]] if "rows" in task else default_rows(strategy, params)
+        cfg = RunConfig(prompt=task.get("prompt", ""), model=lm.name, max_new_tokens=task.get("max_new_tokens", 128),
                         seed=task.get("seed", 0), chat_template=task.get("chat_template", True),
+                        system_prompt=task.get("system_prompt"),
                         sampling=SamplingConfig(**{k: task[k] for k in SAMPLING_KEYS if k in task}),
-                        rows=default_rows(strategy, params))
+                        rows=rows, reference=task.get("reference"), key_facts=task.get("key_facts", []),
+                        quality=task.get("quality", False))
         run = Engine(lm).start(cfg, budget=budget)
         for _ in run:
             pass

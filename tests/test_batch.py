@@ -76,6 +76,39 @@ def test_duplicate_ids_and_unknown_fields_are_invalid_lines(tiny_lm, tmp_path, m
     assert tight["error"] == 2 and all("FEEDBACK_BUDGET_DECODED_TOKENS" in r["error"] for r in errors)
 
 
+def test_tasks_with_rows_of_their_own_prompts_and_conversations(tiny_lm, tmp_path):
+    from feedback.engine import Engine
+    from feedback.records import RowSpec, RunConfig
+
+    history = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]
+    rows = [{"name": "plain", "prompt": "Name a fruit."},
+            {"name": "strong", "strategy": "residual", "params": {"alpha": 0.3}, "prompt": "Name one fruit. One word."},
+            {"name": "chat", "messages": history, "prompt": "And a fruit?"}]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text("\n".join([
+        json.dumps({"id": "v", "rows": rows, "max_new_tokens": 4, "key_facts": ["apple"], "quality": True}),
+        json.dumps({"id": "shared", "prompt": "Say hi.", "max_new_tokens": 3,
+                    "rows": [{"name": "a"}, {"name": "b", "system_prompt": "Be terse."}]}),
+        json.dumps({"id": "noprompt", "rows": [{"name": "a"}, {"name": "b", "prompt": "x"}]}),
+        json.dumps({"id": "typo", "rows": [{"name": "a", "prompmt": "x"}], "prompt": "hi"}),
+        json.dumps({"id": "role", "rows": [{"name": "a", "messages": [{"role": "robot", "content": "x"}]}],
+                    "prompt": "hi", "max_new_tokens": 2}),
+    ]) + "\n")
+    summary = run_batch(tiny_lm, inp, out, retries=0, warn=lambda _: None)
+    assert summary == summary | {"ok": 2, "invalid": 2, "error": 1}
+    got = {r["id"]: r for r in _lines(out)}
+    direct = Engine(tiny_lm).run(RunConfig(prompt="", model=tiny_lm.name, max_new_tokens=4, key_facts=["apple"],
+                                           quality=True, rows=[RowSpec(**r) for r in rows]))
+    result = got["v"]["result"]
+    assert [r["token_ids"] for r in result["rows"]] == [r.token_ids for r in direct.rows]
+    assert result["config"]["rows"][2]["messages"] == history
+    assert {"self_ppl", "key_fact_recall", "distinct_1"} <= set(result["rows"][0]["metrics"])
+    assert got["shared"]["status"] == "ok" and got["shared"]["result"]["config"]["rows"][1]["system_prompt"]
+    assert "needs a non-empty string field 'prompt'" in got["line3"]["error"]  # invalid lines are named by line
+    assert "rows[0] has unknown field(s) prompmt" in got["line4"]["error"]
+    assert "row a: messages[0].role must be one of" in got["role"]["error"]
+
+
 def test_torn_last_line_is_cut_before_resuming(tmp_path):
     out = tmp_path / "out.jsonl"
     out.write_text('{"id": "a", "status": "ok"}\n{"id": "b", "sta')

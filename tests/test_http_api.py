@@ -161,7 +161,8 @@ def test_health_models_strategies_and_openapi(api):
     assert alpha["type"] == "float" and alpha["minimum"] == -1.0 and alpha["maximum"] == 1.0
     schema = client.get("/openapi.json").json()
     assert schema["servers"] == [{"url": "/api"}]
-    assert {"/generate", "/generate/stream", "/ppl", "/health", "/models", "/strategies"} <= set(schema["paths"])
+    assert {"/generate", "/generate/stream", "/continue", "/branch", "/ppl", "/health", "/models",
+            "/strategies"} <= set(schema["paths"])
     assert client.get("/docs").status_code == 200
 
 
@@ -183,6 +184,92 @@ def test_bad_requests_get_a_clear_json_error_and_the_server_keeps_serving(api, b
     client, _ = api
     r = client.post("/generate", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == status and message in r.json()["error"], r.text
+    assert client.get("/health").status_code == 200
+
+
+VARIANT_ROWS = [{"name": "plain", "prompt": "What is the capital of France?"},
+                {"name": "strong", "strategy": "residual", "params": {"alpha": 0.2},
+                 "prompt": "What is the capital of France? Answer precisely, in one sentence."},
+                {"name": "restate", "strategy": "anchor", "params": {"alpha": 0.2},
+                 "prompt": "Question: what is the capital of France? Restate it, then answer."}]
+
+
+def test_prompt_variants_with_quality_metrics_then_a_next_turn_and_a_branch(api, embedded_lm):
+    client, _ = api
+    body = {"rows": VARIANT_ROWS, "max_new_tokens": 16, "quality": True, "key_facts": ["Paris"],
+            "reference": "The capital of France is Paris."}
+    first = client.post("/generate", json=body)
+    assert first.status_code == 200, first.text
+    run1 = first.json()
+    direct = Engine(embedded_lm).run(to_config(GenerateIn(**body), embedded_lm.name))
+    for got, want in zip(run1["rows"], direct.rows):
+        assert got["token_ids"] == want.token_ids
+        assert got["metrics"]["self_ppl"] == pytest.approx(want.metrics["self_ppl"], rel=1e-5)
+        assert {"prompt_ppl", "reference_ppl", "distinct_1", "repeat_3gram_rate", "key_fact_recall"} <= set(got["metrics"])
+
+    # the next turn, by id and by sending the (compact) result back: the same run either way
+    by_id = client.post("/continue", json={"run_id": run1["run_id"], "message": "And of Italy?", "steps": False})
+    compact = {k: v for k, v in run1.items() if k != "rows"} | {
+        "rows": [{k: v for k, v in row.items() if k != "steps"} for row in run1["rows"]]}
+    by_body = client.post("/continue", json={"run": compact, "message": "And of Italy?", "steps": False})
+    assert by_id.status_code == by_body.status_code == 200, by_id.text + by_body.text
+    turn2 = by_id.json()
+    assert [r["token_ids"] for r in turn2["rows"]] == [r["token_ids"] for r in by_body.json()["rows"]]
+    for row, answer in zip(turn2["config"]["rows"], run1["rows"]):
+        assert row["messages"][-1] == {"role": "assistant", "content": answer["text"]}
+    assert turn2["run_id"] != run1["run_id"]
+
+    # a branch from an alternative token, streamed
+    step, alt = 2, run1["rows"][1]["steps"][2]["top"][1]["token_id"]
+    with client.stream("POST", "/branch", params={"format": "ndjson"},
+                       json={"run_id": run1["run_id"], "row": "strong", "step": step, "token_id": alt}) as r:
+        assert r.status_code == 200, r.read()
+        events = _ndjson(r)
+    branched = events[-1]["result"]
+    assert events[-1]["event"] == "done"
+    for old, new in zip(run1["rows"], branched["rows"]):
+        assert new["token_ids"][:step + 1] == old["token_ids"][:step] + [alt]
+        assert [s["forced"] for s in new["steps"][:step + 2]] == [True] * (step + 1) + [False]
+    text = client.post("/branch", json={"run_id": run1["run_id"], "row": "plain", "step": 0, "token_text": " Paris",
+                                        "all_rows": False, "steps": False})
+    assert text.status_code == 200, text.text
+    rows = text.json()["rows"]
+    assert rows[0]["token_ids"][0] == embedded_lm.tokenizer(" Paris", add_special_tokens=False)["input_ids"][0]
+    assert rows[1]["token_ids"] == run1["rows"][1]["token_ids"]  # not branched: decoded afresh, same tokens
+
+
+def _saved(**config) -> dict:
+    return {"config": {"prompt": "hi", "max_new_tokens": 8, "rows": [{"name": "b"}]} | config,
+            "rows": [{"name": "b", "strategy": None, "params": {}, "token_ids": [1, 2, 3], "text": "abc"}]}
+
+
+@pytest.mark.parametrize("path, body, message", [
+    ("/generate", {"prompt": "hi", "rows": [{"name": "a", "prompt": ""}]}, "rows.0.prompt"),
+    ("/generate", {"rows": [{"name": "a"}]}, "prompt is empty"),
+    ("/generate", {"prompt": "hi", "rows": [{"name": "a", "messages": [{"role": "wizard", "content": "x"}]}]},
+     "rows.0.messages.0.role"),
+    ("/generate", {"prompt": "hi", "rows": [{"name": "a", "prefix": [1] * 20}], "max_new_tokens": 8},
+     "row a: prefix has 20 tokens but max_new_tokens is 8"),
+    ("/generate", {"prompt": "hi", "rows": [{"name": "a", "prefix": [10**7]}]}, "row a: prefix token id 10000000 "
+                                                                                   "is outside the vocabulary"),
+    ("/generate", {"rows": [{"name": "a", "prompt": "word " * 9000}]}, "row a: prompt is"),
+    ("/generate", {"prompt": "hi", "rows": [{"name": f"r{i}"} for i in range(9)]}, "rows: List should have at most 8"),
+    ("/generate", {"prompt": "hi", "key_facts": [""]}, "key_facts.0"),
+    ("/continue", {"run_id": "nope", "message": "more"}, "no recent run 'nope'"),
+    ("/continue", {"message": "more"}, "give either run"),
+    ("/continue", {"run": _saved(), "run_id": "x", "message": "more"}, "give either run"),
+    ("/continue", {"run": _saved(chat_template=False), "message": "more"}, "needs the chat template"),
+    ("/continue", {"run": _saved(model="evil/model"), "message": "more"}, "not in the allowlist"),
+    ("/continue", {"run": {"config": {}, "rows": []}, "message": "more"}, "run.config.rows"),
+    ("/branch", {"run": _saved(), "row": "zz", "step": 1, "token_id": 5}, "unknown row 'zz'"),
+    ("/branch", {"run": _saved(), "row": "b", "step": 3, "token_id": 5}, "step 3 is outside row b's answer"),
+    ("/branch", {"run": _saved(), "row": "b", "step": 1}, "give either token_id or token_text"),
+    ("/branch", {"run": _saved(), "row": "b", "step": 1, "token_id": 10**7}, "outside the vocabulary"),
+])
+def test_bad_rows_and_follow_ups_are_refused_with_a_clear_error(api, path, body, message):
+    client, _ = api
+    r = client.post(path, json=body)
+    assert r.status_code == 422 and message in r.json()["error"], r.text
     assert client.get("/health").status_code == 200
 
 
@@ -243,14 +330,22 @@ def test_schemathesis_finds_no_server_errors(tiny_lm, tmp_path):
     # are refused with 422, which is itself under test).
     fuzz = ApiSettings(keys=("fuzz-key",), wait_s=60, budget=Budget(scored_tokens=20_000, decoded_tokens=64,
                                                                     memory_mb=512))
+    # The follow-up routes carry a whole saved run in their body; schemathesis' coverage phase
+    # enumerates ~500 boundary cases per nested field set there (~50 s of its own CPU), so those two
+    # routes get the fuzzing and examples phases, and every other route all phases.
+    follow_ups = "/(continue|branch)$"
+    passes = [("--exclude-path-regex", follow_ups), ("--include-path-regex", follow_ups, "--phases", "examples,fuzzing")]
     with serve(tiny_lm, fuzz) as (url, _):
-        run = subprocess.run(
-            [exe, "run", f"{url}/api/openapi.json", "--checks", "not_a_server_error", "--max-examples", "25",
-             "--header", "Authorization: Bearer fuzz-key", "--seed", "1", "--workers", "1",
-             "--request-timeout", "120", "--no-color", "--generation-database", "none",
-             "--suppress-health-check", "all", "--report", "junit", "--report-dir", str(tmp_path)],
-            cwd=tmp_path, capture_output=True, text=True, timeout=1200)
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+        for i, extra in enumerate(passes):
+            run = subprocess.run(
+                [exe, "run", f"{url}/api/openapi.json", "--checks", "not_a_server_error", "--max-examples", "25",
+                 "--header", "Authorization: Bearer fuzz-key", "--seed", "1", "--workers", "1",
+                 "--request-timeout", "120", "--no-color", "--generation-database", "none",
+                 "--suppress-health-check", "all", "--report", "junit", "--report-dir", str(tmp_path / str(i)),
+                 *extra],
+                cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+            assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+            assert "passed" in run.stdout and " 0 generated" not in run.stdout, run.stdout[-2000:]
 
 
 def test_the_page_waits_in_the_same_line_as_the_api(app_url):
