@@ -567,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ignore unknown task fields instead of recording the line as invalid")
     p = sub.add_parser("merge", help="join the part files of a sharded batch run (accelerate launch) in task order")
     p.add_argument("output", help="the OUTPUT given to batch; OUTPUT.part0, OUTPUT.part1, ... are joined into it")
-    p = sub.add_parser("bench", help="engine speed ratios on the embedded model (SPEC §7)")
+    p = sub.add_parser("bench", help="engine speed ratios on the embedded model, each against its target")
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per measurement")
     p.add_argument("--repeats", type=int, default=3, help="repeats per measurement (the median is kept)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])

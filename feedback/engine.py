@@ -366,10 +366,20 @@ class Run:
             if cfg.quality:
                 if text not in prompt_ppl:
                     prompt_ppl[text] = quality.text_ppl(lm, text)
-                r.metrics |= {"self_ppl": quality.self_ppl(lm, row.prompt_ids, r.token_ids),
-                              "prompt_ppl": prompt_ppl[text]}
+                r.metrics |= {"self_ppl": self._self_ppl(row), "prompt_ppl": prompt_ppl[text]}
             if reference is not None:
                 r.metrics |= quality.reference_ppl(lm, row.prompt_ids, reference, r.strategy, r.params)
+
+
+    def _self_ppl(self, row: RowState) -> float | None:
+        """A plain row already scored its own answer while decoding: each step records the chosen
+        (or forced) token's log-probability under the raw distribution after the same input, so its
+        self-perplexity needs no second pass (it agrees with one to float rounding). A row with a
+        strategy is scored again by the plain model."""
+        r = row.result
+        if r.strategy is None and len(r.steps) == len(r.token_ids):
+            return quality.ppl_from_logprobs([s.logprob for s in r.steps])
+        return quality.self_ppl(self.lm, row.prompt_ids, r.token_ids)
 
 
 def hooked_forward(lm: LoadedModel, batch: BatchView, strategies, **inputs):

@@ -4,8 +4,8 @@ Cheap ones, from the tokens alone (always computed):
 - `length` (tokens), `distinct_1` / `distinct_2` (unique unigrams / bigrams over all of them),
 - `repeat_3gram_rate` (share of 3-grams that already occurred earlier in the answer),
 - `longest_repeat` (tokens in the longest span that occurs twice),
-- `key_fact_recall` and `key_facts_found` when the run lists key facts (a plain text is found
-  case-insensitively; one written /like this/ is a regular expression, time-limited).
+- `key_fact_recall`, `key_facts_found` and `key_facts_total` when the run lists key facts (a plain
+  text is found case-insensitively; one written /like this/ is a regular expression, time-limited).
 Ones that take forward passes (`RunConfig.quality`):
 - `self_ppl`: the row's answer scored teacher-forced by the plain model after the row's prompt;
 - `prompt_ppl`: the row's prompt text (its newest user turn) on its own, scored by the plain model
@@ -87,12 +87,47 @@ def text_metrics(ids: list[int], text: str, key_facts: list[str]) -> dict:
            "repeat_3gram_rate": repeat_rate(ids, 3), "longest_repeat": longest_repeat(ids)}
     if key_facts:
         found = key_facts_found(text, key_facts)
-        out |= {"key_facts_found": found, "key_fact_recall": len(found) / len(key_facts)}
+        out |= {"key_facts_found": found, "key_facts_total": len(key_facts),
+                "key_fact_recall": len(found) / len(key_facts)}
     return out
+
+
+# Which way each comparable metric is better, so a view can mark the best column without knowing
+# the metrics' meaning. Keys absent here (length, key_facts_found, …) are never ranked.
+HIGHER_IS_BETTER: dict[str, bool] = {
+    "distinct_1": True, "distinct_2": True, "key_fact_recall": True, "mean": True, "lowest_group": True,
+    "repeat_3gram_rate": False, "longest_repeat": False,
+    "self_ppl": False, "prompt_ppl": False, "reference_ppl": False,
+}
+
+
+def _rankable(value) -> bool:
+    """A finite number (not a bool): only these take part in a comparison."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def best_rows(rows_metrics: list[dict]) -> dict[str, set[int]]:
+    """For each ranked metric, the indexes of the rows holding its best value (ties: all of them).
+
+    A metric counts only where at least two rows have a value and the values are not all equal:
+    marking every column "best" would tell the reader nothing. Missing or None values are ignored."""
+    best: dict[str, set[int]] = {}
+    for key, higher in HIGHER_IS_BETTER.items():
+        values = {i: m[key] for i, m in enumerate(rows_metrics) if _rankable(m.get(key))}
+        if len(values) < 2 or len(set(values.values())) == 1:
+            continue
+        target = (max if higher else min)(values.values())
+        best[key] = {i for i, v in values.items() if v == target}
+    return best
 
 
 def _ppl(nll: torch.Tensor) -> float | None:
     return float(math.exp(nll.double().mean().item())) if nll.numel() else None
+
+
+def ppl_from_logprobs(logprobs: list[float]) -> float | None:
+    """Perplexity from per-token log-probabilities (None for none)."""
+    return math.exp(-math.fsum(logprobs) / len(logprobs)) if logprobs else None
 
 
 @torch.inference_mode()

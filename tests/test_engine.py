@@ -1,4 +1,4 @@
-"""Engine mechanics and the exactness guarantees of SPEC §3."""
+"""Engine mechanics and the exactness guarantees."""
 from __future__ import annotations
 
 import json

@@ -85,3 +85,55 @@ def test_forward_metrics_are_off_unless_asked_and_skipped_when_stopped(tiny_lm):
     for event in run:
         run.stop()
     assert "self_ppl" not in run.result.rows[0].metrics
+
+
+def test_a_plain_row_scores_itself_from_its_own_steps(tiny_lm):
+    """The baseline's self-perplexity comes from the log-probabilities it recorded while decoding
+    (no second pass); it equals a teacher-forced pass, and only the prompt's own score runs a forward."""
+    forwards = [0]
+    handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    try:
+        run = Engine(tiny_lm).start(RunConfig(prompt="Tell me about tea.", model="tiny", max_new_tokens=12,
+                                              quality=True, rows=[RowSpec("baseline"),
+                                                                  RowSpec("branch", prefix=[5, 6])]))
+        for _ in run:
+            forwards[0] = 0  # only the forwards after the last step count
+    finally:
+        handle.remove()
+    assert forwards[0] == 1  # prompt_ppl; both rows are plain, forced tokens included
+    for row in run.result.rows:
+        want = quality.self_ppl(tiny_lm, tiny_lm.encode("Tell me about tea."), row.token_ids)
+        assert row.metrics["self_ppl"] == pytest.approx(want, rel=1e-5)
+
+
+def test_key_facts_total_is_kept():
+    m = quality.text_metrics([1], "nothing here", ["a fact", "another"])
+    assert m["key_facts_total"] == 2 and m["key_fact_recall"] == 0.0 and m["key_facts_found"] == []
+
+
+def test_metric_directions():
+    assert {k for k, up in quality.HIGHER_IS_BETTER.items() if up} == {
+        "distinct_1", "distinct_2", "key_fact_recall", "mean", "lowest_group"}
+    assert {k for k, up in quality.HIGHER_IS_BETTER.items() if not up} == {
+        "repeat_3gram_rate", "longest_repeat", "self_ppl", "prompt_ppl", "reference_ppl"}
+
+
+def test_best_rows_by_hand():
+    rows = [
+        {"distinct_1": 0.8, "self_ppl": 3.0, "mean": 5.0, "longest_repeat": 2, "length": 10},
+        {"distinct_1": 0.9, "self_ppl": 2.5, "mean": 5.0, "longest_repeat": 4, "length": 12},
+        {"distinct_1": 0.9, "self_ppl": None, "mean": 5.0, "longest_repeat": 2, "length": 99},
+    ]
+    assert quality.best_rows(rows) == {
+        "distinct_1": {1, 2},  # a tie: both
+        "self_ppl": {1},  # lower is better; None ignored
+        "longest_repeat": {0, 2},
+    }  # mean: all equal, no best; length: not ranked
+
+
+def test_best_rows_needs_two_differing_values():
+    assert quality.best_rows([]) == {} and quality.best_rows([{"self_ppl": 2.0}]) == {}
+    assert quality.best_rows([{"self_ppl": 2.0}, {"self_ppl": None}, {}]) == {}
+    assert quality.best_rows([{"reference_ppl": float("nan")}, {"reference_ppl": 3.0}]) == {}
+    assert quality.best_rows([{"key_fact_recall": 0.0}, {"key_fact_recall": 0.5}]) == {"key_fact_recall": {1}}
+    assert quality.best_rows([{"repeat_3gram_rate": 0.0}, {"repeat_3gram_rate": 0.25}]) == {"repeat_3gram_rate": {0}}

@@ -1,4 +1,4 @@
-"""Anchor feedback (SPEC §4.4): the prompt's deep summary fused into the last layer's output.
+"""Anchor feedback: the prompt's deep summary fused into the last layer's output.
 
     h^L_t <- h^L_t + alpha * rms(h^L_t) * normalise(mean_prompt(h^s) - mu_t)
 

@@ -1,4 +1,4 @@
-"""Deep continuous cache (SPEC §4.3): output-side reuse of deep states (Grave et al., 2016).
+"""Deep continuous cache: output-side reuse of deep states (Grave et al., 2016).
 
     p_t = (1 - lam) p_LM + lam * sum_{i<t, t-i<=W} softmax_i(theta * cos(h_t, h_i)) onehot(x_{i+1})
 

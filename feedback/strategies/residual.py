@@ -1,4 +1,4 @@
-"""Residual feedback (SPEC §4.1): the previous token's centred deep state added to a lower layer.
+"""Residual feedback: the previous token's centred deep state added to a lower layer.
 
     x^j_t <- x^j_t + alpha * rms(x^j_t) * u_{t-1},   u = (h^s - mu_s) / rms(h^s - mu_s)
 

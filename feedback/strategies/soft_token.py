@@ -1,4 +1,4 @@
-"""Soft-token feedback (SPEC §4.2): the previous step's predicted distribution, fed back in
+"""Soft-token feedback: the previous step's predicted distribution, fed back in
 embedding space.
 
     e'_t = e(x_t) + beta * (ebar_t - e(x_t)),   ebar_t = sum_{w in top-k} p_{t-1}(w) E[w]
