@@ -384,13 +384,19 @@ class Run:
 
 def hooked_forward(lm: LoadedModel, batch: BatchView, strategies, **inputs):
     """One forward pass with `batch`'s hooks active (forwards on a model are serialised, so other
-    runs' hooks stay inactive), then each strategy's end-of-forward update."""
+    runs' hooks stay inactive), then each strategy's end-of-forward update. When `batch.stop` is
+    set, the forward looks at it before every decoder layer and ends (raising `Stopped`) once it is
+    set: long single forwards (a perplexity window) end within a layer, not a window."""
     with lm.forward_lock:
         batch.active = True
+        checks = ([layer.register_forward_pre_hook(lambda *_: batch.check_stop()) for layer in lm.layers]
+                  if batch.stop is not None else [])
         try:
             out = lm.model(**inputs)
         finally:
             batch.active = False
+            for handle in checks:
+                handle.remove()
     for strategy in strategies:
         strategy.end_forward()
     return out

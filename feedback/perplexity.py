@@ -99,8 +99,8 @@ def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def _window_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int,
                      stop: threading.Event | None = None) -> torch.Tensor:
     """NLL of ids[1:] from `passes` full-sequence forwards (the strategy, if any, on row 0);
-    `stop` is checked before each pass."""
-    batch = BatchView("sequence", [0])
+    `stop` is checked before each pass and, inside one, between layers."""
+    batch = BatchView("sequence", [0], stop=stop)
     strategies = [strategy] if strategy else []
     if strategy:
         strategy.attach(lm.model, lm.layers, 0, batch)
@@ -118,8 +118,8 @@ def _window_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int,
 def _window_chunked(lm: LoadedModel, ids: torch.Tensor, chunk: int, stop: threading.Event | None = None) -> torch.Tensor:
     """Baseline NLL of ids[1:] with a chunked prefill: `chunk` tokens per forward on a growing KV
     cache, so peak memory for logits is [chunk, V] rather than [window, V]; `stop` is checked
-    before each chunk."""
-    batch = BatchView("sequence", [])
+    before each chunk and between its layers."""
+    batch = BatchView("sequence", [], stop=stop)
     nll = []
     with torch.inference_mode():
         cache = DynamicCache(config=lm.model.config)

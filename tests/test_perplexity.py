@@ -204,6 +204,30 @@ def test_stop_is_looked_at_before_every_forward(tiny_lm, mode):
     assert max(gaps[1:] + since_check) <= 1 and len(gaps) > 10
 
 
+def test_a_stop_during_a_forward_ends_it_at_the_next_layer(tiny_lm):
+    """One forward over a long window can take seconds: a Stop that comes during it is seen before
+    the next decoder layer, and no further layer runs."""
+    stop = threading.Event()
+    ran: list[int] = []
+
+    def enter(i):
+        def hook(*_):
+            ran.append(i)
+            if len(ran) == 3:  # the third layer entered in the whole evaluation: Stop arrives now
+                stop.set()
+        return hook
+
+    handles = [layer.register_forward_pre_hook(enter(i)) for i, layer in enumerate(tiny_lm.layers)]
+    try:
+        cfg = PPLConfig("deep_cache", {}, "parallel", window=32, stride=16, chunk=64, bootstrap=0)
+        with pytest.raises(Stopped):
+            evaluate(tiny_lm, [corpus.Document("d", TEXT * 3)], cfg, stop=stop)
+    finally:
+        for h in handles:
+            h.remove()
+    assert len(ran) == 3 and tiny_lm.num_layers > 3  # the layer Stop came in never ran its forward
+
+
 def test_a_stopped_sweep_keeps_the_points_it_finished(tiny_lm):
     grid = {"lam": [0.0, 0.1, 0.2]}
     points: list[dict] = []

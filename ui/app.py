@@ -16,10 +16,11 @@ from ui.perplexity_tab import PerplexityTab
 from ui.runner import ModelRunner
 from ui.sweep_tab import SweepTab
 
-INTRO = ("# Feedback Lens\nOne model, one prompt, two decodes streamed side by side: a plain **baseline** and an "
-         "**activation-feedback** decode, which feeds the model's own deep hidden states back into it while it "
-         "generates (no training). Token colours show the model's confidence (DeepConf); the charts show where "
-         "confidence dips, where each column would stop early, and where the two first differ.")
+INTRO = ("# Feedback Lens\nOne model, one prompt, decodes streamed side by side: a plain **baseline** and "
+         "**activation-feedback** decodes, which feed the model's own deep hidden states back into it while it "
+         "generates (no training), and prompt variants in up to four columns. Token colours show the model's "
+         "confidence (DeepConf); the charts show where confidence dips, where each column would stop early, and "
+         "where the columns first differ. Continue a conversation, branch from any token, share a link.")
 
 
 class FeedbackLensApp:
@@ -53,6 +54,8 @@ class FeedbackLensApp:
                 self.deepthink.build(layers)
                 self.history.build(hist, tabs)
             demo.load(self.history.view, hist, self.history.view_outputs, api_name=False, show_progress="hidden")
+            demo.load(self.compare.open_link, None, self.compare.restore_outputs(), api_name=False,
+                      show_progress="hidden")
             demo.unload(self.closed)
         return demo
 

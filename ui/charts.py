@@ -58,9 +58,10 @@ def _x_span(rows: list[RowResult]) -> tuple[float, float]:
 
 
 def confidence_figure(rows: list[RowResult], threshold: float | None = None,
-                      divergence_step: int | None = None, window: int | None = None) -> go.Figure:
-    """Token and group confidence per row, with threshold, early stops and the first divergence.
-    Labels sit apart: the divergence label above the plot, the window label at its bottom."""
+                      divergence: dict[int, int] | int | None = None, window: int | None = None) -> go.Figure:
+    """Token and group confidence per row, with threshold, early stops and where each column first
+    differs from column 1 (`divergence`: column index -> step; an int means column 2). Labels sit
+    apart: the divergence labels above the plot, the window label at its bottom."""
     traces: list[dict] = []
     annotations: list[dict] = []
     shapes: list[dict] = []
@@ -74,12 +75,15 @@ def confidence_figure(rows: list[RowResult], threshold: float | None = None,
         x0, x1 = _x_span(rows)
         traces.append(_scatter(x=[x0, x1], y=[threshold, threshold], name=f"threshold {threshold:.2f}",
                                mode="lines", line=dict(color=MARK, width=1.5, dash="dash")))
-    if divergence_step is not None:
-        shapes.append(dict(type="line", xref="x", yref="paper", x0=divergence_step, x1=divergence_step, y0=0, y1=1,
-                           line=dict(color=MARK, width=1.5, dash="dot")))
-        annotations.append(dict(xref="x", yref="paper", x=divergence_step, y=1.0, yanchor="bottom",
-                                text=f"first divergence: step {divergence_step}", showarrow=False,
-                                font=dict(size=11)))
+    pairs = {1: divergence} if isinstance(divergence, int) else dict(divergence or {})
+    for n, (j, step) in enumerate(sorted(pairs.items(), key=lambda p: p[1])):
+        color = MARK if len(rows) <= 2 else row_color(j)  # two columns: one neutral line; more: the column's colour
+        shapes.append(dict(type="line", xref="x", yref="paper", x0=step, x1=step, y0=0, y1=1,
+                           line=dict(color=color, width=1.5, dash="dot")))
+        label = (f"first divergence: step {step}" if len(rows) <= 2 else
+                 f"{rows[0].name} ≠ {rows[j].name}: step {step}")
+        annotations.append(dict(xref="x", yref="paper", x=step, y=1.0 + 0.07 * n, yanchor="bottom", text=label,
+                                showarrow=False, font=dict(size=11, color=None if len(rows) <= 2 else color)))
     if window is not None and window > 1:
         # The early-stop rule only applies once the group window is full (from step window - 1).
         shapes.append(dict(type="rect", xref="x", yref="paper", x0=-0.5, x1=window - 1.5, y0=0, y1=1,
@@ -87,7 +91,7 @@ def confidence_figure(rows: list[RowResult], threshold: float | None = None,
         annotations.append(dict(xref="x", yref="paper", x=-0.5, y=0.0, xanchor="left", yanchor="bottom",
                                 text=f"window filling ({window} tokens)", showarrow=False, font=dict(size=10)))
     return figure(traces, 340, "decode step", "confidence (−mean top-k log p)", annotations=annotations,
-                  shapes=shapes, margin=dict(t=30))
+                  shapes=shapes, margin=dict(t=30 + 18 * max(0, len(pairs) - 1)))
 
 
 def memory_figure(samples: list[dict], origin_label: str = "the run began") -> go.Figure:

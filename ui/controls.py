@@ -7,6 +7,7 @@ silently) and wide ranges (1 to 100,000) can be typed instead of dragged.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ from feedback.errors import FeedbackError
 from feedback.strategies import REGISTRY
 
 CUSTOM = "custom"
+NONE = "none"  # a column without feedback (Compare's columns may each have a strategy or none)
+NONE_ABOUT = "**none** — no feedback: the model as it is (a baseline, or a prompt variant on its own)."
 
 
 def parse_number(value, name: str, integer: bool = False, lo: float | None = None,
@@ -36,6 +39,20 @@ def parse_number(value, name: str, integer: bool = False, lo: float | None = Non
                   else f"at least {lo:g}" if lo is not None else f"at most {hi:g}")
         raise FeedbackError(f"{name} must be {bounds}, got {out}")
     return out
+
+
+def named_params(fn, names: list[str]):
+    """`fn(*fixed, *values)` as Gradio sees it: its fixed parameters, then one named parameter per
+    trailing value (strategy and column controls), so API clients can pass them by name."""
+    def call(*args):
+        return fn(*args)
+
+    base = inspect.signature(fn)
+    fixed = [p for p in base.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    extra = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+    call.__signature__ = base.replace(parameters=[*fixed, *extra])
+    call.__name__, call.__doc__ = fn.__name__, fn.__doc__
+    return call
 
 
 def about(strategy: str, preset: str | None) -> str:
@@ -129,13 +146,16 @@ class StrategyPanel:
 
     def show(self, strategy: str, preset: str | None = None, params: dict | None = None) -> dict:
         """Updates that select `strategy`, with a preset's values (or explicit `params`)."""
+        if strategy not in REGISTRY:  # "none": nothing to set
+            return {self.strategy: NONE, self.preset: gr.update(choices=[], value=None, visible=False),
+                    self.about: NONE_ABOUT} | {group: gr.update(visible=False) for group in self.groups.values()}
         if params is None:
             preset = preset or first_preset(strategy, self.context)
             params = REGISTRY[strategy].preset_values(preset, self.num_layers)
         elif preset is None:
             preset = matching_preset(strategy, params, self.num_layers)
         out: dict = {self.strategy: strategy,
-                     self.preset: gr.update(choices=preset_names(strategy), value=preset),
+                     self.preset: gr.update(choices=preset_names(strategy), value=preset, visible=True),
                      self.about: about(strategy, preset)}
         out |= {group: gr.update(visible=name == strategy) for name, group in self.groups.items()}
         out |= {self.component(strategy, k): v for k, v in params.items() if (strategy, k) in self.keys}
@@ -158,6 +178,8 @@ class StrategyPanel:
         return self.show(strategy)
 
     def _on_preset(self, strategy: str, preset: str) -> dict:
+        if strategy not in REGISTRY:
+            return {}
         if preset == CUSTOM:
             return {self.about: about(strategy, CUSTOM)}
         return self.show(strategy, preset)
@@ -170,21 +192,27 @@ class StrategyPanel:
         self.preset.input(self._on_preset, [self.strategy, self.preset], self.outputs(), api_name=False,
                           queue=False, show_progress="hidden")
         for comp in self.components:
-            comp.input(lambda s: {self.preset: CUSTOM, self.about: about(s, CUSTOM)}, self.strategy,
+            comp.input(lambda s: {self.preset: CUSTOM, self.about: about(s, CUSTOM)} if s in REGISTRY else {},
+                       self.strategy,
                        [self.preset, self.about], api_name=False, queue=False, show_progress="hidden")
 
 
 def build_strategy_panel(num_layers: int, selected: str = "residual", prefix: str = "param",
-                         context: str = "generate", strategies: list[str] | None = None) -> StrategyPanel:
+                         context: str = "generate", strategies: list[str] | None = None,
+                         allow_none: bool = False) -> StrategyPanel:
     """The panel, inside the current Blocks; `prefix` keeps element ids unique per tab. In a
-    "generate" context, controls that only perplexity reads are hidden."""
+    "generate" context, controls that only perplexity reads are hidden. With `allow_none`, the
+    dropdown also offers "none" (no feedback), which may be `selected`."""
     names = strategies or list(REGISTRY)
-    preset = first_preset(selected, context)
-    values = REGISTRY[selected].preset_values(preset, num_layers)
-    strategy = gr.Dropdown(names, value=selected, label="Feedback strategy", elem_id=f"{prefix}-strategy")
-    preset_dd = gr.Dropdown(preset_names(selected), value=preset, label="Preset", elem_id=f"{prefix}-preset",
+    has = selected in REGISTRY
+    preset = first_preset(selected, context) if has else None
+    values = REGISTRY[selected].preset_values(preset, num_layers) if has else {}
+    strategy = gr.Dropdown(([NONE] if allow_none else []) + names, value=selected, label="Feedback strategy",
+                           elem_id=f"{prefix}-strategy")
+    preset_dd = gr.Dropdown(preset_names(selected) if has else [], value=preset, label="Preset", visible=has,
+                            elem_id=f"{prefix}-preset",
                             info="named settings with what each is for; editing a value makes it custom")
-    note = gr.Markdown(about(selected, preset), elem_id=f"{prefix}-about")
+    note = gr.Markdown(about(selected, preset) if has else NONE_ABOUT, elem_id=f"{prefix}-about")
     groups, components, keys = {}, [], []
     for name in names:
         cls = REGISTRY[name]

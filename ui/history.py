@@ -1,4 +1,4 @@
-"""This browser's run history: compact entries, a table summary, JSON and CSV exports.
+"""This browser's run history: compact entries, a table summary, JSON, CSV and LLM Comparator exports.
 
 The history lives in the browser (local storage) and comes back with every request, so nothing in
 it is trusted: entries that do not have the shape of a stored run are skipped and counted.
@@ -8,10 +8,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import time
 import uuid
 
 from feedback.errors import FeedbackError
+from feedback.records import first_divergence
 
 MAX_RUNS = 30
 MAX_BYTES = 3_000_000  # keep localStorage well under browsers' ~5 MB quota
@@ -19,10 +21,13 @@ OUTPUT_PREVIEW = 80
 
 CSV_COLUMNS = ["run_id", "created", "prompt", "system_prompt", "model", "chat_template", "temperature", "top_p",
                "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens", "deepconf_k", "deepconf_window",
-               "threshold", "row", "strategy", "params", "row_prompt", "row_metrics", "step", "token_id", "forced",
-               "text", "logprob", "prob", "confidence", "entropy", "group_confidence", "top5"]
-TABLE_HEADERS = ["id", "time", "prompt", "feedback", "baseline output", "feedback output", "tokens", "differ at",
-                 "stop"]
+               "threshold", "row", "strategy", "params", "row_prompt", "row_system_prompt", "row_messages",
+               "row_metrics", "step", "token_id", "forced", "text", "logprob", "prob", "confidence", "entropy",
+               "group_confidence", "top5"]
+TABLE_HEADERS = ["id", "time", "prompt", "columns", "first column output", "other columns' output", "tokens",
+                 "differ at", "stop"]
+TABLE_OTHERS_SHOWN = 3  # other columns listed per table cell (the UI's runs have at most 3); the rest are counted
+LABEL_PREVIEW = 40
 
 
 def _is_run(result) -> bool:
@@ -66,23 +71,100 @@ def add_run(history: list[dict] | None, result: dict) -> list[dict]:
     return runs
 
 
-def _preview(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= OUTPUT_PREVIEW else text[:OUTPUT_PREVIEW - 1] + "…"
+def _preview(text, limit: int = OUTPUT_PREVIEW) -> str:
+    """One line of at most `limit` characters, so a long or multi-line text keeps a table row short."""
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _specs(result: dict) -> dict[str, dict]:
+    """The run's row specs (`config["rows"]`) by row name. Stored history is untrusted, so specs
+    that are not dicts with a name are ignored rather than failing the whole table or export."""
+    rows = result["config"].get("rows")
+    return {r["name"]: r for r in rows if isinstance(r, dict) and isinstance(r.get("name"), str)} \
+        if isinstance(rows, list) else {}
+
+
+def _own_prompt(spec: dict) -> str | None:
+    """The row's own prompt, or None when it used the run's prompt."""
+    prompt = spec.get("prompt")
+    return prompt if isinstance(prompt, str) else None
+
+
+def _seen_system(config: dict, spec: dict) -> str:
+    """The system prompt a row saw: its own when set, else the run's ("" for none)."""
+    own = spec.get("system_prompt")
+    return own if isinstance(own, str) else config.get("system_prompt") or ""
+
+
+def _turns(spec: dict) -> list[dict]:
+    """The row's earlier conversation turns that have the {role, content} shape (others dropped)."""
+    turns = spec.get("messages")
+    return [m for m in turns if isinstance(m, dict) and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)] if isinstance(turns, list) else []
+
+
+def run_prompt(result: dict) -> str:
+    """The prompt that names a run: the run's prompt, or when that is empty (every row has its own)
+    the first row's own prompt."""
+    prompt = result["config"]["prompt"]
+    if prompt.strip():
+        return prompt
+    return _own_prompt(_specs(result).get(result["rows"][0]["name"], {})) or prompt
+
+
+def label(entry: dict) -> str:
+    """The run picker's label, "id · prompt preview" (entry assumed valid)."""
+    return f"{entry['id']} · {_preview(run_prompt(entry['result']), LABEL_PREVIEW)}"
+
+
+def _params(row: dict) -> dict:
+    params = row.get("params")
+    return params if isinstance(params, dict) else {}
+
+
+def _strategy_label(row: dict) -> str:
+    """"residual alpha=0.1", or "no feedback" for a row without a strategy."""
+    if not row.get("strategy"):
+        return "no feedback"
+    return " ".join([str(row["strategy"]), ", ".join(f"{k}={v}" for k, v in _params(row).items())]).strip()
+
+
+def _column_label(row: dict, spec: dict) -> str:
+    """"name: strategy params", marked when the column did not see the run's prompt as is."""
+    marks = [" (own prompt)"] if _own_prompt(spec) is not None else []
+    if turns := _turns(spec):
+        marks.append(f" (+{len(turns)} earlier turn{'s' if len(turns) != 1 else ''})")
+    return f"{row['name']}: {_strategy_label(row)}" + "".join(marks)
+
+
+def _listed(items: list[str], shown: int = TABLE_OTHERS_SHOWN) -> str:
+    """Items joined for one table cell, at most `shown` of them and a count of the rest, so a library
+    run of 64 columns keeps its row readable."""
+    if not items:
+        return "—"
+    more = len(items) - shown
+    return " | ".join(items[:shown]) + (f" | +{more} more" if more > 0 else "")
+
+
+def _divergences(rows: list[dict]) -> list[int | None]:
+    """First divergence of every column after the first from the first (the reference column)."""
+    return [first_divergence(rows[0]["token_ids"], r["token_ids"]) for r in rows[1:]]
 
 
 def table(history: list[dict]) -> list[list]:
-    """One row per run for the History tab's table (entries assumed valid)."""
+    """One row per run for the History tab's table (entries assumed valid), for runs of any number
+    of columns: every column described, the first column's output, the others' outputs, and per
+    column the token count, where it first differs from the first column, and why it stopped."""
     out = []
     for e in history:
         res = e["result"]
-        rows = res["rows"]
-        fb = next((r for r in rows if r.get("strategy")), None)
-        label = f"{fb['strategy']} " + ", ".join(f"{k}={v}" for k, v in fb.get("params", {}).items()) if fb else "—"
-        div = res.get("first_divergence_step")
-        out.append([e["id"], e["created"], _preview(res["config"]["prompt"]), label,
-                    _preview(rows[0].get("text", "")), _preview(fb.get("text", "")) if fb else "—",
-                    " / ".join(str(len(r["token_ids"])) for r in rows), "—" if div is None else div,
+        rows, specs = res["rows"], _specs(res)
+        columns = _listed([_column_label(r, specs.get(r["name"], {})) for r in rows], TABLE_OTHERS_SHOWN + 1)
+        others = [f"{r['name']}: {_preview(r.get('text', ''))}" for r in rows[1:]]
+        div = " / ".join("—" if d is None else str(d) for d in _divergences(rows)) or "—"
+        out.append([e["id"], e["created"], _preview(run_prompt(res)), columns, _preview(rows[0].get("text", "")),
+                    _listed(others), " / ".join(str(len(r["token_ids"])) for r in rows), div,
                     " / ".join(str(r.get("stop_reason")) for r in rows)])
     return out
 
@@ -93,13 +175,16 @@ def select(history: list[dict], ids: list[str] | None) -> list[dict]:
 
 
 def to_json(entries: list[dict]) -> str:
+    """The selected runs as a JSON list of RunResult dicts (each with its history id and time), the
+    form `RunResult.from_dict` reads back, whatever the number of columns."""
     return json.dumps([{"id": e["id"], "created": e["created"], **e["result"]} for e in entries], indent=1)
 
 
 def to_csv(entries: list[dict]) -> str:
     """One line per generated token of every row of every selected run, each with the run's
-    prompt and settings, the row's own prompt and its metrics (JSON); the top-5 alternatives as a
-    JSON list (so ':' and '|' in tokens are safe)."""
+    prompt and settings, the prompt and system prompt the row saw (its own or the run's), its earlier
+    turns (JSON, empty when none) and its metrics (JSON); the top-5 alternatives as a JSON list (so
+    ':' and '|' in tokens are safe)."""
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(CSV_COLUMNS)
@@ -111,16 +196,179 @@ def to_csv(entries: list[dict]) -> str:
                cfg.get("chat_template", ""), s.get("temperature"), s.get("top_p"), s.get("top_k"), s.get("min_p"),
                s.get("repetition_penalty"), cfg.get("seed"), cfg.get("max_new_tokens"), dc.get("k"),
                dc.get("window"), "" if dc.get("threshold") is None else dc["threshold"]]
-        specs = {r.get("name"): r for r in cfg.get("rows", []) if isinstance(r, dict)}
+        specs = _specs(res)
         for row in res["rows"]:
             params = json.dumps(row.get("params", {}), sort_keys=True)
-            own = specs.get(row["name"], {}).get("prompt")
+            spec = specs.get(row["name"], {})
+            own, turns = _own_prompt(spec), _turns(spec)
+            turns = json.dumps(turns, ensure_ascii=False) if turns else ""
             metrics = json.dumps(row.get("metrics", {}), sort_keys=True, ensure_ascii=False)
             for st in row["steps"]:
                 top = json.dumps([{"token_id": a["token_id"], "text": a["text"], "prob": round(a["prob"], 6)}
                                   for a in st.get("top", [])], ensure_ascii=False)
                 writer.writerow([*run, row["name"], row.get("strategy") or "", params,
-                                 cfg["prompt"] if own is None else own, metrics, st["step"], st["token_id"],
-                                 int(bool(st.get("forced"))), st["text"], f"{st['logprob']:.6f}", f"{st['prob']:.6f}", f"{st['confidence']:.6f}",
+                                 cfg["prompt"] if own is None else own, _seen_system(cfg, spec), turns, metrics,
+                                 st["step"], st["token_id"], int(bool(st.get("forced"))), st["text"],
+                                 f"{st['logprob']:.6f}", f"{st['prob']:.6f}", f"{st['confidence']:.6f}",
                                  f"{st['entropy']:.6f}", f"{st['group_confidence']:.6f}", top])
     return buf.getvalue()
+
+
+# --- LLM Comparator export ------------------------------------------------------------------------
+# The JSON that Google PAIR's LLM Comparator (https://github.com/PAIR-code/llm-comparator) loads, as its
+# README ("JSON Data Format") and client/lib/types.ts (DataResponse, Example, CustomFieldSchema,
+# FieldType) define it and client/services/state_service.ts (loadData) reads it:
+#   {"metadata": {"source_path": str, "custom_fields_schema": [{"name", "type"}]},
+#    "models": [{"name"}, {"name"}],
+#    "examples": [{"input_text", "tags", "output_text_a", "output_text_b", "score",
+#                  "individual_rater_scores", "rationale_list", "custom_fields"}]}
+# The loader reads every declared custom field from every example, and the table throws unless a
+# per-model field holds exactly two values, so each example carries every field ([null, null] when a
+# column lacks it). JSON.parse rejects NaN and Infinity: non-finite numbers are written as null.
+
+COMPARATOR_MODELS = ("reference column", "other column")  # model names when the selection's column names differ
+COMPARATOR_RUN_FIELDS = [("run_id", "string"), ("created", "string"), ("pair", "category"),
+                         ("language_model", "category"), ("first_divergence_step", "number")]
+COMPARATOR_COLUMN_FIELDS = {"column": "per_model_category", "feedback": "per_model_category",
+                            "strategy": "per_model_category", "own_prompt": "per_model_boolean",
+                            "stop_reason": "per_model_category", "generated_tokens": "per_model_number"}
+_RESERVED = {name for name, _ in COMPARATOR_RUN_FIELDS} | set(COMPARATOR_COLUMN_FIELDS)
+
+
+def _pairs(entries: list[dict]) -> list[tuple[dict, dict, dict]]:
+    """(entry, first row, other row) for every run and every column after its first: LLM Comparator
+    compares two models, so a run of N columns gives N - 1 pairs against its reference column."""
+    return [(e, e["result"]["rows"][0], other) for e in entries for other in e["result"]["rows"][1:]]
+
+
+def _seen_input(config: dict, spec: dict) -> str:
+    """The input as a column saw it: its own prompt or the run's; with its system prompt and earlier
+    turns, when it had any, as "[role]" blocks so the conversation reads in order."""
+    prompt = _own_prompt(spec)
+    prompt = config["prompt"] if prompt is None else prompt
+    system, turns = _seen_system(config, spec), _turns(spec)
+    if not system and not turns:
+        return prompt
+    blocks = [f"[system]\n{system}"] if system else []
+    blocks += [f"[{m['role']}]\n{m['content']}" for m in turns]
+    return "\n\n".join([*blocks, f"[user]\n{prompt}"])
+
+
+def _pair_input(config: dict, specs: dict, a: dict, b: dict) -> str:
+    """One input text for the pair: the shared input, or both (labelled A and B) when the two columns
+    saw different ones, since LLM Comparator shows a single input per example."""
+    seen_a = _seen_input(config, specs.get(a["name"], {}))
+    seen_b = _seen_input(config, specs.get(b["name"], {}))
+    if seen_a == seen_b:
+        return seen_a
+    return f"A ({a['name']}) saw:\n{seen_a}\n\nB ({b['name']}) saw:\n{seen_b}"
+
+
+def _column_values(row: dict, spec: dict) -> dict:
+    """A column's per-model values by field name: what it is, how it ended, its parameters (as
+    "param <name>") and its metrics (a metric whose name is taken is written as "metric <name>")."""
+    values = {"column": row["name"], "feedback": _strategy_label(row), "strategy": row.get("strategy") or "none",
+              "own_prompt": _own_prompt(spec) is not None, "stop_reason": row.get("stop_reason"),
+              "generated_tokens": len(row["token_ids"])}
+    values |= {f"param {k}": v for k, v in _params(row).items()}
+    metrics = row.get("metrics")
+    for k, v in (metrics.items() if isinstance(metrics, dict) else ()):
+        values[f"metric {k}" if k in _RESERVED else str(k)] = v
+    return values
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _per_model_type(values: list) -> str:
+    """The LLM Comparator type of a per-model field from all its values in the export: numbers get
+    histograms and sorting, booleans and strings bar charts; anything else (e.g. the list of key facts
+    found) is shown as text. A field that is null everywhere is numeric (no chart data, no error)."""
+    present = [v for v in values if v is not None]
+    if all(isinstance(v, bool) for v in present) and present:
+        return "per_model_boolean"
+    if all(_is_number(v) for v in present):
+        return "per_model_number"
+    if all(isinstance(v, str) for v in present):
+        return "per_model_category"
+    return "per_model_text"
+
+
+def _typed(value, kind: str):
+    """A value as the field's type reads it: finite numbers (null otherwise), booleans, strings;
+    text fields get lists of strings one per line and other values as JSON."""
+    if value is None:
+        return None
+    if kind in ("per_model_number", "number"):
+        return value if _is_number(value) and math.isfinite(value) else None
+    if kind == "per_model_boolean" or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _column_schema(columns: list[dict]) -> list[tuple[str, str]]:
+    """(name, type) of every per-model field any column of the export has, in first-seen order: the
+    fixed fields with their own types, parameters and metrics typed from their values."""
+    names = list(dict.fromkeys(k for values in columns for k in values))
+    return [(n, COMPARATOR_COLUMN_FIELDS.get(n) or _per_model_type([values.get(n) for values in columns]))
+            for n in names]
+
+
+def _model_names(pairs: list[tuple[dict, dict, dict]]) -> list[str]:
+    """The two model names: the columns' own names when every pair has the same two (e.g. baseline
+    and feedback), else the neutral COMPARATOR_MODELS; each example's "column" field and "pair" then
+    say which columns it compares."""
+    names = {(a["name"], b["name"]) for _, a, b in pairs}
+    return list(names.pop()) if len(names) == 1 else list(COMPARATOR_MODELS)
+
+
+def to_llm_comparator(entries: list[dict]) -> str:
+    """The selected runs as an LLM Comparator file (see the section comment for the format and source).
+
+    The tool compares two models, so a run of N columns gives N - 1 examples: its first column (the
+    reference, model A) against each other column j = 2..N (model B); a run of one column gives none.
+    Models are named after the columns when every pair in the selection has the same two names, else
+    "reference column" / "other column", with the column names in each example's `column` field and
+    its `pair` field ("first vs other").
+
+    `input_text` is the input as the columns saw it (own prompt, system prompt and earlier turns as
+    "[role]" blocks; both inputs, labelled, when the two columns saw different ones). The only tag is
+    column B's strategy name ("no feedback" for none), so the tool's by-category panel slices by it.
+
+    `score` is null: the format's score is an LLM judge's preference (positive: A better), and no
+    judge has rated these outputs; the tool shows null as "Null" and counts it as unknown in win
+    rates, where 0 would claim a tie. `individual_rater_scores` and `rationale_list` are empty.
+
+    Custom fields: run_id and created (string), pair and language_model (category), the pair's
+    first_divergence_step (number, null when the two outputs are identical); per model: column,
+    feedback ("strategy params"), strategy, stop_reason (category), own_prompt (boolean),
+    generated_tokens, every parameter as "param <name>" and every metric of RowResult.metrics, typed
+    from their values (numbers as per_model_number, etc.; see `_per_model_type`)."""
+    pairs = _pairs(entries)
+    columns = [(_column_values(a, _specs(e["result"]).get(a["name"], {})),
+                _column_values(b, _specs(e["result"]).get(b["name"], {}))) for e, a, b in pairs]
+    per_model = _column_schema([values for pair in columns for values in pair])
+    schema = [{"name": n, "type": t} for n, t in [*COMPARATOR_RUN_FIELDS, *per_model]]
+    doc = {"metadata": {"source_path": "Feedback Lens history: runs " + ", ".join(e["id"] for e in entries),
+                        "custom_fields_schema": schema},
+           "models": [{"name": n} for n in _model_names(pairs)],
+           "examples": [_example(pair, values, per_model) for pair, values in zip(pairs, columns)]}
+    return json.dumps(doc, indent=1, allow_nan=False)
+
+
+def _example(pair: tuple[dict, dict, dict], values: tuple[dict, dict], per_model: list[tuple[str, str]]) -> dict:
+    """One LLM Comparator example: a run's first column (A) against one other column (B), with the run's
+    fields and every per-model field of the export (null where a column lacks it)."""
+    e, a, b = pair
+    cfg = e["result"]["config"]
+    fields = {"run_id": e["id"], "created": e["created"], "pair": f"{a['name']} vs {b['name']}",
+              "language_model": str(cfg.get("model", "")),
+              "first_divergence_step": _typed(first_divergence(a["token_ids"], b["token_ids"]), "number")}
+    fields |= {n: [_typed(v.get(n), t) for v in values] for n, t in per_model}
+    return {"input_text": _pair_input(cfg, _specs(e["result"]), a, b),
+            "tags": [str(b.get("strategy") or "no feedback")],
+            "output_text_a": str(a.get("text", "")), "output_text_b": str(b.get("text", "")),
+            "score": None, "individual_rater_scores": [], "rationale_list": [], "custom_fields": fields}

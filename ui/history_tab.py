@@ -29,15 +29,16 @@ class HistoryTab:
     def view(self, hist: list | None):
         """The table of runs, the run picker, and how many are kept."""
         runs = _entries(hist)
-        choices = [(f"{e['id']} · {e['result']['config']['prompt'][:40]}", e["id"]) for e in runs]
+        choices = [(history.label(e), e["id"]) for e in runs]
         note = (f"{len(runs)} run(s) stored in this browser. It keeps the last {history.MAX_RUNS} runs (at most "
                 f"{history.MAX_BYTES // 1_000_000} MB); older ones are dropped first — export what you want to keep.")
         table, ids, shown = self.view_outputs
         return {table: history.table(runs), ids: gr.update(choices=choices, value=[]), shown: note}
 
     def reload(self, hist: list | None, ids: list[str] | None, view: str) -> dict:
-        """Put a stored run back into Compare: its prompt, model, strategy, parameters, sampling,
-        DeepConf settings and its columns, exactly as the run had them."""
+        """Put a stored run back into Compare: its prompt, model, columns with their strategies,
+        parameters and overrides, sampling, DeepConf and evaluation settings, and its outputs
+        (conversations included), exactly as the run had them; Continue and branches go on from it."""
         entries = history.select(_entries(hist), ids[:1] if ids else None)
         if not ids or not entries:
             raise gr.Error("choose a run to reload", print_exception=False)
@@ -53,6 +54,11 @@ class HistoryTab:
         """Selected runs (all when none is selected) as a JSON list of RunResult objects."""
         return self._export(hist, ids, "json")
 
+    def export_comparator(self, hist: list | None, ids: list[str] | None) -> str:
+        """Selected runs (all when none is selected) in LLM Comparator's JSON format: column 1
+        against each other column, with our metrics as per-model fields."""
+        return self._export(hist, ids, "comparator")
+
     def export_csv(self, hist: list | None, ids: list[str] | None) -> str:
         """Selected runs (all when none is selected) as per-token CSV rows with each run's settings."""
         return self._export(hist, ids, "csv")
@@ -61,8 +67,10 @@ class HistoryTab:
         entries = history.select(_entries(hist), ids)
         if not entries:
             raise gr.Error("no runs in this browser's history yet", print_exception=False)
-        text = history.to_json(entries) if kind == "json" else history.to_csv(entries)
         name = entries[0]["id"] if len(entries) == 1 else f"{len(entries)}-runs"
+        if kind == "comparator":
+            return export_file(f"feedback-lens-{name}-{stamp()}.llm-comparator.json", history.to_llm_comparator(entries))
+        text = history.to_json(entries) if kind == "json" else history.to_csv(entries)
         return export_file(f"feedback-lens-{name}-{stamp()}.{kind}", text)
 
     def build(self, hist: gr.BrowserState, tabs: gr.Tabs) -> None:
@@ -77,14 +85,13 @@ class HistoryTab:
                 reload_btn = gr.Button("Reload into Compare", elem_id="history-reload")
                 json_btn = gr.Button("Export JSON", elem_id="history-json")
                 csv_btn = gr.Button("Export CSV", elem_id="history-csv")
+                comparator_btn = gr.Button("Export for LLM Comparator", elem_id="history-comparator")
             export = gr.File(label="Export", interactive=False, elem_id="history-file")
         c = self.compare
-        restore_outputs = [c.prompt, c.chat, c.model, c.temperature, c.top_p, c.top_k, c.min_p, c.rep, c.max_new,
-                           c.seed, c.k, c.window, c.thr_mode, c.threshold, *c.panel.outputs(),
-                           *[x for col in c.cols for x in (col.heading, col.text, col.stats)], c.conf_plot, c.last,
-                           c.run_json, c.status, tabs]
+        restore_outputs = [*c.restore_outputs(), tabs]
         self.view_outputs = [table, ids, note]
         tabs.select(self.view, hist, self.view_outputs, api_name="history", show_progress="hidden")
         json_btn.click(self.export_json, [hist, ids], export, api_name="export_json")
         csv_btn.click(self.export_csv, [hist, ids], export, api_name="export_csv")
+        comparator_btn.click(self.export_comparator, [hist, ids], export, api_name="export_llm_comparator")
         reload_btn.click(self.reload, [hist, ids, c.view], restore_outputs, api_name="reload", show_progress="hidden")

@@ -1,15 +1,22 @@
-"""HTML for generated text (plain or confidence-coloured, with detail cards), stats tables and legends.
+"""HTML for generated text (plain, confidence-coloured with detail cards, or a word diff against
+column 1), conversation bubbles, stats tables, column headings and legends.
 
-Everything that comes from the model is HTML-escaped, in element content and in attributes; the
-detail card's data is JSON in an attribute, and the page script puts it on screen as text only.
+Everything that comes from the model or the user is HTML-escaped, in element content and in
+attributes; the detail card's data is JSON in an attribute, and the page script puts it on screen as
+text only. The one inline style taken from a caller (a column's colour) is checked against a strict
+pattern first.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
+from difflib import SequenceMatcher
 from html import escape
 
-from feedback.records import RowResult, StepRecord, confidence_summary, tokens_per_second
+from feedback import quality
+from feedback.records import RowResult, StepRecord, confidence_summary, first_divergence, tokens_per_second
 
 MISSING = "—"
 # An absolute scale (the same colour means the same confidence in every run and column), in one hue
@@ -26,6 +33,8 @@ CONFIDENCE_BINS = (  # (upper bound, label, background)
 _VISIBLE = {" ": "·", "\n": "↵", "\t": "⇥", "\r": "␍"}
 CARET = '<span class="fl-caret"></span>'
 DIVERGE = '<span class="fl-diverge" title="the columns differ from here on">differs from here</span>'
+FORCED_ROW = ("forced", "yes — chosen by you (branch)")
+BEST_TITLE = "best of the columns"
 
 
 def visible(text: str) -> str:
@@ -48,23 +57,32 @@ def confidence_legend(k: int = 20) -> str:
             '<span>· hover, tap or focus a token for details</span></div>')
 
 
-def card_attr(title: str, rows: list[tuple[str, str]], top: list[tuple[str, float, bool]] | None = None,
+def card_attr(title: str, rows: list[tuple[str, str]], top: list[tuple] | None = None,
               top_label: str | None = None) -> str:
-    """A `data-card` attribute for the page's detail card (escaped JSON)."""
+    """A `data-card` attribute for the page's detail card (escaped JSON).
+
+    `top` entries are (text, prob, chosen) or (text, prob, chosen, token_id): the card script reads
+    the first three; the token id is what a click on an alternative needs to branch from it."""
     data: dict = {"title": title, "rows": rows}
     if top:
-        data["top"] = [[t, round(p, 4), chosen] for t, p, chosen in top]
+        data["top"] = [[t, round(p, 4), chosen, *rest] for t, p, chosen, *rest in top]
     if top_label:
         data["top_label"] = top_label
     return f'data-card="{escape(json.dumps(data, ensure_ascii=False, separators=(",", ":")), quote=True)}"'
 
 
 def _token_span(step: StepRecord, focusable: bool) -> str:
+    """One token: coloured by confidence, carrying its step (`data-step`) and a card whose top-5
+    alternatives hold their token ids, so a click on one can branch the column there. A token the
+    user forced (a branch's replay) is marked, in its class and on its card."""
     rows = [("probability", f"{step.prob:.1%}"), ("confidence", f"{step.confidence:.2f}"),
             ("entropy", f"{step.entropy:.2f} nats"), ("group confidence", f"{step.group_confidence:.2f}"),
             ("step", str(step.step))]
-    top = [(visible(a.text), a.prob, a.token_id == step.token_id) for a in step.top[:5]]
-    return (f'<span class="fl-tok" tabindex="{0 if focusable else -1}" style="background-color: '
+    if step.forced:
+        rows.append(FORCED_ROW)
+    top = [(visible(a.text), a.prob, a.token_id == step.token_id, int(a.token_id)) for a in step.top[:5]]
+    return (f'<span class="{"fl-tok fl-forced" if step.forced else "fl-tok"}" data-step="{int(step.step)}" '
+            f'tabindex="{0 if focusable else -1}" style="background-color: '
             f'{token_color(step.confidence)}" {card_attr(visible(step.text), rows, top)}>'
             f"{escape(step.text, quote=True)}</span>")
 
@@ -83,13 +101,19 @@ class SpanCache:
         return self.spans
 
 
+def _row_attr(row: str | None) -> str:
+    """` data-row="…"` naming the column a text belongs to (for the page script), or nothing."""
+    return "" if row is None else f' data-row="{escape(row, quote=True)}"'
+
+
 def render_tokens(steps: list[StepRecord], mode: str = "confidence", live: bool = False,
-                  cache: SpanCache | None = None, diverge_at: int | None = None) -> str:
+                  cache: SpanCache | None = None, diverge_at: int | None = None, row: str | None = None) -> str:
     """One column's text: "plain", or "confidence" (coloured spans with detail cards). With
-    `diverge_at`, a marker stands before the token of that step and what follows is underlined."""
+    `diverge_at`, a marker stands before the token of that step and what follows is underlined.
+    With `row`, the container says which column it is, so a click on a token can name its column."""
     caret = CARET if live else ""
     if not steps:
-        return f'<div class="fl-text fl-empty">…{caret}</div>'
+        return f'<div class="fl-text fl-empty"{_row_attr(row)}>…{caret}</div>'
     cut = diverge_at if diverge_at is not None and 0 <= diverge_at < len(steps) else None
     if mode == "plain":
         head = escape("".join(s.text for s in steps[:cut]), quote=True)
@@ -99,7 +123,88 @@ def render_tokens(steps: list[StepRecord], mode: str = "confidence", live: bool 
     else:
         spans = cache.spans_for(steps) if cache is not None else [_token_span(s, i == 0) for i, s in enumerate(steps)]
         body = "".join(spans) if cut is None else "".join(spans[:cut]) + DIVERGE + "".join(spans[cut:])
-    return f'<div class="fl-text">{body}{caret}</div>'
+    return f'<div class="fl-text"{_row_attr(row)}>{body}{caret}</div>'
+
+
+# ---- diff view: a column's words against column 1's ----
+
+_UNIT = re.compile(r"\S+\s*|\s+")  # a word with the whitespace after it (or leading whitespace)
+
+
+def _joined(steps: list[StepRecord]) -> str:
+    return "".join(s.text for s in steps)
+
+
+def _diff_start(reference: list[StepRecord], steps: list[StepRecord]) -> int | None:
+    """Character offset in the column's text where the word diff begins: the start of the word
+    holding the first token where the two columns differ (so a word split across tokens is compared
+    whole), or None when they chose the same tokens throughout."""
+    div = first_divergence([s.token_id for s in reference], [s.token_id for s in steps])
+    if div is None:
+        return None
+    head = _joined(steps[:div])
+    pos = len(os.path.commonprefix([head, _joined(reference[:div])]))  # equal ids give equal text; be safe
+    while pos > 0 and not head[pos - 1].isspace():
+        pos -= 1
+    return pos
+
+
+def _inserted(text: str) -> str:
+    """Words only in this column, highlighted; the whitespace after them stays plain."""
+    words = text.rstrip()
+    if not words:
+        return escape(text, quote=True)
+    return (f'<mark class="fl-ins" title="not in column 1">{escape(words, quote=True)}</mark>'
+            f"{escape(text[len(words):], quote=True)}")
+
+
+def _deleted(text: str) -> str:
+    """Words of column 1 missing here, struck and on one line (they are not this column's text)."""
+    words = " ".join(text.split())
+    return f'<del class="fl-del" title="only in column 1">{escape(words, quote=True)}</del>' if words else ""
+
+
+def _word_diff(ref_text: str, text: str, live: bool) -> str:
+    """HTML of `text` with its word differences from `ref_text`. Words are compared without the
+    whitespace around them, and this column's own words and whitespace are what is shown, so the
+    output minus its <del> elements is exactly `text`. While the column is still streaming
+    (`live`), reference words missing at its end are not shown: it may still write them."""
+    ref_units, units = _UNIT.findall(ref_text), _UNIT.findall(text)
+    ops = SequenceMatcher(None, [u.rstrip() for u in ref_units], [u.rstrip() for u in units],
+                          autojunk=False).get_opcodes()
+    parts = []
+    for n, (tag, i1, i2, j1, j2) in enumerate(ops):
+        own = "".join(units[j1:j2])
+        if tag == "equal":
+            parts.append(escape(own, quote=True))
+            continue
+        if tag in ("delete", "replace") and not (live and n == len(ops) - 1):
+            parts.append(_deleted("".join(ref_units[i1:i2])))
+        if tag in ("insert", "replace"):
+            parts.append(_inserted(own))
+    return "".join(parts)
+
+
+def render_diff(reference: list[StepRecord], steps: list[StepRecord], live: bool = False) -> str:
+    """A column's text with its word-level differences from the reference column (column 1),
+    from the first token where the two differ; before it the text is plain. Passing the reference
+    column itself (or one that chose the same tokens) gives plain text: the caller says why."""
+    caret = CARET if live else ""
+    if not steps:
+        return f'<div class="fl-text fl-diff fl-empty">…{caret}</div>'
+    text = _joined(steps)
+    cut = None if reference is steps else _diff_start(reference, steps)
+    if cut is None:
+        return f'<div class="fl-text fl-diff">{escape(text, quote=True)}{caret}</div>'
+    body = escape(text[:cut], quote=True) + _word_diff(_joined(reference)[cut:], text[cut:], live)
+    return f'<div class="fl-text fl-diff">{body}{caret}</div>'
+
+
+def diff_legend() -> str:
+    """What the diff view's marks mean."""
+    return ('<div class="fl-legend" id="diff-legend"><span>Differences from column 1, from the first token '
+            'where they part:</span><span><mark class="fl-ins">words</mark> only in this column</span>'
+            '<span><del class="fl-del">words</del> only in column 1</span></div>')
 
 
 def _fmt(value: float | None, spec: str = ".3f") -> str:
@@ -114,23 +219,89 @@ def _stop_text(row: RowResult, live: bool) -> str:
     return row.stop_reason if row.stop_step is None else f"{row.stop_reason} @ step {row.stop_step}"
 
 
-def render_stats(row: RowResult, live: bool = False) -> str:
-    """Compact table: tokens, tokens/s, mean confidence, lowest group confidence, stop reason."""
+# Quality metrics shown as plain numbers: (metrics key, label, format). Reference PPL and key
+# facts need more than a number and have their own items.
+QUALITY_ITEMS = (
+    ("distinct_1", "distinct-1", ".2f"),
+    ("distinct_2", "distinct-2", ".2f"),
+    ("repeat_3gram_rate", "repeated 3-grams", ".1%"),
+    ("longest_repeat", "longest repeat (tokens)", ".0f"),
+    ("self_ppl", "self-PPL", ".2f"),
+    ("prompt_ppl", "prompt PPL", ".2f"),
+)
+PLAIN_MODEL_NOTE = "scored by the plain model: this strategy cannot score a given text exactly in one pass"
+
+
+def _reference_item(row: RowResult, best: set[str]) -> tuple:
+    """Reference PPL, saying so when the row's strategy could not take part in scoring it."""
+    m = row.metrics
+    value = _fmt(m["reference_ppl"], ".2f")
+    if row.strategy and m.get("reference_ppl_with_strategy") is False and value != MISSING:
+        return "reference PPL", f"{value} (plain model)", "reference_ppl" in best, PLAIN_MODEL_NOTE
+    return "reference PPL", value, "reference_ppl" in best
+
+
+def _key_facts_item(m: dict, best: set[str]) -> tuple:
+    """Key facts as found/total, naming the ones found on hover. Older results lack the total:
+    it is recovered from the recall when that is not zero."""
+    found = list(m.get("key_facts_found") or [])
+    total, recall = m.get("key_facts_total"), m.get("key_fact_recall")
+    if total is None and recall:
+        total = round(len(found) / recall)
+    value = f"{len(found)}/{total}" if total is not None else f"{len(found)} found"
+    note = "found: " + ", ".join(found) if found else "none found"
+    return "key facts", value, "key_fact_recall" in best, note
+
+
+def _quality_items(row: RowResult, best: set[str]) -> list[tuple]:
+    """The row's quality metrics that it has (a run computes only the ones asked for)."""
+    m = row.metrics
+    items: list[tuple] = [(label, _fmt(m[key], spec), key in best) for key, label, spec in QUALITY_ITEMS if key in m]
+    if "reference_ppl" in m:
+        items.append(_reference_item(row, best))
+    if "key_fact_recall" in m:
+        items.append(_key_facts_item(m, best))
+    return items
+
+
+def render_stats(row: RowResult, live: bool = False, best: set[str] | None = None) -> str:
+    """Compact table: tokens, tokens/s, mean confidence, lowest group confidence, stop reason, then
+    the quality metrics the row has. Metric keys in `best` (see `best_marks`) are marked as the best
+    of the columns."""
+    best = best or set()
     tps = tokens_per_second(row.steps) if live else row.tokens_per_s
     mean, lowest = confidence_summary(row)
     items = [
         ("tokens", str(len(row.token_ids))),
         ("tokens/s", _fmt(tps, ".1f")),
-        ("mean confidence", _fmt(mean, ".2f")),
-        ("lowest group confidence", _fmt(lowest, ".2f")),
+        ("mean confidence", _fmt(mean, ".2f"), "mean" in best),
+        ("lowest group confidence", _fmt(lowest, ".2f"), "lowest_group" in best),
         ("stop", _stop_text(row, live)),
     ]
-    return table(items)
+    return table(items + _quality_items(row, best))
 
 
-def table(items: list[tuple[str, str]]) -> str:
-    cells = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v, quote=True)}</td></tr>" for k, v in items)
-    return f'<table class="fl-stats">{cells}</table>'
+def best_marks(rows: list[RowResult]) -> list[set[str]]:
+    """Per row, the metric keys where it is the best of the columns: `render_stats`'s `best`.
+    Confidence comes from the steps while a row streams, like the table shows it."""
+    summaries = [row.metrics | dict(zip(("mean", "lowest_group"), confidence_summary(row))) for row in rows]
+    winners = quality.best_rows(summaries)
+    return [{key for key, indexes in winners.items() if i in indexes} for i in range(len(rows))]
+
+
+def _stat_row(label: str, value: str, best: bool = False, note: str | None = None) -> str:
+    """One table row; a best value gets a class, a star and a title saying so, a note a title."""
+    if best:
+        note = f"{note}; {BEST_TITLE}" if note else BEST_TITLE
+    cls = ' class="fl-best"' if best else ""
+    title = f' title="{escape(note, quote=True)}"' if note else ""
+    star = ' <span class="fl-star" aria-hidden="true">★</span>' if best else ""
+    return f"<tr><th>{escape(label)}</th><td{cls}{title}>{escape(value, quote=True)}{star}</td></tr>"
+
+
+def table(items: list[tuple]) -> str:
+    """Items are (label, value) or (label, value, best) or (label, value, best, note)."""
+    return f'<table class="fl-stats">{"".join(_stat_row(*item) for item in items)}</table>'
 
 
 def params_text(params: dict) -> str:
@@ -138,12 +309,54 @@ def params_text(params: dict) -> str:
     return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
 
 
-def column_heading(title: str, strategy: str | None, params: dict) -> str:
-    """"### Feedback · residual (alpha=0.1, …)": the column names what produced it, so a screenshot
-    explains itself."""
-    if not strategy:
-        return f"### {title}\n<span class='fl-note'>no feedback: the model as it is</span>"
-    return f"### {title} · {strategy}\n<span class='fl-note'>{escape(params_text(params))}</span>"
+# A CSS colour as the charts name them: #hex, a name, or rgb()/hsl() with numbers only. Anything
+# else (which could smuggle more CSS into the style attribute) draws no dot.
+_SAFE_COLOR = re.compile(r"#[0-9a-fA-F]{3,8}|[a-zA-Z]{3,20}|(?:rgb|hsl)a?\([0-9.,%\s]{1,60}\)")
+
+
+def color_dot(color: str | None) -> str:
+    """A dot in the column's chart colour, tying the column to its lines in the charts."""
+    if not color or not _SAFE_COLOR.fullmatch(color):
+        return ""
+    return f'<span class="fl-dot" style="background:{escape(color, quote=True)}" aria-hidden="true"></span>'
+
+
+def modified_badges(modified: list[str] | None) -> str:
+    """Badges naming what a column overrides of the run ("prompt modified"), so a column whose
+    input differs is not mistaken for a pure strategy comparison."""
+    return "".join(f' <span class="fl-badge">{escape(what, quote=True)} modified</span>' for what in modified or [])
+
+
+def column_heading(title: str, strategy: str | None, params: dict, color: str | None = None,
+                   modified: list[str] | None = None) -> str:
+    """"### ● Feedback · residual (alpha=0.1, …)": the column names what produced it, so a
+    screenshot explains itself. Markdown with inline HTML (it goes into a gr.Markdown)."""
+    head = f"### {color_dot(color)}{escape(title, quote=True)}"
+    if strategy:
+        head += f" · {escape(strategy, quote=True)}"
+    note = escape(params_text(params)) if strategy else "no feedback: the model as it is"
+    return f"{head}{modified_badges(modified)}\n<span class='fl-note'>{note}</span>"
+
+
+_TURN_LABELS = {"user": "you", "assistant": "the model"}
+
+
+def _turn(role: str, content: str, current: bool = False) -> str:
+    """One chat bubble (user or assistant); any other role (system) is a small note."""
+    text = escape(str(content), quote=True)
+    if role in _TURN_LABELS:
+        cls = f"fl-turn fl-{role}" + (" fl-current" if current else "")
+        return f'<div class="{cls}" aria-label="{_TURN_LABELS[role]}">{text}</div>'
+    return f'<div class="fl-turn-note fl-system">{escape(str(role), quote=True)}: {text}</div>'
+
+
+def render_turns(messages: list[dict], prompt: str) -> str:
+    """A column's earlier conversation, then its current prompt, as chat bubbles; the caller puts
+    the answer's tokens after it. Empty for a single-turn run: no bubbles for a plain question."""
+    if not messages:
+        return ""
+    bubbles = "".join(_turn(m.get("role", ""), m.get("content", "")) for m in messages)
+    return f'<div class="fl-turns">{bubbles}{_turn("user", prompt, current=True)}</div>'
 
 
 def status_html(text: str, kind: str = "info") -> str:

@@ -84,6 +84,9 @@ class Work:
     def run(self, stop: threading.Event) -> Iterator[Any]:
         raise NotImplementedError
 
+    def starting(self) -> dict:
+        return {}
+
     def waiting(self, place: Place) -> dict:
         return {}
 
@@ -109,6 +112,9 @@ class TabWork(Work):
 
     def say(self, text: str, kind: str = "info") -> dict:
         return {self.status_line: render.status_html(text, kind)}
+
+    def starting(self) -> dict:
+        return self.busy()
 
     def waiting(self, place: Place) -> dict:
         return self.busy() | self.say(waiting_text(place), "wait")
@@ -275,6 +281,9 @@ class ModelRunner:
         job = self.jobs.begin(session, tab)
         outcome: list[Outcome] = []  # set once the job has ended one way or another
         try:
+            # Yield at once: Gradio keeps (and closes on cancel) only a generator that has yielded,
+            # so one cancelled before its first update would run on until the watchdog noticed.
+            yield _updates(work.starting())
             ticket = yield from self._wait_in_line(job, work, outcome)
             if ticket is not None:
                 yield from self._run(job, work, ticket, outcome)
@@ -290,7 +299,10 @@ class ModelRunner:
         try:
             ticket = gate.join("ui", work.label, self.max_waiting)
         except Busy as exc:
-            raise user_error(Busy(f"{exc}: {self.max_waiting} requests are already waiting")) from None
+            full = Busy(f"{exc}: {self.max_waiting} requests are already waiting")
+            outcome.append(Outcome("failed", full))
+            yield _updates(work.finish(outcome[0]))  # the page's buttons back as they were, then the message
+            raise user_error(full) from None
         try:
             while not gate.wait(ticket, HEARTBEAT_S):
                 if job.stop.is_set():

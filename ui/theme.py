@@ -61,10 +61,35 @@ CSS = """
 #fl-card .fl-alt-bar { height: 6px; border-radius: 3px; background: var(--color-accent, #f97316); }
 #fl-card .fl-alt-text { min-width: 6em; white-space: pre; overflow: hidden; text-overflow: ellipsis; }
 #fl-card .fl-alt.fl-chosen { font-weight: 700; }
-/* ---- layout: side by side columns stay side by side on a phone ---- */
+#fl-card.fl-pinned { pointer-events: auto; }
+#fl-card button.fl-alt { width: 100%; background: transparent; border: 1px solid transparent; border-radius: 4px;
+  color: inherit; cursor: pointer; padding: 1px 2px; text-align: left; font: inherit; }
+#fl-card button.fl-alt:hover, #fl-card button.fl-alt:focus { border-color: var(--color-accent, #f97316); }
+#fl-card .fl-card-hint { margin-top: 4px; font-size: 12px; opacity: 0.8; }
+/* ---- forced tokens, diff marks, best values, column headings, conversations ---- */
+.fl-tok.fl-forced { box-shadow: inset 0 -2px 0 var(--color-accent); }
+mark.fl-ins { background: rgba(0, 158, 115, 0.25); color: var(--body-text-color); border-radius: 2px; padding: 0 1px; }
+.dark mark.fl-ins { background: rgba(0, 158, 115, 0.4); }
+del.fl-del { font-size: 0.8em; color: var(--body-text-color-subdued); margin-right: 0.25em; }
+td.fl-best { font-weight: 700; }
+.fl-star { color: var(--color-accent); }
+.fl-dot { display: inline-block; width: 0.7em; height: 0.7em; border-radius: 50%; margin-right: 0.35em;
+  vertical-align: 0.05em; }
+.fl-badge { display: inline-block; font-size: 0.6em; font-weight: 500; padding: 1px 6px; margin-left: 4px;
+  border: 1px solid var(--color-accent); border-radius: 999px; vertical-align: 0.2em; }
+.fl-turns { display: flex; flex-direction: column; gap: 6px; margin-bottom: 8px; }
+.fl-turn { white-space: pre-wrap; word-break: break-word; padding: 6px 10px; border-radius: 10px; max-width: 85%;
+  font-size: 0.9em; color: var(--body-text-color); }
+.fl-turn.fl-user { align-self: flex-end; background: rgba(0, 114, 178, 0.14); }
+.fl-turn.fl-assistant { align-self: flex-start; background: var(--background-fill-secondary); }
+.fl-turn.fl-current { border: 1px solid rgba(0, 114, 178, 0.5); }
+.fl-turn-note.fl-system { font-size: 0.82em; font-style: italic; text-align: center; opacity: 0.8; }
+/* ---- layout: side by side columns stay side by side on a phone (two to a row) ---- */
 .fl-columns { flex-wrap: nowrap !important; gap: 8px !important; }
 .fl-columns > .column { min-width: 0 !important; flex: 1 1 0 !important; }
 @media (max-width: 640px) {
+  .fl-columns { flex-wrap: wrap !important; }
+  .fl-columns > .column { flex: 1 1 45% !important; }
   .fl-text { font-size: 0.8em; line-height: 1.5; }
   .fl-stats { font-size: 0.78em; }
   .fl-stats th, .fl-stats td { padding: 1px 3px; }
@@ -84,6 +109,9 @@ CSS = """
 # Token cards: hover (mouse), focus (keyboard: Tab to a column's first token, then arrow keys) and
 # tap (touch) open one card with the token's numbers; Escape or a tap elsewhere closes it. The data
 # sits in each token's data-card attribute as JSON; text goes in with textContent, never as HTML.
+# A card opened by a click, tap or focus on a finished column offers its alternatives as buttons:
+# picking one writes {row, step, token_id} into a hidden textbox and presses a hidden button, which
+# runs the branch on the server.
 # Idle polling: a hidden checkbox mirrors the page's visibility so the memory timer stops when hidden.
 HEAD = """
 <script>
@@ -108,13 +136,25 @@ HEAD = """
     if (d.top && d.top.length) {
       const head = document.createElement("div"); head.textContent = d.top_label || "top-5 next tokens";
       head.style.margin = "4px 0 2px"; head.style.opacity = "0.8"; c.appendChild(head);
-      for (const [text, p, chosen] of d.top) {
-        const line = document.createElement("div"); line.className = "fl-alt" + (chosen ? " fl-chosen" : "");
+      const where = branchable(el);
+      for (const [text, p, chosen, tokenId] of d.top) {
+        const canBranch = where && !chosen && Number.isInteger(tokenId);
+        const line = document.createElement(canBranch ? "button" : "div");
+        line.className = "fl-alt" + (chosen ? " fl-chosen" : "");
+        if (canBranch) {
+          line.type = "button";
+          line.title = "force this token here and continue (a branch)";
+          line.addEventListener("click", (ev) => { ev.stopPropagation(); branchTo(where.row, where.step, tokenId); });
+        }
         const t = document.createElement("span"); t.className = "fl-alt-text"; t.textContent = text;
         const bar = document.createElement("span"); bar.className = "fl-alt-bar";
         bar.style.width = Math.max(2, Math.round(p * 90)) + "px";
         const pct = document.createElement("span"); pct.textContent = (100 * p).toFixed(1) + "%";
         line.append(t, bar, pct); c.appendChild(line);
+      }
+      if (where) {
+        const hint = document.createElement("div"); hint.className = "fl-card-hint";
+        hint.textContent = "click an alternative (or ↓ then Enter) to branch from here"; c.appendChild(hint);
       }
     }
     return true;
@@ -128,26 +168,61 @@ HEAD = """
   };
   const open = (el) => {
     if (!fill(el)) return;
+    ensure().classList.toggle("fl-pinned", pinned === el);
     document.querySelectorAll(".fl-tok.fl-active").forEach((t) => t.classList.remove("fl-active"));
     el.classList.add("fl-active");
     ensure().classList.add("fl-open"); place(el); shown = el;
   };
   const close = () => {
-    if (card) card.classList.remove("fl-open");
+    if (card) card.classList.remove("fl-open", "fl-pinned");
     document.querySelectorAll(".fl-tok.fl-active").forEach((t) => t.classList.remove("fl-active"));
     pinned = null; shown = null;
+  };
+  // A branch: only from a pinned card of a finished column (no caret) that names its column.
+  const branchable = (el) => {
+    const box = el.closest(".fl-text[data-row]");
+    if (!pinned || pinned !== el || !box || box.querySelector(".fl-caret") || el.dataset.step === undefined) return null;
+    return {row: box.dataset.row, step: parseInt(el.dataset.step, 10)};
+  };
+  const branchTo = (row, step, tokenId) => {
+    const box = document.querySelector("#fl-branch-request textarea, #fl-branch-request input");
+    const go = document.querySelector("#fl-branch-go");
+    if (!box || !go) return;
+    box.value = JSON.stringify({row: row, step: step, token_id: tokenId});
+    box.dispatchEvent(new Event("input", {bubbles: true}));
+    close();
+    setTimeout(() => go.click(), 60);
   };
   const tok = (e) => e.target && e.target.closest ? e.target.closest(".fl-tok[data-card]") : null;
   document.addEventListener("mouseover", (e) => { const t = tok(e); if (t && !pinned) open(t); });
   document.addEventListener("mouseout", (e) => { const t = tok(e); if (t && !pinned) close(); });
   document.addEventListener("focusin", (e) => { const t = tok(e); if (t) { pinned = t; open(t); } });
   document.addEventListener("click", (e) => {
+    if (card && card.contains(e.target)) return;  // a click inside the card (an alternative) keeps it
     const t = tok(e);
     if (t) { pinned = t; open(t); } else if (pinned || (card && card.classList.contains("fl-open"))) close();
   });
   document.addEventListener("keydown", (e) => {
-    if (e.key === "Escape") { close(); return; }
+    const inCard = card && card.contains(e.target);
+    if (e.key === "Escape") {
+      const back = inCard ? pinned : null;
+      close();
+      if (back) back.focus();
+      return;
+    }
+    // Keyboard branching: ArrowDown from a token moves into its card's alternatives, the arrows
+    // move between them, Enter or Space picks one (a button), Escape goes back to the token.
+    const buttons = card ? Array.from(card.querySelectorAll("button.fl-alt")) : [];
+    if (inCard && ["ArrowDown", "ArrowUp"].includes(e.key) && buttons.length) {
+      const k = buttons.indexOf(e.target) + (e.key === "ArrowDown" ? 1 : -1);
+      e.preventDefault();
+      if (k < 0 && pinned) { pinned.focus(); } else if (buttons[k]) { buttons[k].focus(); }
+      return;
+    }
     const t = tok(e);
+    if (t && e.key === "ArrowDown" && pinned === t && buttons.length) {
+      e.preventDefault(); buttons[0].focus(); return;
+    }
     if (!t || !["ArrowRight", "ArrowLeft", "Home", "End"].includes(e.key)) return;
     const all = Array.from(t.parentElement.querySelectorAll(".fl-tok[data-card]"));
     const i = all.indexOf(t);

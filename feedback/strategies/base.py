@@ -15,7 +15,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import nn
 
-from feedback.errors import FeedbackError
+from feedback.errors import FeedbackError, check_stop
 
 
 @dataclass
@@ -35,6 +35,13 @@ class BatchView:
     # True only while this run's own forward is in flight (the engine serialises forwards per model),
     # so hooks of one run never touch another run's forward on the same model.
     active: bool = False
+    # A caller's stop signal that a forward in flight honours between decoder layers and inside long
+    # strategy loops (a perplexity window's single forward can take seconds); None: not looked at.
+    stop: Any = None
+
+    def check_stop(self) -> None:
+        """Raise `Stopped` (out of the forward in flight) once the caller's stop is set."""
+        check_stop(self.stop, "the forward pass")
 
     def index_of(self, row_id: int) -> int | None:
         """Batch position of a row in the current forward, or None if it is not in it."""

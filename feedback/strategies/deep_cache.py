@@ -141,6 +141,7 @@ class DeepCacheStrategy(Strategy):
         keys, next_ids = states[1:T - 1], ids[2:T]  # key i (position i+1 here) -> x_{i+2}
         key_pos = torch.arange(1, T - 1, device=states.device)
         for start in range(0, T, _CHUNK):
+            self.batch.check_stop()  # a long window mixes for seconds: a caller's Stop ends it here
             q_pos = torch.arange(start, min(start + _CHUNK, T), device=states.device)
             mask = (key_pos[None, :] < q_pos[:, None]) & (q_pos[:, None] - key_pos[None, :] <= w)
             rows = logits[b, start:start + len(q_pos)].float()

@@ -17,29 +17,79 @@ def client(app_url):
 
 def test_every_handler_has_a_named_endpoint(client):
     names = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])
-    assert {"/compare", "/calibrate", "/stop", "/memory", "/rerender", "/select_model", "/history", "/export_json",
-            "/export_csv", "/reload", "/perplexity", "/stop_perplexity", "/sweep", "/stop_sweep", "/deepthink",
+    assert {"/compare", "/continue", "/branch", "/link", "/new_conversation", "/calibrate", "/stop", "/memory",
+            "/rerender", "/select_model", "/history", "/export_json", "/export_csv", "/export_llm_comparator",
+            "/reload", "/perplexity", "/stop_perplexity", "/sweep", "/stop_sweep", "/deepthink",
             "/stop_deepthink"} <= names
 
 
+def columns_of(outputs: tuple, n: int) -> list[dict]:
+    """Compare's outputs as the API returns them: per column slot (4) its heading, conversation,
+    text and stats, then the column count, the diff legend, both charts, the status and the run."""
+    cols = [dict(zip(("heading", "turns", "text", "stats"), outputs[4 * i:4 * i + 4])) for i in range(4)]
+    return cols[:n]
+
+
 def test_compare_streams_both_rows_with_records(client):
-    job = client.submit("What is the capital of France?", max_new_tokens=24, residual_alpha=0.3, api_name="/compare")
+    job = client.submit("What is the capital of France?", max_new_tokens=24, c2_residual_alpha=0.3,
+                        api_name="/compare")
     updates = list(job)
     assert len(updates) >= 2  # streamed, not one final answer
-    base_head, base_html, base_stats, fb_head, fb_html, fb_stats, conf_plot, mem_plot, status, run = job.outputs()[-1]
-    assert "fl-tok" in base_html and "fl-tok" in fb_html and "Paris" in base_html
-    assert "### Baseline" in base_head and "residual" in fb_head and "alpha=0.3" in fb_head
-    assert "tokens" in base_stats and "Done in" in status and "UI build" not in status
+    out = job.outputs()[-1]
+    (base, fb), (conf_plot, status, run) = columns_of(out, 2), (out[-4], out[-2], out[-1])
+    assert "fl-tok" in base["text"] and "fl-tok" in fb["text"] and "Paris" in base["text"]
+    assert "Baseline" in base["heading"] and "residual" in fb["heading"] and "alpha=0.3" in fb["heading"]
+    assert "tokens" in base["stats"] and "self-PPL" in base["stats"] and "Done in" in status
     assert conf_plot["type"] == "plotly" and "group conf" in conf_plot["plot"]
     rows = run["rows"]
-    assert [r["name"] for r in rows] == ["baseline", "feedback"]
+    assert [r["name"] for r in rows] == ["Baseline", "Feedback"]
     assert rows[1]["params"]["alpha"] == 0.3
     for row in rows:
         assert row["text"] and len(row["steps"]) == len(row["token_ids"]) <= 24
         step = row["steps"][0]
         assert {"token_id", "text", "logprob", "confidence", "entropy", "group_confidence", "top"} <= set(step)
-        assert len(step["top"]) == 5
+        assert len(step["top"]) == 5 and {"self_ppl", "prompt_ppl", "distinct_1"} <= set(row["metrics"])
     assert run["ui_seconds"] >= 0 and run["wall_seconds"] > 0
+
+
+def test_three_columns_with_their_own_prompts_then_continue_and_branch(client):
+    """A prompt-engineering session through the API: three prompt variants, a follow-up turn in
+    every column, a branch from an alternative token; every call one engine run."""
+    out = client.predict("What is the capital of France?", columns=3, max_new_tokens=12, c2_strategy="none",
+                         c2_name="Precise", c2_prompt="What is the capital of France? Answer in one precise sentence.",
+                         c3_name="Anchor", c3_strategy="anchor", c3_prompt="Capital of France?",
+                         key_facts="Paris", api_name="/compare")
+    cols, run = columns_of(out, 3), out[-1]
+    assert [r["name"] for r in run["rows"]] == ["Baseline", "Precise", "Anchor"]
+    assert [r["prompt"] for r in run["config"]["rows"]] == [
+        None, "What is the capital of France? Answer in one precise sentence.", "Capital of France?"]
+    assert "prompt modified" in cols[1]["heading"] and "prompt modified" not in cols[0]["heading"]
+    assert all("key facts" in c["stats"] and "fl-tok" in c["text"] for c in cols)
+    follow = client.predict("And of Italy?", "confidence", api_name="/continue")[-1]
+    assert [r["name"] for r in follow["rows"]] == ["Baseline", "Precise", "Anchor"]
+    history = follow["config"]["rows"][1]["messages"]
+    assert history[0]["content"].startswith("What is the capital of France? Answer") and \
+        history[1]["content"] == run["rows"][1]["text"]  # each column's own previous answer
+    alt = follow["rows"][2]["steps"][1]["top"][1]["token_id"]
+    request = '{"row": "Anchor", "step": 1, "token_id": %d}' % alt
+    branched = client.predict(request, True, "confidence", api_name="/branch")[-1]
+    steps = branched["rows"][2]["steps"]
+    assert steps[1]["token_id"] == alt and steps[1]["forced"] and steps[0]["forced"] and not steps[2]["forced"]
+    assert branched["rows"][0]["steps"][1]["token_id"] == alt  # every column forced at the same step
+    with pytest.raises(AppError, match="unknown row"):
+        client.predict('{"row": "Nope", "step": 1, "token_id": 5}', True, "confidence", api_name="/branch")
+
+
+def test_a_copied_link_restores_the_same_run(client):
+    from ui import link
+
+    data = client.predict("Say hi.", "", True, "embedded", 0.0, 1.0, 0, 0.0, 1.0, 5, 0, 20, 32, "off", 4.5, "", "",
+                          3, c3_name="Third", c3_strategy="deep_cache", api_name="/link")
+    cfg = link.decode(data)
+    assert [r.name for r in cfg.rows] == ["Baseline", "Feedback", "Third"] and cfg.rows[2].strategy == "deep_cache"
+    with pytest.raises(AppError, match="column names must be different"):
+        client.predict("Say hi.", "", True, "embedded", 0.0, 1.0, 0, 0.0, 1.0, 5, 0, 20, 32, "off", 4.5, "", "", 2,
+                       c2_name="Baseline", api_name="/link")
 
 
 def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(client):
@@ -49,8 +99,9 @@ def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(client):
         (dict(prompt="hi", top_p=0.0), "top_p must be > 0"),
         (dict(prompt="hi", temperature=-1), "less than minimum value 0"),
         (dict(prompt="hi", model="evil/model"), "not in the list of choices"),
-        (dict(prompt="hi", residual_alpha=5.0), "greater than maximum value 1.0"),  # said, not clamped to 1
-        (dict(prompt="hi", strategy="nope"), "nope is not in the list of choices"),
+        (dict(prompt="hi", c2_residual_alpha=5.0), "greater than maximum value 1.0"),  # said, not clamped to 1
+        (dict(prompt="hi", c2_strategy="nope"), "nope is not in the list of choices"),
+        (dict(prompt="hi", columns=5), "greater than maximum value 4"),
     ]:
         with pytest.raises(AppError, match=message):
             client.predict(api_name="/compare", **kwargs)
@@ -86,13 +137,15 @@ def test_memory_and_history_exports(client):
 
 
 def test_reload_restores_the_prompt_and_every_setting(client):
-    run = client.predict("Name a planet.", max_new_tokens=6, temperature=0.5, seed=7, strategy="soft_token",
-                         soft_token_beta=0.25, window=12, api_name="/compare")[-1]
+    run = client.predict("Name a planet.", max_new_tokens=6, temperature=0.5, seed=7, c2_strategy="soft_token",
+                         c2_soft_token_beta=0.25, window=12, columns=3, c3_prompt="Name a planet, briefly.",
+                         api_name="/compare")[-1]
     hist = [{"id": run["run_id"], "created": "now", "result": run}]
     out = client.predict(hist, [run["run_id"]], "plain", api_name="/reload")
-    prompt, chat, model, temperature, top_p, top_k, min_p, rep, max_new, seed, k, window, *_ = out
+    prompt, system, chat, model, temperature, top_p, top_k, min_p, rep, max_new, seed, k, window, *_ = out
     assert (prompt, chat, temperature, max_new, seed, k, window) == ("Name a planet.", True, 0.5, 6, 7, 20, 12)
     assert "soft_token" in out and 0.25 in out  # the strategy and its parameter come back too
+    assert 3 in out and "Name a planet, briefly." in out  # the third column and its own prompt
     assert any(isinstance(v, str) and run["rows"][0]["text"].strip()[:5] in v and "fl-tok" not in v for v in out)
     with pytest.raises(AppError, match="choose a run to reload"):
         client.predict([], [], "plain", api_name="/reload")

@@ -109,7 +109,7 @@ def test_malformed_history_gets_a_message_not_a_crash(client, hist):
     table, _runs, note = client.predict(hist, api_name="/history")
     assert table["data"] == [[""] * 9] or table["data"] == [] or not any(table["data"][0])
     assert "0 run(s)" in note
-    for api_name in ("/export_json", "/export_csv"):
+    for api_name in ("/export_json", "/export_csv", "/export_llm_comparator"):
         with pytest.raises(AppError, match="no runs in this browser's history"):
             client.predict(hist, [], api_name=api_name)
     with pytest.raises(AppError, match="choose a run to reload"):
@@ -130,8 +130,8 @@ def test_schemathesis_finds_no_server_errors_on_the_gradio_routes(door, tmp_path
          "--no-color", "--generation-database", "none", "--suppress-health-check", "all",
          "--phases", "fuzzing", "--include-method", "POST",
          # Gradio's schema for a BrowserState input has no type, so nothing can be generated for these
-         # four; malformed histories are sent to them by hand above
-         "--exclude-path-regex", "/(history|reload|export_json|export_csv)$"],
+         # five; malformed histories are sent to them by hand above
+         "--exclude-path-regex", "/(history|reload|export_json|export_csv|export_llm_comparator)$"],
         cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert json.dumps(door.pool.gate.status())

@@ -43,7 +43,7 @@ TIMERS_JS = """
     });
     obs.observe(document.body, {childList: true, subtree: true, characterData: true});
   };
-  watch("first_token", () => document.querySelector("#baseline-text .fl-tok") !== null);
+  watch("first_token", () => document.querySelector("#col1-text .fl-tok") !== null);
   watch("done", () => (document.querySelector("#status")?.textContent || "").includes("Done"));
 }
 """
@@ -161,6 +161,14 @@ def choose(pg: Page, elem_id: str, option: str) -> None:
     expect(pg.locator(f"#{elem_id} input")).to_have_value(option)
 
 
+def column_settings(pg: Page, n: int) -> None:
+    """Open (or close) column n's settings accordion; opening waits for its name box."""
+    was_open = pg.locator(f"#col{n}-name").is_visible()
+    pg.locator(f"#col{n}-settings .label-wrap").first.click()
+    if not was_open:
+        expect(pg.locator(f"#col{n}-name")).to_be_visible()
+
+
 def radio(pg: Page, elem_id: str, label: str) -> None:
     pg.locator(f"#{elem_id} label").filter(has_text=label).first.click()
 
@@ -181,7 +189,7 @@ def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page
     page.locator("#generate").click()
 
     # Streaming: the first coloured token shows up while the run is still going.
-    expect(spans(page, "baseline").first).to_be_visible(timeout=RUN_TIMEOUT_MS)
+    expect(spans(page, "col1").first).to_be_visible(timeout=RUN_TIMEOUT_MS)
     page.wait_for_function("() => window.__fl.seen.first_token !== undefined")
     ttft = page.evaluate("() => (window.__fl.seen.first_token - window.__fl.clicks.generate) / 1000")
     assert 0 < ttft < 30, ttft
@@ -191,21 +199,21 @@ def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page
     assert "UI build" not in status and "ms" not in status  # no developer timings for users
     expect(page.locator("#generate")).to_be_enabled()
     expect(page.locator("#stop")).to_be_disabled()
-    for column in ("baseline", "feedback"):
+    for column in ("col1", "col2"):
         expect(spans(page, column).first).to_be_visible()
         expect(page.locator(f"#{column}-text .fl-caret")).to_have_count(0)  # finished: no cursor
         expect(page.locator(f"#{column}-stats")).to_contain_text("tokens/s")
         expect(stop_cell(page, column)).not_to_have_text("running…")
     # The page starts on the preset that shows a difference, and the headings say what made each column.
-    expect(page.locator("#feedback-heading")).to_contain_text("residual")
-    expect(page.locator("#feedback-heading")).to_contain_text("alpha=0.1")
-    expect(page.locator("#baseline-heading")).to_contain_text("no feedback")
+    expect(page.locator("#col2-heading")).to_contain_text("residual")
+    expect(page.locator("#col2-heading")).to_contain_text("alpha=0.1")
+    expect(page.locator("#col1-heading")).to_contain_text("no feedback")
     assert "differ at step" in status
-    expect(page.locator("#baseline-text .fl-diverge")).to_have_count(1)  # the text marks where they split
-    expect(page.locator("#feedback-text .fl-diverge")).to_have_count(1)
-    n_base = spans(page, "baseline").count()
+    expect(page.locator("#col1-text .fl-diverge")).to_have_count(1)  # the text marks where they split
+    expect(page.locator("#col2-text .fl-diverge")).to_have_count(1)
+    n_base = spans(page, "col1").count()
     assert 5 <= n_base <= ANSWER_TOKENS
-    expect(page.locator("#baseline-stats tr").first).to_contain_text(str(n_base))
+    expect(page.locator("#col1-stats tr").first).to_contain_text(str(n_base))
     expect(page.locator("#confidence-legend")).to_contain_text("very uncertain")
 
     # Confidence chart: Plotly drew a token-conf and a group-conf trace for each row.
@@ -215,12 +223,12 @@ def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page
         "() => document.querySelectorAll('#conf-plot .js-plotly-plot .scatterlayer .trace').length >= 4",
         timeout=10_000)
     legend = " | ".join(chart.locator(".legendtext").all_text_contents())
-    for name in ("baseline token conf", "baseline group conf", "feedback token conf", "feedback group conf"):
+    for name in ("Baseline token conf", "Baseline group conf", "Feedback token conf", "Feedback group conf"):
         assert name in legend, legend
     expect(page.locator("#mem-plot")).to_contain_text("seconds since the run began")
 
     # Hover a token: a styled detail card with the numbers and the top-5 alternatives.
-    token = spans(page, "feedback").nth(2)
+    token = spans(page, "col2").nth(2)
     token.hover()
     card = page.locator("#fl-card.fl-open")
     expect(card).to_be_visible()
@@ -230,17 +238,18 @@ def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page
     expect(card).to_have_count(0)
 
     # The plain view: no spans, the same text; then back.
-    coloured = {c: "".join(spans(page, c).all_text_contents()) for c in ("baseline", "feedback")}
+    coloured = {c: "".join(spans(page, c).all_text_contents()) for c in ("col1", "col2")}
     radio(page, "token-view", "plain")
-    for column in ("baseline", "feedback"):
+    for column in ("col1", "col2"):
         expect(spans(page, column)).to_have_count(0, timeout=10_000)
         body = page.locator(f"#{column}-text .fl-text")
         assert body.text_content().replace("differs from here", "") == coloured[column]
     radio(page, "token-view", "confidence")
-    expect(spans(page, "baseline")).to_have_count(n_base, timeout=10_000)
+    expect(spans(page, "col1")).to_have_count(n_base, timeout=10_000)
     shot(page, "compare-1440-light")
     assert page.errors == []
-    assert help_contrast(page, "#param-residual-alpha") >= 4.5  # WCAG AA for the help under a control
+    column_settings(page, 2)
+    assert help_contrast(page, "#c2-residual-alpha") >= 4.5  # WCAG AA for the help under a control
     save_metrics(click_to_first_token_s=ttft)
 
 
@@ -283,39 +292,39 @@ def test_stop_ends_a_long_generation(page: Page, app_url: str):
     page.locator("#prompt textarea").fill("Write a very long story about a lighthouse keeper and the sea.")
     page.locator("#generate").click()
     expect(page.locator("#status")).to_contain_text("of 1000", timeout=RUN_TIMEOUT_MS)  # the setting took
-    page.wait_for_function("() => document.querySelectorAll('#baseline-text .fl-tok').length >= 10",
+    page.wait_for_function("() => document.querySelectorAll('#col1-text .fl-tok').length >= 10",
                            timeout=RUN_TIMEOUT_MS)
     expect(page.locator("#stop")).to_be_enabled()
-    at_stop = spans(page, "baseline").count()
+    at_stop = spans(page, "col1").count()
     page.locator("#stop").click()
 
     expect(page.locator("#status")).to_contain_text("Done (stopped)", timeout=15_000)
     page.wait_for_function("() => window.__fl.seen.done !== undefined && window.__fl.clicks.stop !== undefined")
     stop_to_done = page.evaluate("() => (window.__fl.seen.done - window.__fl.clicks.stop) / 1000")
     assert 0 < stop_to_done < 15, stop_to_done
-    for column in ("baseline", "feedback"):
+    for column in ("col1", "col2"):
         expect(stop_cell(page, column)).to_contain_text("stopped")
     expect(page.locator("#generate")).to_be_enabled()
     expect(page.locator("#stop")).to_be_disabled()
-    final = spans(page, "baseline").count()
+    final = spans(page, "col1").count()
     assert at_stop <= final < 250, (at_stop, final)
     page.wait_for_timeout(1_000)  # nothing may arrive after the run ended
-    assert spans(page, "baseline").count() == final
+    assert spans(page, "col1").count() == final
     assert health(app_url)["running"] == 0
     save_metrics(stop_to_done_s=stop_to_done, stop_tokens_at_click=at_stop, stop_tokens_final=final)
 
 
 def test_an_input_error_leaves_the_previous_run_intact(page: Page):
     generate(page, "Name three rivers.", 12)
-    before = {c: page.locator(f"#{c}-text .fl-text").inner_html() for c in ("baseline", "feedback")}
-    stats = page.locator("#feedback-stats table").inner_text()
+    before = {c: page.locator(f"#{c}-text .fl-text").inner_html() for c in ("col1", "col2")}
+    stats = page.locator("#col2-stats table").inner_text()
     page.locator("#prompt textarea").fill("   ")
     page.locator("#generate").click()
     expect(page.locator(".toast-body.error")).to_contain_text("prompt is empty")  # one message, in the toast
     page.wait_for_timeout(500)
     for column, html in before.items():
         assert page.locator(f"#{column}-text .fl-text").inner_html() == html
-    assert page.locator("#feedback-stats table").inner_text() == stats
+    assert page.locator("#col2-stats table").inner_text() == stats
     # Gradio draws an "Error" badge over an event's outputs when it fails; none may cover the results
     assert page.evaluate(SHOWN_ERROR_BADGES) == 0
     expect(page.locator("#status")).to_contain_text("Done in")
@@ -389,9 +398,10 @@ def test_reload_from_history_restores_every_control(page: Page):
     set_number(page, "seed", 7)
     set_number(page, "max-new-tokens", 8)
     accordion(page, "Sampling")
-    choose(page, "param-strategy", "deep_cache")
-    choose(page, "param-preset", "tuned for perplexity")
-    expect(page.locator("#param-deep_cache-lam input")).to_have_value("0.02")
+    column_settings(page, 2)
+    choose(page, "c2-strategy", "deep_cache")
+    choose(page, "c2-preset", "tuned for perplexity")
+    expect(page.locator("#c2-deep_cache-lam input")).to_have_value("0.02")
     accordion(page, "DeepConf confidence and early stop")
     set_number(page, "deepconf-window", 12)
     radio(page, "thr-mode", "fixed")
@@ -399,7 +409,7 @@ def test_reload_from_history_restores_every_control(page: Page):
     page.locator("#prompt textarea").fill("Name a planet.")
     page.locator("#generate").click()
     expect(page.locator("#status")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
-    heading = page.locator("#feedback-heading").inner_text()
+    heading = page.locator("#col2-heading").inner_text()
     assert "deep_cache" in heading and "lam=0.02" in heading and "gate=0.9" in heading
     # ... then the person changes everything
     page.locator("#prompt textarea").fill("Something else entirely.")
@@ -407,7 +417,7 @@ def test_reload_from_history_restores_every_control(page: Page):
     set_number(page, "temperature", 0)
     set_number(page, "deepconf-window", 32)
     radio(page, "thr-mode", "off")
-    choose(page, "param-strategy", "anchor")
+    choose(page, "c2-strategy", "anchor")
     # ... and reloads the run from History
     page.get_by_role("tab", name="History").click()
     expect(page.locator("#history-table")).to_contain_text("Name a planet.")
@@ -416,13 +426,13 @@ def test_reload_from_history_restores_every_control(page: Page):
     page.locator("#history-reload").click()
     expect(page.locator("#status")).to_contain_text("Reloaded run", timeout=10_000)
     expected = {"temperature": "0.5", "seed": "7", "max-new-tokens": "8", "deepconf-window": "12",
-                "threshold": "3.25", "param-strategy": "deep_cache", "param-preset": "tuned for perplexity",
-                "param-deep_cache-lam": "0.02", "param-deep_cache-theta": "50", "param-deep_cache-gate": "0.9"}
+                "threshold": "3.25", "c2-strategy": "deep_cache", "c2-preset": "tuned for perplexity",
+                "c2-deep_cache-lam": "0.02", "c2-deep_cache-theta": "50", "c2-deep_cache-gate": "0.9"}
     for elem_id, value in expected.items():
         expect(page.locator(f"#{elem_id} input").first).to_have_value(value)
     expect(page.locator("#prompt textarea")).to_have_value("Name a planet.")
     expect(page.locator("#thr-mode input[value=fixed]")).to_be_checked()
-    expect(page.locator("#feedback-heading")).to_contain_text("lam=0.02")
+    expect(page.locator("#col2-heading")).to_contain_text("lam=0.02")
     shot(page, "history-reload")
 
 
@@ -430,12 +440,12 @@ def test_touch_tap_and_keyboard_focus_open_the_card_and_columns_stay_side_by_sid
     context, pg = open_app(browser, app_url, width=390, touch=True)
     try:
         generate(pg, "Explain in two sentences why the sky is blue.", 24)
-        base, fb = pg.locator("#baseline-text").bounding_box(), pg.locator("#feedback-text").bounding_box()
+        base, fb = pg.locator("#col1-text").bounding_box(), pg.locator("#col2-text").bounding_box()
         assert abs(base["y"] - fb["y"]) < 60 and fb["x"] >= base["x"] + base["width"] - 1  # side by side
         for name in ("Compare", "Perplexity", "Sweep", "Deep Think", "History"):  # no tab hidden behind "…"
             expect(pg.get_by_role("tab", name=name)).to_be_visible()
         shot(pg, "compare-390-light")
-        token = pg.locator("#feedback-text .fl-tok").nth(1)
+        token = pg.locator("#col2-text .fl-tok").nth(1)
         token.tap()
         card = pg.locator("#fl-card.fl-open")
         expect(card).to_be_visible()
@@ -446,13 +456,18 @@ def test_touch_tap_and_keyboard_focus_open_the_card_and_columns_stay_side_by_sid
         pg.keyboard.press("Escape")
         expect(card).to_have_count(0)
         # keyboard: focus the column's first token, then move with the arrow keys
-        first = pg.locator("#baseline-text .fl-tok").first
+        first = pg.locator("#col1-text .fl-tok").first
         first.focus()
         expect(card).to_be_visible()
         title = pg.locator("#fl-card .fl-card-title").inner_text()
         pg.keyboard.press("ArrowRight")
-        expect(pg.locator("#baseline-text .fl-tok").nth(1)).to_be_focused()
+        expect(pg.locator("#col1-text .fl-tok").nth(1)).to_be_focused()
         expect(pg.locator("#fl-card .fl-card-title")).not_to_have_text(title)
+        # the alternatives are reachable by keyboard too (↓ into the card, Enter would branch)
+        pg.keyboard.press("ArrowDown")
+        expect(pg.locator("#fl-card button.fl-alt").first).to_be_focused()
+        pg.keyboard.press("Escape")
+        expect(pg.locator("#col1-text .fl-tok").nth(1)).to_be_focused()
     finally:
         context.close()
 
@@ -478,7 +493,8 @@ def test_dark_mode_charts_are_dark(browser: Browser, app_url: str, width: int):
             return 0.2126 * r + 0.7152 * g + 0.0722 * b
 
         assert lum(colours["text"]) > 150 and lum(colours["body"]) < 80, colours
-        assert help_contrast(pg, "#param-residual-alpha") >= 4.5
+        column_settings(pg, 2)
+        assert help_contrast(pg, "#c2-residual-alpha") >= 4.5
         shot(pg, f"compare-{width}-dark")
     finally:
         context.close()
@@ -506,3 +522,125 @@ def test_idle_page_polls_memory_slowly_and_not_while_hidden(page: Page):
     t0 = time.monotonic()
     page.wait_for_timeout(6_500)
     assert 1 <= len(ticks) <= 2 and ticks[0] - t0 < 6  # back, at one request per 5 s
+
+
+CHART_COLOURS = """
+() => Array.from(new Set(Array.from(document.querySelectorAll('#conf-plot .scatterlayer .trace path.js-line'))
+  .map(p => getComputedStyle(p).stroke)))
+"""
+
+
+def test_a_prompt_session_variants_branch_follow_up_diff_and_link(page: Page, browser: Browser, app_url: str):
+    """A prompt engineer's session in one page: a third column with its own prompt, a run, a
+    branch from an alternative token, a follow-up turn, the diff view, and a link that restores it."""
+    page.locator("#add-column").click()
+    expect(page.locator("#col3")).to_be_visible()
+    expect(page.locator("#col4")).to_be_hidden()
+    column_settings(page, 3)
+    expect(page.locator("#col3-heading")).to_contain_text("deep_cache")  # an added column starts on a strategy
+    choose(page, "c3-strategy", "none")  # ... this one is a prompt variant instead
+    page.locator("#col3-name textarea").fill("Precise")
+    page.locator("#col3-prompt textarea").fill("Name the capital of France. Answer in one precise sentence.")
+    expect(page.locator("#col3-heading")).to_contain_text("prompt modified")
+    expect(page.locator("#col2-heading")).not_to_contain_text("modified")
+    column_settings(page, 3)
+    generate(page, "What is the capital of France?", 16)
+    for n in (1, 2, 3):
+        expect(page.locator(f"#col{n}-text .fl-tok").first).to_be_visible()
+        expect(page.locator(f"#col{n}-stats")).to_contain_text("self-PPL")
+    expect(page.locator("#col3-heading")).to_contain_text("Precise")
+    page.wait_for_function(
+        "() => document.querySelectorAll('#conf-plot .scatterlayer .trace').length >= 6", timeout=10_000)
+    assert len(page.evaluate(CHART_COLOURS)) >= 3  # one colour per column
+    shot(page, "workbench-3-columns-1440")
+
+    # Branch: click a token of column 2 (the card stays), then one of its alternatives.
+    page.locator("#col2-text .fl-tok").nth(3).click()
+    alternative = page.locator("#fl-card.fl-open button.fl-alt").first
+    expect(alternative).to_be_visible()
+    expect(page.locator("#fl-card")).to_contain_text("click an alternative")
+    shot(page, "branch-card", full=False)
+    alternative.click()
+    expect(page.locator("#status")).to_contain_text("forced tokens", timeout=RUN_TIMEOUT_MS)
+    for n in (1, 2, 3):  # a branch applies to every column by default: each is forced at the same step
+        expect(page.locator(f"#col{n}-text .fl-tok.fl-forced").first).to_be_visible()
+
+    # Continue the conversation: every column shows its own history as chat bubbles.
+    page.locator("#follow-up textarea").fill("And the capital of Italy?")
+    page.locator("#continue").click()
+    expect(page.locator("#col1-turns .fl-turn.fl-current")).to_be_visible(timeout=RUN_TIMEOUT_MS)  # it began
+    expect(page.locator("#status")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
+    for n in (1, 2, 3):
+        expect(page.locator(f"#col{n}-turns .fl-turn.fl-user.fl-current")).to_contain_text("Italy")
+        expect(page.locator(f"#col{n}-turns .fl-turn.fl-assistant")).to_have_count(1)
+    expect(page.locator("#col3-turns .fl-turn.fl-user").first).to_contain_text("precise sentence")
+    shot(page, "conversation-1440")
+
+    # Diff view: words of each column against column 1.
+    radio(page, "token-view", "diff")
+    expect(page.locator("#diff-legend")).to_be_visible()
+    for n in (1, 2, 3):
+        expect(page.locator(f"#col{n}-text .fl-diff")).to_be_visible()
+    shot(page, "diff-view-1440")
+    radio(page, "token-view", "confidence")
+
+    # Copy link: the address holds the setup; a fresh page opened on it has the same controls.
+    page.locator("#copy-link").click()
+    expect(page.locator("#link-note")).to_contain_text("link copied", ignore_case=True, timeout=10_000)
+    page.wait_for_function("() => window.location.search.includes('cfg=')")
+    url = page.evaluate("() => window.location.href")
+    context, fresh = open_app(browser, url, width=390, scheme="dark")
+    try:
+        expect(fresh.locator("#col3")).to_be_visible()
+        expect(fresh.locator("#prompt textarea")).to_have_value("What is the capital of France?")
+        expect(fresh.locator("#link-note")).to_contain_text("restored from the link")
+        column_settings(fresh, 3)
+        expect(fresh.locator("#col3-name textarea")).to_have_value("Precise")
+        expect(fresh.locator("#col3-prompt textarea")).to_have_value(
+            "Name the capital of France. Answer in one precise sentence.")
+        expect(fresh.locator("#col3-heading")).to_contain_text("prompt modified")
+        expect(fresh.locator("#c3-strategy input")).to_have_value("none")
+        fresh.locator("#sampling .label-wrap").first.click()
+        expect(fresh.locator("#max-new-tokens input")).to_have_value("16")
+        shot(fresh, "link-restored-390-dark")
+        assert fresh.errors == []
+    finally:
+        context.close()
+    assert page.errors == []
+
+
+def test_a_tampered_link_keeps_the_defaults_and_says_so(browser: Browser, app_url: str):
+    context, pg = open_app(browser, app_url.rstrip("/") + "/?cfg=eJyrVkrLz1eyUkpKLFKqBQAdegQ0")
+    try:
+        expect(pg.locator("#link-note")).to_contain_text("not applied")
+        expect(pg.locator("#prompt textarea")).to_have_value("")
+        expect(pg.locator("#col3")).to_be_hidden()
+    finally:
+        context.close()
+
+
+def test_four_columns_stream_and_their_first_token_comes_soon(page: Page):
+    page.locator("#add-column").click()
+    page.locator("#add-column").click()
+    expect(page.locator("#col4")).to_be_visible()
+    expect(page.locator("#add-column")).to_be_disabled()
+    page.evaluate("""() => {
+      const obs = new MutationObserver(() => {
+        if (window.__fl.seen.first4 === undefined && document.querySelector('#col4-text .fl-tok'))
+          window.__fl.seen.first4 = performance.now();
+      });
+      obs.observe(document.body, {childList: true, subtree: true});
+    }""")
+    generate(page, "Give me three tips for better sleep.", 16)
+    for n in (1, 2, 3, 4):
+        expect(page.locator(f"#col{n}-text .fl-tok").first).to_be_visible()
+    ttft4 = page.evaluate("() => (window.__fl.seen.first4 - window.__fl.clicks.generate) / 1000")
+    data = save_metrics(click_to_first_token_4_columns_s=ttft4)
+    if "click_to_first_token_s" in data:
+        save_metrics(first_token_4_vs_2_columns=ttft4 / data["click_to_first_token_s"])
+    assert 0 < ttft4 < 60, ttft4
+    shot(page, "workbench-4-columns-1440")
+    page.set_viewport_size({"width": 390, "height": 844})
+    shot(page, "workbench-4-columns-390")
+    page.locator("#remove-column").click()
+    expect(page.locator("#col4")).to_be_hidden()

@@ -61,7 +61,7 @@ def test_early_stop_marker_at_stop_step_group_confidence() -> None:
 
 def test_divergence_line_and_labels_do_not_overlap() -> None:
     rows = [make_row("baseline", [1.0, 2.0, 4.0]), make_row("feedback", [0.5, 3.0])]
-    fig = confidence_figure(rows, threshold=5.0, divergence_step=1, window=4)
+    fig = confidence_figure(rows, threshold=5.0, divergence=1, window=4)
     (line,) = [sh for sh in fig.layout.shapes if sh.type == "line"]
     assert (line.x0, line.x1, line.yref) == (1, 1, "paper")
     labels = {a.text: a for a in fig.layout.annotations}
@@ -79,7 +79,7 @@ def test_window_shading() -> None:
 
 def test_empty_inputs() -> None:
     for rows in ([], [make_row("baseline", []), make_row("feedback", [])]):
-        fig = confidence_figure(rows, threshold=1.0, divergence_step=0, window=8)
+        fig = confidence_figure(rows, threshold=1.0, divergence=0, window=8)
         assert fig.layout.uirevision == UIREVISION and fig.layout.xaxis.title.text == "decode step"
         fig.to_json()
     empty = memory_figure([])

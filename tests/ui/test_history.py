@@ -7,8 +7,11 @@ import json
 
 import pytest
 
-from feedback.records import Alternative, RowResult, RunConfig, RunResult, StepRecord
+from feedback.records import Alternative, RowResult, RowSpec, RunConfig, RunResult, StepRecord
 from ui import history
+
+HOSTILE = 'say "hi",\n<b>bold</b> & <script>alert("x")</script>'
+TURNS = [{"role": "user", "content": 'earlier "q"'}, {"role": "assistant", "content": "earlier a\n2"}]
 
 
 def _result(run_id: str, text: str = 'a "quoted", comma\nline') -> dict:
@@ -20,6 +23,28 @@ def _result(run_id: str, text: str = 'a "quoted", comma\nline') -> dict:
     config = RunConfig(prompt="p" * 100, seed=7).to_dict()
     data = RunResult(config, rows, first_divergence_step=None).to_dict()
     return data | {"run_id": run_id}
+
+
+def _steps(ids: list[int], first: str = "x") -> list[StepRecord]:
+    return [StepRecord(i, t, first if i == 0 else "x", -0.5, 0.6, 3.0, 1.2, 3.0, [], 12.0) for i, t in enumerate(ids)]
+
+
+def _three(run_id: str = "t", prompt: str = "run prompt") -> dict:
+    """Three columns: a baseline, a strategy with its own (hostile) prompt, and one continuing a
+    conversation under its own system prompt; per-row metrics of every kind (numbers, None, NaN and
+    inf, booleans, lists of key facts, a metric named like a reserved field)."""
+    specs = [RowSpec("baseline"), RowSpec("own", "residual", {"alpha": 0.2}, prompt="own " + HOSTILE),
+             RowSpec("chat", "anchor", {"beta": 1, "mode": "soft"}, system_prompt="be <brief>", messages=TURNS)]
+    config = RunConfig(prompt=prompt, rows=specs, key_facts=["x"]).to_dict()
+    rows = [RowResult("baseline", None, {}, [1, 2, 3], "base " + HOSTILE, "eos", 2, _steps([1, 2, 3], HOSTILE),
+                      {"length": 3, "distinct_1": 1.0, "self_ppl": 2.5, "key_facts_found": ["x"],
+                       "key_fact_recall": 1.0, "reference_ppl_with_strategy": False, "mean": None}),
+            RowResult("own", "residual", {"alpha": 0.2}, [1, 9], "own out", "max_tokens", 1, _steps([1, 9]),
+                      {"length": 2, "distinct_1": 0.5, "self_ppl": float("nan"), "key_facts_found": [],
+                       "key_fact_recall": 0.0, "reference_ppl_with_strategy": True, "mean": 3.25}),
+            RowResult("chat", "anchor", {"beta": 1, "mode": "soft"}, [7, 2, 3], "chat out", "eos", 2, _steps([7, 2, 3]),
+                      {"length": 3, "tokens": 3, "self_ppl": float("inf"), "column": "weird"})]
+    return RunResult(config, rows).to_dict() | {"run_id": run_id}
 
 
 def test_add_run_newest_first_capped_and_deduplicated():
@@ -42,11 +67,46 @@ def test_table_shows_outputs_and_select():
     rows = history.table(hist)
     assert len(rows) == 2 and len(rows[0]) == len(history.TABLE_HEADERS)
     by = dict(zip(history.TABLE_HEADERS, rows[0]))
-    assert by["id"] == "b" and by["feedback"] == "residual alpha=0.1" and by["differ at"] == "—"
-    assert by["feedback output"] == "feedback text" and by["baseline output"].endswith("…")
-    assert len(by["prompt"]) == history.OUTPUT_PREVIEW and len(by["baseline output"]) == history.OUTPUT_PREVIEW
+    assert by["id"] == "b" and by["columns"] == "baseline: no feedback | feedback: residual alpha=0.1"
+    assert by["differ at"] == "—" and by["tokens"] == "3 / 3" and by["stop"] == "max_tokens / max_tokens"
+    assert by["other columns' output"] == "feedback: feedback text" and by["first column output"].endswith("…")
+    assert len(by["prompt"]) == history.OUTPUT_PREVIEW
+    assert len(by["first column output"]) == history.OUTPUT_PREVIEW
     assert [e["id"] for e in history.select(hist, ["a"])] == ["a"]
     assert len(history.select(hist, [])) == 2
+
+
+def test_table_describes_every_column_of_a_three_column_run():
+    by = dict(zip(history.TABLE_HEADERS, history.table(history.add_run([], _three()))[0]))
+    assert by["columns"] == ("baseline: no feedback | own: residual alpha=0.2 (own prompt) | "
+                             "chat: anchor beta=1, mode=soft (+2 earlier turns)")
+    assert by["prompt"] == "run prompt" and by["first column output"] == " ".join(("base " + HOSTILE).split())
+    assert by["other columns' output"] == "own: own out | chat: chat out"
+    assert (by["tokens"], by["differ at"], by["stop"]) == ("3 / 2 / 3", "1 / 0", "eos / max_tokens / eos")
+
+
+def test_table_lists_a_few_columns_and_counts_the_rest():
+    data = _result("w")
+    data["rows"] = [dict(data["rows"][1], name=f"c{i}", text=f"out {i}") for i in range(6)]
+    by = dict(zip(history.TABLE_HEADERS, history.table(history.add_run([], data))[0]))
+    assert by["columns"].count("residual alpha=0.1") == history.TABLE_OTHERS_SHOWN + 1
+    assert by["columns"].endswith(" | +2 more") and by["other columns' output"].endswith("c3: out 3 | +2 more")
+    assert by["tokens"] == " / ".join(["3"] * 6) and by["differ at"] == " / ".join(["—"] * 5)
+
+
+def test_a_run_of_one_column_has_no_other_outputs():
+    data = _result("solo")
+    data["rows"] = data["rows"][:1]
+    by = dict(zip(history.TABLE_HEADERS, history.table(history.add_run([], data))[0]))
+    assert (by["other columns' output"], by["differ at"], by["tokens"]) == ("—", "—", "3")
+
+
+def test_label_shows_the_run_prompt_or_the_first_columns_own_prompt():
+    assert history.label(history.add_run([], _three("t"))[0]) == "t · run prompt"
+    data = _three("u", prompt=" ")
+    data["config"]["rows"][0]["prompt"] = "first own\nprompt " + "z" * 60
+    label = history.label(history.add_run([], data)[0])
+    assert label == "u · " + ("first own prompt " + "z" * 60)[:history.LABEL_PREVIEW - 1] + "…"
 
 
 def test_csv_has_one_row_per_token_with_settings_and_survives_hostile_text():
@@ -75,6 +135,26 @@ def test_csv_gives_each_row_its_own_prompt_and_marks_forced_tokens():
     assert [p["forced"] for p in parsed] == ["0"] * 3 + ["1", "0", "0"]
 
 
+def test_csv_of_three_columns_gives_each_its_prompt_system_prompt_and_turns():
+    data = _three()
+    data["config"]["system_prompt"] = "run system"
+    parsed = [dict(zip(history.CSV_COLUMNS, line)) for line in csv.reader(io.StringIO(history.to_csv(
+        history.add_run([], data))))][1:]
+    assert [p["row"] for p in parsed] == ["baseline"] * 3 + ["own"] * 2 + ["chat"] * 3
+    assert [p["row_prompt"] for p in parsed] == ["run prompt"] * 3 + ["own " + HOSTILE] * 2 + ["run prompt"] * 3
+    assert [p["row_system_prompt"] for p in parsed] == ["run system"] * 5 + ["be <brief>"] * 3
+    assert [p["row_messages"] for p in parsed[:5]] == [""] * 5 and json.loads(parsed[5]["row_messages"]) == TURNS
+    assert parsed[0]["text"] == HOSTILE and json.loads(parsed[3]["row_metrics"])["key_facts_found"] == []
+    assert json.loads(parsed[5]["params"]) == {"beta": 1, "mode": "soft"}
+
+
+def test_json_export_of_three_columns_round_trips():
+    result = RunResult.from_dict(json.loads(history.to_json(history.add_run([], _three())))[0])
+    assert [r.name for r in result.rows] == ["baseline", "own", "chat"] and result.rows[0].text == "base " + HOSTILE
+    assert result.config["rows"][1]["prompt"] == "own " + HOSTILE and result.config["rows"][2]["messages"] == TURNS
+    assert result.rows[0].metrics["key_facts_found"] == ["x"]
+
+
 def test_json_export_round_trips_to_run_results():
     hist = history.add_run([], _result("a"))
     data = json.loads(history.to_json(hist))
@@ -97,3 +177,121 @@ def test_malformed_history_entries_are_skipped_and_counted(bad):
     assert runs == [] and skipped >= 1
     assert history.valid(None) == ([], 0)
     assert [e["id"] for e in history.add_run(bad, _result("z"))] == ["z"]  # a corrupt store heals on the next run
+
+
+# What LLM Comparator reads (PAIR-code/llm-comparator: README "JSON Data Format"; client/lib/types.ts
+# DataResponse, Example, FieldType; client/services/state_service.ts loadData, which reads every declared
+# custom field of every example; client/components/example_table.ts, which throws unless a per-model
+# field has exactly 2 values). The browser's JSON.parse rejects NaN and Infinity.
+COMPARATOR_FIELD_TYPES = {"number", "string", "category", "text", "url", "image_path", "image_byte",
+                          "per_model_boolean", "per_model_number", "per_model_category", "per_model_text",
+                          "per_rating_string", "per_rating_per_model_category", "base"}
+EXAMPLE_KEYS = {"input_text", "tags", "output_text_a", "output_text_b", "score", "individual_rater_scores",
+                "custom_fields"}
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _value_ok(kind: str, v) -> bool:
+    if v is None:
+        return True
+    if kind.endswith("number"):
+        return _is_num(v)
+    if kind.endswith("boolean"):
+        return isinstance(v, bool)
+    return isinstance(v, str)
+
+
+def _strict_load(text: str) -> dict:
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON a browser can parse")
+    return json.loads(text, parse_constant=refuse)
+
+
+def _check_llm_comparator(doc: dict) -> None:
+    assert isinstance(doc["metadata"]["source_path"], str)
+    schema = doc["metadata"]["custom_fields_schema"]
+    assert len({f["name"] for f in schema}) == len(schema)
+    assert all(isinstance(f["name"], str) and f["type"] in COMPARATOR_FIELD_TYPES for f in schema)
+    assert len(doc["models"]) == 2 and all(isinstance(m["name"], str) and m["name"] for m in doc["models"])
+    for ex in doc["examples"]:
+        assert EXAMPLE_KEYS <= set(ex) and isinstance(ex["individual_rater_scores"], list)
+        assert all(isinstance(ex[k], str) for k in ("input_text", "output_text_a", "output_text_b"))
+        assert isinstance(ex["tags"], list) and all(isinstance(t, str) for t in ex["tags"])
+        assert ex["score"] is None or _is_num(ex["score"])
+        for f in schema:
+            value = ex["custom_fields"][f["name"]]
+            if f["type"].startswith("per_model_"):
+                assert isinstance(value, list) and len(value) == 2, f
+                assert all(_value_ok(f["type"], v) for v in value), (f, value)
+            else:
+                assert _value_ok(f["type"], value), (f, value)
+
+
+def test_llm_comparator_export_loads_as_upstream_reads_it():
+    hist = history.add_run(history.add_run(history.add_run([], _result("a")), _result("b")), _three("t"))
+    doc = _strict_load(history.to_llm_comparator(hist))
+    _check_llm_comparator(doc)
+    assert len(doc["examples"]) == 2 + 1 + 1  # N - 1 pairs per run of N columns
+    assert [m["name"] for m in doc["models"]] == list(history.COMPARATOR_MODELS)  # the pairs' names differ
+    assert [ex["custom_fields"]["pair"] for ex in doc["examples"]] == [
+        "baseline vs own", "baseline vs chat", "baseline vs feedback", "baseline vs feedback"]
+    assert all(ex["score"] is None and ex["individual_rater_scores"] == [] for ex in doc["examples"])
+
+
+def test_llm_comparator_pairs_the_first_column_with_each_other_one():
+    doc = _strict_load(history.to_llm_comparator(history.add_run([], _three("t"))))
+    types = {f["name"]: f["type"] for f in doc["metadata"]["custom_fields_schema"]}
+    assert {k: types[k] for k in (
+        "run_id", "pair", "first_divergence_step", "own_prompt", "generated_tokens", "distinct_1", "self_ppl",
+        "mean", "key_facts_found", "reference_ppl_with_strategy", "param alpha", "param mode", "metric column",
+        "tokens")} == {
+        "run_id": "string", "pair": "category", "first_divergence_step": "number", "own_prompt": "per_model_boolean",
+        "generated_tokens": "per_model_number", "distinct_1": "per_model_number", "self_ppl": "per_model_number",
+        "mean": "per_model_number", "key_facts_found": "per_model_text",
+        "reference_ppl_with_strategy": "per_model_boolean", "param alpha": "per_model_number",
+        "param mode": "per_model_category", "metric column": "per_model_category", "tokens": "per_model_number"}
+    own, chat = doc["examples"]
+    assert own["input_text"] == "A (baseline) saw:\nrun prompt\n\nB (own) saw:\nown " + HOSTILE
+    assert (own["output_text_a"], own["output_text_b"], own["tags"]) == ("base " + HOSTILE, "own out", ["residual"])
+    cf = own["custom_fields"]
+    assert (cf["run_id"], cf["first_divergence_step"], cf["column"], cf["own_prompt"]) == (
+        "t", 1, ["baseline", "own"], [False, True])
+    assert cf["feedback"] == ["no feedback", "residual alpha=0.2"] and cf["strategy"] == ["none", "residual"]
+    assert cf["distinct_1"] == [1.0, 0.5] and cf["self_ppl"] == [2.5, None] and cf["mean"] == [None, 3.25]
+    assert cf["key_facts_found"] == ["x", ""] and cf["reference_ppl_with_strategy"] == [False, True]
+    assert cf["param alpha"] == [None, 0.2] and cf["generated_tokens"] == [3, 2] and cf["tokens"] == [None, None]
+    assert chat["input_text"] == ("A (baseline) saw:\nrun prompt\n\nB (chat) saw:\n[system]\nbe <brief>\n\n"
+                                  '[user]\nearlier "q"\n\n[assistant]\nearlier a\n2\n\n[user]\nrun prompt')
+    cf = chat["custom_fields"]
+    assert cf["self_ppl"] == [2.5, None] and cf["tokens"] == [None, 3] and cf["metric column"] == [None, "weird"]
+    assert cf["param beta"] == [None, 1] and cf["param mode"] == [None, "soft"] and cf["first_divergence_step"] == 0
+    assert cf["stop_reason"] == ["eos", "eos"] and chat["tags"] == ["anchor"]
+
+
+def test_llm_comparator_names_models_after_columns_when_every_pair_shares_them():
+    doc = _strict_load(history.to_llm_comparator(history.add_run(history.add_run([], _result("a")), _result("b"))))
+    _check_llm_comparator(doc)
+    assert [m["name"] for m in doc["models"]] == ["baseline", "feedback"]
+    ex = doc["examples"][0]
+    assert ex["input_text"] == "p" * 100 and ex["custom_fields"]["first_divergence_step"] is None
+    assert ex["output_text_a"] == "base text " * 20 and ex["custom_fields"]["self_ppl"] == [None, 1.5]
+
+
+def test_llm_comparator_conversation_shared_by_both_columns_is_shown_once():
+    data = _result("c")
+    data["config"]["system_prompt"] = "sys"
+    data["config"]["rows"] = [{"name": n, "messages": TURNS} for n in ("baseline", "feedback")]
+    ex = _strict_load(history.to_llm_comparator(history.add_run([], data)))["examples"][0]
+    assert ex["input_text"] == ('[system]\nsys\n\n[user]\nearlier "q"\n\n[assistant]\nearlier a\n2\n\n'
+                                "[user]\n" + "p" * 100)
+
+
+def test_llm_comparator_run_of_one_column_gives_no_example():
+    data = _result("solo")
+    data["rows"] = data["rows"][:1]
+    doc = _strict_load(history.to_llm_comparator(history.add_run([], data)))
+    _check_llm_comparator(doc)
+    assert doc["examples"] == [] and "solo" in doc["metadata"]["source_path"]

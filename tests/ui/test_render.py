@@ -1,16 +1,20 @@
 """HTML rendering of tokens and stats: escaping, detail cards, the absolute colour scale, the
-divergence marker, live mode."""
+divergence marker, live mode, branch data on tokens, the diff view, quality metrics and best marks,
+column headings and conversation bubbles."""
 from __future__ import annotations
 
 import json
+import random
 import re
+import time
 from html import escape
 from html.parser import HTMLParser
 
 import pytest
 
 from feedback.records import Alternative, RowResult, StepRecord
-from ui.render import (CONFIDENCE_BINS, column_heading, confidence_legend, render_stats, render_tokens, token_color)
+from ui.render import (CONFIDENCE_BINS, best_marks, column_heading, confidence_legend, diff_legend, render_diff,
+                       render_stats, render_tokens, render_turns, token_color)
 from ui.theme import CSS, HEAD
 
 HOSTILE = ['<img src=x onerror=alert(1)>', '"><script>alert(1)</script>', "' onmouseover='x"]
@@ -63,7 +67,7 @@ def test_hostile_text_is_escaped(mode: str) -> None:
     tags = parse(html)
     assert {tag for tag, _ in tags} <= {"div", "span"}
     for _, attrs in tags:
-        assert set(attrs) <= {"class", "style", "tabindex", "data-card"}
+        assert set(attrs) <= {"class", "style", "tabindex", "data-card", "data-step"}
     assert len(cards(html)) == (len(HOSTILE) if mode == "confidence" else 0)
 
 
@@ -83,8 +87,9 @@ def test_card_has_probability_confidence_and_top5() -> None:
     rows = dict(card["rows"])
     assert rows == {"probability": "40.0%", "confidence": "2.50", "entropy": "0.25 nats",
                     "group confidence": "1.75", "step": "7"}
-    assert [t for t, _, _ in card["top"]] == [f"alt{i}" for i in range(5)]
-    assert [chosen for _, _, chosen in card["top"]] == [True, False, False, False, False]
+    assert [t for t, _, _, _ in card["top"]] == [f"alt{i}" for i in range(5)]
+    assert [chosen for _, _, chosen, _ in card["top"]] == [True, False, False, False, False]
+    assert [token_id for _, _, _, token_id in card["top"]] == [107, 1, 2, 3, 4]
 
 
 def test_only_the_first_token_is_in_the_tab_order() -> None:
@@ -181,3 +186,294 @@ def test_stats_missing_values_and_escaping() -> None:
     assert empty["mean confidence"] == "—" and empty["stop"] == "—"
     html = render_stats(make_row([], stop_reason="<script>x</script>"))
     assert "<script" not in html and not any(tag == "script" for tag, _ in parse(html))
+
+
+# ---- branch data on tokens ----
+
+def test_tokens_carry_their_step_and_the_container_its_row() -> None:
+    steps = [make_step(i, f"t{i}") for i in range(3)]
+    tags = parse(render_tokens(steps, row="feedback"))
+    assert tags[0] == ("div", {"class": "fl-text", "data-row": "feedback"})
+    assert [a["data-step"] for tag, a in tags if tag == "span"] == ["0", "1", "2"]
+    assert "data-row" not in render_tokens(steps)  # callers that name no row get what they had
+    assert parse(render_tokens([], row="b"))[0][1]["data-row"] == "b"
+
+
+@pytest.mark.parametrize("name", HOSTILE + ['a "quoted" name', "it's & <b>"])
+def test_row_name_is_escaped_in_the_container(name: str) -> None:
+    for mode in ("plain", "confidence"):
+        html = render_tokens([make_step(0, "x")], mode=mode, row=name)
+        assert "<img" not in html and "<script" not in html and "<b>" not in html
+        assert parse(html)[0][1]["data-row"] == name  # a browser reads the name back intact
+
+
+def test_card_alternatives_carry_token_ids_for_the_branch_buttons() -> None:
+    top = [Alternative(token_id=t, text=f"w{t}", prob=0.2) for t in (9, 100, 31)]
+    (card,) = cards(render_tokens([make_step(0, "x", top=top)]))
+    assert card["top"] == [["w9", 0.2, False, 9], ["w100", 0.2, True, 100], ["w31", 0.2, False, 31]]
+    assert "for (const [text, p, chosen, tokenId] of d.top)" in HEAD  # the id a branch button sends
+
+
+def test_forced_tokens_are_marked() -> None:
+    steps = [make_step(0, "a"), make_step(1, "b"), make_step(2, "c")]
+    steps[0].forced = steps[1].forced = True
+    html = render_tokens(steps)
+    classes = [a["class"] for tag, a in parse(html) if tag == "span"]
+    assert classes == ["fl-tok fl-forced", "fl-tok fl-forced", "fl-tok"]
+    rows = [dict(c["rows"]) for c in cards(html)]
+    assert rows[0]["forced"] == "yes — chosen by you (branch)" and "forced" not in rows[2]
+
+
+# ---- diff view ----
+
+class TextWithoutDeletions(HTMLParser):
+    """The text a reader sees in the column, minus the struck words of column 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth, self.parts = 0, []
+
+    def handle_starttag(self, tag, attrs) -> None:
+        self.depth += tag == "del"
+
+    def handle_endtag(self, tag) -> None:
+        self.depth -= tag == "del"
+
+    def handle_data(self, data: str) -> None:
+        if not self.depth:
+            self.parts.append(data)
+
+
+def shown_text(html: str) -> str:
+    parser = TextWithoutDeletions()
+    parser.feed(html)
+    parser.close()
+    return "".join(parser.parts)
+
+
+def word_steps(words: list[str], ids: dict[str, int]) -> list[StepRecord]:
+    """Steps whose token ids follow their text (equal text, equal id), as a tokenizer's would."""
+    return [StepRecord(step=i, token_id=ids.setdefault(w, len(ids)), text=w, logprob=-0.1, prob=0.9,
+                       confidence=5.0, entropy=0.1, group_confidence=5.0, top=[], time_ms=1.0)
+            for i, w in enumerate(words)]
+
+
+def test_diff_marks_inserted_replaced_and_missing_words() -> None:
+    ids: dict[str, int] = {}
+    ref = word_steps(["The", " cat", " sat", " on", " the", " mat", "."], ids)
+    col = word_steps(["The", " cat", " lay", " on", " a", " big", " mat", "."], ids)
+    html = render_diff(ref, col)
+    assert html == ('<div class="fl-text fl-diff">The cat '
+                    '<del class="fl-del" title="only in column 1">sat</del>'
+                    '<mark class="fl-ins" title="not in column 1">lay</mark> on '
+                    '<del class="fl-del" title="only in column 1">the</del>'
+                    '<mark class="fl-ins" title="not in column 1">a big</mark> mat.</div>')
+    assert shown_text(html) == "The cat lay on a big mat."
+
+
+def test_diff_is_plain_before_the_first_different_token() -> None:
+    """Everything up to the word holding the first different token is plain text."""
+    ids: dict[str, int] = {}
+    ref = word_steps(["a", " b", " c", " x", " y"], ids)
+    col = word_steps(["a", " b", " c", " y"], ids)
+    html = render_diff(ref, col)
+    before, _ = html.split("<del")
+    assert before == '<div class="fl-text fl-diff">a b c ' and shown_text(html) == "a b c y"
+
+
+def test_diff_compares_a_word_split_across_tokens_whole() -> None:
+    ids: dict[str, int] = {}
+    ref = word_steps(["Hello", " Par", "is", "!"], ids)
+    col = word_steps(["Hello", " Par", "king", "!"], ids)
+    html = render_diff(ref, col)
+    assert ">Paris!</del>" in html and ">Parking!</mark>" in html
+    assert shown_text(html) == "Hello Parking!"
+
+
+def test_diff_of_the_reference_itself_or_an_identical_column_is_plain() -> None:
+    ids: dict[str, int] = {}
+    ref = word_steps(["x", " <y>"], ids)
+    assert render_diff(ref, ref) == '<div class="fl-text fl-diff">x &lt;y&gt;</div>'
+    assert render_diff(ref, word_steps(["x", " <y>"], ids)) == render_diff(ref, ref)
+    assert "fl-empty" in render_diff(ref, [])
+    assert render_diff(ref, ref, live=True).endswith('<span class="fl-caret"></span></div>')
+
+
+def test_diff_of_a_prefix_and_while_streaming() -> None:
+    """A column that stopped early lacks column 1's last words; while it streams, it may still write
+    them, so they are not shown as missing."""
+    ids: dict[str, int] = {}
+    ref = word_steps(["one", " two", " three"], ids)
+    short = word_steps(["one", " two"], ids)
+    done = render_diff(ref, short)
+    assert done.endswith('<del class="fl-del" title="only in column 1">three</del></div>')
+    assert "<del" not in render_diff(ref, short, live=True)
+    longer = render_diff(short, ref)
+    assert longer.endswith('<mark class="fl-ins" title="not in column 1">three</mark></div>')
+
+
+def test_diff_escapes_hostile_text_and_reconstructs_it() -> None:
+    ids: dict[str, int] = {}
+    ref = word_steps(["ok", " " + HOSTILE[1], " end"], ids)
+    col = word_steps(["ok", " " + HOSTILE[0], " " + HOSTILE[2], " end"], ids)
+    html = render_diff(ref, col)
+    assert "<img" not in html and "<script" not in html
+    tags = parse(html)
+    assert {tag for tag, _ in tags} <= {"div", "mark", "del"}
+    assert all(set(attrs) <= {"class", "title"} for _, attrs in tags)
+    assert shown_text(html) == "".join(s.text for s in col)
+
+
+def test_diff_reconstructs_long_texts_quickly() -> None:
+    rng = random.Random(7)
+    vocab = ["the", "a", "cat", "dog", "sat", "\n", "and", "then", "<b>", "&", "  ", "mat."]
+    ids: dict[str, int] = {}
+    ref = word_steps([rng.choice(vocab) + rng.choice([" ", "", "\n"]) for _ in range(1000)], ids)
+    col = word_steps([s.text if rng.random() < 0.7 else rng.choice(vocab) for s in ref], ids)
+    start = time.perf_counter()
+    html = render_diff(ref, col)
+    assert time.perf_counter() - start < 2.0
+    assert shown_text(html) == "".join(s.text for s in col)
+
+
+def test_diff_legend_names_both_marks() -> None:
+    legend = diff_legend()
+    assert 'class="fl-ins"' in legend and 'class="fl-del"' in legend and "column 1" in legend
+
+
+# ---- quality metrics and best marks in the stats table ----
+
+def cells(html: str) -> dict[str, dict]:
+    """label -> {"text", "class", "title"} of each value cell, as a browser sees it."""
+    class Cells(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: dict[str, dict] = {}
+            self.where: str | None = None
+            self.label = ""
+
+        def handle_starttag(self, tag, attrs) -> None:
+            if tag in ("th", "td"):
+                self.where = tag
+                if tag == "td":
+                    self.rows[self.label] = {"text": "", **{k: v for k, v in attrs if k in ("class", "title")}}
+                else:
+                    self.label = ""
+
+        def handle_endtag(self, tag) -> None:
+            if tag in ("th", "td"):
+                self.where = None
+
+        def handle_data(self, data: str) -> None:
+            if self.where == "th":
+                self.label += data
+            elif self.where == "td":
+                self.rows[self.label]["text"] += data
+
+    parser = Cells()
+    parser.feed(html)
+    return parser.rows
+
+
+METRICS = {"mean": 2.0, "lowest_group": 1.5, "length": 2, "distinct_1": 0.875, "distinct_2": 2 / 3,
+           "repeat_3gram_rate": 0.125, "longest_repeat": 3, "self_ppl": 4.567, "prompt_ppl": 20.0,
+           "reference_ppl": 8.25, "reference_ppl_with_strategy": False,
+           "key_facts_found": ["Paris"], "key_facts_total": 2, "key_fact_recall": 0.5}
+
+
+def test_stats_show_quality_metrics_after_the_existing_items() -> None:
+    row = make_row([make_step(0, "a")], stop_reason="eos", metrics=dict(METRICS))
+    row.strategy = "residual"
+    got = cells(render_stats(row))
+    assert list(got)[:5] == ["tokens", "tokens/s", "mean confidence", "lowest group confidence", "stop"]
+    assert {k: v["text"] for k, v in list(got.items())[5:]} == {
+        "distinct-1": "0.88", "distinct-2": "0.67", "repeated 3-grams": "12.5%", "longest repeat (tokens)": "3",
+        "self-PPL": "4.57", "prompt PPL": "20.00", "reference PPL": "8.25 (plain model)", "key facts": "1/2"}
+    assert "plain model" in got["reference PPL"]["title"] and got["key facts"]["title"] == "found: Paris"
+    assert not any("class" in c for c in got.values())  # nothing is best without `best`
+
+
+def test_stats_reference_ppl_marker_only_for_a_strategy_scored_without_it() -> None:
+    for strategy, with_strategy in ((None, False), ("anchor", True)):
+        row = make_row([], metrics={"reference_ppl": 3.0, "reference_ppl_with_strategy": with_strategy})
+        row.strategy = strategy
+        assert cells(render_stats(row))["reference PPL"] == {"text": "3.00"}
+
+
+def test_stats_without_quality_metrics_show_none_and_key_fact_totals_are_recovered() -> None:
+    assert len(cells(render_stats(make_row([], metrics={"mean": 1.0, "lowest_group": 1.0})))) == 5
+    old = {"key_facts_found": ["a", "b"], "key_fact_recall": 2 / 3}  # a result from before the total was kept
+    assert cells(render_stats(make_row([], metrics=old)))["key facts"]["text"] == "2/3"
+    none = cells(render_stats(make_row([], metrics={"key_facts_found": [], "key_fact_recall": 0.0})))
+    assert none["key facts"] == {"text": "0 found", "title": "none found"}
+
+
+def test_stats_mark_the_best_values() -> None:
+    row = make_row([make_step(0, "a")], metrics=dict(METRICS))
+    got = cells(render_stats(row, best={"mean", "self_ppl", "key_fact_recall"}))
+    for label in ("mean confidence", "self-PPL", "key facts"):
+        assert got[label]["class"] == "fl-best" and "best of the columns" in got[label]["title"]
+        assert got[label]["text"].endswith(" ★")
+    assert got["key facts"]["title"] == "found: Paris; best of the columns"
+    assert "class" not in got["distinct-1"] and "class" not in got["lowest group confidence"]
+
+
+def test_stats_escape_hostile_key_facts() -> None:
+    metrics = {"key_facts_found": HOSTILE, "key_facts_total": 3, "key_fact_recall": 1.0}
+    html = render_stats(make_row([], metrics=metrics), best={"key_fact_recall"})
+    assert "<img" not in html and "<script" not in html
+    assert cells(html)["key facts"]["title"] == "found: " + ", ".join(HOSTILE) + "; best of the columns"
+
+
+def test_best_marks_per_row_with_live_confidence() -> None:
+    finished = make_row([make_step(0, "a")], metrics={"mean": 3.0, "lowest_group": 1.0, "self_ppl": 5.0})
+    streaming = make_row([make_step(0, "a", 2.0, group=2.0), make_step(1, "b", 4.0, group=2.0)])  # mean 3, low 2
+    other = make_row([], metrics={"mean": 1.0, "lowest_group": 0.5, "self_ppl": 4.0})
+    assert best_marks([finished, streaming, other]) == [{"mean"}, {"mean", "lowest_group"}, {"self_ppl"}]
+    assert best_marks([finished]) == [set()]
+
+
+# ---- column headings ----
+
+def test_column_heading_colour_dot_and_modified_badges() -> None:
+    heading = column_heading("Feedback", "residual", {"alpha": 0.1}, color="#D55E00",
+                             modified=["prompt", "system prompt"])
+    first, note = heading.split("\n")
+    assert first.startswith('### <span class="fl-dot" style="background:#D55E00" aria-hidden="true"></span>Feedback')
+    assert first.endswith('<span class="fl-badge">prompt modified</span> '
+                          '<span class="fl-badge">system prompt modified</span>')
+    assert note == "<span class='fl-note'>alpha=0.1</span>"
+    assert column_heading("B", None, {}, "rgb(0, 114, 178)").startswith('### <span class="fl-dot" style="background:rgb')
+    assert column_heading("Baseline", None, {}) == column_heading("Baseline", None, {}, None, [])
+
+
+@pytest.mark.parametrize("color", ["red;background-image:url(x)", '"><img src=x>', "url(javascript:x)", "#12345z"])
+def test_column_heading_refuses_unsafe_colours(color: str) -> None:
+    assert "fl-dot" not in column_heading("A", None, {}, color=color)
+
+
+def test_column_heading_escapes_hostile_names() -> None:
+    heading = column_heading(HOSTILE[0], HOSTILE[1], {}, modified=[HOSTILE[2], "<b>x</b>"])
+    assert "<img" not in heading and "<script" not in heading and "<b>" not in heading
+    assert {tag for tag, _ in parse(heading)} == {"span"}
+
+
+# ---- conversation bubbles ----
+
+def test_turns_show_earlier_messages_then_the_prompt() -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!\nHow can I help?"}]
+    html = render_turns(messages, "What is 2 + 2?")
+    assert html == ('<div class="fl-turns"><div class="fl-turn-note fl-system">system: Be brief.</div>'
+                    '<div class="fl-turn fl-user" aria-label="you">Hi</div>'
+                    '<div class="fl-turn fl-assistant" aria-label="the model">Hello!\nHow can I help?</div>'
+                    '<div class="fl-turn fl-user fl-current" aria-label="you">What is 2 + 2?</div></div>')
+    assert render_turns([], "What is 2 + 2?") == "" and render_turns(None, "x") == ""
+
+
+def test_turns_escape_hostile_text() -> None:
+    messages = [{"role": "user", "content": HOSTILE[0]}, {"role": "assistant", "content": HOSTILE[1]}]
+    html = render_turns(messages, HOSTILE[2])
+    assert "<img" not in html and "<script" not in html
+    assert {tag for tag, _ in parse(html)} == {"div"}
+    assert all(set(attrs) <= {"class", "aria-label"} for _, attrs in parse(html))

@@ -2,6 +2,7 @@
 and can be left, and every model handler of the app runs its work inside the GPU function."""
 from __future__ import annotations
 
+import json
 import sys
 import time
 import types
@@ -113,6 +114,8 @@ def test_waiting_shows_the_place_and_stop_leaves_the_line():
     runner = make_runner()
     held = runner.pool.gate.acquire(label="an API generate request")
     gen = runner.drive("s1", "compare", Ticker())
+    next(gen)  # the first update comes before the line is joined: from then on Gradio can close it
+    assert runner.pool.gate.status()["waiting"] == 0
     first = next(gen)
     place = first["waiting"]
     assert place.position == 1 and place.running[0][0] == "an API generate request"
@@ -122,7 +125,7 @@ def test_waiting_shows_the_place_and_stop_leaves_the_line():
     assert runner.pool.gate.status()["waiting"] == 0
     # closing a waiting request (cancel, tab gone) also leaves the line
     gen = runner.drive("s2", "compare", Ticker())
-    next(gen)
+    next(gen), next(gen)
     gen.close()
     assert runner.pool.gate.status()["waiting"] == 0
     runner.pool.gate.release(held)
@@ -131,8 +134,11 @@ def test_waiting_shows_the_place_and_stop_leaves_the_line():
 def test_a_full_line_is_refused_at_once():
     runner = make_runner(max_waiting=0)
     held = runner.pool.gate.acquire()
-    with pytest.raises(gr.Error, match="requests are already waiting"):
-        next(runner.drive("s1", "compare", Ticker()))
+    gen = runner.drive("s1", "compare", Ticker())
+    next(gen)
+    assert next(gen) == {"finish": "failed"}  # the page is put back as it was ...
+    with pytest.raises(gr.Error, match="requests are already waiting"):  # ... and told why
+        next(gen)
     runner.pool.gate.release(held)
 
 
@@ -160,12 +166,13 @@ def test_wrap_validates_before_waiting_and_names_parameters():
 
 
 # ---- every model handler of the real app goes through the wrapper and runs inside spaces.GPU ----
-MODEL_HANDLERS = {"compare", "calibrate", "perplexity", "sweep", "deepthink"}
+MODEL_HANDLERS = {"compare", "continue", "branch", "calibrate", "perplexity", "sweep", "deepthink"}
 TEXT = "def add(a, b):\n    return a + b\n\nThe function add returns the sum of its two arguments."
 SETTINGS = {  # elem_id -> value for a quick run of each handler on the tiny model
     "prompt": "Say hi.", "max-new-tokens": 3, "temperature": 0.0, "warmup": 2,
     "ppl-text": TEXT, "sweep-text": TEXT, "sweep-grid-x": "lam=0,0.1", "sweep-grid-y": "",
     "dt-prompt": "What is 2 + 2? Answer with a number.", "dt-traces": 1, "dt-warmup": 1, "dt-max-new": 3,
+    "follow-up": "And then?",
 }
 
 
@@ -216,16 +223,26 @@ def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_
     assert set(handlers) == MODEL_HANDLERS  # and no other handler touches the model (they are plain UI updates)
 
     forwards: list[int] = []
+    settings = dict(SETTINGS)
     handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.append(fake_spaces["inside"]))
     try:
-        for name, fn in handlers.items():
-            values = [SETTINGS.get(c.elem_id, c.value) for c in fn.inputs]
+        for name, fn in sorted(handlers.items(), key=lambda item: item[0] != "compare"):  # compare first: the
+            # follow-ups (continue, branch) go on from its run, held in the page's `last` state
+            values = [settings.get(c.elem_id, c.value) for c in fn.inputs]
+            values = [settings["last"] if c is app.compare.last else v for c, v in zip(fn.inputs, values)]
 
             def start(path: str):
                 return fn.fn(*values, types.SimpleNamespace(session_hash=f"{path}-{name}"))
 
             before = len(forwards)
-            assert list(start("finish")) and len(forwards) > before, name  # finished
+            updates = list(start("finish"))
+            assert updates and len(forwards) > before, name  # finished
+            if name == "compare":
+                settings["last"] = next(u[app.compare.last] for u in reversed(updates)
+                                        if isinstance(u, dict) and app.compare.last in u)
+                step0 = settings["last"]["rows"][0]["steps"][0]
+                settings["fl-branch-request"] = json.dumps({"row": "Baseline", "step": 0,
+                                                            "token_id": step0["top"][1]["token_id"]})
             _line_free(pool)
             gen = start("cancel")
             next(gen)
