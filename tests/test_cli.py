@@ -67,7 +67,7 @@ def test_prompt_variants_a_next_turn_and_a_branch(tmp_path, capsys):
               "--row-prompt", "strong=What is the capital of France? Answer precisely, in one sentence.",
               "--row-prompt", "restate=Question: what is the capital of France? Restate it, then answer.",
               "--reference", "The capital of France is Paris.", "--key-fact", "Paris", "--quality",
-              "--max-new-tokens", "16", "--out", str(first))
+              "--max-new-tokens", "10", "--out", str(first))
     assert out.returncode == 0, out.stderr
     assert "=== restate [anchor alpha=0.2" in out.stdout and "self PPL" in out.stdout
     assert "reference PPL" in out.stdout and "key-fact recall" in out.stdout
@@ -90,7 +90,7 @@ def test_prompt_variants_a_next_turn_and_a_branch(tmp_path, capsys):
     for old, new in zip(run1["rows"], run3["rows"]):
         assert new["token_ids"][:step + 1] == old["token_ids"][:step] + [italy]
         assert [s["forced"] for s in new["steps"][:step + 2]] == [True] * (step + 1) + [False]
-    assert run3["config"]["max_new_tokens"] == 16  # the saved run's settings carry over
+    assert run3["config"]["max_new_tokens"] == 10  # the saved run's settings carry over
 
 
 @pytest.mark.parametrize("args, message", [
@@ -170,7 +170,7 @@ def test_prepare_prints_the_cache_folder():
 
 @pytest.mark.slow
 def test_bench_json_reports_every_ratio():
-    out = cli("bench", "--tokens", "8", "--repeats", "1", "--api", "--json", timeout=600)
+    out = cli("bench", "--tokens", "4", "--repeats", "1", "--api", "--json", timeout=600)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     for key in ("baseline_vs_generate", "side_by_side_overhead", "feedback_row_overhead", "cold_start_s",

@@ -77,14 +77,14 @@ def test_row_batched_equals_row_alone(embedded_lm):
 def test_seeded_sampling_reproduces_and_matches_alone(embedded_lm):
     sampling = SamplingConfig(temperature=0.9, top_k=50, top_p=0.95, min_p=0.02, repetition_penalty=1.1)
     rows = [RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.1})]
-    cfg = RunConfig(prompt=PROMPTS[1], max_new_tokens=30, seed=123, sampling=sampling, rows=rows)
+    cfg = RunConfig(prompt=PROMPTS[1], max_new_tokens=16, seed=123, sampling=sampling, rows=rows)
     a = Engine(embedded_lm).run(cfg)
     b = Engine(embedded_lm).run(RunConfig.from_dict(cfg.to_dict()))
     assert [r.token_ids for r in a.rows] == [r.token_ids for r in b.rows]
-    other = Engine(embedded_lm).run(RunConfig(prompt=PROMPTS[1], max_new_tokens=30, seed=124,
+    other = Engine(embedded_lm).run(RunConfig(prompt=PROMPTS[1], max_new_tokens=16, seed=124,
                                               sampling=sampling, rows=rows))
     assert other.rows[0].token_ids != a.rows[0].token_ids
-    alone = Engine(embedded_lm).run(RunConfig(prompt=PROMPTS[1], max_new_tokens=30, seed=123,
+    alone = Engine(embedded_lm).run(RunConfig(prompt=PROMPTS[1], max_new_tokens=16, seed=123,
                                               sampling=sampling, rows=rows[:1]))
     assert alone.rows[0].token_ids == a.rows[0].token_ids
 

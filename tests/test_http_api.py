@@ -196,7 +196,7 @@ VARIANT_ROWS = [{"name": "plain", "prompt": "What is the capital of France?"},
 
 def test_prompt_variants_with_quality_metrics_then_a_next_turn_and_a_branch(api, embedded_lm):
     client, _ = api
-    body = {"rows": VARIANT_ROWS, "max_new_tokens": 16, "quality": True, "key_facts": ["Paris"],
+    body = {"rows": VARIANT_ROWS, "max_new_tokens": 10, "quality": True, "key_facts": ["Paris"],
             "reference": "The capital of France is Paris."}
     first = client.post("/generate", json=body)
     assert first.status_code == 200, first.text
@@ -330,11 +330,12 @@ def test_schemathesis_finds_no_server_errors(tiny_lm, tmp_path):
     # are refused with 422, which is itself under test).
     fuzz = ApiSettings(keys=("fuzz-key",), wait_s=60, budget=Budget(scored_tokens=20_000, decoded_tokens=64,
                                                                     memory_mb=512))
-    # The follow-up routes carry a whole saved run in their body; schemathesis' coverage phase
-    # enumerates ~500 boundary cases per nested field set there (~50 s of its own CPU), so those two
-    # routes get the fuzzing and examples phases, and every other route all phases.
-    follow_ups = "/(continue|branch)$"
-    passes = [("--exclude-path-regex", follow_ups), ("--include-path-regex", follow_ups, "--phases", "examples,fuzzing")]
+    # Schemathesis' coverage phase enumerates boundary cases of every field: ~500 per route for the
+    # generation bodies (~45 s of its own CPU per run). The sampling fields they share are fuzzed
+    # value by value in test_sampling's hypothesis tests, so those routes get the examples and
+    # fuzzing phases here, and the other routes all phases.
+    generation = "/(generate|generate/stream|continue|branch)$"
+    passes = [("--exclude-path-regex", generation), ("--include-path-regex", generation, "--phases", "examples,fuzzing")]
     with serve(tiny_lm, fuzz) as (url, _):
         for i, extra in enumerate(passes):
             run = subprocess.run(

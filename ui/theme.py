@@ -152,9 +152,13 @@ HEAD = """
         const pct = document.createElement("span"); pct.textContent = (100 * p).toFixed(1) + "%";
         line.append(t, bar, pct); c.appendChild(line);
       }
-      if (where) {
+      const box = el.closest(".fl-text[data-row]");
+      const finished = box && !box.querySelector(".fl-caret") && el.dataset.step !== undefined;
+      if (where || finished) {
         const hint = document.createElement("div"); hint.className = "fl-card-hint";
-        hint.textContent = "click an alternative (or ↓ then Enter) to branch from here"; c.appendChild(hint);
+        hint.textContent = where ? "click an alternative (or ↓ then Enter) to branch from here"
+                                 : "click the token to branch from one of these";
+        c.appendChild(hint);
       }
     }
     return true;

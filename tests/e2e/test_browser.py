@@ -544,7 +544,7 @@ def test_a_prompt_session_variants_branch_follow_up_diff_and_link(page: Page, br
     expect(page.locator("#col3-heading")).to_contain_text("prompt modified")
     expect(page.locator("#col2-heading")).not_to_contain_text("modified")
     column_settings(page, 3)
-    generate(page, "What is the capital of France?", 16)
+    generate(page, "What is the capital of France?", 10)
     for n in (1, 2, 3):
         expect(page.locator(f"#col{n}-text .fl-tok").first).to_be_visible()
         expect(page.locator(f"#col{n}-stats")).to_contain_text("self-PPL")
@@ -601,7 +601,7 @@ def test_a_prompt_session_variants_branch_follow_up_diff_and_link(page: Page, br
         expect(fresh.locator("#col3-heading")).to_contain_text("prompt modified")
         expect(fresh.locator("#c3-strategy input")).to_have_value("none")
         fresh.locator("#sampling .label-wrap").first.click()
-        expect(fresh.locator("#max-new-tokens input")).to_have_value("16")
+        expect(fresh.locator("#max-new-tokens input")).to_have_value("10")
         shot(fresh, "link-restored-390-dark")
         assert fresh.errors == []
     finally:
