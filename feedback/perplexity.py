@@ -248,8 +248,21 @@ def paired_bootstrap(diffs: list[np.ndarray], resamples: int, seed: int) -> tupl
     return float(lo), float(hi), method
 
 
+def scoring_convention(lm: LoadedModel, cfg: PPLConfig) -> dict:
+    """How the tokens were scored, so another implementation can reproduce the numbers exactly:
+    each document tokenised on its own with the tokenizer's default special tokens (whether that
+    adds a BOS is measured, not assumed), its first token unscored (nothing to condition on), every
+    later token scored once, in windows of `window` tokens advancing by `stride`."""
+    probe = "a"
+    added = len(lm.tokenizer(probe)["input_ids"]) - len(lm.tokenizer(probe, add_special_tokens=False)["input_ids"])
+    return {"bos_added": added > 0, "special_tokens": "tokenizer default", "first_token_scored": False,
+            "window": cfg.window, "stride": cfg.stride, "min_context_after_first_window": cfg.window - cfg.stride,
+            "nll": "natural log, mean over scored tokens; PPL = exp(mean NLL)"}
+
+
 def document_ids(lm: LoadedModel, docs: list[Document], cfg: PPLConfig) -> list[list[int]]:
-    """Each document's token ids as scored (no BOS added; cut to `max_tokens_per_doc`)."""
+    """Each document's token ids as scored (the tokenizer's default special tokens, see
+    `scoring_convention`; cut to `max_tokens_per_doc`)."""
     docs = docs[: cfg.max_docs] if cfg.max_docs else docs
     out = []
     for doc in docs:
@@ -316,6 +329,7 @@ def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
         "config": asdict(cfg) | {"params": strategy_values},
         "mode": mode, "approximate": mode == "jacobi",
         "passes": cfg.passes if mode == "jacobi" else (1 if mode == "parallel" else None),
+        "scoring": scoring_convention(lm, cfg),
         "corpus_fingerprint": fingerprint(docs), "documents": len(per_doc), "tokens": int(base_cat.size),
         "baseline_ppl": float(np.exp(base_cat.mean())),
         "per_doc": per_doc,

@@ -304,3 +304,23 @@ def test_scoring_over_budget_is_refused_before_any_forward(tiny_lm):
         evaluate(tiny_lm, docs, cfg, budget=Budget(scored_tokens=4 * n))
     finally:
         handle.remove()
+
+
+def test_the_scoring_convention_is_stated_and_reproduces_the_number(tiny_lm):
+    """The result says how it scored; following that statement by hand gives the same perplexity."""
+    cfg = PPLConfig(None, {}, "parallel", window=16, stride=8, bootstrap=0)
+    res = evaluate(tiny_lm, [corpus.Document("d", TEXT)], cfg)
+    conv = res["scoring"]
+    assert conv["first_token_scored"] is False and conv["window"] == 16 and conv["stride"] == 8
+    ids = tiny_lm.tokenizer(TEXT)["input_ids"]
+    assert conv["bos_added"] == (ids[0] == tiny_lm.tokenizer.bos_token_id)
+    nll, scored = [], 0
+    with torch.inference_mode():
+        for start, end, first in windows(len(ids), 16, 8):
+            logits = tiny_lm.model(input_ids=torch.tensor([ids[start:end]])).logits[0].double()
+            logp = torch.log_softmax(logits, dim=-1)
+            for t in range(max(first, start + 1), end):  # target t given ids[start:t]
+                nll.append(-logp[t - 1 - start, ids[t]].item())
+                scored += 1
+    assert scored == res["tokens"] == len(ids) - 1
+    assert res["baseline_ppl"] == pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-4)
