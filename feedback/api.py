@@ -506,8 +506,7 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
                           "/generate/stream does.")
     async def continue_(req: ContinueIn, request: Request,
                         format: Literal["ndjson", "sse"] | None = Query(None)):
-        run = await anyio.to_thread.run_sync(start_follow_up, req)
-        return await respond(run, request, req.steps, _stream_format(request, format, None))
+        return await follow_up(req, request, format)
 
     @api.post("/branch", dependencies=keyed, responses=ERRORS,
               summary="an earlier run again, replayed up to `step` and forced to another token there",
@@ -516,6 +515,10 @@ def create_api(pool: ModelPool, settings: ApiSettings | None = None) -> FastAPI:
                           "forced the same way after its own tokens, keeping the comparison paired. Forced "
                           "steps are marked `forced`. `format=ndjson|sse` streams it.")
     async def branch_(req: BranchIn, request: Request, format: Literal["ndjson", "sse"] | None = Query(None)):
+        return await follow_up(req, request, format)
+
+    async def follow_up(req: ContinueIn | BranchIn, request: Request, format: str | None):
+        """Continue and branch alike: the run built from the earlier one, whole unless asked to stream."""
         run = await anyio.to_thread.run_sync(start_follow_up, req)
         return await respond(run, request, req.steps, _stream_format(request, format, None))
 

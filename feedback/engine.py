@@ -105,11 +105,10 @@ class Run:
         row_ids = [_row_prompt_ids(lm, config, row) for row in config.rows]
         self._check_rows(row_ids)
         # Rows with the same prompt, token for token, share one prefill sequence.
-        self.groups: list[list[int]] = []
         group_of: dict[tuple[int, ...], int] = {}
         for ids in row_ids:
             group_of.setdefault(tuple(ids), len(group_of))
-        self.groups = [list(key) for key in group_of]
+        self.groups: list[list[int]] = [list(key) for key in group_of]
         self.prompt_ids = row_ids[0]  # the first row's: what `prompt_tokens` reports
         if budget is not None:  # a served request: refused before any work if it is too big
             rows, new = len(config.rows), config.max_new_tokens

@@ -1,6 +1,8 @@
 """Shared fixtures: the real embedded model (behaviour) and a tiny random Llama (mechanics)."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -39,31 +41,49 @@ def hook_count():
     return _hook_count
 
 
-@pytest.fixture(scope="session")
-def app_server(embedded_lm):
-    """The real app on the embedded model, launched in-process on a free local port: its URL, its
-    model pool (tests may hold the model line) and the app object."""
+@contextlib.contextmanager
+def _launched(pool, settings, page_budget=None):
+    """The real app on `pool`, launched in-process on a free local port, its API with `settings`
+    (keys, budgets) and its page with `page_budget` (None: the served defaults): its URL, its model
+    pool and the app object; every job stopped on the way out."""
     import socket
     from types import SimpleNamespace
 
-    from feedback.api import ApiSettings
-    from feedback.model import ModelPool
     from ui.app import FeedbackLensApp
     from ui.server import app_kwargs
     from ui.theme import launch_kwargs
 
-    pool = ModelPool.serving(embedded_lm)  # reuse the session's loaded model
-    app = FeedbackLensApp(pool)
+    app = FeedbackLensApp(pool, budget=page_budget)
     demo = app.build()
     demo.queue(max_size=16, default_concurrency_limit=1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                            app_kwargs=app_kwargs(pool, ApiSettings()), **launch_kwargs())
-    yield SimpleNamespace(url=url, pool=pool, app=app)
-    app.runner.jobs.stop_all()  # no model work may still run when the interpreter exits
-    demo.close()
+                            app_kwargs=app_kwargs(pool, settings), **launch_kwargs())
+    try:
+        yield SimpleNamespace(url=url, pool=pool, app=app)
+    finally:
+        app.runner.jobs.stop_all()  # no model work may still run when the interpreter exits
+        demo.close()
+
+
+@pytest.fixture(scope="session")
+def launch_app():
+    """`launch_app(pool, settings, page_budget)`: a context manager serving the real app, for tests
+    that need their own settings (keys, small budgets)."""
+    return _launched
+
+
+@pytest.fixture(scope="session")
+def app_server(embedded_lm):
+    """The real app on the embedded model with default settings: its URL, its model pool (tests
+    may hold the model line) and the app object."""
+    from feedback.api import ApiSettings
+    from feedback.model import ModelPool
+
+    with _launched(ModelPool.serving(embedded_lm), ApiSettings()) as server:  # reuse the session's model
+        yield server
 
 
 @pytest.fixture(scope="session")

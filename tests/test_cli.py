@@ -93,24 +93,6 @@ def test_prompt_variants_a_next_turn_and_a_branch(tmp_path, capsys):
     assert run3["config"]["max_new_tokens"] == 10  # the saved run's settings carry over
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--row", "a", "--row-prompt", "b=hi", "--prompt", "x"], "--row-prompt b: no such row (rows: a)"),
-    (["--row", "a:nope"], "unknown strategy 'nope'"),
-    (["--row", "a", "--row", "b", "--row-prompt", "a=hi"], "prompt is empty"),
-    (["--row", "a", "--row-prompt", "a=  "], "row a: prompt is empty"),
-    (["--prompt", "hi", "--row", "a", "--param", "alpha=1"], "with --row give parameters as NAME:STRATEGY,K=V"),
-    (["--prompt", "hi", "--say", "more"], "--say goes with --continue"),
-    (["--prompt", "hi", "--key-fact", " "], "key_facts must be a list"),
-    (["--continue", "missing.json", "--say", "x"], "no such file: missing.json"),
-    (["--continue", "README.md", "--say", "x"], "README.md is not JSON"),
-    (["--continue", "requirements.txt", "--say", "x"], "not JSON"),
-    (["--branch", "x.json", "--step", "1"], "no such file"),
-])
-def test_bad_rows_and_follow_ups_exit_with_one_line(args, message, capsys):
-    err = refused(capsys, "generate", *args)
-    assert message in err, err
-
-
 def test_bad_follow_ups_of_a_saved_run(tmp_path, capsys):
     saved = tmp_path / "run.json"
     saved.write_text(json.dumps({"config": {"prompt": "hi", "max_new_tokens": 4, "chat_template": False},
@@ -143,6 +125,17 @@ def test_bad_follow_ups_of_a_saved_run(tmp_path, capsys):
     (["--prompt", "hi", "--load-in-4bit", "--load-in-8bit"], "not allowed with argument"),
     (["--prompt", "hi", "--max-memory", "0=10GiB"], "--max-memory needs --device-map"),
     (["--prompt", "hi", "--device-map", "auto", "--max-memory", "gpu0:10"], "--max-memory expects DEVICE=AMOUNT"),
+    (["--row", "a", "--row-prompt", "b=hi", "--prompt", "x"], "--row-prompt b: no such row (rows: a)"),
+    (["--row", "a:nope"], "unknown strategy 'nope'"),
+    (["--row", "a", "--row", "b", "--row-prompt", "a=hi"], "prompt is empty"),
+    (["--row", "a", "--row-prompt", "a=  "], "row a: prompt is empty"),
+    (["--prompt", "hi", "--row", "a", "--param", "alpha=1"], "with --row give parameters as NAME:STRATEGY,K=V"),
+    (["--prompt", "hi", "--say", "more"], "--say goes with --continue"),
+    (["--prompt", "hi", "--key-fact", " "], "key_facts must be a list"),
+    (["--continue", "missing.json", "--say", "x"], "no such file: missing.json"),
+    (["--continue", "README.md", "--say", "x"], "README.md is not JSON"),
+    (["--continue", "requirements.txt", "--say", "x"], "not JSON"),
+    (["--branch", "x.json", "--step", "1"], "no such file"),
 ])
 def test_bad_input_exits_nonzero_with_one_line(args, message, capsys):
     err = refused(capsys, "generate", *args)

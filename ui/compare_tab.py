@@ -103,6 +103,12 @@ def modified(spec: RowSpec, first: RowSpec | None = None) -> list[str]:
             if changed]
 
 
+def heading(index: int, spec: RowSpec, first: RowSpec | None = None) -> str:
+    """Column `index`'s heading for `spec`: its chart colour, name, strategy and parameters, and
+    what it overrides (`first`: column 1's spec, for conversations)."""
+    return render.column_heading(spec.name, spec.strategy, spec.params, charts.row_color(index), modified(spec, first))
+
+
 def load_examples() -> list[str]:
     data = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
     return [e["prompt"] for e in data]
@@ -278,14 +284,9 @@ class CompareTab:
     def frame(self, cfg: RunConfig) -> dict:
         """What a run shows before its first token: the columns it has (visible), their headings
         and each column's conversation so far."""
-        n = len(cfg.rows)
-        out: dict = {self.ncols: n, self.add_col: gr.update(interactive=n < MAX_COLUMNS),
-                     self.remove_col: gr.update(interactive=n > MIN_COLUMNS)}
-        for col in self.cols:
-            out[col.box] = gr.update(visible=col.index < n)
+        out = self.resize(len(cfg.rows), 0)
         for col, spec in zip(self.cols, cfg.rows):
-            out[col.heading] = render.column_heading(spec.name, spec.strategy, spec.params,
-                                                     charts.row_color(col.index), modified(spec, cfg.rows[0]))
+            out[col.heading] = heading(col.index, spec, cfg.rows[0])
             prompt = spec.prompt if spec.prompt is not None else cfg.prompt
             out[col.turns] = render.render_turns(spec.messages or [], prompt)
         return out
@@ -446,8 +447,7 @@ class CompareTab:
         """A column's heading as its settings stand (before a run): name, strategy, parameters,
         colour and what it overrides."""
         col = self.cols[index]
-        spec = col.spec([name, strategy, own_prompt, system, *params], prompt or "")
-        return render.column_heading(spec.name, spec.strategy, spec.params, charts.row_color(index), modified(spec))
+        return heading(index, col.spec([name, strategy, own_prompt, system, *params], prompt or ""))
 
     def new_conversation(self) -> dict:
         """Forget the last run: the next Generate starts afresh, Continue has nothing to follow."""
@@ -477,8 +477,7 @@ class CompareTab:
         for col, spec in zip(self.cols, cfg.rows[:n]):
             out |= {col.name: spec.name, col.prompt: spec.prompt or "", col.system: spec.system_prompt or ""}
             out |= col.panel.show(spec.strategy or NONE, params=spec.params if spec.strategy else None)
-            out[col.heading] = render.column_heading(spec.name, spec.strategy, spec.params,
-                                                     charts.row_color(col.index), modified(spec))
+            out[col.heading] = heading(col.index, spec)
         return out
 
     def restore(self, data: dict, view: str) -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,28 +21,15 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
-def door(tiny_lm):
+def door(tiny_lm, launch_app):
     from feedback.api import ApiSettings
     from feedback.budget import Budget
     from feedback.model import ModelPool
-    from ui.app import FeedbackLensApp
-    from ui.server import app_kwargs
-    from ui.theme import launch_kwargs
 
     settings = ApiSettings(keys=(KEY,), gradio_keys=True,
                            budget=Budget(scored_tokens=5_000, decoded_tokens=512, memory_mb=512))
-    pool = ModelPool.serving(tiny_lm)
-    app = FeedbackLensApp(pool, budget=settings.budget)
-    demo = app.build()
-    demo.queue(max_size=16, default_concurrency_limit=1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                            app_kwargs=app_kwargs(pool, settings), **launch_kwargs())
-    yield SimpleNamespace(url=url.rstrip("/"), pool=pool)
-    app.runner.jobs.stop_all()
-    demo.close()
+    with launch_app(ModelPool.serving(tiny_lm), settings, settings.budget) as server:
+        yield SimpleNamespace(url=server.url.rstrip("/"), pool=server.pool)
 
 
 def test_with_keys_required_the_gradio_api_needs_one_and_the_page_does_not(door):
