@@ -34,7 +34,8 @@ class AnchorStrategy(Strategy):
     )
     recurrent = False
     params = (
-        Param("alpha", float, 0.05, "injection strength, relative to the last layer's RMS", -1.0, 1.0),
+        Param("alpha", float, 0.05, "injection strength, relative to the last layer's RMS", -1.0, 1.0,
+              search=(-0.1, 0.1)),
         Param("source_layer", int, lambda n: min(n - 1, round(0.7 * n)), "layer that is summarised",
               is_layer=True),
         Param("prompt_tokens", int, 32, "perplexity only: leading tokens of a window used as the prompt",

@@ -81,6 +81,11 @@ class Param:
     choices: tuple | None = None
     is_layer: bool = False  # a decoder-layer index: bounded by the model's layer count
     perplexity_only: bool = False  # only teacher-forced scoring reads it (generation ignores it)
+    # Where the tuner searches: (low, high) for numbers, the choices for a choice; None: not tuned
+    # (layer indices are always tuned over every layer). Narrower than the valid range where most of
+    # it is known to break the model; `log` asks for a log-scale search (positive ranges only).
+    search: tuple | None = None
+    log: bool = False
 
     def default_for(self, num_layers: int) -> Any:
         return self.default(num_layers) if callable(self.default) else self.default
@@ -118,7 +123,16 @@ class Param:
             "name": self.name, "type": self.kind.__name__, "default": self.default_for(num_layers),
             "minimum": lo, "maximum": hi, "choices": list(self.choices) if self.choices else None,
             "help": self.help, "perplexity_only": self.perplexity_only,
+            "search": list(self.search_range(num_layers)) if self.tunable else None, "log": self.log,
         }
+
+    @property
+    def tunable(self) -> bool:
+        return self.is_layer or self.search is not None
+
+    def search_range(self, num_layers: int) -> tuple:
+        """The tuner's range: every layer for a layer index, else `search`."""
+        return (0, num_layers - 1) if self.is_layer else tuple(self.search or ())
 
 
 @dataclass(frozen=True)

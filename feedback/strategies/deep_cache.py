@@ -59,13 +59,17 @@ class DeepCacheStrategy(Strategy):
     strength_param = "lam"
     params = (
         # lam, theta and gate defaults: the best point of the dev-split sweeps in docs/RESULTS.md
-        Param("lam", float, 0.02, "weight of the cache distribution in the mixture", 0.0, 1.0),
-        Param("theta", float, 50.0, "sharpness of the cosine-similarity softmax", 0.0, 1000.0),
+        Param("lam", float, 0.02, "weight of the cache distribution in the mixture", 0.0, 1.0,
+              search=(0.002, 0.3), log=True),
+        Param("theta", float, 50.0, "sharpness of the cosine-similarity softmax", 0.0, 1000.0,
+              search=(2.0, 200.0), log=True),
         Param("layer", int, lambda n: n - 1, "decoder layer whose output states are compared", is_layer=True),
-        Param("window", int, 512, "how many earlier positions the cache holds", 1, 100_000),
-        Param("gate", float, 0.9, "mix only where the best cosine is at least this (-1 = always)", -1.0, 1.0),
+        Param("window", int, 512, "how many earlier positions the cache holds", 1, 100_000,
+              search=(16, 1024), log=True),
+        Param("gate", float, 0.9, "mix only where the best cosine is at least this (-1 = always)", -1.0, 1.0,
+              search=(-1.0, 0.98)),
         Param("max_p", float, 1.0, "mix only where the model's top probability is at most this (1 = always)",
-              0.0, 1.0),
+              0.0, 1.0, search=(0.1, 1.0)),
     )
 
     def reset(self) -> None:

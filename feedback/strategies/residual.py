@@ -34,7 +34,8 @@ class ResidualStrategy(Strategy):
         Preset("defaults", {}, "the starting point: +0.5 % held-out perplexity; changes 6 of the 8 example answers"),
     )
     params = (
-        Param("alpha", float, 0.05, "injection strength, relative to the target's RMS", -1.0, 1.0),
+        Param("alpha", float, 0.05, "injection strength, relative to the target's RMS", -1.0, 1.0,
+              search=(-0.1, 0.1)),
         Param("source_layer", int, lambda n: min(n - 1, round(0.7 * n)), "layer whose output is fed back",
               is_layer=True),
         Param("target_layer", int, lambda n: round(0.3 * n), "layer whose input receives it", is_layer=True),

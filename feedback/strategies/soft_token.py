@@ -29,9 +29,12 @@ class SoftTokenStrategy(Strategy):
     )
     strength_param = "beta"
     params = (
-        Param("beta", float, 0.1, "how far the input embedding moves toward the expected embedding", -1.0, 1.0),
-        Param("top_k", int, 32, "tokens of the previous distribution that are mixed", 1, 1000),
-        Param("tau", float, 1.0, "temperature of the previous distribution", 0.01, 10.0),
+        Param("beta", float, 0.1, "how far the input embedding moves toward the expected embedding", -1.0, 1.0,
+              search=(-0.2, 0.3)),
+        Param("top_k", int, 32, "tokens of the previous distribution that are mixed", 1, 1000,
+              search=(1, 256), log=True),
+        Param("tau", float, 1.0, "temperature of the previous distribution", 0.01, 10.0,
+              search=(0.25, 4.0), log=True),
     )
 
     def reset(self) -> None:
