@@ -30,7 +30,7 @@ from feedback.model import LoadedModel
 from feedback.records import (Alternative, RowResult, RowSpec, RunConfig, RunResult, StepRecord, first_divergence,
                               tokens_per_second)
 from feedback.sampling import Sampler
-from feedback.strategies import BatchView, Strategy, build_strategy
+from feedback.strategies import BatchView, Phase, Strategy, build_strategy
 
 N_TOP = 5
 MEMORY_SAMPLE_EVERY_S = 0.25
@@ -159,7 +159,7 @@ class Run:
     # ---- the loop: prefill, then one step at a time until every row has finished ----
     def _loop(self) -> Iterator[StepEvent]:
         cfg, lm = self.config, self.lm
-        batch = BatchView("prefill", [r.index for r in self.rows])
+        batch = BatchView(Phase.PREFILL, [r.index for r in self.rows])
         sampler = Sampler(cfg.sampling, [cfg.seed + r.spec.seed_offset for r in self.rows], lm.device)
         t0 = time.perf_counter()
         self.result.memory.append(memory.sample(t0, lm.device).to_dict())
@@ -186,7 +186,7 @@ class Run:
     def _decode(self, batch: BatchView, sampler: Sampler, t0: float, state: DecodeState,
                 logits: torch.Tensor) -> Iterator[StepEvent]:
         """Step after step until every row has finished or the run is stopped."""
-        batch.phase, batch.live_rows = "decode", [r.index for r in state.live]
+        batch.phase, batch.live_rows = Phase.DECODE, [r.index for r in state.live]
         step, step_start, last_mem = 0, t0, t0
         while True:
             if self.observer is not None:

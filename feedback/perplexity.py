@@ -28,7 +28,7 @@ from feedback.corpus import Document, fingerprint
 from feedback.engine import hooked_forward
 from feedback.errors import FeedbackError, check_stop
 from feedback.model import LoadedModel
-from feedback.strategies import BatchView, build_strategy, get_strategy
+from feedback.strategies import BatchView, Phase, build_strategy, get_strategy
 
 MODES = ("exact", "parallel", "jacobi")
 
@@ -100,7 +100,7 @@ def _window_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int,
                      stop: threading.Event | None = None) -> torch.Tensor:
     """NLL of ids[1:] from `passes` full-sequence forwards (the strategy, if any, on row 0);
     `stop` is checked before each pass and, inside one, between layers."""
-    batch = BatchView("sequence", [0], stop=stop)
+    batch = BatchView(Phase.SEQUENCE, [0], stop=stop)
     strategies = [strategy] if strategy else []
     if strategy:
         strategy.attach(lm.model, lm.layers, 0, batch)
@@ -119,7 +119,7 @@ def _window_chunked(lm: LoadedModel, ids: torch.Tensor, chunk: int, stop: thread
     """Baseline NLL of ids[1:] with a chunked prefill: `chunk` tokens per forward on a growing KV
     cache, so peak memory for logits is [chunk, V] rather than [window, V]; `stop` is checked
     before each chunk and between its layers."""
-    batch = BatchView("sequence", [], stop=stop)
+    batch = BatchView(Phase.SEQUENCE, [], stop=stop)
     nll = []
     with torch.inference_mode():
         cache = DynamicCache(config=lm.model.config)
@@ -135,14 +135,14 @@ def _window_chunked(lm: LoadedModel, ids: torch.Tensor, chunk: int, stop: thread
 def _window_exact(lm: LoadedModel, ids: torch.Tensor, strategy, stop: threading.Event | None = None) -> torch.Tensor:
     """NLL of ids[1:] decoding token by token with the KV cache, exactly as in generation; checks
     `stop` at every token (this mode is slow, ~1 forward per token)."""
-    batch = BatchView("prefill", [0])
+    batch = BatchView(Phase.PREFILL, [0])
     strategy.attach(lm.model, lm.layers, 0, batch)
     try:
         with torch.inference_mode():
             cache = DynamicCache(config=lm.model.config)
             out = hooked_forward(lm, batch, [strategy], input_ids=ids[None, :1], cache=cache, use_cache=True)
             logits = [out.logits[0, -1]]
-            batch.phase = "decode"
+            batch.phase = Phase.DECODE
             for t in range(1, ids.shape[0] - 1):
                 check_stop(stop, "the perplexity evaluation")
                 out = hooked_forward(lm, batch, [strategy], input_ids=ids[None, t:t + 1], cache=cache,

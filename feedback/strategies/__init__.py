@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from feedback.errors import FeedbackError
-from feedback.strategies.base import BatchView, Param, Preset, Strategy
+from feedback.strategies.base import BatchView, Param, Phase, Preset, Strategy
 from feedback.strategies.anchor import AnchorStrategy
 from feedback.strategies.deep_cache import DeepCacheStrategy
 from feedback.strategies.residual import ResidualStrategy
@@ -26,4 +26,4 @@ def build_strategy(name: str, params: dict[str, Any], num_layers: int) -> Strate
     return get_strategy(name)(params, num_layers)
 
 
-__all__ = ["BatchView", "Param", "Preset", "Strategy", "REGISTRY", "get_strategy", "build_strategy"]
+__all__ = ["BatchView", "Param", "Phase", "Preset", "Strategy", "REGISTRY", "get_strategy", "build_strategy"]

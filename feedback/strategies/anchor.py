@@ -13,12 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from feedback.strategies.base import Param, Preset, Strategy, layer_output, rms
-
-
-def _direction(d: torch.Tensor) -> torch.Tensor:
-    scale = rms(d)
-    return torch.where(scale > 1e-4, d / scale, torch.zeros_like(d))
+from feedback.strategies.base import Param, Phase, Preset, RunningMean, Strategy, causal_mean, rms, unit
 
 
 class AnchorStrategy(Strategy):
@@ -44,75 +39,36 @@ class AnchorStrategy(Strategy):
 
     def reset(self) -> None:
         self.summary: torch.Tensor | None = None  # mean source state over the prompt [H]
-        self.mean: torch.Tensor | None = None  # running mean of the source layer [H]
-        self.count = 0
-        self.seq_dirs: torch.Tensor | None = None  # sequence phase: direction per position [T, H]
+        self.running = RunningMean()  # of the source layer over the row
+        self.seq_dirs: torch.Tensor | None = None  # sequence phase: direction per position
         self.current: torch.Tensor | None = None  # decode: this step's direction [H]
-        self.prompt_seen: list[torch.Tensor] = []  # exact perplexity: prompt states decoded one by one
-        self.position = 0
+        self.prompt_seen: list[torch.Tensor] = []  # a prompt arriving token by token (exact perplexity)
+
+    @property
+    def mean(self) -> torch.Tensor | None:
+        return self.running.value
 
     def _register(self, model: nn.Module, layers: nn.ModuleList) -> None:
-        self._add_forward_hook(layers[self.values["source_layer"]], self._capture)
-        self._add_forward_hook(layers[len(layers) - 1], self._inject)
+        self.watch_output(self.values["source_layer"], self._capture)
+        self.edit_output(len(layers) - 1, self._inject)
 
-    def _capture(self, module: nn.Module, args: tuple, output) -> None:
-        b = self.my_index()
-        if b is None:
+    def _capture(self, h: torch.Tensor, positions: torch.Tensor) -> None:
+        k = self.values["prompt_tokens"]
+        if self.phase == Phase.SEQUENCE:  # positions < k are the prompt: summarised, not pushed
+            prompt = h[positions < k]
+            self.seq_dirs = None if prompt.shape[0] == 0 else torch.where(
+                (positions >= k)[:, None], unit(prompt.mean(dim=0) - causal_mean(h)), 0.0)
             return
-        hidden = layer_output(output)[b].float()
-        phase = self.batch.phase
-        if phase == "sequence":
-            k = min(self.values["prompt_tokens"], hidden.shape[0])
-            h = hidden[1:]
-            counts = torch.arange(1, h.shape[0] + 1, device=h.device, dtype=h.dtype)[:, None]
-            running = h.cumsum(dim=0) / counts
-            summary = hidden[1:k].mean(dim=0) if k > 1 else None
-            dirs = torch.zeros_like(hidden)
-            if summary is not None:
-                dirs[1:] = _direction(summary - running)
-                dirs[:k] = 0.0  # the prompt itself is not pushed
-            self.seq_dirs = dirs
-            return
-        states = hidden[self.batch.after_sink(b):] if phase == "prefill" else hidden[-1:]  # no padding, no sink
-        for h in states:
-            self.count += 1
-            self.mean = h.clone() if self.mean is None else self.mean + (h - self.mean) / self.count
-        self.position += hidden.shape[0] - self.batch.real_start(b)
-        if phase == "prefill":
-            if states.shape[0] > 0:
-                # a long prompt arrives in chunks: the summary is the mean over all of them
-                n, chunk_mean = states.shape[0], states.mean(dim=0)
-                seen = self.count - n
-                self.summary = chunk_mean if self.summary is None else self.summary + (chunk_mean - self.summary) * (
-                    n / (seen + n))
-            elif self.summary is None:  # exact perplexity: the prompt arrives token by token
-                self.prompt_seen = []
-            return
-        if self.summary is None:  # still inside the perplexity prompt of `prompt_tokens`
-            if self.position - 1 >= 1:
-                self.prompt_seen.append(hidden[-1])
-            if self.position >= self.values["prompt_tokens"]:
-                self.summary = torch.stack(self.prompt_seen).mean(dim=0) if self.prompt_seen else None
-            self.current = None
-            return
-        self.current = _direction(self.summary - self.mean)
-
-    def _inject(self, module: nn.Module, args: tuple, output):
-        b = self.my_index()
-        phase = self.batch.phase
-        if b is None or phase == "prefill":
-            return None
-        hidden = layer_output(output)
-        alpha = self.values["alpha"]
-        out = hidden.clone()
-        if phase == "sequence":
-            if self.seq_dirs is None:
-                return None
-            rows = out[b].float()
-            out[b] = (rows + alpha * rms(rows) * self.seq_dirs.to(rows.device)).to(out.dtype)
+        mean = self.running.add(h)
+        if self.phase == Phase.PREFILL:
+            self.summary = mean  # a long prompt arrives in chunks: the mean over all of them
+        elif self.summary is None:  # still inside a perplexity prompt of `prompt_tokens`, token by token
+            self.prompt_seen.append(h[-1])
+            if positions[-1] + 1 >= k:
+                self.summary = torch.stack(self.prompt_seen).mean(dim=0)
         else:
-            if self.current is None:
-                return None
-            row = out[b, -1].float()
-            out[b, -1] = (row + alpha * rms(row) * self.current.to(row.device)).to(out.dtype)
-        return (out, *output[1:]) if isinstance(output, tuple) else out
+            self.current = unit(self.summary - mean)
+
+    def _inject(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
+        d = self.seq_dirs if self.phase == Phase.SEQUENCE else None if self.phase == Phase.PREFILL else self.current
+        return None if d is None else x + self.values["alpha"] * rms(x) * d

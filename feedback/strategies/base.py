@@ -1,15 +1,20 @@
-"""The one interface every feedback strategy implements, plus the hook plumbing they share.
+"""The one interface every feedback strategy implements, and the plumbing they share.
 
-A strategy instance owns one engine row. It registers forward hooks (capture) and forward
-pre-hooks (inject) on decoder layers, acts only on its own row's batch position (looked up through
-the engine's `BatchView` at every call, so rows may leave the batch), keeps per-row state between
-steps, and removes every hook on `detach`.
+A strategy instance owns one engine row. It says where it reads and where it writes:
+`watch_output`/`watch_input` (read a module's output or input), `edit_output`/`edit_input` (replace
+it). The base does the rest: it finds the row in the batch at every call (the row may have left),
+drops left padding and the attention sink (a sequence's first token, which no strategy reads or
+changes), hands the function only this row's states `[T, H]` in fp32 on one device with their
+absolute positions `[T]`, and writes the returned states back in the module's dtype and device
+(tuple outputs, args or kwargs repacked). Per-row state lives on the strategy between forwards;
+`detach` removes every hook.
 """
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -18,13 +23,19 @@ from torch import nn
 from feedback.errors import FeedbackError, check_stop
 
 
+class Phase(str, Enum):
+    """What kind of forward is in flight (a str, so it prints and compares as its value)."""
+
+    PREFILL = "prefill"  # the prompts, left-padded into one batch, possibly in chunks
+    DECODE = "decode"  # one new token per live row, on the KV cache
+    SEQUENCE = "sequence"  # teacher-forced whole sequences (perplexity passes), each from position 0
+
+
 @dataclass
 class BatchView:
     """What hooks may read about the forward pass in flight; written only by the engine."""
 
-    # "prefill": the shared prompt, batch of 1; "decode": one new token per live row;
-    # "sequence": teacher-forced full sequences, one per live row (perplexity passes)
-    phase: str = "prefill"
+    phase: Phase = Phase.PREFILL
     live_rows: list[int] = field(default_factory=list)  # row ids in batch order while decoding
     # Prefill: prompts are left-padded into one batch and prefilled in chunks. `offset` is the padded
     # position of this forward's first token, `pads` each batch row's left padding, `groups` which
@@ -39,6 +50,9 @@ class BatchView:
     # strategy loops (a perplexity window's single forward can take seconds); None: not looked at.
     stop: Any = None
 
+    def __post_init__(self) -> None:
+        self.phase = Phase(self.phase)
+
     def check_stop(self) -> None:
         """Raise `Stopped` (out of the forward in flight) once the caller's stop is set."""
         check_stop(self.stop, "the forward pass")
@@ -47,7 +61,7 @@ class BatchView:
         """Batch position of a row in the current forward, or None if it is not in it."""
         if not self.active:
             return None
-        if self.phase == "prefill":
+        if self.phase == Phase.PREFILL:
             return self.groups.get(row_id, 0)  # the batch row of this row's prompt
         try:
             return self.live_rows.index(row_id)
@@ -56,16 +70,18 @@ class BatchView:
 
     def real_start(self, b: int) -> int:
         """Index, in this forward, of batch row `b`'s first real (not padding) token."""
-        return max(0, self.pads.get(b, 0) - self.offset) if self.phase == "prefill" else 0
+        return max(0, self.pads.get(b, 0) - self.offset) if self.phase == Phase.PREFILL else 0
 
-    def real_before(self, b: int) -> int:
-        """Real tokens of batch row `b` that earlier forwards of the prefill already took."""
-        return max(0, self.offset - self.pads.get(b, 0)) if self.phase == "prefill" else 0
 
-    def after_sink(self, b: int) -> int:
-        """Index, in this forward, of row `b`'s first real token that is not its attention sink (the
-        first real token of a sequence, which no strategy reads or changes)."""
-        return self.real_start(b) + (1 if self.real_before(b) == 0 else 0)
+@dataclass(frozen=True)
+class Span:
+    """Where one row sits in the forward in flight: batch index, index of its first real token in
+    this forward, that token's absolute position in the row's sequence, the forward's length."""
+
+    b: int
+    first: int
+    position: int
+    width: int
 
 
 @dataclass(frozen=True)
@@ -154,6 +170,44 @@ def layer_output(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
+def _batch_row(value: Any, b: int, rows: int) -> Any:
+    """Batch row `b` of a layer call's argument, kept as a batch of one (broadcast ones as they are)."""
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows and rows > 1:
+        return value[b:b + 1]
+    if isinstance(value, tuple):
+        return tuple(_batch_row(v, b, rows) for v in value)
+    return value
+
+
+def unit(d: torch.Tensor) -> torch.Tensor:
+    """d / rms(d) along the last dim; zero where d is (numerically) zero: no direction to push."""
+    scale = rms(d)
+    return torch.where(scale > 1e-4, d / scale, torch.zeros_like(d))
+
+
+def causal_mean(states: torch.Tensor) -> torch.Tensor:
+    """Row t: the mean of states[0..t] ([T, H] -> [T, H])."""
+    counts = torch.arange(1, states.shape[0] + 1, device=states.device, dtype=states.dtype)[:, None]
+    return states.cumsum(dim=0) / counts
+
+
+class RunningMean:
+    """The mean of every state added so far ([H]), updated chunk by chunk or token by token."""
+
+    def __init__(self) -> None:
+        self.value: torch.Tensor | None = None
+        self.count = 0
+
+    def add(self, states: torch.Tensor) -> torch.Tensor:
+        """Add states [N, H]; returns the new mean."""
+        n = states.shape[0]
+        if n:
+            chunk = states.mean(dim=0) if n > 1 else states[0]
+            self.value = chunk.clone() if self.value is None else self.value + (chunk - self.value) * n / (self.count + n)
+            self.count += n
+        return self.value
+
+
 class Strategy(ABC):
     """Base class: parameters, validation, hook bookkeeping. Subclasses add the maths.
 
@@ -216,11 +270,19 @@ class Strategy(ABC):
             raise FeedbackError(f"unknown preset {name!r} for strategy {cls.name}; it has {known}")
         return cls.validate({k: v(num_layers) if callable(v) else v for k, v in preset.values.items()}, num_layers)
 
+    # A strategy that changes the prompt's own states (not only what follows it) needs its own prefill
+    # sequence: the engine then never shares the prompt's prefill between this row and another.
+    edits_prompt: ClassVar[bool] = False
+
     def attach(self, model: nn.Module, layers: nn.ModuleList, row_id: int, batch: BatchView) -> None:
         """Register this strategy's hooks for one row; state starts fresh."""
         if self._handles:
             raise RuntimeError(f"strategy {self.name} is already attached")
         self.row_id, self.batch = row_id, batch
+        self.model, self.layers = model, layers
+        self.device = model.get_input_embeddings().weight.device  # where per-row state lives
+        self._seen = 0  # this row's real tokens before the forward in flight
+        self._span: Span | None = None  # the forward in flight, found at its first hook
         self.reset()
         try:
             self._register(model, layers)
@@ -228,11 +290,130 @@ class Strategy(ABC):
             self.detach()
             raise
 
-    def _add_forward_hook(self, module: nn.Module, fn: Callable) -> None:
-        self._handles.append(module.register_forward_hook(fn))
+    @property
+    def phase(self) -> Phase:
+        return self.batch.phase
 
-    def _add_pre_hook(self, module: nn.Module, fn: Callable) -> None:
-        self._handles.append(module.register_forward_pre_hook(fn, with_kwargs=True))
+    # ---- where a strategy reads and writes; `where` is a decoder-layer index or a module ----
+    def watch_output(self, where: int | nn.Module, fn: Callable[[torch.Tensor, torch.Tensor], None]) -> None:
+        """Call `fn(states, positions)` with this row's slice of the module's output."""
+        def hook(module, args, output):
+            view = self._view(layer_output(output))
+            if view is not None:
+                fn(*view[1:])
+        self._handles.append(self._module(where).register_forward_hook(hook))
+
+    def watch_input(self, where: int | nn.Module, fn: Callable[[torch.Tensor, torch.Tensor], None]) -> None:
+        """Call `fn(values, positions)` with this row's slice of the module's first input."""
+        def hook(module, args, kwargs):
+            view = self._view(args[0] if args else next(iter(kwargs.values())))
+            if view is not None:
+                fn(*view[1:])
+        self._handles.append(self._module(where).register_forward_pre_hook(hook, with_kwargs=True))
+
+    def edit_output(self, where: int | nn.Module, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None],
+                    whole: bool = False) -> None:
+        """Replace this row's slice of the module's output by `fn(states, positions)` (None: keep).
+        `whole`: `fn` sees the row's whole slice, padding and sink included (positions below 0 and
+        0), as a re-run of layers needs; only its real, non-sink part is written back."""
+        def hook(module, args, output):
+            new = self._edit(layer_output(output), fn, whole)
+            if new is None:
+                return None
+            return (new, *output[1:]) if isinstance(output, tuple) else new
+        self._handles.append(self._module(where).register_forward_hook(hook))
+
+    def edit_input(self, where: int | nn.Module, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]) -> None:
+        """Replace this row's slice of the module's hidden-state input by `fn(states, positions)`."""
+        def hook(module, args, kwargs):
+            new = self._edit(args[0] if args else kwargs["hidden_states"], fn)
+            if new is None:
+                return None
+            return ((new, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": new})
+        self._handles.append(self._module(where).register_forward_pre_hook(hook, with_kwargs=True))
+
+    def watch_call(self, where: int | nn.Module, fn: Callable[[torch.Tensor, dict], None]) -> None:
+        """Call `fn(states, kwargs)` with this row's whole slice of a decoder layer's hidden-state input
+        (fp32, padding and sink included) and the call's other keyword arguments cut to this row
+        (attention mask, position embeddings and ids), so the strategy can run layers again on its
+        row alone (see `run_layer`)."""
+        def hook(module, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            sp = self.span(x.shape[1])
+            if sp is not None:
+                rows = x.shape[0]
+                fn(x[sp.b].to(self.device).float(),
+                   {k: _batch_row(v, sp.b, rows) for k, v in kwargs.items() if k != "hidden_states"})
+        self._handles.append(self._module(where).register_forward_pre_hook(hook, with_kwargs=True))
+
+    def run_layer(self, layer: int, states: torch.Tensor, kwargs: dict, cache: Any = None) -> torch.Tensor:
+        """Decoder layer `layer` applied again to this row's whole states [T, H] (fp32 in and out,
+        the layer's own dtype inside), with `kwargs` from `watch_call` and the strategy's own KV
+        cache (None: a parallel pass that needs none). No hook of any strategy acts meanwhile, so
+        the model's own cache and the other rows are untouched."""
+        self.batch.check_stop()
+        module = self.layers[layer]
+        dtype = next(module.parameters()).dtype
+        self.batch.active = False
+        try:
+            out = module(states[None].to(dtype), **{**kwargs, "cache": cache, "use_cache": cache is not None})
+        finally:
+            self.batch.active = True
+        return layer_output(out)[0].float()
+
+    def extra_layer_passes(self) -> int:
+        """Decoder-layer applications per token beyond the model's own (its cost, reported)."""
+        return 0
+
+    def _module(self, where: int | nn.Module) -> nn.Module:
+        return self.layers[where] if isinstance(where, int) else where
+
+    def span(self, width: int) -> Span | None:
+        """This row's place in the forward in flight (found once per forward), or None if absent."""
+        if self.batch is None or not self.batch.active:
+            return None
+        if self._span is None:
+            b = self.batch.index_of(self.row_id)
+            if b is None:
+                return None
+            first = self.batch.real_start(b)
+            position = 0 if self.phase == Phase.SEQUENCE else self._seen
+            self._span = Span(b, first, position, width)
+        return self._span
+
+    def _view(self, x: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor] | None:
+        """(start index in x, this row's real non-sink values, their absolute positions), or None.
+        `x` may hold only the forward's last positions (logits kept for the last token only)."""
+        sp = self.span(x.shape[1])
+        if sp is None:
+            return None
+        lo = max(sp.first, sp.width - x.shape[1])  # forward index of the first value kept
+        position = sp.position + lo - sp.first
+        if position == 0:  # the attention sink
+            lo, position = lo + 1, 1
+        if lo >= sp.width:
+            return None
+        start = lo - (sp.width - x.shape[1])
+        values = x[sp.b, start:].to(self.device)
+        if values.is_floating_point():
+            values = values.float()
+        return start, values, torch.arange(position, position + values.shape[0], device=self.device)
+
+    def _edit(self, x: torch.Tensor, fn, whole: bool = False) -> torch.Tensor | None:
+        view = self._view(x)
+        if view is None:
+            return None
+        start, states, positions = view
+        b = self._span.b
+        if whole:
+            states = x[b].to(self.device).float()
+            positions = torch.arange(-start, states.shape[0] - start, device=self.device) + positions[0]
+        new = fn(states, positions)
+        if new is None:
+            return None
+        out = x.clone()
+        out[b, start:] = (new[start:] if whole else new).to(device=out.device, dtype=out.dtype)
+        return out
 
     def detach(self) -> None:
         """Remove every hook this strategy registered (safe to call more than once)."""
@@ -243,16 +424,21 @@ class Strategy(ABC):
     def attached(self) -> bool:
         return bool(self._handles)
 
-    def my_index(self) -> int | None:
-        return self.batch.index_of(self.row_id) if self.batch is not None else None
+    def end_forward(self) -> None:
+        """Called by the engine after every forward pass: the row's position moves on, then the
+        strategy's own `after_forward`."""
+        if self._span is not None and self.phase != Phase.SEQUENCE:
+            self._seen += max(0, self._span.width - self._span.first)
+        self._span = None
+        self.after_forward()
 
     @abstractmethod
     def _register(self, model: nn.Module, layers: nn.ModuleList) -> None:
-        """Register hooks with `_add_forward_hook` / `_add_pre_hook`."""
+        """Say where the strategy reads and writes (`watch_*`, `edit_*`)."""
 
     @abstractmethod
     def reset(self) -> None:
         """Forget all per-row state (called on attach)."""
 
-    def end_forward(self) -> None:
-        """Called by the engine after every forward pass (prefill and each decode step)."""
+    def after_forward(self) -> None:
+        """Per-row bookkeeping once a forward (prefill chunk, decode step or sequence pass) ends."""

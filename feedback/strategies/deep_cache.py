@@ -5,7 +5,7 @@
 h is the output of a chosen decoder layer; the cache pairs each earlier position's state with the
 token that followed it. With `gate` > -1 the mix applies only where the best match's cosine is at
 least `gate`; with `max_p` < 1 only where the model itself is unsure (its top probability is at
-most `max_p`), so confident predictions are left alone. Position 0 (attention sink) is never a key.
+most `max_p`), so confident predictions are left alone. The attention sink is never a key.
 Hidden states are untouched, so one parallel pass gives exact perplexity. In generation the shared prompt prefill fills the cache
 but leaves the first token's distribution alone (it is shared with the baseline); mixing acts from
 the first decoded token on.
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from feedback.strategies.base import Param, Preset, Strategy, layer_output
+from feedback.strategies.base import Param, Phase, Preset, Strategy
 
 _CHUNK = 256  # query positions mixed at once in a sequence pass (bounds the [chunk, V] buffer)
 
@@ -73,82 +73,54 @@ class DeepCacheStrategy(Strategy):
     )
 
     def reset(self) -> None:
-        self.keys: torch.Tensor | None = None  # [M, H] unit vectors of positions >= 1
+        self.keys: torch.Tensor | None = None  # [M, H] unit vectors of earlier positions
         self.next_ids: torch.Tensor | None = None  # [M] the token that followed each key
         self.pending: torch.Tensor | None = None  # the last position's state, its next token unknown yet
         self.ids: torch.Tensor | None = None  # this forward's input ids for the row
         self.states: torch.Tensor | None = None  # this forward's unit states for the row [T, H]
-        self.seen = 0  # positions processed so far (so position 0 is recognised)
 
     def _register(self, model: nn.Module, layers: nn.ModuleList) -> None:
-        self._add_pre_hook(model.get_input_embeddings(), self._read_ids)
-        self._add_forward_hook(layers[self.values["layer"]], self._capture)
-        self._add_forward_hook(model.get_output_embeddings(), self._mix)
+        self.watch_input(model.get_input_embeddings(), self._read_ids)
+        self.watch_output(self.values["layer"], self._capture)
+        self.edit_output(model.get_output_embeddings(), self._mix)
 
-    def _read_ids(self, module: nn.Module, args: tuple, kwargs: dict):
-        b = self.my_index()
-        if b is not None:
-            ids = args[0] if args else kwargs["input"]
-            self.ids = ids[b]
-            if self.batch.phase == "decode" and self.pending is not None:
-                self._remember(self.pending[None], self.ids[:1])  # the pending state's next token
-                self.pending = None
-        return None
+    def _read_ids(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
+        self.ids = ids
+        if self.pending is not None:  # the previous forward's last state: its next token starts this one
+            self._remember(self.pending[None], ids[:1])
+            self.pending = None
 
     def _remember(self, keys: torch.Tensor, next_ids: torch.Tensor) -> None:
         w = self.values["window"]
         self.keys = keys if self.keys is None else torch.cat([self.keys, keys])[-w:]
         self.next_ids = next_ids if self.next_ids is None else torch.cat([self.next_ids, next_ids])[-w:]
 
-    def _capture(self, module: nn.Module, args: tuple, output) -> None:
-        b = self.my_index()
-        if b is None:
-            return
-        self.states = F.normalize(layer_output(output)[b].float(), dim=-1)
-        if self.batch.phase == "prefill":
-            start, before = self.batch.real_start(b), self.batch.real_before(b)
-            states, ids = self.states[start:], self.ids[start:]  # the real tokens, without left padding
-            n = states.shape[0]
-            if n == 0:
-                return
-            first = 1 if before == 0 else 0  # the first real token (the sink) is never a key
-            if self.pending is not None:  # the previous chunk's last position: its next token starts this one
-                self._remember(self.pending[None], ids[:1])
-            if n - 1 > first:  # keys: this chunk's positions but the last, whose next tokens are in it
-                self._remember(states[first:n - 1], ids[first + 1:n])
-            self.pending = states[-1] if before + n > 1 else None
-            self.seen = before + n
+    def _capture(self, h: torch.Tensor, positions: torch.Tensor) -> None:
+        self.states = F.normalize(h, dim=-1)
+        if self.phase == Phase.PREFILL:  # keys: this chunk's positions but the last, whose next tokens are in it
+            self._remember(self.states[:-1], self.ids[1:])
+            self.pending = self.states[-1]
 
-    def _mix(self, module: nn.Module, args: tuple, output):
-        b = self.my_index()
-        phase = self.batch.phase
-        if b is None or phase == "prefill" or self.states is None:
-            return None
+    def _mix(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
         lam, theta, gate, w, max_p = (self.values[k] for k in ("lam", "theta", "gate", "window", "max_p"))
-        logits = output.clone()
-        if phase == "decode":
-            query = self.states[-1:]
-            if self.keys is not None and lam > 0:
-                mask = torch.ones(1, self.keys.shape[0], dtype=torch.bool, device=query.device)
-                mixed = mix_logits(logits[b, -1:].float(), query, self.keys, self.next_ids, mask, lam, theta, gate,
-                                   max_p)
-                logits[b, -1] = mixed[0].to(logits.dtype)
-            if self.seen >= 1:  # position 0 never becomes a key
-                self.pending = self.states[-1]
-            self.seen += 1
-            return logits
-        # sequence phase: every position t mixes keys i in [max(1, t - W), t - 1], valued x_{i+1}
-        states, ids = self.states, self.ids
-        T = states.shape[0]
-        if T < 3 or lam == 0:
+        if self.phase == Phase.PREFILL or self.states is None:
             return None
-        keys, next_ids = states[1:T - 1], ids[2:T]  # key i (position i+1 here) -> x_{i+2}
-        key_pos = torch.arange(1, T - 1, device=states.device)
+        if self.phase == Phase.DECODE:
+            query, self.pending = self.states[-1:], self.states[-1]
+            if self.keys is None or lam == 0:
+                return None
+            mask = torch.ones(1, self.keys.shape[0], dtype=torch.bool, device=query.device)
+            return mix_logits(logits, query, self.keys, self.next_ids, mask, lam, theta, gate, max_p)
+        # sequence phase: every position t mixes keys i in [max(first, t - W), t - 1], valued x_{i+1}
+        states, T = self.states, self.states.shape[0]
+        if T < 2 or lam == 0:
+            return None
+        keys, next_ids, key_pos = states[:-1], self.ids[1:], positions[:-1]
+        out = logits.clone()
         for start in range(0, T, _CHUNK):
             self.batch.check_stop()  # a long window mixes for seconds: a caller's Stop ends it here
-            q_pos = torch.arange(start, min(start + _CHUNK, T), device=states.device)
+            q_pos = positions[start:start + _CHUNK]
             mask = (key_pos[None, :] < q_pos[:, None]) & (q_pos[:, None] - key_pos[None, :] <= w)
-            rows = logits[b, start:start + len(q_pos)].float()
-            logits[b, start:start + len(q_pos)] = mix_logits(
-                rows, states[q_pos], keys, next_ids, mask, lam, theta, gate, max_p).to(logits.dtype)
-        return logits
+            out[start:start + len(q_pos)] = mix_logits(logits[start:start + len(q_pos)], states[start:start + len(q_pos)],
+                                                       keys, next_ids, mask, lam, theta, gate, max_p)
+        return out

@@ -2,13 +2,13 @@
 
     x^j_t <- x^j_t + alpha * rms(x^j_t) * u_{t-1},   u = (h^s - mu_s) / rms(h^s - mu_s)
 
-h^s is the output of the source layer s, mu_s its running mean over the row so far (position 0,
-the attention sink, excluded), x^j the input of the target layer j. It is recurrent: h^s at t-1
-already carries the injection made at t-1, so generation costs no extra forward.
+h^s is the output of the source layer s, mu_s its running mean over the row so far (the attention
+sink excluded), x^j the input of the target layer j. It is recurrent: h^s at t-1 already carries
+the injection made at t-1, so generation costs no extra forward.
 
 In generation the shared prompt prefill runs clean (no injection): it seeds mu_s with the prompt's
 source states and u with the last prompt position's state, and injection acts from the first
-decoded token on. In the "sequence" phase (teacher-forced perplexity) a pass injects the shifted
+decoded token on. In the sequence phase (teacher-forced perplexity) a pass injects the shifted
 directions computed from the previous pass's source states: repeated passes are Jacobi iterations
 of the recurrence, exact for the first p positions after p passes.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from feedback.strategies.base import Param, Preset, Strategy, layer_output, rms
+from feedback.strategies.base import Param, Phase, Preset, RunningMean, Strategy, causal_mean, rms, unit
 
 
 class ResidualStrategy(Strategy):
@@ -42,85 +42,35 @@ class ResidualStrategy(Strategy):
     )
 
     def reset(self) -> None:
-        self.mean: torch.Tensor | None = None  # running mean of source states, fp32 [H]
-        self.count = 0
+        self.running = RunningMean()  # of the source states
         self.prev_u: torch.Tensor | None = None  # u_{t-1}, used by the injection at step t
         self.next_u: torch.Tensor | None = None  # u_t, becomes prev_u once the forward ends
-        self.seq_states: torch.Tensor | None = None  # sequence phase: this pass's source states [T, H]
-        self.seq_u: torch.Tensor | None = None  # sequence phase: directions from the previous pass
+        self.seq_states: torch.Tensor | None = None  # sequence phase: this pass's source states
+        self.seq_u: torch.Tensor | None = None  # sequence phase: u_{t-1} for every position, previous pass
+
+    @property
+    def mean(self) -> torch.Tensor | None:
+        return self.running.value
 
     def _register(self, model: nn.Module, layers: nn.ModuleList) -> None:
-        self._add_forward_hook(layers[self.values["source_layer"]], self._capture)
-        self._add_pre_hook(layers[self.values["target_layer"]], self._inject)
+        self.watch_output(self.values["source_layer"], self._capture)
+        self.edit_input(self.values["target_layer"], self._inject)
 
-    def _direction(self, h: torch.Tensor) -> torch.Tensor:
-        d = h - self.mean
-        scale = rms(d)
-        # With a single state the centred vector is zero: no direction yet, inject nothing.
-        return torch.where(scale > 1e-4, d / scale, torch.zeros_like(d))
-
-    def _capture(self, module: nn.Module, args: tuple, output) -> None:
-        b = self.my_index()
-        if b is None:
-            return
-        hidden = layer_output(output)
-        if self.batch.phase == "sequence":
-            self.seq_states = hidden[b].float()
-            return
-        if self.batch.phase == "prefill":
-            states = hidden[b, self.batch.after_sink(b):].float()  # no padding, no attention sink
-            if states.shape[0] == 0:
-                return
-            n, chunk_mean = states.shape[0], states.mean(dim=0)
-            # a long prompt arrives in chunks: the mean of all of them, weighted by their sizes
-            self.mean = chunk_mean if self.mean is None else self.mean + (chunk_mean - self.mean) * (n / (self.count + n))
-            self.count += n
-            self.next_u = self._direction(states[-1])
-            return
-        h = hidden[b, -1].float()
-        self.count += 1
-        self.mean = h.clone() if self.mean is None else self.mean + (h - self.mean) / self.count
-        self.next_u = self._direction(h)
-
-    def _inject(self, module: nn.Module, args: tuple, kwargs: dict):
-        phase = self.batch.phase
-        if phase == "prefill" or (phase == "decode" and self.prev_u is None) or (
-                phase == "sequence" and self.seq_u is None):
-            return None
-        b = self.my_index()
-        if b is None:
-            return None
-        in_args = bool(args)
-        x = args[0] if in_args else kwargs["hidden_states"]
-        alpha = self.values["alpha"]
-        x = x.clone()
-        if phase == "sequence":  # position t receives u_{t-1}; position 0 receives nothing
-            rows = x[b, 1:].float()
-            x[b, 1:] = (rows + alpha * rms(rows) * self.seq_u[:-1].to(rows.device)).to(x.dtype)
+    def _capture(self, h: torch.Tensor, positions: torch.Tensor) -> None:
+        if self.phase == Phase.SEQUENCE:
+            self.seq_states = h
         else:
-            row = x[b, -1].float()
-            x[b, -1] = (row + alpha * rms(row) * self.prev_u.to(row.device)).to(x.dtype)
-        if in_args:
-            return (x, *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": x}
+            self.next_u = unit(h[-1] - self.running.add(h))
 
-    def end_forward(self) -> None:
-        if self.batch is not None and self.batch.phase == "sequence":
-            if self.seq_states is not None:
-                self.seq_u = self._sequence_directions(self.seq_states)
+    def _inject(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
+        u = self.seq_u if self.phase == Phase.SEQUENCE else None if self.phase == Phase.PREFILL else self.prev_u
+        return None if u is None else x + self.values["alpha"] * rms(x) * u
+
+    def after_forward(self) -> None:
+        if self.phase == Phase.SEQUENCE:
+            if self.seq_states is not None:  # position t receives u_{t-1}; the first after the sink none
+                u = unit(self.seq_states - causal_mean(self.seq_states))
+                self.seq_u = torch.cat([torch.zeros_like(u[:1]), u[:-1]])
                 self.seq_states = None
-            return
-        if self.next_u is not None:
+        elif self.next_u is not None:
             self.prev_u, self.next_u = self.next_u, None
-
-    def _sequence_directions(self, states: torch.Tensor) -> torch.Tensor:
-        """u_t for every position from one pass's source states [T, H], with the causal running
-        mean over positions 1..t (position 0, the sink, gets no direction and joins no mean)."""
-        u = torch.zeros_like(states)
-        if states.shape[0] > 1:
-            h = states[1:]
-            counts = torch.arange(1, h.shape[0] + 1, device=h.device, dtype=h.dtype)[:, None]
-            d = h - h.cumsum(dim=0) / counts
-            scale = rms(d)
-            u[1:] = torch.where(scale > 1e-4, d / scale, torch.zeros_like(d))
-        return u

@@ -4,7 +4,7 @@ embedding space.
     e'_t = e(x_t) + beta * (ebar_t - e(x_t)),   ebar_t = sum_{w in top-k} p_{t-1}(w) E[w]
 
 p_{t-1} is the row's own (already fed-back) next-token distribution at t-1, restricted to its
-top-k, renormalised at temperature tau. Recurrent like `residual`. Position 0 is never a source.
+top-k, renormalised at temperature tau. Recurrent like `residual`. The attention sink is never a source.
 In generation the prompt prefill runs clean; its last distribution feeds the first decoded token.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from feedback.strategies.base import Param, Preset, Strategy
+from feedback.strategies.base import Param, Phase, Preset, Strategy
 
 
 class SoftTokenStrategy(Strategy):
@@ -39,60 +39,36 @@ class SoftTokenStrategy(Strategy):
 
     def reset(self) -> None:
         self.prev: torch.Tensor | None = None  # ebar for the next decoded token [H]
-        self.seq_prev: torch.Tensor | None = None  # sequence phase: ebar per position, previous pass [T, H]
+        self.seq_prev: torch.Tensor | None = None  # sequence phase: ebar per position, previous pass
         self.pending: torch.Tensor | None = None
-        self.prompt_len = 0
 
     def _register(self, model: nn.Module, layers: nn.ModuleList) -> None:
         self.table = model.get_input_embeddings().weight
-        self._add_forward_hook(model.get_input_embeddings(), self._inject)
-        self._add_forward_hook(model.get_output_embeddings(), self._capture)
+        self.edit_output(model.get_input_embeddings(), self._inject)
+        self.watch_output(model.get_output_embeddings(), self._capture)
 
     def _expected_embedding(self, logits: torch.Tensor) -> torch.Tensor:
         """ebar for each row of logits [N, V] -> [N, H] (fp32)."""
-        top, ids = torch.topk(logits.float() / self.values["tau"], self.values["top_k"], dim=-1)
+        top, ids = torch.topk(logits / self.values["tau"], self.values["top_k"], dim=-1)
         weights = torch.softmax(top, dim=-1)
         return torch.einsum("nk,nkh->nh", weights, self.table[ids.to(self.table.device)].float().to(weights.device))
 
-    def _inject(self, module: nn.Module, args: tuple, output: torch.Tensor):
-        b = self.my_index()
-        phase = self.batch.phase
-        if b is None:
-            return None
-        if phase == "prefill":
-            b_in = args[0][b]  # this row's prompt tokens in this forward, left padding included
-            self.prompt_len = self.batch.real_before(b) + b_in.shape[-1] - self.batch.real_start(b)
-            return None
+    def _inject(self, e: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
         beta = self.values["beta"]
-        out = output.clone()
-        if phase == "decode":
-            if self.prev is None:
-                return None
-            e = out[b, -1].float()
-            out[b, -1] = (e + beta * (self.prev.to(e.device) - e)).to(out.dtype)
-            return out
-        if self.seq_prev is None or out.shape[1] < 3:
+        if self.phase == Phase.DECODE:
+            return None if self.prev is None else e + beta * (self.prev - e)
+        if self.phase == Phase.PREFILL or self.seq_prev is None or e.shape[0] < 2:
             return None
-        e = out[b, 2:].float()  # position t >= 2 takes ebar from t-1 >= 1
-        out[b, 2:] = (e + beta * (self.seq_prev[1:-1].to(e.device) - e)).to(out.dtype)
-        return out
+        # position t takes ebar from t-1; the first position after the sink has none (the sink is no source)
+        return torch.cat([e[:1], e[1:] + beta * (self.seq_prev[:-1] - e[1:])])
 
-    def _capture(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-        b = self.my_index()
-        if b is None:
-            return
-        phase = self.batch.phase
-        if phase == "sequence":
-            self.pending = self._expected_embedding(output[b])
-            return
-        # Only the last position's logits matter here; after a one-token prefill that is position 0,
-        # the attention sink, which is never a source.
-        is_sink = phase == "prefill" and self.prompt_len < 2
-        self.pending = None if is_sink else self._expected_embedding(output[b, -1:])[0]
+    def _capture(self, logits: torch.Tensor, positions: torch.Tensor) -> None:
+        # generation only needs the last position's distribution (the prefill keeps only its logits)
+        self.pending = self._expected_embedding(logits if self.phase == Phase.SEQUENCE else logits[-1:])
 
-    def end_forward(self) -> None:
-        if self.batch is not None and self.batch.phase == "sequence":
+    def after_forward(self) -> None:
+        if self.phase == Phase.SEQUENCE:
             if self.pending is not None:
                 self.seq_prev, self.pending = self.pending, None
             return
-        self.prev, self.pending = self.pending, None
+        self.prev, self.pending = (None if self.pending is None else self.pending[0]), None
