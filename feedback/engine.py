@@ -63,6 +63,7 @@ class RowState:
     decoder: IncrementalDecoder
     window: GroupWindow
     confs: list[float] = field(default_factory=list)
+    part: str | None = None  # the part of a prompt-level strategy's reply the last token belongs to
 
     @property
     def prefix(self) -> list[int]:
@@ -81,8 +82,10 @@ class DecodeState:
     tokens: torch.Tensor | None = None  # [B] the tokens chosen at the last step
 
 
-def _row_prompt_ids(lm: LoadedModel, cfg: RunConfig, row: RowSpec) -> list[int]:
+def _row_prompt_ids(lm: LoadedModel, cfg: RunConfig, row: RowSpec, strategy: Strategy | None) -> list[int]:
     prompt = row.prompt if row.prompt is not None else cfg.prompt
+    if strategy is not None and strategy.prompt_level:
+        prompt = strategy.rewrite_prompt(prompt)
     system = row.system_prompt if row.system_prompt is not None else cfg.system_prompt
     ids = lm.encode(prompt, cfg.chat_template, system, row.messages)
     if not ids:
@@ -102,13 +105,21 @@ class Run:
             raise FeedbackError(f"this run asks for model {config.model!r} but the engine holds {lm.name!r}")
         self.stop_event = stop_event or threading.Event()
         self.observer = observer
-        row_ids = [_row_prompt_ids(lm, config, row) for row in config.rows]
+        # Build (and so validate) every strategy before any hook touches the model.
+        self.strategies: dict[int, Strategy] = {
+            i: build_strategy(row.strategy, row.params, lm.num_layers)
+            for i, row in enumerate(config.rows) if row.strategy
+        }
+        row_ids = [_row_prompt_ids(lm, config, row, self.strategies.get(i)) for i, row in enumerate(config.rows)]
         self._check_rows(row_ids)
-        # Rows with the same prompt, token for token, share one prefill sequence.
-        group_of: dict[tuple[int, ...], int] = {}
-        for ids in row_ids:
-            group_of.setdefault(tuple(ids), len(group_of))
-        self.groups: list[list[int]] = [list(key) for key in group_of]
+        # Rows with the same prompt, token for token, share one prefill sequence, unless a row's
+        # strategy changes the prompt's own states: that row prefills on its own.
+        keys = [(tuple(ids), i if i in self.strategies and self.strategies[i].edits_prompt else -1)
+                for i, ids in enumerate(row_ids)]
+        group_of: dict[tuple, int] = {}
+        for key in keys:
+            group_of.setdefault(key, len(group_of))
+        self.groups: list[list[int]] = [list(key[0]) for key in group_of]
         self.prompt_ids = row_ids[0]  # the first row's: what `prompt_tokens` reports
         if budget is not None:  # a served request: refused before any work if it is too big
             rows, new = len(config.rows), config.max_new_tokens
@@ -116,11 +127,6 @@ class Run:
             budget.check_decoding(rows * new, f"{rows} rows x {new} new tokens")
             budget.check_memory(generation_memory_mb(lm.model.config, dtype_bytes(lm.dtype), rows, longest, new),
                                 f"{longest} prompt + {new} new tokens, {rows} rows")
-        # Build (and so validate) every strategy before any hook touches the model.
-        self.strategies: dict[int, Strategy] = {
-            i: build_strategy(row.strategy, row.params, lm.num_layers)
-            for i, row in enumerate(config.rows) if row.strategy
-        }
         self.result = RunResult(
             config={**config.to_dict(), "model": lm.name, "dtype": lm.dtype},
             rows=[RowResult(r.name, r.strategy, self.strategies[i].values if i in self.strategies else {})
@@ -128,9 +134,9 @@ class Run:
             prompt_tokens=len(self.prompt_ids),
         )
         thresholds = [r.threshold if r.threshold is not None else config.deepconf.threshold for r in config.rows]
-        self.rows = [RowState(i, spec, self.result.rows[i], ids, group_of[tuple(ids)], thresholds[i],
+        self.rows = [RowState(i, spec, self.result.rows[i], ids, group_of[key], thresholds[i],
                               IncrementalDecoder(lm.tokenizer), GroupWindow(config.deepconf.window))
-                     for i, (spec, ids) in enumerate(zip(config.rows, row_ids))]
+                     for i, (spec, ids, key) in enumerate(zip(config.rows, row_ids, keys))]
         self._alt_text: dict[int, str] = {}
         self._started = False
 
@@ -167,6 +173,8 @@ class Run:
         try:
             for i, strategy in self.strategies.items():
                 strategy.attach(lm.model, lm.layers, i, batch)
+                if strategy.prompt_level:
+                    strategy.begin(lm.tokenizer, lm.eos_token_ids)
             # inference_mode is thread-local and a generator may resume on another thread (Gradio
             # workers do), so it is entered per block (the helpers below), never held across a yield.
             prefilled = self._prefill(batch, sampler.needs_history)
@@ -254,6 +262,7 @@ class Run:
         stats = distribution_stats(logits, self.config.deepconf.k, N_TOP)
         tokens = sampler(state.history, logits.clone() if sampler.processors else logits)
         forced = [r.prefix[step] if step < len(r.prefix) else -1 for r in state.live]
+        tokens = self._steer(step, state.live, tokens, forced)
         if any(t >= 0 for t in forced):  # the draw still happened, so later draws stay aligned
             given = torch.tensor(forced, device=tokens.device)
             tokens = torch.where(given >= 0, given, tokens)
@@ -263,6 +272,18 @@ class Run:
                             stats.top_ids[:, :N_TOP].double()], dim=1)
         return tokens, values.tolist()  # the one device->host transfer of the step
 
+    def _steer(self, step: int, live: list[RowState], tokens: torch.Tensor, forced: list[int]) -> torch.Tensor:
+        """Prompt-level strategies see each sampled token and may replace it (their markers). A
+        user's forced token still wins, and the strategy moves on as if its own had been taken."""
+        steered = [(pos, self.strategies[r.index]) for pos, r in enumerate(live)
+                   if r.index in self.strategies and self.strategies[r.index].prompt_level]
+        if not steered:
+            return tokens
+        ids = tokens.tolist()
+        for pos, strategy in steered:
+            ids[pos], live[pos].part = strategy.choose(step, ids[pos])
+        return torch.tensor(ids, device=tokens.device, dtype=tokens.dtype)
+
     def _record(self, step: int, live: list[RowState], values: list[list[float]], step_ms: float) -> StepEvent:
         """Step records for the live rows, and which of them finished at this step."""
         cfg, eos = self.config, set(self.lm.eos_token_ids)
@@ -271,7 +292,7 @@ class Run:
             tid, logprob, conf, ent = int(v[0]), v[1], v[2], v[3]
             alts = [Alternative(int(aid), self._alt(int(aid)), p) for p, aid in zip(v[4:4 + N_TOP], v[4 + N_TOP:])]
             rec = StepRecord(step, tid, row.decoder.push(tid), logprob, math.exp(logprob), conf, ent,
-                             row.window.push(conf), alts, step_ms, forced=step < len(row.prefix))
+                             row.window.push(conf), alts, step_ms, forced=step < len(row.prefix), part=row.part)
             row.confs.append(conf)
             row.result.steps.append(rec)
             row.result.token_ids.append(tid)
@@ -347,6 +368,8 @@ class Run:
             r.decode_seconds = sum(s.time_ms for s in r.steps[1:]) / 1000.0
             r.metrics = trace_metrics(row.confs, cfg.deepconf.window).to_dict() | quality.text_metrics(
                 r.token_ids, r.text, cfg.key_facts)
+            if row.index in self.strategies:  # what the row's strategy cost and did
+                r.metrics |= self.strategies[row.index].report()
         if with_quality:
             self._quality()
         res.wall_seconds = time.perf_counter() - t0
@@ -367,8 +390,17 @@ class Run:
                     prompt_ppl[text] = quality.text_ppl(lm, text)
                 r.metrics |= {"self_ppl": self._self_ppl(row), "prompt_ppl": prompt_ppl[text]}
             if reference is not None:
-                r.metrics |= quality.reference_ppl(lm, row.prompt_ids, reference, r.strategy, r.params)
+                r.metrics |= self._reference_ppl(row, reference)
 
+
+    def _reference_ppl(self, row: RowState, reference: list[int]) -> dict:
+        """A prompt-level row scores the reference after its own reply's lead-in (the restatement),
+        with the plain model: that is its strategy. Others as `quality.reference_ppl` does."""
+        strategy, r = self.strategies.get(row.index), row.result
+        if strategy is not None and strategy.prompt_level:
+            context = row.prompt_ids + strategy.context_tokens(r.token_ids)
+            return quality.reference_ppl(self.lm, context, reference, None, {}) | {"reference_ppl_with_strategy": True}
+        return quality.reference_ppl(self.lm, row.prompt_ids, reference, r.strategy, r.params)
 
     def _self_ppl(self, row: RowState) -> float | None:
         """A plain row already scored its own answer while decoding: each step records the chosen

@@ -51,6 +51,10 @@ class PPLConfig:
         if self.strategy is None:
             return "parallel"
         cls = get_strategy(self.strategy)
+        if cls.prompt_level:
+            raise FeedbackError(f"{self.strategy} is a prompt-level strategy: it changes the prompt, not the model, so "
+                                "text perplexity does not apply; score a reference answer after it instead "
+                                "(`python -m feedback qa`, or a reference in Compare's Evaluation)")
         mode = self.mode or ("jacobi" if cls.recurrent else "parallel")
         if mode not in MODES:
             raise FeedbackError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")

@@ -190,6 +190,7 @@ class StepRecord:
     top: list[Alternative]
     time_ms: float  # wall time of the batched step that produced it
     forced: bool = False  # the token was given (a branch's replay), not chosen by the sampler
+    part: str | None = None  # a prompt-level strategy's phase: "restate", "transition", "answer"
 
 
 @dataclass

@@ -14,17 +14,20 @@ from feedback.strategies import REGISTRY, get_strategy
 from feedback.strategies.deep_cache import mix_logits
 
 STRONG = {"residual": {"alpha": 0.5}, "soft_token": {"beta": 0.5}, "deep_cache": {"lam": 0.5, "gate": -1.0},
-          "anchor": {"alpha": 0.5, "prompt_tokens": 4}}
+          "anchor": {"alpha": 0.5, "prompt_tokens": 4}, "inner_loop": {"loops": 2, "beta": 0.8}}
+# Strategies that act on hidden states (restate, prompt-level, changes the prompt instead: tests/test_restate.py)
+HIDDEN = sorted(name for name, cls in REGISTRY.items() if not cls.prompt_level)
 TEXT = "Rivers carry water from mountains to the sea, and the sea returns it as rain over the mountains."
 
 
-def test_registry_has_all_four():
-    assert set(REGISTRY) == {"residual", "soft_token", "deep_cache", "anchor"}
+def test_registry_has_all_six():
+    assert set(REGISTRY) == {"residual", "soft_token", "deep_cache", "anchor", "inner_loop", "restate"}
     assert not get_strategy("deep_cache").recurrent and not get_strategy("anchor").recurrent
+    assert not get_strategy("inner_loop").recurrent and get_strategy("restate").prompt_level
     assert get_strategy("residual").recurrent and get_strategy("soft_token").recurrent
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", HIDDEN)
 def test_strength_zero_reproduces_baseline_in_generation(tiny_lm, name, hook_count):
     zero = {REGISTRY[name].strength_param: 0.0}
     seen = []
@@ -36,7 +39,7 @@ def test_strength_zero_reproduces_baseline_in_generation(tiny_lm, name, hook_cou
     assert hook_count(tiny_lm.model) == 0
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", HIDDEN)
 def test_strategy_touches_only_its_own_row(tiny_lm, name, hook_count):
     seen = []
     cfg = RunConfig(prompt="one two three four five six seven", model="tiny", max_new_tokens=12,
@@ -47,7 +50,7 @@ def test_strategy_touches_only_its_own_row(tiny_lm, name, hook_count):
     assert hook_count(tiny_lm.model) == 0
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", HIDDEN)
 def test_hooks_removed_after_failure_and_stop(tiny_lm, name, hook_count):
     def boom(step, live, logits):
         if step == 3:
@@ -63,7 +66,7 @@ def test_hooks_removed_after_failure_and_stop(tiny_lm, name, hook_count):
     assert hook_count(tiny_lm.model) == 0 and run.result.rows[1].stop_reason == "stopped"
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", HIDDEN)
 def test_strength_zero_reproduces_baseline_perplexity(tiny_lm, name):
     ids = tiny_lm.tokenizer(TEXT)["input_ids"]
     zero = {REGISTRY[name].strength_param: 0.0}
@@ -72,11 +75,12 @@ def test_strength_zero_reproduces_baseline_perplexity(tiny_lm, name):
         assert np.max(np.abs(base - fb)) <= 1e-4, mode
 
 
-@pytest.mark.parametrize("name", ["deep_cache", "anchor"])
-def test_non_recurrent_parallel_equals_exact(embedded_lm, name):
+@pytest.mark.parametrize("name, extra", [("deep_cache", {}), ("anchor", {}), ("inner_loop", {"mode": "loop"}),
+                                         ("inner_loop", {"mode": "euler"})])
+def test_non_recurrent_parallel_equals_exact(embedded_lm, name, extra):
     ids = embedded_lm.tokenizer(TEXT)["input_ids"]
-    _, exact = token_nlls(embedded_lm, ids, PPLConfig(name, STRONG[name], mode="exact"))
-    base, par = token_nlls(embedded_lm, ids, PPLConfig(name, STRONG[name], mode="parallel"))
+    _, exact = token_nlls(embedded_lm, ids, PPLConfig(name, STRONG[name] | extra, mode="exact"))
+    base, par = token_nlls(embedded_lm, ids, PPLConfig(name, STRONG[name] | extra, mode="parallel"))
     assert np.max(np.abs(exact - par)) <= 1e-3
     assert np.max(np.abs(par - base)) > 1e-2  # and it does change something
 

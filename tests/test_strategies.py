@@ -16,7 +16,7 @@ from feedback.strategies.residual import ResidualStrategy
 
 def test_registry_and_unknown_name():
     assert "residual" in REGISTRY
-    with pytest.raises(FeedbackError, match="unknown strategy 'nope'; available: anchor, deep_cache, residual, soft_token"):
+    with pytest.raises(FeedbackError, match="unknown strategy 'nope'; available: anchor, deep_cache, inner_loop, residual, restate, soft_token"):
         get_strategy("nope")
 
 

@@ -34,6 +34,9 @@ _VISIBLE = {" ": "·", "\n": "↵", "\t": "⇥", "\r": "␍"}
 CARET = '<span class="fl-caret"></span>'
 DIVERGE = '<span class="fl-diverge" title="the columns differ from here on">differs from here</span>'
 FORCED_ROW = ("forced", "yes — chosen by you (branch)")
+# Parts of a prompt-level strategy's reply (restate): shown on the card and marked in the text.
+PART_ROWS = {"restate": ("part", "restatement of the key facts (before the answer)"),
+             "transition": ("part", "marker forced by the strategy: the answer starts")}
 BEST_TITLE = "best of the columns"
 
 
@@ -80,8 +83,11 @@ def _token_span(step: StepRecord, focusable: bool) -> str:
             ("step", str(step.step))]
     if step.forced:
         rows.append(FORCED_ROW)
+    if step.part in PART_ROWS:
+        rows.append(PART_ROWS[step.part])
     top = [(visible(a.text), a.prob, a.token_id == step.token_id, int(a.token_id)) for a in step.top[:5]]
-    return (f'<span class="{"fl-tok fl-forced" if step.forced else "fl-tok"}" data-step="{int(step.step)}" '
+    classes = "fl-tok" + (" fl-forced" if step.forced else "") + (f" fl-part-{step.part}" if step.part in PART_ROWS else "")
+    return (f'<span class="{classes}" data-step="{int(step.step)}" '
             f'tabindex="{0 if focusable else -1}" style="background-color: '
             f'{token_color(step.confidence)}" {card_attr(visible(step.text), rows, top)}>'
             f"{escape(step.text, quote=True)}</span>")
@@ -278,6 +284,11 @@ def render_stats(row: RowResult, live: bool = False, best: set[str] | None = Non
         ("lowest group confidence", _fmt(lowest, ".2f"), "lowest_group" in best),
         ("stop", _stop_text(row, live)),
     ]
+    m = row.metrics
+    if m.get("extra_layer_passes"):
+        items.append(("extra layer passes / token", str(m["extra_layer_passes"])))
+    if m.get("restatement_tokens") is not None:
+        items.append(("restatement tokens", str(m["restatement_tokens"])))
     return table(items + _quality_items(row, best))
 
 

@@ -68,6 +68,8 @@ CSS = """
 #fl-card .fl-card-hint { margin-top: 4px; font-size: 12px; opacity: 0.8; }
 /* ---- forced tokens, diff marks, best values, column headings, conversations ---- */
 .fl-tok.fl-forced { box-shadow: inset 0 -2px 0 var(--color-accent); }
+.fl-tok.fl-part-restate { font-style: italic; opacity: 0.8; }
+.fl-tok.fl-part-transition { font-weight: 600; text-decoration: underline dotted; }
 mark.fl-ins { background: rgba(0, 158, 115, 0.25); color: var(--body-text-color); border-radius: 2px; padding: 0 1px; }
 .dark mark.fl-ins { background: rgba(0, 158, 115, 0.4); }
 del.fl-del { font-size: 0.8em; color: var(--body-text-color-subdued); margin-right: 0.25em; }

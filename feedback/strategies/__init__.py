@@ -7,11 +7,14 @@ from feedback.errors import FeedbackError
 from feedback.strategies.base import BatchView, Param, Phase, Preset, Strategy
 from feedback.strategies.anchor import AnchorStrategy
 from feedback.strategies.deep_cache import DeepCacheStrategy
+from feedback.strategies.inner_loop import InnerLoopStrategy
 from feedback.strategies.residual import ResidualStrategy
+from feedback.strategies.restate import RestateStrategy
 from feedback.strategies.soft_token import SoftTokenStrategy
 
 REGISTRY: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (ResidualStrategy, SoftTokenStrategy, DeepCacheStrategy, AnchorStrategy)
+    cls.name: cls for cls in (ResidualStrategy, SoftTokenStrategy, DeepCacheStrategy, AnchorStrategy,
+                              InnerLoopStrategy, RestateStrategy)
 }
 
 

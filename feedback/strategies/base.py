@@ -273,6 +273,9 @@ class Strategy(ABC):
     # A strategy that changes the prompt's own states (not only what follows it) needs its own prefill
     # sequence: the engine then never shares the prompt's prefill between this row and another.
     edits_prompt: ClassVar[bool] = False
+    # A prompt-level strategy changes what the model is asked and which tokens it is given, never a
+    # hidden state; the engine calls its `rewrite_prompt`, `begin` and `choose` (see restate.py).
+    prompt_level: ClassVar[bool] = False
 
     def attach(self, model: nn.Module, layers: nn.ModuleList, row_id: int, batch: BatchView) -> None:
         """Register this strategy's hooks for one row; state starts fresh."""
@@ -365,6 +368,11 @@ class Strategy(ABC):
         """Decoder-layer applications per token beyond the model's own (its cost, reported)."""
         return 0
 
+    def report(self) -> dict[str, Any]:
+        """Facts about this row's run that go into its metrics (what it cost, what it did)."""
+        extra = self.extra_layer_passes()
+        return {"extra_layer_passes": extra} if extra else {}
+
     def _module(self, where: int | nn.Module) -> nn.Module:
         return self.layers[where] if isinstance(where, int) else where
 
@@ -400,19 +408,34 @@ class Strategy(ABC):
         return start, values, torch.arange(position, position + values.shape[0], device=self.device)
 
     def _edit(self, x: torch.Tensor, fn, whole: bool = False) -> torch.Tensor | None:
+        if whole:
+            return self._edit_whole(x, fn)
         view = self._view(x)
         if view is None:
             return None
         start, states, positions = view
-        b = self._span.b
-        if whole:
-            states = x[b].to(self.device).float()
-            positions = torch.arange(-start, states.shape[0] - start, device=self.device) + positions[0]
         new = fn(states, positions)
         if new is None:
             return None
         out = x.clone()
-        out[b, start:] = (new[start:] if whole else new).to(device=out.device, dtype=out.dtype)
+        out[self._span.b, start:] = new.to(device=out.device, dtype=out.dtype)
+        return out
+
+    def _edit_whole(self, x: torch.Tensor, fn) -> torch.Tensor | None:
+        """`fn` sees every position of the row (called even when none of them may be written: a
+        strategy that keeps its own caches must see the sink and the padding too)."""
+        sp = self.span(x.shape[1])
+        if sp is None:
+            return None
+        offset = sp.width - x.shape[1]  # x may hold only the forward's last positions
+        positions = torch.arange(offset - sp.first, sp.width - sp.first, device=self.device) + sp.position
+        new = fn(x[sp.b].to(self.device).float(), positions)
+        keep = positions >= 1  # never the padding or the attention sink
+        if new is None or not bool(keep.any()):
+            return None
+        start = int(keep.nonzero()[0])
+        out = x.clone()
+        out[sp.b, start:] = new[start:].to(device=out.device, dtype=out.dtype)
         return out
 
     def detach(self) -> None:
