@@ -1,8 +1,9 @@
-"""Command line: python -m feedback {generate, ppl, sweep, deepthink, batch, merge, bench, prepare}."""
+"""Command line: python -m feedback {generate, ppl, sweep, tune, deepthink, batch, merge, bench, prepare}."""
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import textwrap
@@ -377,6 +378,60 @@ def _sweep(args) -> int:
     return 0
 
 
+def _tune(args) -> int:
+    from feedback import corpus
+    from feedback.tune import BEST_FILE, HTML_FILE, TRIALS_FILE, check_budget, format_params, run_tune, \
+        searched_names, table_row
+
+    check_budget(args.trials, args.timeout)
+    fixed = dict(args.param)
+    searched_names(args.strategy, fixed)  # unknown strategy or parameter, nothing left to tune: before the model loads
+    warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
+    docs = corpus.load(args.data, warn)
+    test = args.test if args.test is not None else ("builtin:test" if args.data == "builtin:dev" else "none")
+    if test == args.data:
+        raise FeedbackError(f"--test {test} is the tuning data: the best point must be confirmed on held-out text")
+    test_docs = corpus.load(test, warn) if test != "none" else None
+    cfg = _ppl_config(args, {})
+    cfg.resolved_mode()
+    lm = _load(args)
+    out = Path(args.out_dir or f"tune-{args.strategy}")
+
+    def report(row: dict) -> None:
+        trial, params, delta, state = table_row(row)
+        ci = f" [{row['ci95'][0]:+.3f}, {row['ci95'][1]:+.3f}]" if row.get("ci95") and None not in row["ci95"] else ""
+        print(f"[trial {trial}] {params}: ΔPPL {delta}{ci} {state} ({row['seconds']:.1f} s)", file=sys.stderr,
+              flush=True)
+
+    res = run_tune(lm, docs, args.strategy, cfg, fixed, trials=args.trials, timeout=args.timeout, seed=args.seed,
+                   out_dir=out, test_docs=test_docs, data=args.data, test=test if test_docs else "", on_trial=report)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    rows = [[str(c) for c in table_row(r)] for r in res["trials"]]
+    head = ["trial", "params", "ΔPPL % dev", "state"]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    for line in [head, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+    print(f"wrote {out / TRIALS_FILE}, {out / BEST_FILE} and {out / HTML_FILE}")
+    best = res["best"]
+    if best is None:
+        print("best: none (no trial completed with the strategy switched on)")
+        return 0
+    lo, hi = best["ci95"] if best["ci95"] and None not in best["ci95"] else (math.nan, math.nan)
+    line = (f"best: trial {best['trial']} ({format_params(best['params'])}): dev ΔPPL {best['delta_pct']:+.3f} % "
+            f"[{lo:+.3f}, {hi:+.3f}]")
+    t = res["test"]
+    if t is None:
+        line += "; no test evaluation (give --test DATA)"
+    else:
+        tlo, thi = t["ci95"]
+        line += (f"; test ({t['data']}, {t['documents']} documents) ΔPPL {t['delta_pct']:+.3f} %   95% CI "
+                 f"[{tlo:+.3f}, {thi:+.3f}] % (paired bootstrap over {t['ci_method']})")
+    print(line)
+    return 0
+
+
 def _deepthink_config(args, prompt: str):
     from feedback.deepthink import DeepThinkConfig
 
@@ -538,6 +593,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...")
     p.add_argument("--out-dir", default=None, help="where sweep.csv and sweep.html go (default sweep-STRATEGY)")
     p.add_argument("--json", action="store_true", help="also print the rows as JSON")
+    p = sub.add_parser("tune", help="search a strategy's parameters for the lowest dev ΔPPL (Optuna TPE with "
+                       "pruning, resumable), then score the best point once on test -> trials.jsonl, best.json, "
+                       "tune.html")
+    _add_ppl_args(p)
+    _add_strategy_args(p, None, required=True)
+    p.add_argument("--trials", type=int, default=None, help="total trials, those already logged in --out-dir included")
+    p.add_argument("--timeout", type=float, default=None, help="seconds to start new trials in (the last one finishes)")
+    p.add_argument("--test", default=None, help="held-out corpus the best point is scored on once (default: "
+                   "builtin:test when --data is builtin:dev, else none)")
+    p.add_argument("--out-dir", default=None, help="where trials.jsonl, best.json and tune.html go (default "
+                   "tune-STRATEGY); rerun with it to resume")
+    p.add_argument("--json", action="store_true", help="print the whole result as JSON instead of the table")
     p = sub.add_parser("deepthink", help="DeepConf multi-trace vote per side, with calibrated early stop")
     p.add_argument("--prompt", default=None)
     p.add_argument("--questions", default=None, help="JSONL of {question, answer}: accuracy per side")
@@ -580,7 +647,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"generate": _generate, "prepare": _prepare, "bench": _bench, "ppl": _ppl,
-               "sweep": _sweep, "deepthink": _deepthink, "batch": _batch,
+               "sweep": _sweep, "tune": _tune, "deepthink": _deepthink, "batch": _batch,
                "merge": _merge}[args.command]
     try:
         return handler(args)

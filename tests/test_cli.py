@@ -219,6 +219,39 @@ def test_sweep_writes_csv_and_heatmap(tmp_path):
     assert "best: lam=" in out.stdout
 
 
+def test_tune_refuses_bad_input_in_one_line_and_resumes_a_tiny_run(tmp_path, capsys):
+    from feedback.cli import main
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    for args, message in [(["--trials", "0"], "trials must be in [1, 10000]"),
+                          (["--timeout", "0"], "timeout must be a positive number"),
+                          ([], "give a budget"),
+                          (["--trials", "2", "--param", "lam=0.1", "--param", "theta=5", "--param", "layer=1",
+                            "--param", "window=8", "--param", "gate=0", "--param", "max_p=1"], "every tunable"),
+                          (["--trials", "2", "--param", "zeta=1"], "unknown parameter(s) zeta"),
+                          (["--trials", "2", "--data", str(empty)], "holds no usable text"),
+                          (["--trials", "2", "--test", "builtin:dev"], "is the tuning data")]:
+        err = refused(capsys, "tune", "--strategy", "deep_cache", *args)
+        assert message in err and err.count("\n") == 1, err
+    assert "unknown strategy 'nope'" in refused(capsys, "tune", "--strategy", "nope", "--trials", "2")
+    data, test, out = tmp_path / "dev.jsonl", tmp_path / "test.txt", tmp_path / "tune"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in (
+        "def f(x):\n    return x + 1\nprint(f(2))", "The river runs past the old mill and into the sea.")))
+    test.write_text("A list holds items in order; a dict maps keys to values.")
+    args = ["tune", "--strategy", "deep_cache", "--data", str(data), "--test", str(test), "--bootstrap", "50",
+            "--max-tokens", "24", "--out-dir", str(out)]
+    assert main([*args, "--trials", "2"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out.startswith("trial  params") and "[trial 1]" in printed.err
+    assert "best: trial" in printed.out and "95% CI" in printed.out and f"test ({test}, 1 documents)" in printed.out
+    assert main([*args, "--trials", "3"]) == 0  # resumed: only the third trial runs
+    printed = capsys.readouterr()
+    assert "[trial 2]" in printed.err and "[trial 0]" not in printed.err
+    assert len((out / "trials.jsonl").read_text().splitlines()) == 4 and (out / "tune.html").exists()
+    assert json.loads((out / "best.json").read_text())["test"]["documents"] == 1
+
+
 def test_deepthink_cli_json_and_bad_input(tmp_path, capsys):
     out = cli("deepthink", "--prompt", "What is 2 + 2? Answer with a number.", "--traces", "2", "--warmup", "2",
               "--max-new-tokens", "16", "--window", "4", "--eta", "90", "--json")
