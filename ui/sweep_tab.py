@@ -1,23 +1,38 @@
-"""Sweep tab: ΔPPL over a grid of one or two strategy parameters, drawn as a heatmap while it runs.
-The work goes through `ModelRunner`; this module formats numbers."""
+"""Sweep tab: ΔPPL over a grid of one or two strategy parameters, drawn as a heatmap while it runs;
+and its Tune companion: a search of the strategy's parameters (`feedback.tune`) with a small trial
+budget, each trial streamed into a table and the history chart. The work goes through
+`ModelRunner`; this module formats numbers."""
 from __future__ import annotations
 
+import json
 import math
 import threading
 
 import gradio as gr
 
+from feedback import corpus
 from feedback.errors import FeedbackError
 from feedback.figures import sweep_heatmap
 from feedback.model import ModelPool
 from feedback.perplexity import PPLConfig, document_ids, scoring_work
+from feedback.strategies import REGISTRY
 from feedback.sweep import SERVED_MAX_POINTS, best_point, parse_grid, run_sweep, to_csv
+from feedback.tune import (SERVED_MAX_TRIALS, format_params, history_figure, jsonl_text, parse_fixed, run_tune,
+                           search_space, table_row)
 from ui.controls import build_strategy_panel, parse_number, run_controls
 from ui.exports import export_file, stamp
 from ui.lab import SERVED_MAX_DOCS, delta_legend, load_documents, mode_inputs, mode_of, source_inputs
-from ui.runner import ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
+from ui.runner import Finished, ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
 
 TAB = "sweep"
+TUNE = "tune"  # the companion's own jobs, so each Stop ends its own run
+TUNE_HEADERS = ["trial", "params", "ΔPPL % dev", "state"]
+TUNE_STARTUP = 4  # random trials before TPE models the results (a page run is short)
+
+
+def tunable(strategy: str) -> list[str]:
+    """The parameters the tuner can search for this strategy, in schema order."""
+    return [p.name for p in REGISTRY[strategy].params if p.tunable] if strategy in REGISTRY else []
 
 
 class SweepWork(TabWork):
@@ -74,6 +89,75 @@ class SweepWork(TabWork):
             self.tab.heatmap: self._heatmap(f"{self.strategy}: ΔPPL % vs baseline"), self.tab.csv: csv_path}
 
 
+class TuneWork(TabWork):
+    label = "a Tune"
+
+    def __init__(self, tab: "SweepTab", lm, docs, strategy: str, base: PPLConfig, fixed: dict, trials: int,
+                 seed: int, test_docs, data: str, test: str):
+        super().__init__(tab.tune_run, tab.tune_stop, tab.tune_status)
+        self.tab, self.lm, self.docs, self.strategy, self.base, self.fixed = tab, lm, docs, strategy, base, fixed
+        self.trials, self.seed, self.test_docs, self.data, self.test = trials, seed, test_docs, data, test
+        self.rows: list[dict] = []
+        self.result: dict | None = None
+        self.where = "starting"
+        self.gpu_seconds = 60 + 10 * trials
+
+    def run(self, stop: threading.Event):
+        yield from reporting(lambda report, halt: run_tune(
+            self.lm, self.docs, self.strategy, self.base, self.fixed, trials=self.trials, seed=self.seed,
+            test_docs=self.test_docs, data=self.data, test=self.test, on_trial=report, stop=halt, progress=report,
+            startup_trials=TUNE_STARTUP, max_trials=SERVED_MAX_TRIALS), stop)
+
+    def _outputs(self) -> dict:
+        return {self.tab.tune_table: [table_row(r) for r in self.rows],
+                self.tab.tune_plot: history_figure(self.rows, f"{self.strategy}: ΔPPL % vs baseline per trial "
+                                                              f"({len(self.rows)} of {self.trials})")}
+
+    def progress(self, items: list, elapsed: float) -> dict:
+        out = self.busy()
+        new_trial = False
+        for item in items:
+            if isinstance(item, dict):
+                self.rows.append(item)
+                new_trial = True
+            elif isinstance(item, str):
+                self.where = item
+            elif isinstance(item, Finished):
+                self.result = item.result
+        if new_trial:
+            out |= self._outputs()
+        return out | self.say(f"Tuning… {len(self.rows)} of {self.trials} trials done; {self.where} "
+                              f"({elapsed:.0f} s)")
+
+    def finish(self, outcome: Outcome) -> dict:
+        if not self.rows:
+            return self.ended_early(outcome, "Stopped before the first trial.", "Left the line; nothing was measured.")
+        res = self.result or {}
+        best, test = res.get("best"), res.get("test")
+        pruned = sum(r["state"] == "pruned" for r in self.rows)
+        head = {"done": f"Done: {len(self.rows)} trials ({pruned} pruned)",
+                "stopped": f"Stopped after {len(self.rows)} of {self.trials} trials"}.get(
+            outcome.kind, f"Failed after {len(self.rows)} trials: {outcome.message}")
+        if outcome.kind != "done":
+            best_text = "no best point is reported for an unfinished search"
+        elif best is None:
+            best_text = "no trial completed with the strategy switched on"
+        else:
+            best_text = (f"best on dev: trial {best['trial']} ({format_params(best['params'])}), ΔPPL "
+                         f"{best['delta_pct']:+.3f} %")
+            if test is not None:
+                lo, hi = test["ci95"]
+                best_text += (f"; on {test['data']} (scored once): ΔPPL {test['delta_pct']:+.3f} %, 95% CI "
+                              f"[{lo:+.3f}, {hi:+.3f}] %")
+        files = None
+        if res:
+            files = [export_file(f"tune-{self.strategy}-trials-{stamp()}.jsonl", jsonl_text(res["header"], self.rows)),
+                     export_file(f"tune-{self.strategy}-best-{stamp()}.json",
+                                 json.dumps({k: res.get(k) for k in ("header", "best", "test")}, indent=2))]
+        kind = {"done": "info", "stopped": "stopped"}.get(outcome.kind, "error")
+        return self.idle() | self.say(f"{head}; {best_text}.", kind) | self._outputs() | {self.tab.tune_files: files}
+
+
 class SweepTab:
     def __init__(self, pool: ModelPool, runner: ModelRunner):
         self.pool, self.runner = pool, runner
@@ -100,6 +184,35 @@ class SweepTab:
     def stop_run(self, request: gr.Request = None) -> str:
         return self.runner.stop(TAB, request)
 
+    def prepare_tune(self, source, text, upload, strategy, search, mode, passes, max_docs, trials, seed,
+                     *param_values) -> TuneWork:
+        """Search the ticked parameters for the lowest ΔPPL (the others keep the values above); on
+        builtin:dev, the best point is then scored once on builtin:test."""
+        lm = self.pool.get()
+        trials = parse_number(trials, "trials", integer=True, lo=1, hi=SERVED_MAX_TRIALS)
+        seed = parse_number(seed, "seed", integer=True, lo=0, hi=2**31 - 1)
+        searched = [n for n in (search or []) if n in tunable(strategy)]
+        if not searched:
+            raise FeedbackError("tick at least one parameter to search")
+        fixed = {k: v for k, v in self.panel.params_for(strategy, list(param_values)).items() if k not in searched}
+        fixed = parse_fixed(fixed, strategy, lm.num_layers)
+        search_space(strategy, lm.num_layers, fixed)
+        base = PPLConfig(strategy, fixed, mode_of(mode), parse_number(passes, "passes", integer=True, lo=2, hi=32),
+                         bootstrap=1000)
+        base.validate(lm.context_length)
+        limit = parse_number(max_docs, "max documents", integer=True, lo=1, hi=SERVED_MAX_DOCS)
+        docs = load_documents(source, text, upload, limit)
+        test_docs = corpus.load("builtin:test")[:limit] if source == "builtin:dev" else None
+        self.runner.budget.check_scoring(*scoring_work([len(ids) for ids in document_ids(lm, docs, base)], base,
+                                                       trials))
+        if test_docs is not None:
+            self.runner.budget.check_scoring(*scoring_work([len(i) for i in document_ids(lm, test_docs, base)], base))
+        return TuneWork(self, lm, docs, strategy, base, fixed, trials, seed, test_docs, source,
+                        "builtin:test" if test_docs is not None else "")
+
+    def stop_tune(self, request: gr.Request = None) -> str:
+        return self.runner.stop(TUNE, request)
+
     def build(self, num_layers: int) -> None:
         with gr.Tab("Sweep", id=TAB):
             gr.Markdown(f"ΔPPL % over a grid of one or two parameters, e.g. `lam=0,0.02,0.05` and "
@@ -119,6 +232,26 @@ class SweepTab:
             gr.HTML(delta_legend())
             self.heatmap = gr.Plot(show_label=False, elem_id="sweep-plot")
             self.csv = gr.File(label="sweep.csv (the points measured)", interactive=False, elem_id="sweep-csv")
+            with gr.Accordion("Tune: search the parameters instead of a grid", open=False, elem_id="tune"):
+                gr.Markdown(
+                    f"Searches the ticked parameters (Optuna TPE; layers over every layer, the others over each "
+                    f"parameter's search range) for the lowest ΔPPL on the text above, at most {SERVED_MAX_TRIALS} "
+                    "trials here (`python -m feedback tune` takes more, logs every trial and resumes). Unticked "
+                    "parameters keep the values above. A trial scores the first third of the documents first and "
+                    "is pruned there when even the favourable end of its 95% CI is worse than the median finished "
+                    "trial. On `builtin:dev`, the best point is then scored once on `builtin:test`.")
+                with gr.Row():
+                    names = tunable("deep_cache")
+                    search = gr.CheckboxGroup(names, value=names, label="search these", elem_id="tune-search")
+                    trials = gr.Number(12, label="trials", precision=0, minimum=1, maximum=SERVED_MAX_TRIALS,
+                                       info=f"1 to {SERVED_MAX_TRIALS}", elem_id="tune-trials")
+                    seed = gr.Number(0, label="seed", precision=0, minimum=0, elem_id="tune-seed",
+                                     info="the same seed and text give the same trials")
+                self.tune_run, self.tune_stop, self.tune_status = run_controls("tune", "Run tune")
+                self.tune_table = gr.Dataframe(headers=TUNE_HEADERS, interactive=False, elem_id="tune-table")
+                self.tune_plot = gr.Plot(show_label=False, elem_id="tune-plot")
+                self.tune_files = gr.File(label="trials.jsonl and best.json", file_count="multiple",
+                                          interactive=False, elem_id="tune-files")
             stop_ack = gr.Textbox(visible=False)
             cancel_trigger = gr.Button(visible=False)  # for program clients' Job.cancel()
         handler = self.runner.wrap(TAB, self.prepare, self.panel.api_names)
@@ -128,5 +261,14 @@ class SweepTab:
                            concurrency_limit=None, show_progress="hidden")
         self.stop.click(self.stop_run, None, stop_ack, api_name="stop_sweep", concurrency_limit=None,
                         show_progress="hidden")
-        cancellable_by_clients(cancel_trigger, running)
+        self.panel.strategy.change(lambda s: gr.update(choices=tunable(s), value=tunable(s)), self.panel.strategy,
+                                   search, api_name=False, queue=False, show_progress="hidden")
+        tune_handler = self.runner.wrap(TUNE, self.prepare_tune, self.panel.api_names)
+        tuning = self.tune_run.click(tune_handler, [source, text, upload, self.panel.strategy, search, mode, passes,
+                                                    max_docs, trials, seed, *self.panel.components],
+                                     [self.tune_table, self.tune_plot, self.tune_status, self.tune_files, self.tune_run,
+                                      self.tune_stop], api_name="tune", concurrency_limit=None, show_progress="hidden")
+        self.tune_stop.click(self.stop_tune, None, stop_ack, api_name="stop_tune", concurrency_limit=None,
+                             show_progress="hidden")
+        cancellable_by_clients(cancel_trigger, running, tuning)
 
