@@ -395,11 +395,14 @@ class Run:
 
     def _reference_ppl(self, row: RowState, reference: list[int]) -> dict:
         """A prompt-level row scores the reference after its own reply's lead-in (the restatement),
-        with the plain model: that is its strategy. Others as `quality.reference_ppl` does."""
+        as it would follow there, with the plain model: that is its strategy. Others as
+        `quality.reference_ppl` does."""
         strategy, r = self.strategies.get(row.index), row.result
         if strategy is not None and strategy.prompt_level:
             context = row.prompt_ids + strategy.context_tokens(r.token_ids)
-            return quality.reference_ppl(self.lm, context, reference, None, {}) | {"reference_ppl_with_strategy": True}
+            text = strategy.reference_text(self.config.reference)
+            ids = self.lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+            return quality.reference_ppl(self.lm, context, ids, None, {}) | {"reference_ppl_with_strategy": True}
         return quality.reference_ppl(self.lm, row.prompt_ids, reference, r.strategy, r.params)
 
     def _self_ppl(self, row: RowState) -> float | None:

@@ -72,6 +72,25 @@ def test_explicit_rows_and_compact_results(api):
     assert all("steps" not in row and 1 <= len(row["token_ids"]) <= 5 for row in rows)
 
 
+def test_inner_loop_and_restate_rows_and_inner_loop_perplexity(api):
+    client, _ = api
+    r = client.post("/generate", json={
+        "prompt": "What is the capital of France?", "max_new_tokens": 24, "reference": "Paris.",
+        "rows": [{"name": "plain"}, {"name": "loop", "strategy": "inner_loop", "params": {"mode": "euler"}},
+                 {"name": "restate", "strategy": "restate", "params": {"max_tokens": 8}}]})
+    assert r.status_code == 200, r.text
+    plain, loop, restate = r.json()["rows"]
+    assert loop["metrics"]["extra_layer_passes"] == 2 * 11 and "extra_layer_passes" not in plain["metrics"]
+    assert restate["text"].startswith("Key facts:") and "Answer:" in restate["text"]
+    assert {s["part"] for s in restate["steps"]} >= {"restate", "transition"}
+    assert restate["metrics"]["restatement_tokens"] <= 8 and restate["metrics"]["reference_ppl_with_strategy"]
+    ppl = client.post("/ppl", json={"text": "Rivers carry water to the sea, and the sea returns it as rain.",
+                                    "strategy": "inner_loop", "bootstrap": 0})
+    assert ppl.status_code == 200 and ppl.json()["mode"] == "parallel", ppl.text
+    refused = client.post("/ppl", json={"text": "Some text to score here.", "strategy": "restate"})
+    assert refused.status_code == 422 and "prompt-level" in refused.json()["error"]
+
+
 def test_stream_ndjson_carries_every_step_and_the_final_result(api):
     client, _ = api
     with client.stream("POST", "/generate/stream", json={"prompt": "Count to five.", "max_new_tokens": 10}) as r:
@@ -156,7 +175,7 @@ def test_health_models_strategies_and_openapi(api):
     models = client.get("/models").json()
     assert models["default"] == "embedded" and models["models"][0]["layers"] == 30
     strategies = {s["name"]: s for s in client.get("/strategies").json()["strategies"]}
-    assert {"residual", "soft_token", "deep_cache", "anchor"} <= set(strategies)
+    assert {"residual", "soft_token", "deep_cache", "anchor", "inner_loop", "restate"} <= set(strategies)
     alpha = {p["name"]: p for p in strategies["residual"]["params"]}["alpha"]
     assert alpha["type"] == "float" and alpha["minimum"] == -1.0 and alpha["maximum"] == 1.0
     schema = client.get("/openapi.json").json()

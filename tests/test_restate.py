@@ -38,7 +38,7 @@ def test_a_restate_row_restates_then_answers(tiny_lm):
     assert all(s.part is None for s in base.steps)
     # the reference is scored after the prompt and the restatement, by the plain model
     expected = quality.reference_ppl(tiny_lm, run.rows[1].prompt_ids + row.token_ids[:start],
-                                     _ids(tok, "He has 7."), None, {})["reference_ppl"]
+                                     _ids(tok, " He has 7."), None, {})["reference_ppl"]
     assert row.metrics["reference_ppl"] == pytest.approx(expected, rel=1e-6)
     assert row.metrics["reference_ppl_with_strategy"] is True
 

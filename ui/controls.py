@@ -58,7 +58,8 @@ def named_params(fn, names: list[str]):
 def about(strategy: str, preset: str | None) -> str:
     """What the strategy does, its update rule, and what the chosen preset is for."""
     cls = REGISTRY[strategy]
-    kind = ("recurrent: each token's feedback feeds the next one" if cls.recurrent
+    kind = ("prompt-level: the model is unchanged; it is asked differently and given marker tokens"
+            if cls.prompt_level else "recurrent: each token's feedback feeds the next one" if cls.recurrent
             else "not recurrent: one parallel pass scores a text exactly")
     note = next((p.note for p in cls.presets if p.name == preset), None)
     preset_line = (f"\n\n**Preset “{preset}”**: {note}" if note else
@@ -202,8 +203,9 @@ def build_strategy_panel(num_layers: int, selected: str = "residual", prefix: st
                          allow_none: bool = False) -> StrategyPanel:
     """The panel, inside the current Blocks; `prefix` keeps element ids unique per tab. In a
     "generate" context, controls that only perplexity reads are hidden. With `allow_none`, the
-    dropdown also offers "none" (no feedback), which may be `selected`."""
-    names = strategies or list(REGISTRY)
+    dropdown also offers "none" (no feedback), which may be `selected`. Text perplexity cannot score
+    a prompt-level strategy (restate), so a "perplexity" panel does not offer one."""
+    names = strategies or [n for n, cls in REGISTRY.items() if not (cls.prompt_level and context == "perplexity")]
     has = selected in REGISTRY
     preset = first_preset(selected, context) if has else None
     values = REGISTRY[selected].preset_values(preset, num_layers) if has else {}

@@ -87,6 +87,10 @@ class RestateStrategy(Strategy):
     def report(self) -> dict:
         return {"restatement_tokens": self.restated, "answer_start": self.answer_start}
 
+    def reference_text(self, reference: str) -> str:
+        """A reference answer as it follows “Answer:” in a reply: after one space."""
+        return " " + reference.lstrip()
+
     def context_tokens(self, token_ids: list[int]) -> list[int]:
         """The reply's tokens that come before the answer (the whole reply and the transition when
         the answer never began): what a reference answer is scored after."""
