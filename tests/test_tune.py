@@ -177,3 +177,21 @@ def test_stop_between_and_within_trials(tiny_lm, tmp_path):
     one = run(tiny_lm, trials=1)
     assert len(one["trials"]) == 1 and one["importances"] == {}  # fewer than 2 finished: none
     assert tune.table_row(one["trials"][0])[3] == "complete"
+
+
+def test_a_combination_the_strategy_refuses_is_a_failed_trial_and_the_search_goes_on(tiny_lm, tmp_path, monkeypatch):
+    class Picky(DeepCacheStrategy):
+        name = "picky"
+
+        @classmethod
+        def check(cls, values, num_layers):
+            if values["lam"] > 0.03:
+                raise FeedbackError("lam above 0.03 with this cache is refused")
+    monkeypatch.setitem(REGISTRY, "picky", Picky)
+    res = run(tiny_lm, "picky", trials=6, out_dir=tmp_path)
+    failed = [r for r in res["trials"] if r["state"] == "failed"]
+    assert failed and all(r["params"]["lam"] > 0.03 and "refused" in r["error"] for r in failed)
+    assert res["best"]["params"]["lam"] <= 0.03
+    again = run(tiny_lm, "picky", trials=7, out_dir=tmp_path)  # failed trials are resumed like the others
+    assert [r["params"] for r in again["trials"][:6]] == [r["params"] for r in res["trials"]]
+    assert tune.table_row(failed[0])[2].startswith("lam above")
