@@ -432,6 +432,38 @@ def _tune(args) -> int:
     return 0
 
 
+def _qa(args) -> int:
+    from feedback.deepthink import load_questions
+    from feedback.qa import BUILTIN_QUESTIONS, evaluate_qa
+    from feedback.records import RowSpec
+    from feedback.strategies import build_strategy
+
+    rows = [RowSpec(name, strategy, params) for name, strategy, params in args.row] or [
+        RowSpec("baseline"), RowSpec("restate", "restate")]
+    if len({r.name for r in rows}) != len(rows):
+        raise FeedbackError("row names must differ")
+    if not 1 <= args.max_new_tokens <= 4096:
+        raise FeedbackError(f"--max-new-tokens must be in [1, 4096], got {args.max_new_tokens}")
+    for r in rows:
+        if r.strategy:
+            build_strategy(r.strategy, r.params, 10_000)  # names and values, before the model loads
+    questions = load_questions(args.questions or BUILTIN_QUESTIONS)
+    lm = _load(args)
+    progress = lambda i, n: print(f"[{i}/{n}]", file=sys.stderr, flush=True)  # noqa: E731
+    res = evaluate_qa(lm, questions, rows, args.max_new_tokens, progress=None if args.json else progress)
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=1))
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(f"{res['questions']} questions, greedy, {args.max_new_tokens} new tokens at most")
+    for name, s in res["rows"].items():
+        ppl = "n/a" if s["gold_ppl"] is None else f"{s['gold_ppl']:.2f}"
+        print(f"  {name:14} accuracy {s['accuracy']:6.1%} ({s['right']}/{res['questions']})  gold-answer PPL {ppl:>8}"
+              f"  mean tokens {s['mean_tokens']:.1f}")
+    return 0
+
+
 def _deepthink_config(args, prompt: str):
     from feedback.deepthink import DeepThinkConfig
 
@@ -625,6 +657,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="finish stopped traces to measure tokens saved")
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser("qa", help="a question set with gold answers, greedy: accuracy and the gold answer's "
+                       "perplexity per row (how a prompt-level strategy such as restate is scored)")
+    p.add_argument("--questions", default=None, help="JSONL of {question, answer} (default: the built-in 16, "
+                   "assets/questions.jsonl)")
+    p.add_argument("--row", action="append", type=_row, default=[], metavar="NAME[:STRATEGY][,K=V...]",
+                   help="a row; repeat (default: baseline, and restate)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    _add_model_args(p)
+    p.add_argument("--out", default=None, help="also write the whole result (every answer) as JSON here")
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("batch", help="run a JSONL file of tasks; results appended to a JSONL file (resumable)")
     p.add_argument("input", help="JSONL: one task a line (id, prompt, mode, strategy, params, ...)")
     p.add_argument("output", help="JSONL results; rerun with the same file to resume")
@@ -647,7 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"generate": _generate, "prepare": _prepare, "bench": _bench, "ppl": _ppl,
-               "sweep": _sweep, "tune": _tune, "deepthink": _deepthink, "batch": _batch,
+               "sweep": _sweep, "tune": _tune, "qa": _qa, "deepthink": _deepthink, "batch": _batch,
                "merge": _merge}[args.command]
     try:
         return handler(args)

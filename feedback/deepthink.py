@@ -214,6 +214,8 @@ def deep_think(lm: LoadedModel, cfg: DeepThinkConfig, progress=None, stop: threa
 def load_questions(path: str | Path) -> list[dict]:
     """JSONL of {"question": ..., "answer": ...}; bad lines are refused with their line number."""
     questions = []
+    if not Path(path).is_file():
+        raise FeedbackError(f"{path}: no such question file")
     for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue

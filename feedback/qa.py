@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 from feedback.engine import Engine
@@ -19,6 +20,9 @@ from feedback.errors import FeedbackError, check_stop
 from feedback.model import LoadedModel
 from feedback.records import RowResult, RowSpec, RunConfig
 from feedback.voting import answer_matches, extract_answer
+
+
+BUILTIN_QUESTIONS = Path(__file__).resolve().parents[1] / "assets" / "questions.jsonl"  # 16, with gold answers
 
 
 def reply_answer(row: RowResult) -> str:
