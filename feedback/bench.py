@@ -27,7 +27,13 @@ TARGETS = {
     "mixed_prompts_overhead": ("<=", 1.10),
     "rows4_vs_forward4": ("<=", 1.05),
     "quality_overhead": ("<=", 1.05),
+    # decode step of N plain rows on one prompt ÷ one row (the KV cache and attention grow with both)
+    "rows16_ctx1024_vs_row1": ("<=", 4.0),
+    "rows8_ctx1024_vs_row1": ("<=", 3.0),
+    "rows8_ctx256_vs_row1": ("<=", 3.0),
+    "rows8_ctx16_vs_row1": ("<=", 3.0),
 }
+SCALING = ((16, 1024), (8, 1024), (8, 256), (8, 16))  # (rows, prompt tokens) of the rowsN_ctxT ratios
 SHORT_PROMPT = "How does a fridge work?"
 
 
@@ -41,9 +47,10 @@ def _interleaved(a, b, repeats: int) -> tuple[float, float]:
     return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
 
 
-def _engine_step_s(engine: Engine, rows: list[RowSpec], tokens: int) -> float:
+def _engine_step_s(engine: Engine, rows: list[RowSpec], tokens: int, prompt: str = BENCH_PROMPT,
+                   chat_template: bool = True) -> float:
     """Mean wall time of the decode steps after the first (the first one carries the prefill)."""
-    result = engine.run(RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=rows))
+    result = engine.run(RunConfig(prompt=prompt, max_new_tokens=tokens, rows=rows, chat_template=chat_template))
     steps = result.rows[0].steps[1:]
     return sum(s.time_ms for s in steps) / len(steps) / 1000.0
 
@@ -77,6 +84,56 @@ def _raw_step_s(lm: LoadedModel, batch: int, tokens: int) -> float:
             out = lm.model(input_ids=tok, cache=cache, use_cache=True)
             tok = out.logits[:, -1].argmax(-1)[:, None]
         return (time.perf_counter() - t) / (tokens - 1)
+
+
+def prompt_of(lm: LoadedModel, tokens: int) -> str:
+    """A prompt of about `tokens` tokens (no chat template): Python Language Reference text, which
+    ships with CPython, so every machine measures the same prompt."""
+    from pydoc_data.topics import topics
+
+    text = " ".join(topics[name] for name in sorted(topics))
+    ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
+    return lm.tokenizer.decode(ids)
+
+
+def scaling(engine: Engine, tokens: int, repeats: int) -> dict:
+    """Decode step of N plain rows ÷ one row on the same T-token prompt, timed in turn."""
+    out = {}
+    for rows, ctx in SCALING:
+        prompt = prompt_of(engine.lm, ctx)
+        many = [RowSpec(f"r{i}") for i in range(rows)]
+        one, n = _interleaved(lambda: _engine_step_s(engine, many[:1], tokens, prompt, False),
+                              lambda: _engine_step_s(engine, many, tokens, prompt, False), repeats)
+        out[f"rows{rows}_ctx{ctx}_vs_row1"] = n / one
+        out.setdefault("step_ms_scaling", {})[f"rows{rows}_ctx{ctx}"] = {"one_row": one * 1e3, "rows": n * 1e3}
+    return out
+
+
+def deepthink_throughput(engine: Engine, tokens: int, repeats: int, traces: int = 16, ctx: int = 256) -> dict:
+    """Deep Think's shape: `traces` sampled traces of one `ctx`-token prompt, decoded as one batched
+    run, against the same traces run one by one (each with its own seed offset, so the same tokens).
+    Throughput in trace-tokens per second of wall time."""
+    from feedback.sampling import SamplingConfig
+
+    prompt = prompt_of(engine.lm, ctx)
+    rows = [RowSpec(f"t{i}", seed_offset=i) for i in range(traces)]
+    sampling = SamplingConfig(temperature=0.7, top_p=0.95)
+
+    def run(specs) -> tuple[float, int]:
+        t = time.perf_counter()
+        res = engine.run(RunConfig(prompt=prompt, max_new_tokens=tokens, rows=specs, chat_template=False,
+                                   sampling=sampling))
+        return time.perf_counter() - t, sum(len(r.token_ids) for r in res.rows)
+
+    def separate() -> tuple[float, int]:
+        parts = [run([spec]) for spec in rows]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+    batched, one_by_one = zip(*[(run(rows), separate()) for _ in range(repeats)])
+    b_wall, b_tok = statistics.median(w for w, _ in batched), batched[0][1]
+    s_wall, s_tok = statistics.median(w for w, _ in one_by_one), one_by_one[0][1]
+    return {"deepthink16_batched_tok_s": b_tok / b_wall, "deepthink16_separate_tok_s": s_tok / s_wall,
+            "deepthink16_speedup": (b_tok / b_wall) / (s_tok / s_wall)}
 
 
 def _quality_overhead(engine: Engine, tokens: int, repeats: int) -> float:
@@ -143,6 +200,8 @@ def measure(tokens: int = 64, repeats: int = 3, dtype: str = "auto", lm: LoadedM
     rows4, raw4 = _interleaved(lambda: _engine_step_s(engine, four, tokens), lambda: _raw_step_s(lm, 4, tokens),
                                repeats)
     quality = _quality_overhead(engine, 2 * tokens, repeats)
+    grows = scaling(engine, max(4, tokens // 4), repeats)
+    deep = deepthink_throughput(engine, max(4, tokens // 4), repeats)
     bandwidth = _bandwidth_gbs()
     weights = _weight_bytes(lm)
     ideal = weights / (bandwidth * 1e9)
@@ -164,6 +223,7 @@ def measure(tokens: int = 64, repeats: int = 3, dtype: str = "auto", lm: LoadedM
                     "engine_four_rows": rows4 * 1e3, "raw_batch1": raw1 * 1e3, "raw_batch2": raw2 * 1e3,
                     "raw_batch4": raw4 * 1e3},
         "weights_mb": weights / 2**20, "bandwidth_gbs": bandwidth,
+        "attention": lm.model.config._attn_implementation, **grows, **deep,
     }
 
 
@@ -253,6 +313,9 @@ def run_bench(args) -> int:
           f"at {report['bandwidth_gbs']:.1f} GB/s)")
     print("step ms: " + ", ".join(f"{k} {v:.1f}" for k, v in report["step_ms"].items()))
     print(f"same greedy tokens as model.generate: {report['same_tokens_as_generate']}")
+    print(f"{'deepthink16_speedup':32} {report['deepthink16_speedup']:9.3f}  (16 traces of a 256-token prompt, "
+          f"batched {report['deepthink16_batched_tok_s']:.1f} vs one by one {report['deepthink16_separate_tok_s']:.1f} "
+          f"trace-tokens/s; attention: {report['attention']})")
     if "api_stream_vs_engine" in report:
         print(f"{'api_stream_vs_engine':32} {report['api_stream_vs_engine']:9.3f}  (HTTP API, NDJSON stream, local)")
         print(f"{'api_generate_vs_engine':32} {report['api_generate_vs_engine']:9.3f}  (HTTP API, whole result)")

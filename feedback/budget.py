@@ -33,6 +33,41 @@ def default_memory_mb() -> int:
     return max(512, int(psutil.virtual_memory().available / 2**20 / 4))
 
 
+MEMORY_CAP_ENV = "FEEDBACK_MEMORY_CAP_MB"
+
+
+def memory_cap_mb(device) -> float:
+    """What one run's key/value cache may take, for every run (command line and batch runs too, not
+    only served requests): FEEDBACK_MEMORY_CAP_MB, else 80 % of the memory free now on the run's
+    device (the cache is allocated whole when the run starts, so a run that cannot fit is refused
+    before any work rather than failing part way)."""
+    raw = os.environ.get(MEMORY_CAP_ENV, "").strip()
+    if raw:
+        try:
+            value = float(raw.replace("_", ""))
+        except ValueError:
+            raise FeedbackError(f"{MEMORY_CAP_ENV} must be a number of MB, got {raw!r}") from None
+        if value <= 0:
+            raise FeedbackError(f"{MEMORY_CAP_ENV} must be positive, got {raw!r}")
+        return value
+    if getattr(device, "type", str(device)) == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        return 0.8 * free / 2**20
+    return 0.8 * psutil.virtual_memory().available / 2**20
+
+
+def check_fits(mb: float, how: str, device) -> None:
+    """Refuse a run whose cache would not fit the memory cap, saying what it needs and how to fit."""
+    cap = memory_cap_mb(device)
+    if mb > cap:
+        raise FeedbackError(
+            f"this run needs about {_fmt(mb)} MB for its key/value cache ({how}); the memory cap is "
+            f"{_fmt(cap)} MB ({MEMORY_CAP_ENV}, default 80 % of free memory): use fewer rows, a shorter "
+            "prompt or fewer new tokens")
+
+
 def _fmt(n: float) -> str:
     return f"{n:,.0f}"
 

@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import Cache
 
 from feedback import memory, quality
-from feedback.budget import PREFILL_CHUNK, Budget, dtype_bytes, generation_memory_mb
+from feedback.budget import PREFILL_CHUNK, Budget, check_fits, dtype_bytes, generation_memory_mb
 from feedback.confidence import GroupWindow, distribution_stats, trace_metrics
 from feedback.detok import IncrementalDecoder
 from feedback.errors import FeedbackError
+from feedback.kvcache import run_cache
 from feedback.model import LoadedModel
 from feedback.records import (Alternative, RowResult, RowSpec, RunConfig, RunResult, StepRecord, first_divergence,
                               tokens_per_second)
@@ -75,7 +76,7 @@ class DecodeState:
     """The batch tensors of live rows, in batch order."""
 
     live: list[RowState]
-    cache: DynamicCache
+    cache: Cache
     mask: torch.Tensor | None  # [B, T] attention mask; None when all rows share one unpadded prompt
     positions: torch.Tensor | None  # [B] position id of each row's next token (with `mask`)
     history: torch.Tensor | None  # [B, T] token ids, for the repetition penalty
@@ -121,12 +122,16 @@ class Run:
             group_of.setdefault(key, len(group_of))
         self.groups: list[list[int]] = [list(key[0]) for key in group_of]
         self.prompt_ids = row_ids[0]  # the first row's: what `prompt_tokens` reports
-        if budget is not None:  # a served request: refused before any work if it is too big
-            rows, new = len(config.rows), config.max_new_tokens
-            longest = max(len(ids) for ids in row_ids)
+        # The cache is sized before the run starts: refused now if it cannot fit (a served request's
+        # budget first, then every run's memory cap).
+        rows, new = len(config.rows), config.max_new_tokens
+        longest = max(len(ids) for ids in row_ids)
+        need = generation_memory_mb(lm.model.config, dtype_bytes(lm.dtype), rows, longest, new)
+        how = f"{longest} prompt + {new} new tokens, {rows} rows"
+        if budget is not None:
             budget.check_decoding(rows * new, f"{rows} rows x {new} new tokens")
-            budget.check_memory(generation_memory_mb(lm.model.config, dtype_bytes(lm.dtype), rows, longest, new),
-                                f"{longest} prompt + {new} new tokens, {rows} rows")
+            budget.check_memory(need, how)
+        check_fits(need, how, lm.device)
         self.result = RunResult(
             config={**config.to_dict(), "model": lm.name, "dtype": lm.dtype},
             rows=[RowResult(r.name, r.strategy, self.strategies[i].values if i in self.strategies else {})
@@ -234,7 +239,8 @@ class Run:
         positions = (mask.cumsum(dim=1) - 1).clamp_min(0) if padded else None
         batch.pads = {g: width - n for g, n in enumerate(lengths)}
         batch.groups = {r.index: r.group for r in self.rows}
-        cache = DynamicCache(config=self.lm.model.config)
+        # sized once for the whole run: a step writes in place instead of copying the cache
+        cache = run_cache(self.lm.model.config, width + self.config.max_new_tokens)
         out = None
         for start in range(0, width, PREFILL_CHUNK):
             if start and self.stop_event.is_set():

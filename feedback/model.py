@@ -152,6 +152,11 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+# Model types whose eager attention is the plain one (no soft-capping, sinks or extra terms), so the
+# grouped form in feedback/kvcache.py computes the same thing without copying key/value heads.
+GROUPED_ATTENTION_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
 def load_model(
     spec: str | None = None,
     dtype: str = "auto",
@@ -176,9 +181,11 @@ def load_model(
         raise FeedbackError("device 'cuda' requested but no CUDA GPU is available")
     dtype_name = resolve_dtype(dtype, dev)
     kwargs: dict = {"dtype": DTYPES[dtype_name], "trust_remote_code": trust_remote_code}
-    if attn_implementation == "auto":
+    auto_attention = attn_implementation == "auto"
+    if auto_attention:
         # On CPU, SDPA rounds differently per batch position (two identical rows drift ~3e-5 apart);
-        # eager attention is bitwise batch-invariant at the same measured speed for this model size.
+        # eager attention is batch-invariant at the same measured speed for this model size. It is
+        # then replaced by its grouped form where the model's attention is the plain one (below).
         attn_implementation = "eager" if dev.type == "cpu" else None
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
@@ -217,6 +224,10 @@ def load_model(
         model.to(dev)
     model.eval()
     decoder_layers(model)  # fail now, not mid-run, on an unsupported architecture
+    if auto_attention and dev.type == "cpu" and model.config.model_type in GROUPED_ATTENTION_MODELS:
+        from feedback.kvcache import GROUPED
+
+        model.set_attn_implementation(GROUPED)
 
     eos: list[int] = []
     for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
