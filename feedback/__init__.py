@@ -1,5 +1,12 @@
 """Feedback Lens: compare a baseline decode with an activation-feedback decode of one model."""
-from feedback.errors import FeedbackError
+import os
+
+# libgomp reads its wait policy once, when torch first loads. Its default lets idle threads
+# busy-wait, which on a CPU shared with other processes (a Space's free tier, a busy laptop) ran a
+# 2-thread decode 3-13x slower than PASSIVE; set OMP_WAIT_POLICY yourself to choose otherwise.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from feedback.errors import FeedbackError  # noqa: E402
 
 __all__ = ["FeedbackError"]
 __version__ = "0.1.0"

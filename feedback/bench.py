@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from feedback.engine import Engine
-from feedback.model import LoadedModel, load_model
+from feedback.model import LoadedModel, load_model, set_fast_matmul
 from feedback.records import RowSpec, RunConfig
 
 BENCH_PROMPT = "Write a detailed, step-by-step explanation of how a refrigerator keeps food cold."
@@ -268,20 +268,61 @@ def api_overhead(lm: LoadedModel, tokens: int = 64, repeats: int = 3) -> dict:
             "api_wall_s": wall}
 
 
-def compare_dtypes(tokens: int = 48, repeats: int = 3) -> dict:
-    """Decode step time and greedy agreement of each CPU dtype against fp32."""
+def compare_dtypes(tokens: int = 64, repeats: int = 3) -> dict:
+    """Decode step time and greedy agreement with exact fp32 of each CPU precision: fp32, bf16
+    weights, and fp32 weights with bf16 matmuls (the two fast modes). Confidences are compared over
+    the tokens before the first difference."""
     out: dict = {}
     ref: list[int] | None = None
-    for dtype in ("float32", "bfloat16"):
-        lm = load_model("embedded", dtype=dtype)
+    ref_conf: list[float] = []
+    for label, dtype, fast in (("float32", "float32", False), ("bfloat16", "bfloat16", False),
+                               ("float32+bf16_matmul", "float32", True)):
+        lm = load_model("embedded", dtype=dtype, fast_matmul=fast)
         _raw_step_s(lm, 1, 8)
         step = _median(lambda: _raw_step_s(lm, 1, tokens), repeats)
         result = Engine(lm).run(RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=[RowSpec("b")]))
-        ids = result.rows[0].token_ids
-        ref = ref or ids
+        ids, conf = result.rows[0].token_ids, [s.confidence for s in result.rows[0].steps]
+        ref, ref_conf = ref or ids, ref_conf or conf
         agree = next((i for i, (a, b) in enumerate(zip(ref, ids)) if a != b), min(len(ref), len(ids)))
-        out[dtype] = {"step_ms_batch1": step * 1e3, "tokens_equal_to_fp32_before_first_difference": agree,
-                      "text": result.rows[0].text[:160]}
+        out[label] = {"step_ms_batch1": step * 1e3, "tokens_equal_to_fp32_before_first_difference": agree,
+                      "max_confidence_diff": max((abs(a - b) for a, b in zip(ref_conf[:agree], conf[:agree])),
+                                                 default=0.0),
+                      "precision": lm.precision, "text": result.rows[0].text[:160]}
+    set_fast_matmul(False)
+    base = out["float32"]["step_ms_batch1"]
+    for d in out.values():
+        d["step_vs_fp32"] = d["step_ms_batch1"] / base
+    return out
+
+
+HOG = "import time\nwhile True: sum(range(10_000))"  # one busy core, like a neighbour on a shared CPU
+
+
+def _step_in_process(threads: int, wait: str, tokens: int) -> float:
+    """A bare one-row decode step (ms) in a fresh process with these threads and wait policy (the
+    policy is read once, when torch loads, so it needs its own process)."""
+    code = ("import torch, time; from feedback.model import load_model; from feedback.bench import _raw_step_s; "
+            f"torch.set_num_threads({threads}); lm = load_model('embedded', dtype='float32'); _raw_step_s(lm, 1, 4); "
+            f"print(min(_raw_step_s(lm, 1, {tokens}) for _ in range(2)) * 1e3)")
+    env = {**__import__("os").environ, "OMP_WAIT_POLICY": wait}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def busy_machine(tokens: int = 16) -> dict:
+    """Decode step (ms) for 1 and 2 threads x PASSIVE and ACTIVE waiting, on the machine as it is and
+    with a CPU hog beside it (one process spinning on one core)."""
+    configs = [(t, w) for t in (1, 2) for w in ("PASSIVE", "ACTIVE")]
+    out: dict = {"quiet": {}, "hog": {}}
+    for t, w in configs:
+        out["quiet"][f"{t}t_{w.lower()}"] = _step_in_process(t, w, tokens)
+    hog = subprocess.Popen([sys.executable, "-c", HOG])
+    try:
+        for t, w in configs:
+            out["hog"][f"{t}t_{w.lower()}"] = _step_in_process(t, w, tokens)
+    finally:
+        hog.kill()
+        hog.wait()
     return out
 
 
@@ -298,6 +339,8 @@ def run_bench(args) -> int:
         report |= api_overhead(lm, args.tokens, args.repeats)
     if getattr(args, "dtypes", False):
         report["dtypes"] = compare_dtypes()
+    if getattr(args, "hog", False):
+        report["busy_machine"] = busy_machine()
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -320,7 +363,10 @@ def run_bench(args) -> int:
         print(f"{'api_stream_vs_engine':32} {report['api_stream_vs_engine']:9.3f}  (HTTP API, NDJSON stream, local)")
         print(f"{'api_generate_vs_engine':32} {report['api_generate_vs_engine']:9.3f}  (HTTP API, whole result)")
         print(f"same greedy tokens through the API: {report['api_same_tokens']}")
+    for where, steps in report.get("busy_machine", {}).items():
+        print(f"decode step ms, {where:5}: " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()))
     for dtype, d in report.get("dtypes", {}).items():
-        print(f"{dtype}: {d['step_ms_batch1']:.1f} ms/step, equal to fp32 for "
-              f"{d['tokens_equal_to_fp32_before_first_difference']} tokens: {d['text']!r}")
+        print(f"{dtype}: {d['step_ms_batch1']:.1f} ms/step ({d['step_vs_fp32']:.2f} x fp32), equal to fp32 for "
+              f"{d['tokens_equal_to_fp32_before_first_difference']} tokens, confidences within "
+              f"{d['max_confidence_diff']:.1e} there ({d['precision']}): {d['text']!r}")
     return 0

@@ -42,6 +42,8 @@ def _max_memory(text: str) -> dict:
 def _add_model_args(p) -> None:
     p.add_argument("--model", default=None, help="embedded (default) | hub id | local folder | file.gguf")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--fast-matmul", action="store_true",
+                   help="fast, not bit-exact: bf16 matmuls on fp32 weights (CPU, oneDNN); results say so")
     g = p.add_argument_group("large models")
     g.add_argument("--device-map", default=None, help="e.g. auto: spread layers over GPUs, then CPU (accelerate)")
     g.add_argument("--max-memory", type=_max_memory, default=None, metavar="DEV=AMOUNT,...",
@@ -62,7 +64,7 @@ def _load(args, device: str = "auto", model: str | None = None, dtype: str | Non
     dtype = args.dtype if args.dtype != "auto" or not dtype else dtype
     return load_model(args.model or model or "embedded", dtype=dtype, device=device, device_map=args.device_map,
                       max_memory=args.max_memory, load_in_4bit=args.load_in_4bit, load_in_8bit=args.load_in_8bit,
-                      trust_remote_code=args.trust_remote_code)
+                      trust_remote_code=args.trust_remote_code, fast_matmul=args.fast_matmul or None)
 
 
 def _add_strategy_args(p, default: str | None, required: bool = False) -> None:
@@ -682,6 +684,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--dtypes", action="store_true", help="also compare float32 and bfloat16 decode speed")
     p.add_argument("--api", action="store_true", help="also time a run through the HTTP API against the engine")
+    p.add_argument("--hog", action="store_true", help="also time 1 and 2 threads x PASSIVE and ACTIVE waiting, "
+                   "quiet and beside a CPU hog (each in its own process)")
     p.add_argument("--json", action="store_true")
     return parser
 

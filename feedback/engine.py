@@ -133,7 +133,7 @@ class Run:
             budget.check_memory(need, how)
         check_fits(need, how, lm.device)
         self.result = RunResult(
-            config={**config.to_dict(), "model": lm.name, "dtype": lm.dtype},
+            config={**config.to_dict(), "model": lm.name, "dtype": lm.dtype, "precision": lm.precision},
             rows=[RowResult(r.name, r.strategy, self.strategies[i].values if i in self.strategies else {})
                   for i, r in enumerate(config.rows)],
             prompt_tokens=len(self.prompt_ids),

@@ -75,6 +75,15 @@ class LoadedModel:
         return len(self.layers)
 
     @property
+    def precision(self) -> str:
+        """What the numbers are computed in, said where it trades exactness for speed."""
+        if self.dtype in ("bfloat16", "float16"):
+            return f"fast, not bit-exact: {self.dtype} weights"
+        if self.device.type == "cpu" and torch.backends.mkldnn.matmul.fp32_precision == "bf16":
+            return "fast, not bit-exact: bf16 matmuls on fp32 weights"
+        return "exact: fp32"
+
+    @property
     def hidden_size(self) -> int:
         return int(self.model.config.get_text_config().hidden_size)
 
@@ -157,6 +166,26 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 GROUPED_ATTENTION_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
+THREADS_ENV = "FEEDBACK_THREADS"
+FAST_ENV = "FEEDBACK_FAST_MATMUL"
+
+
+def set_fast_matmul(on: bool) -> None:
+    """oneDNN bf16 matmuls for fp32 weights on CPU: faster, not bit-exact (opt-in, process-wide)."""
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16" if on else "none"
+
+
+def set_threads() -> int:
+    """torch's CPU threads: FEEDBACK_THREADS where set, else torch's default (one per physical
+    core). Returns the count in use."""
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise FeedbackError(f"{THREADS_ENV} must be a positive whole number, got {raw!r}")
+        torch.set_num_threads(int(raw))
+    return torch.get_num_threads()
+
+
 def load_model(
     spec: str | None = None,
     dtype: str = "auto",
@@ -167,12 +196,18 @@ def load_model(
     load_in_8bit: bool = False,
     trust_remote_code: bool = False,
     attn_implementation: str | None = "auto",
+    fast_matmul: bool | None = None,
 ) -> LoadedModel:
-    """Load a model and tokenizer for the engine; user mistakes raise `FeedbackError`."""
+    """Load a model and tokenizer for the engine; user mistakes raise `FeedbackError`.
+    `fast_matmul` (None: FEEDBACK_FAST_MATMUL): bf16 matmuls on fp32 weights, process-wide."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # weight-loading bars would swamp CLI and test output
+    set_threads()
+    if fast_matmul is None:
+        fast_matmul = os.environ.get(FAST_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    set_fast_matmul(fast_matmul)
     started = time.perf_counter()
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

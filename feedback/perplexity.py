@@ -329,7 +329,7 @@ def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
     base_cat = np.concatenate(base_all)
     strategy_values = build_strategy(cfg.strategy, cfg.params, lm.num_layers).values if cfg.strategy else {}
     result = {
-        "model": lm.name, "dtype": lm.dtype,
+        "model": lm.name, "dtype": lm.dtype, "precision": lm.precision,
         "config": asdict(cfg) | {"params": strategy_values},
         "mode": mode, "approximate": mode == "jacobi",
         "passes": cfg.passes if mode == "jacobi" else (1 if mode == "parallel" else None),

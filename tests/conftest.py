@@ -4,9 +4,9 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-import torch
 
-from feedback.model import LoadedModel, load_model
+from feedback.model import LoadedModel, load_model  # first: the package sets the CPU wait policy before torch loads
+import torch  # noqa: E402  (isort: skip)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -372,3 +373,40 @@ def test_unreachable_hub_fails_fast_with_hint(monkeypatch):
     with pytest.raises(FeedbackError, match="hub is unreachable and it is not in the local cache"):
         load_model("org/does-not-exist-xyz")
     assert time.perf_counter() - t < 10
+
+
+def test_fast_matmul_is_opt_in_and_said_in_every_result(tiny_lm):
+    from feedback.engine import Engine
+    from feedback.model import set_fast_matmul
+    from feedback.records import RowSpec, RunConfig
+    from ui.compare_tab import done_text
+
+    assert tiny_lm.precision == "exact: fp32"
+    set_fast_matmul(True)
+    try:
+        assert tiny_lm.precision == "fast, not bit-exact: bf16 matmuls on fp32 weights"
+        res = Engine(tiny_lm).run(RunConfig(prompt="hi", model="tiny", max_new_tokens=2, rows=[RowSpec("a")]))
+        assert res.config["precision"] == tiny_lm.precision and "fast, not bit-exact" in done_text(res)
+    finally:
+        set_fast_matmul(False)
+    assert tiny_lm.precision == "exact: fp32"
+
+
+def test_threads_and_wait_policy_are_chosen_at_start(monkeypatch):
+    import subprocess
+    import sys
+
+    from feedback.model import set_threads
+
+    code = "import os; os.environ.pop('OMP_WAIT_POLICY', None); import feedback; print(os.environ['OMP_WAIT_POLICY'])"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1]).stdout.strip() == "PASSIVE"
+    before = torch.get_num_threads()
+    monkeypatch.setenv("FEEDBACK_THREADS", "1")
+    try:
+        assert set_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    monkeypatch.setenv("FEEDBACK_THREADS", "many")
+    with pytest.raises(FeedbackError, match="FEEDBACK_THREADS must be a positive whole number"):
+        set_threads()

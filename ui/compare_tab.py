@@ -221,7 +221,9 @@ def done_text(result: RunResult) -> str:
             f"{result.rows[j].name} at step {d}" for j, d in div.items()))
     forced = sum(s.forced for r in result.rows for s in r.steps)
     branch = f" · {forced} forced tokens" if forced else ""
-    return f"Done{stopped} in {result.wall_seconds:.1f} s · prompt {result.prompt_tokens} tokens · {same}{branch}"
+    precision = result.config.get("precision") or ""
+    fast = f" · {precision}" if precision.startswith("fast") else ""
+    return f"Done{stopped} in {result.wall_seconds:.1f} s · prompt {result.prompt_tokens} tokens · {same}{branch}{fast}"
 
 
 class CalibrateWork(TabWork):
