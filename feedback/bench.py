@@ -136,6 +136,22 @@ def deepthink_throughput(engine: Engine, tokens: int, repeats: int, traces: int 
             "deepthink16_speedup": (b_tok / b_wall) / (s_tok / s_wall)}
 
 
+def batch_invariance(engine: Engine, tokens: int = 24) -> dict:
+    """How far a row's logits move with its batch: two identical rows (bitwise?), and one row in a
+    2-row and a 16-row batch against the same row alone (max |Δ logit| over the run)."""
+    def logits(rows):
+        seen = []
+        engine.run(RunConfig(prompt=SHORT_PROMPT, max_new_tokens=tokens, rows=rows),
+                   observer=lambda step, live, lg: seen.append(lg.clone()))
+        return seen
+
+    alone, two = logits([RowSpec("a")]), logits([RowSpec("a"), RowSpec("b")])
+    sixteen = logits([RowSpec(f"r{i}") for i in range(16)])
+    gap = lambda batch: max((a[0] - b[0]).abs().max().item() for a, b in zip(alone, batch))  # noqa: E731
+    return {"identical_rows_bitwise_equal": all(torch.equal(lg[0], lg[1]) for lg in two),
+            "rows2_vs_alone_max_abs": gap(two), "rows16_vs_alone_max_abs": gap(sixteen)}
+
+
 def _quality_overhead(engine: Engine, tokens: int, repeats: int) -> float:
     """Wall time of a baseline + feedback run with the forward-pass quality metrics (self and prompt
     perplexity) ÷ the same run without them."""
@@ -202,6 +218,7 @@ def measure(tokens: int = 64, repeats: int = 3, dtype: str = "auto", lm: LoadedM
     quality = _quality_overhead(engine, 2 * tokens, repeats)
     grows = scaling(engine, max(4, tokens // 4), repeats)
     deep = deepthink_throughput(engine, max(4, tokens // 4), repeats)
+    invariance = batch_invariance(engine, max(4, tokens // 4))
     bandwidth = _bandwidth_gbs()
     weights = _weight_bytes(lm)
     ideal = weights / (bandwidth * 1e9)
@@ -223,7 +240,7 @@ def measure(tokens: int = 64, repeats: int = 3, dtype: str = "auto", lm: LoadedM
                     "engine_four_rows": rows4 * 1e3, "raw_batch1": raw1 * 1e3, "raw_batch2": raw2 * 1e3,
                     "raw_batch4": raw4 * 1e3},
         "weights_mb": weights / 2**20, "bandwidth_gbs": bandwidth,
-        "attention": lm.model.config._attn_implementation, **grows, **deep,
+        "attention": lm.model.config._attn_implementation, **grows, **deep, "batch_invariance": invariance,
     }
 
 
@@ -356,6 +373,9 @@ def run_bench(args) -> int:
           f"at {report['bandwidth_gbs']:.1f} GB/s)")
     print("step ms: " + ", ".join(f"{k} {v:.1f}" for k, v in report["step_ms"].items()))
     print(f"same greedy tokens as model.generate: {report['same_tokens_as_generate']}")
+    inv = report["batch_invariance"]
+    print(f"batch invariance: identical rows bitwise equal {inv['identical_rows_bitwise_equal']}; a row in 2 / 16 "
+          f"rows vs alone: max |Δ logit| {inv['rows2_vs_alone_max_abs']:.1e} / {inv['rows16_vs_alone_max_abs']:.1e}")
     print(f"{'deepthink16_speedup':32} {report['deepthink16_speedup']:9.3f}  (16 traces of a 256-token prompt, "
           f"batched {report['deepthink16_batched_tok_s']:.1f} vs one by one {report['deepthink16_separate_tok_s']:.1f} "
           f"trace-tokens/s; attention: {report['attention']})")

@@ -168,9 +168,11 @@ def test_bench_json_reports_every_ratio():
     data = json.loads(out.stdout)
     for key in ("baseline_vs_generate", "side_by_side_overhead", "feedback_row_overhead", "cold_start_s",
                 "roofline_fraction", "api_stream_vs_engine", "api_generate_vs_engine", "mixed_prompts_overhead",
-                "rows4_vs_forward4", "quality_overhead"):
+                "rows4_vs_forward4", "quality_overhead", "rows16_ctx1024_vs_row1", "rows8_ctx1024_vs_row1",
+                "rows8_ctx256_vs_row1", "rows8_ctx16_vs_row1", "deepthink16_speedup"):
         assert isinstance(data[key], float) and data[key] > 0
     assert data["same_tokens_as_generate"] is True and data["api_same_tokens"] is True
+    assert data["attention"] == "feedback_grouped" and data["batch_invariance"]["identical_rows_bitwise_equal"]
 
 
 def test_ppl_json_on_a_text_file(tmp_path):
