@@ -105,6 +105,9 @@ def default_rows(strategy: str = "residual", params: dict | None = None) -> list
     return [RowSpec("baseline"), RowSpec("feedback", strategy, dict(params or {}))]
 
 
+RESULT_NOTES = ("precision",)  # keys of a result's config that describe the run, not settings
+
+
 @dataclass
 class RunConfig:
     """Everything that determines a run; replaying it reproduces the run."""
@@ -157,7 +160,8 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunConfig":
-        data = dict(data)
+        """A config from a dict: a request's, or a result's (whose notes on how it ran are left out)."""
+        data = {k: v for k, v in data.items() if k not in RESULT_NOTES}
         try:
             data["sampling"] = SamplingConfig(**data.get("sampling", {}))
             data["deepconf"] = DeepConfConfig(**data.get("deepconf", {}))

@@ -35,6 +35,21 @@ def tunable(strategy: str) -> list[str]:
     return [p.name for p in REGISTRY[strategy].params if p.tunable] if strategy in REGISTRY else []
 
 
+def take_reports(work, items: list) -> bool:
+    """A long job's reports: result rows (dicts) join `work.rows`, a message becomes `work.where`, a
+    `Finished` result becomes `work.result`. True when a new row came."""
+    new = False
+    for item in items:
+        if isinstance(item, dict):
+            work.rows.append(item)
+            new = True
+        elif isinstance(item, str):
+            work.where = item
+        elif isinstance(item, Finished):
+            work.result = item.result
+    return new
+
+
 class SweepWork(TabWork):
     label = "a Sweep"
 
@@ -60,14 +75,7 @@ class SweepWork(TabWork):
 
     def progress(self, items: list, elapsed: float) -> dict:
         out = self.busy()
-        new_point = False
-        for item in items:
-            if isinstance(item, dict):
-                self.rows.append(item)
-                new_point = True
-            elif isinstance(item, str):
-                self.where = item
-        if new_point:
+        if take_reports(self, items):
             out[self.tab.heatmap] = self._heatmap(f"{self.strategy}: ΔPPL % vs baseline "
                                                   f"({len(self.rows)} of {self.total} points)")
         return out | self.say(f"Sweeping… {len(self.rows)} of {self.total} points done; {self.where} "
@@ -115,16 +123,7 @@ class TuneWork(TabWork):
 
     def progress(self, items: list, elapsed: float) -> dict:
         out = self.busy()
-        new_trial = False
-        for item in items:
-            if isinstance(item, dict):
-                self.rows.append(item)
-                new_trial = True
-            elif isinstance(item, str):
-                self.where = item
-            elif isinstance(item, Finished):
-                self.result = item.result
-        if new_trial:
+        if take_reports(self, items):
             out |= self._outputs()
         return out | self.say(f"Tuning… {len(self.rows)} of {self.trials} trials done; {self.where} "
                               f"({elapsed:.0f} s)")
