@@ -127,6 +127,18 @@ def search_space(strategy: str, num_layers: int, fixed: dict | None = None) -> d
     return space
 
 
+def _ask(study: optuna.Study, space: dict[str, BaseDistribution], strategy: str, fixed: dict) -> optuna.Trial:
+    """A new trial: free parameters from the space; one that must be at least another (`Param.at_least`)
+    searched from that one's value up, so no trial is a pair the strategy refuses."""
+    after = {p.name: p.at_least for p in get_strategy(strategy).params if p.at_least and p.name in space}
+    trial = study.ask({k: v for k, v in space.items() if k not in after})
+    for name, other in after.items():
+        dist, floor = space[name], trial.params.get(other, fixed.get(other))
+        low = dist.low if floor is None else min(max(dist.low, floor), dist.high)
+        trial.suggest_int(name, low, dist.high, log=dist.log)
+    return trial
+
+
 def check_budget(trials: int | None, timeout: float | None, cap: int = MAX_TRIALS) -> None:
     """--trials and/or --timeout: at least one, each positive; trials at most `cap`."""
     if trials is None and timeout is None:
@@ -339,7 +351,7 @@ def run_tune(lm: LoadedModel, docs: list[Document], strategy: str, base: PPLConf
     while (trials is None or len(rows) < trials) and (timeout is None or time.monotonic() - started < timeout):
         check_stop(stop, "the tuning")
         study.sampler = _sampler(seed, len(study.trials), startup_trials)
-        trial = study.ask(space)
+        trial = _ask(study, space, strategy, fixed)
         params = dict(trial.params)
         t0 = time.monotonic()
         row: dict = {"trial": trial.number, "params": params}

@@ -195,3 +195,14 @@ def test_a_combination_the_strategy_refuses_is_a_failed_trial_and_the_search_goe
     again = run(tiny_lm, "picky", trials=7, out_dir=tmp_path)  # failed trials are resumed like the others
     assert [r["params"] for r in again["trials"][:6]] == [r["params"] for r in res["trials"]]
     assert tune.table_row(failed[0])[2].startswith("lam above")
+
+
+def test_a_layer_that_must_follow_another_is_searched_from_it_and_resumes(tiny_lm, tmp_path):
+    """inner_loop's end_layer is at least its start_layer: no trial proposes a refused block."""
+    res = run(tiny_lm, "inner_loop", {"loops": 1}, trials=6, out_dir=tmp_path)
+    assert all(r["state"] != "failed" for r in res["trials"])
+    assert all(r["params"]["end_layer"] >= r["params"]["start_layer"] for r in res["trials"])
+    again = run(tiny_lm, "inner_loop", {"loops": 1}, trials=7, out_dir=tmp_path)
+    assert [r["params"] for r in again["trials"][:6]] == [r["params"] for r in res["trials"]]
+    fixed = run(tiny_lm, "inner_loop", {"loops": 1, "start_layer": 2}, trials=3)
+    assert all(r["params"]["end_layer"] >= 2 for r in fixed["trials"])

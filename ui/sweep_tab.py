@@ -134,7 +134,9 @@ class TuneWork(TabWork):
         res = self.result or {}
         best, test = res.get("best"), res.get("test")
         pruned = sum(r["state"] == "pruned" for r in self.rows)
-        head = {"done": f"Done: {len(self.rows)} trials ({pruned} pruned)",
+        failed = sum(r["state"] == "failed" for r in self.rows)
+        refused = f", {failed} refused by the strategy" if failed else ""
+        head = {"done": f"Done: {len(self.rows)} trials ({pruned} pruned{refused})",
                 "stopped": f"Stopped after {len(self.rows)} of {self.trials} trials"}.get(
             outcome.kind, f"Failed after {len(self.rows)} trials: {outcome.message}")
         if outcome.kind != "done":

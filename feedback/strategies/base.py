@@ -102,6 +102,9 @@ class Param:
     # it is known to break the model; `log` asks for a log-scale search (positive ranges only).
     search: tuple | None = None
     log: bool = False
+    # Another parameter this one may not be below (a block's last layer after its first): the
+    # tuner searches from that parameter's value up, so it never proposes a refused pair.
+    at_least: str | None = None
 
     def default_for(self, num_layers: int) -> Any:
         return self.default(num_layers) if callable(self.default) else self.default

@@ -40,7 +40,8 @@ class InnerLoopStrategy(Strategy):
     )
     params = (
         Param("start_layer", int, lambda n: n // 3, "first decoder layer of the looped block", is_layer=True),
-        Param("end_layer", int, lambda n: (2 * n) // 3, "last decoder layer of the looped block", is_layer=True),
+        Param("end_layer", int, lambda n: (2 * n) // 3, "last decoder layer of the looped block", is_layer=True,
+              at_least="start_layer"),
         Param("loops", int, 1, "K: extra passes over the block (euler: K + 1 sub-steps per layer)", 0, 8,
               search=(1, 4)),
         Param("beta", float, 0.5, "weight of the looped state against the plain one", 0.0, 1.0,
