@@ -17,6 +17,8 @@ from `DynamicCache` appending by concatenation — the whole cache copied per la
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 from transformers import AttentionInterface, DynamicCache
@@ -118,11 +120,15 @@ class PreallocatedCache(Cache):
         super().__init__(layers=[PreallocatedLayer(capacity) for _ in range(num_layers)])
 
 
+CACHE_ENV = "FEEDBACK_KV_CACHE"  # "dynamic": transformers' growing cache (what ran before, for comparison)
+
+
 def run_cache(config, capacity: int) -> Cache:
     """The cache for one engine run: preallocated where every layer attends to the whole sequence
-    (sliding-window or other layer kinds keep transformers' own dynamic cache)."""
+    (sliding-window or other layer kinds keep transformers' own dynamic cache, as does
+    FEEDBACK_KV_CACHE=dynamic)."""
     text = config.get_text_config(decoder=True)
     kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"}:
+    if kinds != {"full_attention"} or os.environ.get(CACHE_ENV, "").strip().lower() == "dynamic":
         return DynamicCache(config=config)
     return PreallocatedCache(text.num_hidden_layers, capacity)

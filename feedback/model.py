@@ -167,6 +167,7 @@ GROUPED_ATTENTION_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 THREADS_ENV = "FEEDBACK_THREADS"
+ATTENTION_ENV = "FEEDBACK_ATTENTION"  # e.g. eager or sdpa: overrides the automatic choice (for comparisons)
 FAST_ENV = "FEEDBACK_FAST_MATMUL"
 
 
@@ -216,6 +217,7 @@ def load_model(
         raise FeedbackError("device 'cuda' requested but no CUDA GPU is available")
     dtype_name = resolve_dtype(dtype, dev)
     kwargs: dict = {"dtype": DTYPES[dtype_name], "trust_remote_code": trust_remote_code}
+    attn_implementation = os.environ.get(ATTENTION_ENV, "").strip() or attn_implementation
     auto_attention = attn_implementation == "auto"
     if auto_attention:
         # On CPU, SDPA rounds differently per batch position (two identical rows drift ~3e-5 apart);
