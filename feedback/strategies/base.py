@@ -226,6 +226,12 @@ class Strategy(ABC):
     presets: ClassVar[tuple[Preset, ...]] = ()
     recurrent: ClassVar[bool] = True
     strength_param: ClassVar[str] = "alpha"  # the parameter that is 0 for "no feedback"
+    # A strategy that changes the prompt's own states (not only what follows it) needs its own prefill
+    # sequence: the engine then never shares the prompt's prefill between this row and another.
+    edits_prompt: ClassVar[bool] = False
+    # A prompt-level strategy changes what the model is asked and which tokens it is given, never a
+    # hidden state; the engine calls its `rewrite_prompt`, `begin` and `choose` (see restate.py).
+    prompt_level: ClassVar[bool] = False
 
     def __init__(self, values: dict[str, Any], num_layers: int):
         self.values = self.validate(values, num_layers)
@@ -258,7 +264,7 @@ class Strategy(ABC):
     def schema(cls, num_layers: int) -> dict:
         return {
             "name": cls.name, "description": cls.description, "formula": cls.formula,
-            "recurrent": cls.recurrent, "strength_param": cls.strength_param,
+            "recurrent": cls.recurrent, "prompt_level": cls.prompt_level, "strength_param": cls.strength_param,
             "params": [p.schema(num_layers) for p in cls.params],
             "presets": [{"name": p.name, "params": cls.preset_values(p.name, num_layers), "note": p.note}
                         for p in cls.presets],
@@ -272,13 +278,6 @@ class Strategy(ABC):
             known = ", ".join(p.name for p in cls.presets) or "none"
             raise FeedbackError(f"unknown preset {name!r} for strategy {cls.name}; it has {known}")
         return cls.validate({k: v(num_layers) if callable(v) else v for k, v in preset.values.items()}, num_layers)
-
-    # A strategy that changes the prompt's own states (not only what follows it) needs its own prefill
-    # sequence: the engine then never shares the prompt's prefill between this row and another.
-    edits_prompt: ClassVar[bool] = False
-    # A prompt-level strategy changes what the model is asked and which tokens it is given, never a
-    # hidden state; the engine calls its `rewrite_prompt`, `begin` and `choose` (see restate.py).
-    prompt_level: ClassVar[bool] = False
 
     def attach(self, model: nn.Module, layers: nn.ModuleList, row_id: int, batch: BatchView) -> None:
         """Register this strategy's hooks for one row; state starts fresh."""
