@@ -25,7 +25,7 @@ from feedback.budget import Budget, dtype_bytes, generation_memory_mb
 from feedback.engine import Engine
 from feedback.errors import FeedbackError, Stopped
 from feedback.model import LoadedModel
-from feedback.records import DeepConfConfig, RowResult, RowSpec, RunConfig
+from feedback.records import DeepConfConfig, RowResult, RowSpec, RunConfig, answer_text
 from feedback.sampling import SamplingConfig
 from feedback.strategies import build_strategy
 from feedback.voting import (Trace, answer_matches, calibrate_threshold, check_eta, compile_answer_regex,
@@ -123,7 +123,7 @@ def _run(lm: LoadedModel, cfg: DeepThinkConfig, rows: list[RowSpec], stop: threa
 def _trace(row: RowResult, pattern, phase: str, cfg: DeepThinkConfig) -> dict:
     m = row.metrics
     stopped = row.stop_reason == "early_stop"
-    answer = extract_answer(row.text, pattern, cfg.prompt)
+    answer = extract_answer(answer_text(row), pattern, cfg.prompt)  # a restate trace: after its restatement
     return {"name": row.name, "phase": phase, "text": row.text, "answer": answer,
             "correct": answer_matches(answer, cfg.expected),
             "stopped": stopped, "excluded": stopped, "stop_reason": row.stop_reason, "stop_step": row.stop_step,

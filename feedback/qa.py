@@ -18,18 +18,11 @@ from typing import Callable
 from feedback.engine import Engine
 from feedback.errors import FeedbackError, check_stop
 from feedback.model import LoadedModel
-from feedback.records import RowResult, RowSpec, RunConfig
+from feedback.records import RowSpec, RunConfig, answer_text
 from feedback.voting import answer_matches, extract_answer
 
 
 BUILTIN_QUESTIONS = Path(__file__).resolve().parents[1] / "assets" / "questions.jsonl"  # 16, with gold answers
-
-
-def reply_answer(row: RowResult) -> str:
-    """The part of a reply that answers: after a restatement where there is one."""
-    if any(s.part for s in row.steps):
-        return "".join(s.text for s in row.steps if s.part != "restate")
-    return row.text
 
 
 def evaluate_qa(lm: LoadedModel, questions: list[dict], rows: list[RowSpec], max_new_tokens: int = 64,
@@ -50,7 +43,7 @@ def evaluate_qa(lm: LoadedModel, questions: list[dict], rows: list[RowSpec], max
         result = Engine(lm).run(cfg, stop_event=stop)
         item = {"question": q["question"], "gold": gold, "rows": {}}
         for row in result.rows:
-            answer = extract_answer(reply_answer(row), question=q["question"])
+            answer = extract_answer(answer_text(row), question=q["question"])
             right = bool(answer_matches(answer, gold))
             t = totals[row.name]
             t["right"] += right

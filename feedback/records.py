@@ -212,6 +212,13 @@ class RowResult:
     tokens_per_s: float = 0.0
 
 
+def answer_text(row: "RowResult") -> str:
+    """The part of a reply that answers: after a restatement (a prompt-level strategy's parts), else all."""
+    if any(s.part for s in row.steps):
+        return "".join(s.text for s in row.steps if s.part != "restate")
+    return row.text
+
+
 def tokens_per_second(steps: list[StepRecord]) -> float | None:
     """Decode speed of a row from its step times; step 0 (the prefill, time to first token) is left out."""
     seconds = sum(s.time_ms for s in steps[1:]) / 1000.0

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from feedback.errors import FeedbackError
-from feedback.qa import evaluate_qa, reply_answer
-from feedback.records import RowResult, RowSpec, StepRecord
+from feedback.qa import evaluate_qa
+from feedback.records import RowResult, RowSpec, StepRecord, answer_text
 
 
 def _step(i, text, part=None):
@@ -18,9 +18,9 @@ def _step(i, text, part=None):
 def test_reply_answer_leaves_out_the_restatement():
     row = RowResult("r", "restate", {}, steps=[_step(0, "Key facts: 3 and 4", "restate"),
                                                _step(1, "\n\nAnswer:", "transition"), _step(2, " 7", "answer")])
-    assert reply_answer(row) == "\n\nAnswer: 7"
+    assert answer_text(row) == "\n\nAnswer: 7"
     plain = RowResult("b", None, {}, text="It is 7.", steps=[_step(0, "It is 7.")])
-    assert reply_answer(plain) == "It is 7."
+    assert answer_text(plain) == "It is 7."
 
 
 def test_accuracy_and_gold_perplexity_per_row(tiny_lm):
