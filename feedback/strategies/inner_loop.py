@@ -34,6 +34,14 @@ class InnerLoopStrategy(Strategy):
         Preset("visible effect", {},
                "the defaults (one extra pass over the middle third, half weight): changes all 8 example answers, "
                "first difference after 0–16 tokens; some words come out garbled (“Rayleigh Scavengeriller's law”)"),
+        Preset("tuned for perplexity", {"start_layer": lambda n: round(0.27 * n), "end_layer": lambda n: round(0.47 * n),
+                                        "loops": 2, "beta": 0.08451},
+               "found by `tune` on dev (26 trials): −0.61 % held-out perplexity (95% CI −0.83 to −0.36), the "
+               "lowest of any strategy; changes 5 of the 8 example answers (first difference after 6–56 tokens)"),
+        Preset("euler, tuned block", {"start_layer": lambda n: round(0.27 * n), "end_layer": lambda n: round(0.47 * n),
+                                      "loops": 2, "beta": 0.08451, "mode": "euler"},
+               "the same block and weight as damped Euler sub-steps (best of its own 20-trial search): −0.19 % "
+               "held-out (95% CI −0.31 to −0.07); changes 6 of the 8 example answers"),
         Preset("euler, full weight", {"mode": "euler", "loops": 1, "beta": 1.0},
                "each middle layer as two half steps: changes all 8 example answers (first difference after 1–31 "
                "tokens) and keeps them more fluent than the defaults"),
