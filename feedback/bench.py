@@ -6,6 +6,7 @@ the same machine, the median of several repeats. They are reported, never assert
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -321,7 +322,7 @@ def _step_in_process(threads: int, wait: str, tokens: int) -> float:
     code = ("import torch, time; from feedback.model import load_model; from feedback.bench import _raw_step_s; "
             f"torch.set_num_threads({threads}); lm = load_model('embedded', dtype='float32'); _raw_step_s(lm, 1, 4); "
             f"print(min(_raw_step_s(lm, 1, {tokens}) for _ in range(2)) * 1e3)")
-    env = {**__import__("os").environ, "OMP_WAIT_POLICY": wait}
+    env = {**os.environ, "OMP_WAIT_POLICY": wait}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return float(out.stdout.strip().splitlines()[-1])
 
