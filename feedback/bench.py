@@ -15,9 +15,9 @@ import time
 import torch
 from transformers import DynamicCache
 
-from feedback.engine import Engine
-from feedback.model import LoadedModel, load_model, set_fast_matmul
-from feedback.records import RowSpec, RunConfig
+from feedback.core.engine import Engine
+from feedback.core.model import LoadedModel, load_model, set_fast_matmul
+from feedback.core.records import RowSpec, RunConfig
 
 BENCH_PROMPT = "Write a detailed, step-by-step explanation of how a refrigerator keeps food cold."
 TARGETS = {
@@ -114,7 +114,7 @@ def deepthink_throughput(engine: Engine, tokens: int, repeats: int, traces: int 
     """Deep Think's shape: `traces` sampled traces of one `ctx`-token prompt, decoded as one batched
     run, against the same traces run one by one (each with its own seed offset, so the same tokens).
     Throughput in trace-tokens per second of wall time."""
-    from feedback.sampling import SamplingConfig
+    from feedback.core.sampling import SamplingConfig
 
     prompt = prompt_of(engine.lm, ctx)
     rows = [RowSpec(f"t{i}", seed_offset=i) for i in range(traces)]
@@ -190,7 +190,7 @@ def _weight_bytes(lm: LoadedModel) -> int:
 
 def _cold_start_s(dtype: str) -> float:
     """load_model() from the prepared cache in a fresh process (interpreter and imports excluded)."""
-    code = ("import time; from feedback.model import load_model; t = time.perf_counter(); "
+    code = ("import time; from feedback.core.model import load_model; t = time.perf_counter(); "
             f"load_model('embedded', dtype={dtype!r}); print(time.perf_counter() - t)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
@@ -250,8 +250,8 @@ def api_overhead(lm: LoadedModel, tokens: int = 64, repeats: int = 3) -> dict:
     parsed by the client, or whole) against the same run on the engine in-process, wall time."""
     import httpx
 
-    from feedback.api import local_server
-    from feedback.model import ModelPool
+    from feedback.serve.api import local_server
+    from feedback.serve.pool import ModelPool
 
     rows = [RowSpec("baseline"), RowSpec("feedback", "residual", {})]
     body = {"prompt": BENCH_PROMPT, "max_new_tokens": tokens,
@@ -319,7 +319,7 @@ HOG = "import time\nwhile True: sum(range(10_000))"  # one busy core, like a nei
 def _step_in_process(threads: int, wait: str, tokens: int) -> float:
     """A bare one-row decode step (ms) in a fresh process with these threads and wait policy (the
     policy is read once, when torch loads, so it needs its own process)."""
-    code = ("import torch, time; from feedback.model import load_model; from feedback.bench import _raw_step_s; "
+    code = ("import torch, time; from feedback.core.model import load_model; from feedback.bench import _raw_step_s; "
             f"torch.set_num_threads({threads}); lm = load_model('embedded', dtype='float32'); _raw_step_s(lm, 1, 4); "
             f"print(min(_raw_step_s(lm, 1, {tokens}) for _ in range(2)) * 1e3)")
     env = {**os.environ, "OMP_WAIT_POLICY": wait}

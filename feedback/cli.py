@@ -57,7 +57,7 @@ def _add_model_args(p) -> None:
 def _load(args, device: str = "auto", model: str | None = None, dtype: str | None = None):
     """The one model loader, with every model flag of the command line. `model`/`dtype`: a saved
     run's, used unless --model / --dtype were given."""
-    from feedback.model import load_model
+    from feedback.core.model import load_model
 
     if args.max_memory and not args.device_map:
         raise FeedbackError("--max-memory needs --device-map (e.g. --device-map auto)")
@@ -137,7 +137,7 @@ def _add_generate(sub) -> None:
 
 def _rows(args) -> list:
     """The rows the flags describe, each with its own prompt and system prompt where given."""
-    from feedback.records import RowSpec, default_rows
+    from feedback.core.records import RowSpec, default_rows
 
     rows = ([RowSpec(name, strategy, params) for name, strategy, params in args.row] if args.row
             else default_rows(args.strategy, dict(args.param)))
@@ -152,9 +152,9 @@ def _rows(args) -> list:
 
 
 def _generate(args) -> int:
-    from feedback.engine import Engine
-    from feedback.records import DeepConfConfig, RunConfig
-    from feedback.sampling import SamplingConfig
+    from feedback.core.engine import Engine
+    from feedback.core.records import DeepConfConfig, RunConfig
+    from feedback.core.sampling import SamplingConfig
     from feedback.strategies import get_strategy
 
     if args.continue_from or args.branch_from:
@@ -182,8 +182,8 @@ def _follow_up(args) -> int:
     --model/--dtype say otherwise), with its settings; --quality, --reference and --key-fact add to them."""
     from dataclasses import replace
 
-    from feedback.engine import Engine
-    from feedback.session import branch, continue_run
+    from feedback.core.engine import Engine
+    from feedback.core.session import branch, continue_run
 
     fresh = [flag for flag, given in (("--prompt", args.prompt), ("--row-prompt", args.row_prompt),
                                       ("--row-system", args.row_system), ("--system", args.system),
@@ -210,7 +210,7 @@ def _follow_up(args) -> int:
 
 
 def _read_run(path: str):
-    from feedback.records import RunResult
+    from feedback.core.records import RunResult
 
     try:
         data = json.loads(Path(path).read_text())
@@ -288,7 +288,7 @@ def _quality_line(m: dict) -> str:
 
 
 def _ppl_config(args, params: dict | None = None):
-    from feedback.perplexity import PPLConfig
+    from feedback.eval.perplexity import PPLConfig
 
     return PPLConfig(strategy=args.strategy, params=dict(args.param) if params is None else params,
                      mode=args.mode, passes=args.passes, window=args.window, stride=args.stride, chunk=args.chunk,
@@ -301,8 +301,8 @@ def _progress(done: int, total: int, name: str) -> None:
 
 
 def _ppl(args) -> int:
-    from feedback import corpus
-    from feedback.perplexity import evaluate
+    from feedback.eval import corpus
+    from feedback.eval.perplexity import evaluate
 
     warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
     docs = corpus.load(args.data, warn)
@@ -335,9 +335,9 @@ def _ppl(args) -> int:
 
 
 def _sweep(args) -> int:
-    from feedback import corpus
+    from feedback.eval import corpus
+    from feedback.eval.sweep import best_point, parse_grid, run_sweep, to_csv
     from feedback.strategies import build_strategy
-    from feedback.sweep import best_point, parse_grid, run_sweep, to_csv
 
     warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
     docs = corpus.load(args.data, warn)
@@ -360,7 +360,7 @@ def _sweep(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.csv").write_text(to_csv(rows, names))
     if len(names) <= 2:
-        from feedback.figures import sweep_heatmap
+        from feedback.eval.figures import sweep_heatmap
 
         fig = sweep_heatmap(rows, names[0], names[1] if len(names) == 2 else None,
                             f"{args.strategy} on {args.data}: ΔPPL % vs baseline ({rows[0]['mode']})")
@@ -381,9 +381,9 @@ def _sweep(args) -> int:
 
 
 def _tune(args) -> int:
-    from feedback import corpus
-    from feedback.tune import BEST_FILE, HTML_FILE, TRIALS_FILE, check_budget, format_params, run_tune, \
-        searched_names, table_row
+    from feedback.eval import corpus
+    from feedback.eval.tune import (BEST_FILE, HTML_FILE, TRIALS_FILE, check_budget, format_params, run_tune,
+                                    searched_names, table_row)
 
     check_budget(args.trials, args.timeout)
     fixed = dict(args.param)
@@ -435,9 +435,9 @@ def _tune(args) -> int:
 
 
 def _qa(args) -> int:
-    from feedback.deepthink import load_questions
-    from feedback.qa import BUILTIN_QUESTIONS, evaluate_qa
-    from feedback.records import RowSpec
+    from feedback.core.records import RowSpec
+    from feedback.eval.deepthink import load_questions
+    from feedback.eval.qa import BUILTIN_QUESTIONS, evaluate_qa
     from feedback.strategies import build_strategy
 
     rows = [RowSpec(name, strategy, params) for name, strategy, params in args.row] or [
@@ -467,7 +467,7 @@ def _qa(args) -> int:
 
 
 def _deepthink_config(args, prompt: str):
-    from feedback.deepthink import DeepThinkConfig
+    from feedback.eval.deepthink import DeepThinkConfig
 
     return DeepThinkConfig(prompt=prompt, traces=args.traces, warmup=args.warmup, eta=args.eta, window=args.window,
                            k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -478,7 +478,7 @@ def _deepthink_config(args, prompt: str):
 
 
 def _deepthink(args) -> int:
-    from feedback.deepthink import accuracy, deep_think, load_questions
+    from feedback.eval.deepthink import accuracy, deep_think, load_questions
     from feedback.strategies import get_strategy
 
     if (args.prompt is None) == (args.questions is None):
@@ -543,7 +543,7 @@ def _launcher_shard() -> tuple[int, int, str]:
 
 
 def _batch(args) -> int:
-    from feedback.batch import run_batch, summary_line
+    from feedback.serve.batch import run_batch, summary_line
 
     rank, world, device = _launcher_shard()
     tag = f"[rank {rank}/{world}] " if world > 1 else ""
@@ -558,7 +558,7 @@ def _batch(args) -> int:
         end = "\n" if world > 1 or done == total else ""  # ranks share stderr: whole lines only
         print(f"\r  {tag}[{done}/{total}] {rate:.2f} tasks/s, ETA {eta:.0f} s", end=end, file=sys.stderr, flush=True)
 
-    from feedback.budget import Budget
+    from feedback.core.budget import Budget
 
     summary = run_batch(lm, args.input, args.output, args.retries, shard=(rank, world),
                         warn=lambda msg: print(f"warning: {tag}{msg}", file=sys.stderr), progress=progress,
@@ -570,7 +570,7 @@ def _batch(args) -> int:
 
 
 def _merge(args) -> int:
-    from feedback.batch import merge
+    from feedback.serve.batch import merge
 
     res = merge(args.output)
     if not res["parts"]:
@@ -582,7 +582,7 @@ def _merge(args) -> int:
 
 
 def _prepare(args) -> int:
-    from feedback import embedded
+    from feedback.core import embedded
 
     path = embedded.prepare(log=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(path)

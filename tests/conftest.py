@@ -5,7 +5,8 @@ import contextlib
 
 import pytest
 
-from feedback.model import LoadedModel, load_model  # first: the package sets the CPU wait policy before torch loads
+# first: the package sets the CPU wait policy before torch loads
+from feedback.core.model import LoadedModel, load_model
 import torch  # noqa: E402  (isort: skip)
 
 
@@ -49,7 +50,7 @@ def _launched(pool, settings, page_budget=None):
     import socket
     from types import SimpleNamespace
 
-    from ui.app import FeedbackLensApp
+    from ui.layout import FeedbackLensApp
     from ui.server import app_kwargs
     from ui.theme import launch_kwargs
 
@@ -79,8 +80,8 @@ def launch_app():
 def app_server(embedded_lm):
     """The real app on the embedded model with default settings: its URL, its model pool (tests
     may hold the model line) and the app object."""
-    from feedback.api import ApiSettings
-    from feedback.model import ModelPool
+    from feedback.serve.api import ApiSettings
+    from feedback.serve.pool import ModelPool
 
     with _launched(ModelPool.serving(embedded_lm), ApiSettings()) as server:  # reuse the session's model
         yield server

@@ -1,14 +1,14 @@
 """Plotly figures for the tabs: confidence curves, memory, ΔPPL bars, votes and traces.
 
-Shared style and colour meanings come from `feedback.figures`; zoom is kept across live updates
+Shared style and colour meanings come from `feedback.eval.figures`; zoom is kept across live updates
 through a constant `uirevision`.
 """
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from feedback.figures import BETTER, WORSE, figure
-from feedback.records import RowResult
+from feedback.core.records import RowResult
+from feedback.eval.figures import BETTER, WORSE, figure
 
 # Okabe–Ito colours (colour-blind safe), one per column/side, the same in every chart.
 ROW_COLORS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#56B4E9", "#E69F00", "#000000", "#F0E442"]

@@ -19,15 +19,15 @@ from pathlib import Path
 
 import gradio as gr
 
-from feedback import memory
-from feedback.deepthink import SERVED_MAX_TRACES, DeepThinkConfig, check_budget, warm_up
-from feedback.engine import Engine, Run, StepEvent
+from feedback.core import memory
+from feedback.core.engine import Engine, Run, StepEvent
+from feedback.core.records import DeepConfConfig, RowResult, RowSpec, RunConfig, RunResult, first_divergence
+from feedback.core.sampling import SamplingConfig
+from feedback.core.session import branch, continue_run
 from feedback.errors import FeedbackError
-from feedback.model import ModelPool
-from feedback.records import (SERVED_MAX_NEW_TOKENS, DeepConfConfig, RowResult, RowSpec, RunConfig, RunResult,
-                              first_divergence)
-from feedback.sampling import SamplingConfig
-from feedback.session import branch, continue_run
+from feedback.eval.deepthink import DeepThinkConfig, check_budget, warm_up
+from feedback.serve.limits import SERVED_MAX_NEW_TOKENS, SERVED_MAX_TRACES
+from feedback.serve.pool import ModelPool
 from feedback.strategies import REGISTRY
 from ui import charts, history, link, render
 from ui.controls import NONE, StrategyPanel, build_strategy_panel, first_preset, named_params, parse_number

@@ -1,7 +1,7 @@
 """DeepConf settings shared by the Compare tab's Calibrate and the Deep Think tab."""
 from __future__ import annotations
 
-from feedback.voting import PRESETS
+from feedback.eval.voting import PRESETS
 from ui.controls import parse_number
 
 ETA_CHOICES = ["DeepConf-low (keep 10%)", "DeepConf-high (keep 90%)", "custom"]

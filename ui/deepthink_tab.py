@@ -7,10 +7,10 @@ from html import escape
 
 import gradio as gr
 
-from feedback.deepthink import (SERVED_MAX_NEW_TOKENS, SERVED_MAX_TRACES, SIDES, VOTE_KINDS, DeepThinkConfig,
-                                check_budget, deep_think)
 from feedback.errors import FeedbackError
-from feedback.model import ModelPool
+from feedback.eval.deepthink import SIDES, VOTE_KINDS, DeepThinkConfig, check_budget, deep_think
+from feedback.serve.limits import SERVED_MAX_TRACES, SERVED_TRACE_MAX_NEW_TOKENS
+from feedback.serve.pool import ModelPool
 from ui import charts
 from ui.controls import build_strategy_panel, parse_number, run_controls
 from ui.deepconf import ETA_CHOICES, resolve_eta
@@ -111,7 +111,7 @@ class DeepThinkTab:
             traces=parse_number(traces, "traces per side", integer=True, lo=1, hi=SERVED_MAX_TRACES),
             warmup=parse_number(warmup, "warm-up traces per side", integer=True, lo=1, hi=SERVED_MAX_TRACES),
             eta=resolve_eta(eta_preset, eta), window=parse_number(window, "window", integer=True, lo=1, hi=100_000),
-            max_new_tokens=parse_number(max_new, "max new tokens", integer=True, lo=1, hi=SERVED_MAX_NEW_TOKENS),
+            max_new_tokens=parse_number(max_new, "max new tokens", integer=True, lo=1, hi=SERVED_TRACE_MAX_NEW_TOKENS),
             temperature=parse_number(temperature, "temperature", lo=0.01, hi=10),
             top_p=parse_number(top_p, "top-p", lo=0.01, hi=1), seed=parse_number(seed, "seed", integer=True, lo=0),
             strategy=strategy, params=self.panel.params_for(strategy, list(param_values)),
@@ -151,7 +151,7 @@ class DeepThinkTab:
                         window = gr.Number(16, label="window", precision=0, minimum=1)
                     with gr.Row():
                         max_new = gr.Number(96, label="max new tokens", precision=0, minimum=1,
-                                            maximum=SERVED_MAX_NEW_TOKENS, info=f"1 to {SERVED_MAX_NEW_TOKENS}",
+                                            maximum=SERVED_TRACE_MAX_NEW_TOKENS, info=f"1 to {SERVED_TRACE_MAX_NEW_TOKENS}",
                                             elem_id="dt-max-new")
                         temperature = gr.Number(0.7, label="temperature", minimum=0.01, maximum=10, step=0.05)
                         top_p = gr.Number(0.95, label="top-p", minimum=0.01, maximum=1, step=0.05)

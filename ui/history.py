@@ -12,8 +12,8 @@ import math
 import time
 import uuid
 
+from feedback.core.records import first_divergence
 from feedback.errors import FeedbackError
-from feedback.records import first_divergence
 
 MAX_RUNS = 30
 MAX_BYTES = 3_000_000  # keep localStorage well under browsers' ~5 MB quota

@@ -13,8 +13,8 @@ import binascii
 import json
 import zlib
 
+from feedback.core.records import RowSpec, RunConfig
 from feedback.errors import FeedbackError
-from feedback.records import RowSpec, RunConfig
 
 PARAM = "cfg"
 VERSION = 1

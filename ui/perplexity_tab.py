@@ -7,12 +7,13 @@ import threading
 
 import gradio as gr
 
-from feedback.model import ModelPool
-from feedback.perplexity import PPLConfig, document_ids, evaluate, scoring_work, surprise_diff
+from feedback.eval.perplexity import PPLConfig, document_ids, evaluate, scoring_work, surprise_diff
+from feedback.serve.limits import SERVED_MAX_DOCS
+from feedback.serve.pool import ModelPool
 from ui import charts, render
 from ui.controls import build_strategy_panel, parse_number, run_controls
-from ui.lab import SERVED_MAX_DOCS, delta_legend, load_documents, mode_inputs, mode_of, source_inputs, surprise_html
 from ui.runner import ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
+from ui.text_inputs import delta_legend, load_documents, mode_inputs, mode_of, source_inputs, surprise_html
 
 TAB = "perplexity"
 

@@ -15,8 +15,8 @@ import re
 from difflib import SequenceMatcher
 from html import escape
 
-from feedback import quality
-from feedback.records import RowResult, StepRecord, confidence_summary, first_divergence, tokens_per_second
+from feedback.core import quality
+from feedback.core.records import RowResult, StepRecord, confidence_summary, first_divergence, tokens_per_second
 
 MISSING = "—"
 # An absolute scale (the same colour means the same confidence in every run and column), in one hue

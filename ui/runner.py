@@ -30,10 +30,10 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from feedback.budget import Budget
+from feedback.core.budget import Budget
 from feedback.errors import FeedbackError, Stopped
-from feedback.gate import Busy, Place
-from feedback.model import ModelPool
+from feedback.serve.gate import Busy, Place
+from feedback.serve.pool import ModelPool
 from ui import render
 
 log = logging.getLogger("feedback_lens.ui")

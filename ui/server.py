@@ -15,8 +15,8 @@ import logging
 from starlette.middleware import Middleware
 from starlette.responses import JSONResponse
 
-from feedback.api import ApiSettings, KeyGate, api_routes
-from feedback.model import ModelPool
+from feedback.serve.api import ApiSettings, KeyGate, api_routes
+from feedback.serve.pool import ModelPool
 
 log = logging.getLogger("feedback_lens.server")
 

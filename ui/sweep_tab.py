@@ -1,5 +1,5 @@
 """Sweep tab: ΔPPL over a grid of one or two strategy parameters, drawn as a heatmap while it runs;
-and its Tune companion: a search of the strategy's parameters (`feedback.tune`) with a small trial
+and its Tune companion: a search of the strategy's parameters (`feedback.eval.tune`) with a small trial
 budget, each trial streamed into a table and the history chart. The work goes through
 `ModelRunner`; this module formats numbers."""
 from __future__ import annotations
@@ -10,19 +10,19 @@ import threading
 
 import gradio as gr
 
-from feedback import corpus
 from feedback.errors import FeedbackError
-from feedback.figures import sweep_heatmap
-from feedback.model import ModelPool
-from feedback.perplexity import PPLConfig, document_ids, scoring_work
+from feedback.eval import corpus
+from feedback.eval.figures import sweep_heatmap
+from feedback.eval.perplexity import PPLConfig, document_ids, scoring_work
+from feedback.eval.sweep import best_point, parse_grid, run_sweep, to_csv
+from feedback.eval.tune import format_params, history_figure, jsonl_text, parse_fixed, run_tune, search_space, table_row
+from feedback.serve.limits import SERVED_MAX_DOCS, SERVED_MAX_POINTS, SERVED_MAX_TRIALS
+from feedback.serve.pool import ModelPool
 from feedback.strategies import REGISTRY
-from feedback.sweep import SERVED_MAX_POINTS, best_point, parse_grid, run_sweep, to_csv
-from feedback.tune import (SERVED_MAX_TRIALS, format_params, history_figure, jsonl_text, parse_fixed, run_tune,
-                           search_space, table_row)
 from ui.controls import build_strategy_panel, parse_number, run_controls
 from ui.exports import export_file, stamp
-from ui.lab import SERVED_MAX_DOCS, delta_legend, load_documents, mode_inputs, mode_of, source_inputs
 from ui.runner import Finished, ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
+from ui.text_inputs import delta_legend, load_documents, mode_inputs, mode_of, source_inputs
 
 TAB = "sweep"
 TUNE = "tune"  # the companion's own jobs, so each Stop ends its own run

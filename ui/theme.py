@@ -6,6 +6,8 @@ with transparent backgrounds and get their text and grid colours here.
 """
 from __future__ import annotations
 
+from feedback.serve.limits import UPLOAD_MAX_BYTES
+
 CSS = """
 /* ---- generated text ---- */
 .fl-text { white-space: pre-wrap; word-break: break-word; line-height: 1.65; min-height: 3em;
@@ -247,7 +249,7 @@ HEAD = """
 """
 
 
-UPLOAD_MAX = "5mb"  # Gradio refuses larger uploads itself, before writing anything to disk
+UPLOAD_MAX = f"{UPLOAD_MAX_BYTES // 1_000_000}mb"  # Gradio refuses larger uploads itself, before writing anything to disk
 
 
 def launch_kwargs() -> dict:

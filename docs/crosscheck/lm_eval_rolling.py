@@ -1,11 +1,11 @@
 """Cross-check of our baseline perplexity numbers against lm-evaluation-harness.
 
 For a few texts, the total NLL (nats) of each document is computed three ways and compared:
-  ours         feedback.perplexity.token_nlls, baseline only, one window covering the document
+  ours         feedback.eval.perplexity.token_nlls, baseline only, one window covering the document
   independent  plain transformers written here (no feedback import): one forward, log_softmax, gather
   lm-eval      lm_eval's HFLM(pretrained=<model folder>).loglikelihood_rolling, matched to our convention
 
-Our convention (feedback.perplexity.scoring_convention): each document tokenised on its own with the
+Our convention (feedback.eval.perplexity.scoring_convention): each document tokenised on its own with the
 tokenizer's default special tokens (no BOS for the embedded model), the first token NOT scored, every
 later token scored once given all the tokens before it (inside one window), natural log.
 
@@ -79,18 +79,18 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from transformers import AutoModelForCausalLM
     import lm_eval
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
+    from transformers import AutoModelForCausalLM
 
-    from feedback.corpus import Document, load
-    from feedback.model import load_model
-    from feedback.perplexity import PPLConfig, scoring_convention, token_nlls
+    from feedback.core.model import load_model
+    from feedback.eval.corpus import Document, load
+    from feedback.eval.perplexity import PPLConfig, scoring_convention, token_nlls
 
     # (a) ours: the embedded model as the app loads it (float32; eager attention on CPU)
     lm = load_model("embedded", dtype="float32", device="cpu")
-    folder = lm.model.name_or_path  # the converted HF folder (feedback.embedded.prepare())
+    folder = lm.model.name_or_path  # the converted HF folder (feedback.core.embedded.prepare())
     tok = lm.tokenizer
     conv = scoring_convention(lm, PPLConfig())
     assert not conv["bos_added"] and not conv["first_token_scored"], conv
@@ -98,7 +98,7 @@ def main() -> int:
     docs = load("builtin:test")[: args.docs] + [Document("fixed-string", FIXED_TEXT)]
     rows = []  # (name, ids, our PPLConfig, lm-eval max_length or None)
     for doc in docs:
-        ids = tok(doc.text)["input_ids"][: args.tokens]  # = feedback.perplexity.document_ids
+        ids = tok(doc.text)["input_ids"][: args.tokens]  # = feedback.eval.perplexity.document_ids
         rows.append((doc.name, ids, PPLConfig(window=len(ids), stride=len(ids)), None))
     long_doc = load("builtin:test")[args.docs]
     ids = tok(long_doc.text)["input_ids"][: args.tokens]

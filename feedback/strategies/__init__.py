@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from feedback.errors import FeedbackError
-from feedback.strategies.base import BatchView, Param, Phase, Preset, Strategy
 from feedback.strategies.anchor import AnchorStrategy
+from feedback.strategies.base import BatchView, Param, Phase, Preset, Strategy
 from feedback.strategies.deep_cache import DeepCacheStrategy
 from feedback.strategies.inner_loop import InnerLoopStrategy
 from feedback.strategies.residual import ResidualStrategy

@@ -4,8 +4,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import pytest
 
-from feedback.figures import BETTER, DELTA_SCALE, UIREVISION, WORSE, sweep_heatmap
-from feedback.records import RowResult, StepRecord, first_divergence
+from feedback.core.records import RowResult, StepRecord, first_divergence
+from feedback.eval.figures import BETTER, DELTA_SCALE, UIREVISION, WORSE, sweep_heatmap
 from ui.charts import MEMORY_MIN_SPAN_MB, bar_figure, confidence_figure, memory_figure
 
 

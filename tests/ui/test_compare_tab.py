@@ -8,8 +8,9 @@ import json
 import gradio as gr
 import pytest
 
+from feedback.core.records import RowSpec, RunConfig
 from feedback.errors import FeedbackError
-from feedback.records import SERVED_MAX_NEW_TOKENS, RowSpec, RunConfig
+from feedback.serve.limits import SERVED_MAX_NEW_TOKENS
 from ui import link
 from ui.compare_tab import DEFAULT_COLUMNS, CompareTab, divergences, modified, parse_branch, parse_key_facts
 
@@ -19,7 +20,7 @@ SHARED = dict(prompt="hi", system_prompt="", chat_template=True, model="embedded
 
 
 def built(lm) -> CompareTab:
-    from feedback.model import ModelPool
+    from feedback.serve.pool import ModelPool
     from ui.runner import ModelRunner
 
     pool = ModelPool.serving(lm)
@@ -138,7 +139,7 @@ def test_follow_ups_need_a_run_and_a_branch_request():
 
 
 def test_a_finished_run_continues_and_branches_from_the_last_result(tab, embedded_lm):
-    from feedback.engine import Engine
+    from feedback.core.engine import Engine
 
     cfg = config(tab, max_new_tokens=4, temperature=0.0, model=embedded_lm.name)
     data = Engine(embedded_lm).run(cfg).to_dict()
@@ -156,7 +157,7 @@ def test_a_finished_run_continues_and_branches_from_the_last_result(tab, embedde
 
 
 def test_divergences_pair_every_column_with_the_first():
-    from feedback.records import RowResult
+    from feedback.core.records import RowResult
 
     rows = [RowResult("a", None, {}, [1, 2, 3]), RowResult("b", None, {}, [1, 2, 4]), RowResult("c", None, {}, [1, 2, 3])]
     for r in rows:
@@ -165,7 +166,7 @@ def test_divergences_pair_every_column_with_the_first():
 
 
 def test_restore_sets_every_control_and_column_from_a_stored_run(tab, embedded_lm):
-    from feedback.engine import Engine
+    from feedback.core.engine import Engine
 
     changes = {1: {"strategy": "soft_token", "soft_token.beta": 0.25, "soft_token.top_k": 8},
                2: {"name": "Terse", "strategy": "none", "prompt": "hi, briefly", "system": "Be terse."}}

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from feedback.records import Alternative, RowResult, RowSpec, RunConfig, RunResult, StepRecord
+from feedback.core.records import Alternative, RowResult, RowSpec, RunConfig, RunResult, StepRecord
 from ui import history
 
 HOSTILE = 'say "hi",\n<b>bold</b> & <script>alert("x")</script>'

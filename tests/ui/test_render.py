@@ -12,7 +12,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from feedback.records import Alternative, RowResult, StepRecord
+from feedback.core.records import Alternative, RowResult, StepRecord
 from ui.render import (CONFIDENCE_BINS, best_marks, column_heading, confidence_legend, diff_legend, render_diff,
                        render_stats, render_tokens, render_turns, token_color)
 from ui.theme import CSS, HEAD

@@ -11,7 +11,7 @@ import gradio as gr
 import pytest
 
 from feedback.errors import FeedbackError, Stopped
-from feedback.gate import Gate
+from feedback.serve.gate import Gate
 from ui.runner import Jobs, ModelRunner, Outcome, Work
 
 
@@ -211,8 +211,8 @@ def _line_free(pool, timeout: float = 10.0) -> None:
 def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_every_path(fake_spaces, tiny_lm):
     """Each model tab's handler, on each exit path: it finishes; it is cancelled (Gradio closes the
     generator); its page stops listening (closed tab); its work fails."""
-    from feedback.model import ModelPool
-    from ui.app import FeedbackLensApp
+    from feedback.serve.pool import ModelPool
+    from ui.layout import FeedbackLensApp
 
     pool = ModelPool.serving(tiny_lm)
     app = FeedbackLensApp(pool)

@@ -1,0 +1,442 @@
+"""The decode loop: all rows of a run in one batched forward per step.
+
+Rows may have their own prompts (a prompt variant, a system prompt, a conversation so far). Rows
+whose prompts are the same token for token share one prefill; different prompts are left-padded
+into one batch with an attention mask and each row's own position ids, so every step is still one
+forward for all rows. Row 0 is usually the baseline; other rows carry a feedback strategy whose hooks
+act on their own batch position only. A row may be forced to start its reply with given tokens (a
+branch replays its tokens up to a step, then the chosen alternative): forced steps are decoded like
+any other, so feedback state evolves exactly as it did, and are marked in the records. Rows that
+finish (EOS, max tokens, early stop) leave the batch and the KV cache. Iterating a `Run` yields a
+`StepEvent` per step; `Run.result` holds the `RunResult`.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+from transformers.cache_utils import Cache
+
+from feedback.core import memory, quality
+from feedback.core.budget import PREFILL_CHUNK, Budget, check_fits, dtype_bytes, generation_memory_mb
+from feedback.core.confidence import GroupWindow, distribution_stats, trace_metrics
+from feedback.core.detok import IncrementalDecoder
+from feedback.core.forward import hooked_forward
+from feedback.core.kvcache import run_cache
+from feedback.core.model import LoadedModel
+from feedback.core.records import (Alternative, RowResult, RowSpec, RunConfig, RunResult, StepRecord, first_divergence,
+                                   tokens_per_second)
+from feedback.core.sampling import Sampler
+from feedback.errors import FeedbackError
+from feedback.strategies import BatchView, Phase, Strategy, build_strategy
+
+N_TOP = 5
+MEMORY_SAMPLE_EVERY_S = 0.25
+
+# Called after every forward with (step, row ids in batch order, raw logits [B, V]); for analysis.
+LogitsObserver = Callable[[int, list[int], torch.Tensor], None]
+
+
+@dataclass
+class StepEvent:
+    """One decode step: a record per live row, and the rows that finished at this step."""
+
+    step: int
+    records: dict[int, StepRecord]
+    finished: dict[int, str] = field(default_factory=dict)  # row index -> stop reason
+    memory: memory.MemorySample | None = None
+
+
+@dataclass(eq=False)
+class RowState:
+    """What the loop keeps for one row: its prompt, its share of the prefill, its forced tokens,
+    its detokeniser and confidence window, and its result so far."""
+
+    index: int
+    spec: RowSpec
+    result: RowResult
+    prompt_ids: list[int]
+    group: int  # index of the prefill sequence this row shares with rows of the same prompt
+    threshold: float | None
+    decoder: IncrementalDecoder
+    window: GroupWindow
+    confs: list[float] = field(default_factory=list)
+    part: str | None = None  # the part of a prompt-level strategy's reply the last token belongs to
+
+    @property
+    def prefix(self) -> list[int]:
+        return self.spec.prefix or []
+
+
+@dataclass
+class DecodeState:
+    """The batch tensors of live rows, in batch order."""
+
+    live: list[RowState]
+    cache: Cache
+    mask: torch.Tensor | None  # [B, T] attention mask; None when all rows share one unpadded prompt
+    positions: torch.Tensor | None  # [B] position id of each row's next token (with `mask`)
+    history: torch.Tensor | None  # [B, T] token ids, for the repetition penalty
+    tokens: torch.Tensor | None = None  # [B] the tokens chosen at the last step
+
+
+def _row_prompt_ids(lm: LoadedModel, cfg: RunConfig, row: RowSpec, strategy: Strategy | None) -> list[int]:
+    prompt = row.prompt if row.prompt is not None else cfg.prompt
+    if strategy is not None and strategy.prompt_level:
+        prompt = strategy.rewrite_prompt(prompt)
+    system = row.system_prompt if row.system_prompt is not None else cfg.system_prompt
+    ids = lm.encode(prompt, cfg.chat_template, system, row.messages)
+    if not ids:
+        raise FeedbackError(f"row {row.name}: the prompt has no tokens")
+    return ids
+
+
+class Run:
+    """One generation run. Iterate it (in any single thread) for events; `stop()` from any thread
+    ends it within one step (or one prefill chunk); `result` is complete once iteration ends."""
+
+    def __init__(self, lm: LoadedModel, config: RunConfig, stop_event: threading.Event | None = None,
+                 observer: LogitsObserver | None = None, budget: Budget | None = None):
+        self.lm = lm
+        self.config = config.validate()
+        if config.model not in (lm.name, None, ""):
+            raise FeedbackError(f"this run asks for model {config.model!r} but the engine holds {lm.name!r}")
+        self.stop_event = stop_event or threading.Event()
+        self.observer = observer
+        # Build (and so validate) every strategy before any hook touches the model.
+        self.strategies: dict[int, Strategy] = {
+            i: build_strategy(row.strategy, row.params, lm.num_layers)
+            for i, row in enumerate(config.rows) if row.strategy
+        }
+        row_ids = [_row_prompt_ids(lm, config, row, self.strategies.get(i)) for i, row in enumerate(config.rows)]
+        self._check_rows(row_ids)
+        # Rows with the same prompt, token for token, share one prefill sequence, unless a row's
+        # strategy changes the prompt's own states: that row prefills on its own.
+        keys = [(tuple(ids), i if i in self.strategies and self.strategies[i].edits_prompt else -1)
+                for i, ids in enumerate(row_ids)]
+        group_of: dict[tuple, int] = {}
+        for key in keys:
+            group_of.setdefault(key, len(group_of))
+        self.groups: list[list[int]] = [list(key[0]) for key in group_of]
+        self.prompt_ids = row_ids[0]  # the first row's: what `prompt_tokens` reports
+        # The cache is sized before the run starts: refused now if it cannot fit (a served request's
+        # budget first, then every run's memory cap).
+        rows, new = len(config.rows), config.max_new_tokens
+        longest = max(len(ids) for ids in row_ids)
+        need = generation_memory_mb(lm.model.config, dtype_bytes(lm.dtype), rows, longest, new)
+        how = f"{longest} prompt + {new} new tokens, {rows} rows"
+        if budget is not None:
+            budget.check_decoding(rows * new, f"{rows} rows x {new} new tokens")
+            budget.check_memory(need, how)
+        check_fits(need, how, lm.device)
+        self.result = RunResult(
+            config={**config.to_dict(), "model": lm.name, "dtype": lm.dtype, "precision": lm.precision},
+            rows=[RowResult(r.name, r.strategy, self.strategies[i].values if i in self.strategies else {})
+                  for i, r in enumerate(config.rows)],
+            prompt_tokens=len(self.prompt_ids),
+        )
+        thresholds = [r.threshold if r.threshold is not None else config.deepconf.threshold for r in config.rows]
+        self.rows = [RowState(i, spec, self.result.rows[i], ids, group_of[key], thresholds[i],
+                              IncrementalDecoder(lm.tokenizer), GroupWindow(config.deepconf.window))
+                     for i, (spec, ids, key) in enumerate(zip(config.rows, row_ids, keys))]
+        self._alt_text: dict[int, str] = {}
+        self._started = False
+
+    def _check_rows(self, row_ids: list[list[int]]) -> None:
+        """Every row fits the context and its forced tokens are in the vocabulary."""
+        limit, vocab = self.lm.context_length, self.lm.vocab_size
+        for row, ids in zip(self.config.rows, row_ids):
+            if len(ids) + self.config.max_new_tokens > limit:
+                who = f"row {row.name}: prompt" if row.prompt is not None or row.messages else "prompt"
+                raise FeedbackError(f"{who} is {len(ids)} tokens; with max_new_tokens={self.config.max_new_tokens} "
+                                    f"it exceeds the model context of {limit} tokens")
+            bad = [t for t in row.prefix or [] if t >= vocab]
+            if bad:
+                raise FeedbackError(f"row {row.name}: prefix token id {bad[0]} is outside the vocabulary "
+                                    f"(0 to {vocab - 1})")
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def __iter__(self) -> Iterator[StepEvent]:
+        if self._started:
+            raise RuntimeError("a Run can be iterated once")
+        self._started = True
+        return self._loop()
+
+    # ---- the loop: prefill, then one step at a time until every row has finished ----
+    def _loop(self) -> Iterator[StepEvent]:
+        cfg, lm = self.config, self.lm
+        batch = BatchView(Phase.PREFILL, [r.index for r in self.rows])
+        sampler = Sampler(cfg.sampling, [cfg.seed + r.spec.seed_offset for r in self.rows], lm.device)
+        t0 = time.perf_counter()
+        self.result.memory.append(memory.sample(t0, lm.device).to_dict())
+        completed, prefilled = False, None
+        try:
+            for i, strategy in self.strategies.items():
+                strategy.attach(lm.model, lm.layers, i, batch)
+                if strategy.prompt_level:
+                    strategy.begin(lm.tokenizer, lm.eos_token_ids)
+            # inference_mode is thread-local and a generator may resume on another thread (Gradio
+            # workers do), so it is entered per block (the helpers below), never held across a yield.
+            prefilled = self._prefill(batch, sampler.needs_history)
+            if prefilled is None:  # stopped while prefilling a long prompt
+                for row in self.rows:
+                    row.result.stop_reason = "stopped"
+                return
+            self.result.prefill_seconds = time.perf_counter() - t0
+            yield from self._decode(batch, sampler, t0, *prefilled)
+            completed = not self.stop_event.is_set()
+        finally:
+            for strategy in self.strategies.values():
+                strategy.detach()
+            prefilled = None  # the KV cache goes before the quality passes run
+            self._finish(t0, with_quality=completed and (cfg.quality or cfg.reference is not None))
+
+    def _decode(self, batch: BatchView, sampler: Sampler, t0: float, state: DecodeState,
+                logits: torch.Tensor) -> Iterator[StepEvent]:
+        """Step after step until every row has finished or the run is stopped."""
+        batch.phase, batch.live_rows = Phase.DECODE, [r.index for r in state.live]
+        step, step_start, last_mem = 0, t0, t0
+        while True:
+            if self.observer is not None:
+                self.observer(step, [r.index for r in state.live], logits)
+            state.tokens, values = self._choose(step, state, logits, sampler)
+            now = time.perf_counter()
+            event = self._record(step, state.live, values, (now - step_start) * 1000.0)
+            if now - last_mem >= MEMORY_SAMPLE_EVERY_S:
+                last_mem = now
+                event.memory = memory.sample(t0, self.lm.device)
+                self.result.memory.append(event.memory.to_dict())
+            yield event
+            if self.stop_event.is_set():
+                self._mark_stopped(state.live, event, step)
+                return
+            if event.finished:
+                self._drop(state, event, sampler)
+                batch.live_rows = [r.index for r in state.live]
+                if not state.live:
+                    return
+            step, step_start = step + 1, time.perf_counter()
+            logits = self._step_forward(batch, state)
+
+    @torch.inference_mode()
+    def _prefill(self, batch: BatchView, needs_history: bool) -> tuple[DecodeState, torch.Tensor] | None:
+        """Every distinct prompt once, left-padded into one batch, PREFILL_CHUNK tokens per forward on
+        the cache (a long prompt's attention scratch stays bounded, and Stop is seen between chunks;
+        None when stopped). Then each row takes its sequence's cache and last logits. One prompt
+        shared by all rows takes one unpadded forward, exactly as before rows had prompts."""
+        device = self.lm.device
+        lengths = [len(ids) for ids in self.groups]
+        width = max(lengths)
+        pad_id = self.lm.tokenizer.pad_token_id if self.lm.tokenizer.pad_token_id is not None else 0
+        ids = torch.tensor([[pad_id] * (width - len(g)) + g for g in self.groups], device=device)
+        padded = len(set(lengths)) > 1
+        mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=device) if padded else None
+        positions = (mask.cumsum(dim=1) - 1).clamp_min(0) if padded else None
+        batch.pads = {g: width - n for g, n in enumerate(lengths)}
+        batch.groups = {r.index: r.group for r in self.rows}
+        # sized once for the whole run: a step writes in place instead of copying the cache
+        cache = run_cache(self.lm.model.config, width + self.config.max_new_tokens)
+        out = None
+        for start in range(0, width, PREFILL_CHUNK):
+            if start and self.stop_event.is_set():
+                return None
+            end = start + PREFILL_CHUNK
+            batch.offset = start
+            inputs = dict(input_ids=ids[:, start:end], cache=cache, use_cache=True, logits_to_keep=1)
+            if padded:
+                inputs |= dict(attention_mask=mask[:, :end], position_ids=positions[:, start:end])
+            out = self._forward(batch, **inputs)
+        batch.offset, batch.pads, batch.groups = 0, {}, {}
+        take = torch.tensor([r.group for r in self.rows], device=device)
+        cache.batch_select_indices(take)  # rows sharing a prompt share its cache (copied per row)
+        history = None
+        if needs_history:  # padding repeats the row's first token: penalising it twice is the same penalty
+            history = torch.tensor([[g[0]] * (width - len(g)) + g for g in self.groups], device=device)[take]
+        state = DecodeState(list(self.rows), cache, mask[take] if padded else None,
+                            torch.tensor(lengths, device=device)[take] if padded else None, history)
+        return state, out.logits[:, -1, :].float()[take]
+
+    @torch.inference_mode()
+    def _choose(self, step: int, state: DecodeState, logits: torch.Tensor, sampler: Sampler):
+        """The next token of every live row (forced where a row's prefix says so), and everything its
+        record needs, fetched from the device in one transfer."""
+        stats = distribution_stats(logits, self.config.deepconf.k, N_TOP)
+        tokens = sampler(state.history, logits.clone() if sampler.processors else logits)
+        forced = [r.prefix[step] if step < len(r.prefix) else -1 for r in state.live]
+        tokens = self._steer(step, state.live, tokens, forced)
+        if any(t >= 0 for t in forced):  # the draw still happened, so later draws stay aligned
+            given = torch.tensor(forced, device=tokens.device)
+            tokens = torch.where(given >= 0, given, tokens)
+        chosen = stats.logprobs.gather(1, tokens[:, None])
+        values = torch.cat([tokens[:, None].double(), chosen.double(), stats.confidence[:, None].double(),
+                            stats.entropy[:, None].double(), stats.top_logprobs[:, :N_TOP].exp().double(),
+                            stats.top_ids[:, :N_TOP].double()], dim=1)
+        return tokens, values.tolist()  # the one device->host transfer of the step
+
+    def _steer(self, step: int, live: list[RowState], tokens: torch.Tensor, forced: list[int]) -> torch.Tensor:
+        """Prompt-level strategies see each sampled token and may replace it (their markers). A
+        user's forced token still wins, and the strategy moves on as if its own had been taken."""
+        steered = [(pos, self.strategies[r.index]) for pos, r in enumerate(live)
+                   if r.index in self.strategies and self.strategies[r.index].prompt_level]
+        if not steered:
+            return tokens
+        ids = tokens.tolist()
+        for pos, strategy in steered:
+            ids[pos], live[pos].part = strategy.choose(step, ids[pos])
+        return torch.tensor(ids, device=tokens.device, dtype=tokens.dtype)
+
+    def _record(self, step: int, live: list[RowState], values: list[list[float]], step_ms: float) -> StepEvent:
+        """Step records for the live rows, and which of them finished at this step."""
+        cfg, eos = self.config, set(self.lm.eos_token_ids)
+        event = StepEvent(step, {})
+        for row, v in zip(live, values):
+            tid, logprob, conf, ent = int(v[0]), v[1], v[2], v[3]
+            alts = [Alternative(int(aid), self._alt(int(aid)), p) for p, aid in zip(v[4:4 + N_TOP], v[4 + N_TOP:])]
+            rec = StepRecord(step, tid, row.decoder.push(tid), logprob, math.exp(logprob), conf, ent,
+                             row.window.push(conf), alts, step_ms, forced=step < len(row.prefix), part=row.part)
+            row.confs.append(conf)
+            row.result.steps.append(rec)
+            row.result.token_ids.append(tid)
+            event.records[row.index] = rec
+            reason = None
+            # Forced tokens end a row like chosen ones: a replayed answer stops where it stopped, and
+            # forcing the end-of-sequence token ends the reply there.
+            if tid in eos:
+                reason = "eos"
+            elif row.window.should_stop(row.threshold):
+                reason = "early_stop"
+            elif len(row.result.token_ids) >= cfg.max_new_tokens:
+                reason = "max_tokens"
+            if reason:
+                event.finished[row.index] = reason
+                row.result.stop_reason, row.result.stop_step = reason, step
+        return event
+
+    def _alt(self, token_id: int) -> str:
+        if token_id not in self._alt_text:
+            self._alt_text[token_id] = self.lm.tokenizer.decode([token_id])
+        return self._alt_text[token_id]
+
+    @staticmethod
+    def _mark_stopped(live: list[RowState], event: StepEvent, step: int) -> None:
+        for row in live:
+            if row.index not in event.finished:
+                row.result.stop_reason, row.result.stop_step = "stopped", step
+
+    @torch.inference_mode()
+    def _drop(self, state: DecodeState, event: StepEvent, sampler: Sampler) -> None:
+        """Rows that finished leave the batch, the cache and every per-row tensor."""
+        keep = [pos for pos, r in enumerate(state.live) if r.index not in event.finished]
+        state.live = [state.live[pos] for pos in keep]
+        if not state.live:
+            return
+        idx = torch.tensor(keep, device=self.lm.device)
+        state.cache.batch_select_indices(idx)
+        state.tokens = state.tokens[idx]
+        sampler.select_rows(keep)
+        for name in ("mask", "positions", "history"):
+            if getattr(state, name) is not None:
+                setattr(state, name, getattr(state, name)[idx])
+
+    @torch.inference_mode()
+    def _step_forward(self, batch: BatchView, state: DecodeState) -> torch.Tensor:
+        """One forward of the tokens just chosen; returns the next logits [B, V] in fp32."""
+        if state.history is not None:
+            state.history = torch.cat([state.history, state.tokens[:, None]], dim=1)
+        inputs = dict(input_ids=state.tokens[:, None], cache=state.cache, use_cache=True)
+        if state.mask is not None:
+            state.mask = torch.cat([state.mask, state.mask.new_ones(state.mask.shape[0], 1)], dim=1)
+            inputs |= dict(attention_mask=state.mask, position_ids=state.positions[:, None])
+            state.positions = state.positions + 1
+        return self._forward(batch, **inputs).logits[:, -1, :].float()
+
+    def _forward(self, batch: BatchView, **inputs):
+        return hooked_forward(self.lm, batch, self.strategies.values(), **inputs)
+
+    # ---- the end ----
+    def _finish(self, t0: float, with_quality: bool) -> None:
+        res = self.result
+        cfg = self.config
+        for row in self.rows:
+            r = row.result
+            tail = row.decoder.flush()
+            if tail and r.steps:
+                r.steps[-1].text += tail
+            r.text = "".join(s.text for s in r.steps)
+            if r.stop_reason is None and r.steps:
+                r.stop_reason, r.stop_step = "stopped", r.steps[-1].step
+            r.tokens_per_s = tokens_per_second(r.steps) or 0.0
+            r.decode_seconds = sum(s.time_ms for s in r.steps[1:]) / 1000.0
+            r.metrics = trace_metrics(row.confs, cfg.deepconf.window).to_dict() | quality.text_metrics(
+                r.token_ids, r.text, cfg.key_facts)
+            if row.index in self.strategies:  # what the row's strategy cost and did
+                r.metrics |= self.strategies[row.index].report()
+        if with_quality:
+            self._quality()
+        res.wall_seconds = time.perf_counter() - t0
+        res.memory.append(memory.sample(t0, self.lm.device).to_dict())
+        if len(res.rows) >= 2:
+            res.first_divergence_step = first_divergence(res.rows[0].token_ids, res.rows[1].token_ids)
+
+    def _quality(self) -> None:
+        """The quality metrics that take forward passes (see feedback/core/quality.py)."""
+        cfg, lm = self.config, self.lm
+        reference = (lm.tokenizer(cfg.reference, add_special_tokens=False)["input_ids"]
+                     if cfg.reference else None)
+        prompt_ppl: dict[str, float | None] = {}  # rows sharing a prompt text score it once
+        for row in self.rows:
+            r, text = row.result, row.spec.prompt if row.spec.prompt is not None else cfg.prompt
+            if cfg.quality:
+                if text not in prompt_ppl:
+                    prompt_ppl[text] = quality.text_ppl(lm, text)
+                r.metrics |= {"self_ppl": self._self_ppl(row), "prompt_ppl": prompt_ppl[text]}
+            if reference is not None:
+                r.metrics |= self._reference_ppl(row, reference)
+
+
+    def _reference_ppl(self, row: RowState, reference: list[int]) -> dict:
+        """A prompt-level row scores the reference after its own reply's lead-in (the restatement),
+        as it would follow there, with the plain model: that is its strategy. Others as
+        `quality.reference_ppl` does."""
+        strategy, r = self.strategies.get(row.index), row.result
+        if strategy is not None and strategy.prompt_level:
+            context = row.prompt_ids + strategy.context_tokens(r.token_ids)
+            text = strategy.reference_text(self.config.reference)
+            ids = self.lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+            return quality.reference_ppl(self.lm, context, ids, None, {}) | {"reference_ppl_with_strategy": True}
+        return quality.reference_ppl(self.lm, row.prompt_ids, reference, r.strategy, r.params)
+
+    def _self_ppl(self, row: RowState) -> float | None:
+        """A plain row already scored its own answer while decoding: each step records the chosen
+        (or forced) token's log-probability under the raw distribution after the same input, so its
+        self-perplexity needs no second pass (it agrees with one to float rounding). A row with a
+        strategy is scored again by the plain model."""
+        r = row.result
+        if r.strategy is None and len(r.steps) == len(r.token_ids):
+            return quality.ppl_from_logprobs([s.logprob for s in r.steps])
+        return quality.self_ppl(self.lm, row.prompt_ids, r.token_ids)
+
+
+
+class Engine:
+    """Runs generation configs on one loaded model."""
+
+    def __init__(self, lm: LoadedModel):
+        self.lm = lm
+
+    def start(self, config: RunConfig, stop_event: threading.Event | None = None,
+              observer: LogitsObserver | None = None, budget: Budget | None = None) -> Run:
+        return Run(self.lm, config, stop_event, observer, budget)
+
+    def run(self, config: RunConfig, stop_event: threading.Event | None = None,
+            observer: LogitsObserver | None = None) -> RunResult:
+        run = self.start(config, stop_event, observer)
+        for _ in run:
+            pass
+        return run.result

@@ -1,0 +1,281 @@
+"""Load a causal LM (embedded default, hub id, local folder or GGUF file) and find its decoder layers."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from feedback.core import embedded
+from feedback.errors import FeedbackError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Measured with `python -m feedback bench --dtypes` on the 2-core dev CPU (README, Performance): bf16
+# decodes ~1.8x faster with sane greedy text, but its CPU matmuls round differently by batch size, so
+# a row batched with others drifts from the same row alone (a greedy token flipped within 11 steps).
+# fp32 keeps every exactness guarantee, so it is the CPU default; bf16 is opt-in (--dtype bfloat16).
+CPU_AUTO_DTYPE = "float32"
+
+# Attribute paths to the decoder-layer list, per architecture family.
+_LAYER_PATHS = {
+    "model.layers": "Llama, Mistral, Qwen2/3, Gemma, Phi, Phi-3, SmolLM, OLMo",
+    "model.language_model.layers": "multimodal wrappers (Gemma 3, Llava-style)",
+    "transformer.h": "GPT-2, GPT-J, Falcon, BLOOM",
+    "gpt_neox.layers": "GPT-NeoX, Pythia",
+    "model.decoder.layers": "OPT",
+}
+
+
+def _get_path(obj: object, path: str) -> object | None:
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The model's list of decoder blocks, in order, or a clear error for an unknown architecture."""
+    for path in _LAYER_PATHS:
+        layers = _get_path(model, path)
+        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+            return layers
+    families = "; ".join(f"{p} ({f})" for p, f in _LAYER_PATHS.items())
+    raise FeedbackError(
+        f"unsupported architecture {type(model).__name__}: no decoder-layer list found; "
+        f"supported layouts: {families}"
+    )
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the engine, with what the engine needs to know about it."""
+
+    model: nn.Module
+    tokenizer: object
+    name: str
+    dtype: str
+    device: torch.device
+    load_seconds: float = 0.0
+    eos_token_ids: list[int] = field(default_factory=list)
+    # Held for each forward pass: runs sharing this model interleave step by step, never overlap.
+    forward_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return decoder_layers(self.model)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def precision(self) -> str:
+        """What the numbers are computed in, said where it trades exactness for speed."""
+        if self.dtype in ("bfloat16", "float16"):
+            return f"fast, not bit-exact: {self.dtype} weights"
+        if self.device.type == "cpu" and torch.backends.mkldnn.matmul.fp32_precision == "bf16":
+            return "fast, not bit-exact: bf16 matmuls on fp32 weights"
+        return "exact: fp32"
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.get_text_config().hidden_size)
+
+    @property
+    def context_length(self) -> int:
+        cfg = self.model.config.get_text_config()
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            if getattr(cfg, key, None):
+                return int(getattr(cfg, key))
+        return 2048
+
+    def encode(self, prompt: str, chat_template: bool = True, system: str | None = None,
+               messages: list[dict] | None = None) -> list[int]:
+        """Token ids of a prompt — the newest user turn after `messages` (earlier turns) — through
+        the model's chat template when asked and available."""
+        tok = self.tokenizer
+        if chat_template and getattr(tok, "chat_template", None):
+            history = list(messages or [])
+            head = ([{"role": "system", "content": system}]
+                    if system and not (history and history[0]["role"] == "system") else [])
+            turns = head + history + [{"role": "user", "content": prompt}]
+            text = tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+            return list(tok(text, add_special_tokens=False)["input_ids"])
+        if messages:
+            raise FeedbackError("a conversation (messages) needs the chat template; turn it on")
+        return list(tok(prompt)["input_ids"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> str:
+    if dtype == "auto":
+        if device.type == "cuda":
+            return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        return CPU_AUTO_DTYPE
+    if dtype not in DTYPES:
+        raise FeedbackError(f"unknown dtype {dtype!r}; choose auto, {', '.join(DTYPES)}")
+    return dtype
+
+
+def resolve_source(spec: str | None) -> tuple[str, str]:
+    """(kind, location) for a model spec: embedded, gguf file, local folder or hub id."""
+    if spec in (None, "", embedded.EMBEDDED_NAME):
+        return "embedded", str(embedded.prepare())
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise FeedbackError(f"GGUF file not found: {spec}")
+        return "gguf", str(embedded.prepare(gguf=path.resolve()))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FeedbackError(f"{spec} is a folder but has no config.json; not a transformers model")
+        return "local", str(path)
+    if path.exists() or spec.startswith((".", "/", "~")):
+        raise FeedbackError(f"model path not usable: {spec}")
+    return "hub", spec
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the model hub answers a TCP connect quickly (False when offline mode is set)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False
+    url = urlparse(constants.ENDPOINT)
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+# Model types whose eager attention is the plain one (no soft-capping, sinks or extra terms), so the
+# grouped form in feedback/core/kvcache.py computes the same thing without copying key/value heads.
+GROUPED_ATTENTION_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+THREADS_ENV = "FEEDBACK_THREADS"
+ATTENTION_ENV = "FEEDBACK_ATTENTION"  # e.g. eager or sdpa: overrides the automatic choice (for comparisons)
+FAST_ENV = "FEEDBACK_FAST_MATMUL"
+
+
+def set_fast_matmul(on: bool) -> None:
+    """oneDNN bf16 matmuls for fp32 weights on CPU: faster, not bit-exact (opt-in, process-wide)."""
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16" if on else "none"
+
+
+def set_threads() -> int:
+    """torch's CPU threads: FEEDBACK_THREADS where set, else torch's default (one per physical
+    core). Returns the count in use."""
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise FeedbackError(f"{THREADS_ENV} must be a positive whole number, got {raw!r}")
+        torch.set_num_threads(int(raw))
+    return torch.get_num_threads()
+
+
+def load_model(
+    spec: str | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    load_in_4bit: bool = False,
+    load_in_8bit: bool = False,
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = "auto",
+    fast_matmul: bool | None = None,
+) -> LoadedModel:
+    """Load a model and tokenizer for the engine; user mistakes raise `FeedbackError`.
+    `fast_matmul` (None: FEEDBACK_FAST_MATMUL): bf16 matmuls on fp32 weights, process-wide."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars would swamp CLI and test output
+    set_threads()
+    if fast_matmul is None:
+        fast_matmul = os.environ.get(FAST_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    set_fast_matmul(fast_matmul)
+    started = time.perf_counter()
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise FeedbackError("device 'cuda' requested but no CUDA GPU is available")
+    dtype_name = resolve_dtype(dtype, dev)
+    kwargs: dict = {"dtype": DTYPES[dtype_name], "trust_remote_code": trust_remote_code}
+    attn_implementation = os.environ.get(ATTENTION_ENV, "").strip() or attn_implementation
+    auto_attention = attn_implementation == "auto"
+    if auto_attention:
+        # On CPU, SDPA rounds differently per batch position (two identical rows drift ~3e-5 apart);
+        # eager attention is batch-invariant at the same measured speed for this model size. It is
+        # then replaced by its grouped form where the model's attention is the plain one (below).
+        attn_implementation = "eager" if dev.type == "cpu" else None
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    if load_in_4bit or load_in_8bit:
+        if load_in_4bit and load_in_8bit:
+            raise FeedbackError("choose one of 4-bit and 8-bit loading, not both")
+        if not torch.cuda.is_available():
+            raise FeedbackError("4-bit/8-bit loading uses bitsandbytes and needs a CUDA GPU; none is available")
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=load_in_4bit,
+            load_in_8bit=load_in_8bit,
+            bnb_4bit_compute_dtype=DTYPES[dtype_name],
+        )
+        device_map = device_map or "auto"
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+        if max_memory:
+            kwargs["max_memory"] = max_memory
+
+    kind, location = resolve_source(spec)
+    local_only = kind == "hub" and not _hub_reachable()
+    if local_only:
+        # huggingface_hub retries an unreachable hub for ~45 s; use the local cache or fail now.
+        kwargs["local_files_only"] = True
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code,
+                                                  local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
+    except Exception as exc:  # config, weights and tokenizer errors come in many types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        hint = " (the model hub is unreachable and it is not in the local cache)" if local_only else ""
+        raise FeedbackError(f"could not load model {spec or 'embedded'!r}{hint}: {first}") from exc
+    if device_map is None:
+        model.to(dev)
+    model.eval()
+    decoder_layers(model)  # fail now, not mid-run, on an unsupported architecture
+    if auto_attention and dev.type == "cpu" and model.config.model_type in GROUPED_ATTENTION_MODELS:
+        from feedback.core.kvcache import GROUPED
+
+        model.set_attn_implementation(GROUPED)
+
+    eos: list[int] = []
+    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        for tid in source if isinstance(source, (list, tuple)) else [source]:
+            if tid is not None and int(tid) not in eos:
+                eos.append(int(tid))
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=spec or embedded.EMBEDDED_NAME,
+        dtype=dtype_name,
+        device=next(model.parameters()).device,
+        load_seconds=time.perf_counter() - started,
+        eos_token_ids=eos,
+    )

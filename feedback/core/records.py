@@ -1,0 +1,283 @@
+"""Serialisable run description (`RunConfig`) and outcome (`RunResult`), plain dataclasses."""
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from feedback.core.bounds import Bound
+from feedback.core.confidence import DEFAULT_K, DEFAULT_WINDOW
+from feedback.core.sampling import SamplingConfig
+from feedback.errors import FeedbackError
+
+MAX_NEW_TOKENS_CAP = 4096
+MAX_ROWS = 64
+MAX_PROMPT_CHARS = 100_000  # checked before tokenising, so a huge prompt costs nothing
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """First step where two rows chose different tokens; if one is a prefix of the other, the
+    step where the shorter one ended; None when they are identical."""
+    diverged = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if diverged is None and len(a) != len(b):
+        return min(len(a), len(b))
+    return diverged
+
+
+ROLES = ("system", "user", "assistant")
+MAX_KEY_FACTS = 32
+
+
+@dataclass
+class RowSpec:
+    """One row of a run: the baseline (no strategy) or a strategy with parameters, and optionally
+    its own prompt, system prompt and earlier conversation turns (otherwise the run's), and a forced
+    start of its reply (the replay of a branch)."""
+
+    name: str = "baseline"
+    strategy: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    seed_offset: int = 0  # rows with equal offsets share random draws (common random numbers)
+    threshold: float | None = None  # this row's early-stop threshold; None: the run's DeepConf threshold
+    prompt: str | None = None  # this row's prompt (its newest user turn); None: the run's
+    system_prompt: str | None = None  # None: the run's
+    messages: list[dict[str, str]] | None = None  # earlier turns, [{role, content}], before the prompt
+    prefix: list[int] | None = None  # token ids the reply is forced to start with (marked as forced)
+
+    def validate(self, max_new_tokens: int) -> None:
+        """Clear errors naming the row and the field."""
+        where = f"row {self.name}"
+        if self.threshold is not None and (not isinstance(self.threshold, (int, float))
+                                           or not math.isfinite(self.threshold)):
+            raise FeedbackError(f"{where}: threshold must be a finite number, got {self.threshold!r}")
+        for name in ("prompt", "system_prompt"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, str) or (name == "prompt" and not value.strip()):
+                raise FeedbackError(f"{where}: {name} is empty" if isinstance(value, str)
+                                    else f"{where}: {name} must be text, got {value!r}")
+            if len(value) > MAX_PROMPT_CHARS:
+                raise FeedbackError(f"{where}: {name} is limited to {MAX_PROMPT_CHARS} characters, got {len(value)}")
+        if self.messages is not None:
+            if not isinstance(self.messages, list):
+                raise FeedbackError(f"{where}: messages must be a list of {{role, content}}, got {self.messages!r}")
+            for i, m in enumerate(self.messages):
+                if not isinstance(m, dict) or set(m) != {"role", "content"}:
+                    raise FeedbackError(f"{where}: messages[{i}] must have exactly a role and a content")
+                if m["role"] not in ROLES:
+                    raise FeedbackError(f"{where}: messages[{i}].role must be one of {', '.join(ROLES)}, "
+                                        f"got {m['role']!r}")
+                if not isinstance(m["content"], str):
+                    raise FeedbackError(f"{where}: messages[{i}].content must be text")
+            if sum(len(m["content"]) for m in self.messages) > MAX_PROMPT_CHARS:
+                raise FeedbackError(f"{where}: messages are limited to {MAX_PROMPT_CHARS} characters in all")
+        if self.prefix is not None:
+            if not isinstance(self.prefix, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                           and t >= 0 for t in self.prefix):
+                raise FeedbackError(f"{where}: prefix must be a list of token ids, got {self.prefix!r}")
+            if len(self.prefix) > max_new_tokens:
+                raise FeedbackError(f"{where}: prefix has {len(self.prefix)} tokens but max_new_tokens is "
+                                    f"{max_new_tokens}")
+
+
+DEEPCONF_K = Bound("DeepConf k", 1, 1000, integer=True)  # top-k of the full distribution per token
+DEEPCONF_WINDOW = Bound("window", 1, 100_000, integer=True)  # tokens in a group-confidence window
+SEED = Bound("seed", 0, 2**63 - 1, integer=True)
+
+
+@dataclass
+class DeepConfConfig:
+    k: int = DEFAULT_K
+    window: int = DEFAULT_WINDOW
+    threshold: float | None = None  # fixed early-stop threshold on group confidence; None = off
+
+    def validate(self) -> "DeepConfConfig":
+        if not isinstance(self.k, int) or not 1 <= self.k <= 1000:
+            raise FeedbackError(f"DeepConf k must be an integer in [1, 1000], got {self.k!r}")
+        if not isinstance(self.window, int) or not 1 <= self.window <= 100_000:
+            raise FeedbackError(f"DeepConf window must be an integer in [1, 100000], got {self.window!r}")
+        if self.threshold is not None and (
+            not isinstance(self.threshold, (int, float)) or not math.isfinite(self.threshold)
+        ):
+            raise FeedbackError(f"DeepConf threshold must be a finite number, got {self.threshold!r}")
+        return self
+
+
+def default_rows(strategy: str = "residual", params: dict | None = None) -> list[RowSpec]:
+    return [RowSpec("baseline"), RowSpec("feedback", strategy, dict(params or {}))]
+
+
+RESULT_NOTES = ("precision",)  # keys of a result's config that describe the run, not settings
+
+
+@dataclass
+class RunConfig:
+    """Everything that determines a run; replaying it reproduces the run."""
+
+    prompt: str
+    model: str = "embedded"
+    dtype: str = "auto"
+    chat_template: bool = True
+    system_prompt: str | None = None
+    max_new_tokens: int = 128
+    seed: int = 0
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    deepconf: DeepConfConfig = field(default_factory=DeepConfConfig)
+    rows: list[RowSpec] = field(default_factory=default_rows)
+    reference: str | None = None  # a reference answer: its perplexity under each row's prompt (quality)
+    key_facts: list[str] = field(default_factory=list)  # texts (or /regex/) whose recall in each answer is measured
+    quality: bool = False  # also the metrics that take forward passes: self and prompt PPL (reference PPL: when set)
+
+    def validate(self) -> "RunConfig":
+        if not isinstance(self.prompt, str):
+            raise FeedbackError(f"prompt must be text, got {self.prompt!r}")
+        if not self.prompt.strip() and (not self.rows or any(r.prompt is None for r in self.rows)):
+            raise FeedbackError("prompt is empty")
+        if len(self.prompt) > MAX_PROMPT_CHARS:
+            raise FeedbackError(f"prompt is limited to {MAX_PROMPT_CHARS} characters, got {len(self.prompt)}")
+        if self.reference is not None and (not isinstance(self.reference, str) or not self.reference.strip()
+                                           or len(self.reference) > MAX_PROMPT_CHARS):
+            raise FeedbackError(f"reference must be non-empty text of at most {MAX_PROMPT_CHARS} characters")
+        if not isinstance(self.key_facts, list) or len(self.key_facts) > MAX_KEY_FACTS or not all(
+                isinstance(f, str) and f.strip() for f in self.key_facts):
+            raise FeedbackError(f"key_facts must be a list of at most {MAX_KEY_FACTS} non-empty texts")
+        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP:
+            raise FeedbackError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS_CAP}], "
+                                f"got {self.max_new_tokens!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise FeedbackError(f"seed must be an integer in [0, 2^63), got {self.seed!r}")
+        if not self.rows or len(self.rows) > MAX_ROWS:
+            raise FeedbackError(f"a run needs 1 to {MAX_ROWS} rows, got {len(self.rows)}")
+        names = [r.name for r in self.rows]
+        if len(set(names)) != len(names):
+            raise FeedbackError(f"row names must be unique, got {names}")
+        for row in self.rows:
+            row.validate(self.max_new_tokens)
+        self.sampling.validate()
+        self.deepconf.validate()
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunConfig":
+        """A config from a dict: a request's, or a result's (whose notes on how it ran are left out)."""
+        data = {k: v for k, v in data.items() if k not in RESULT_NOTES}
+        try:
+            data["sampling"] = SamplingConfig(**data.get("sampling", {}))
+            data["deepconf"] = DeepConfConfig(**data.get("deepconf", {}))
+            if "rows" in data:
+                data["rows"] = [RowSpec(**r) for r in data["rows"]]
+            return cls(**data)
+        except TypeError as exc:
+            raise FeedbackError(f"invalid run config: {exc}") from None
+
+
+@dataclass
+class Alternative:
+    token_id: int
+    text: str
+    prob: float
+
+
+@dataclass
+class StepRecord:
+    """What one row produced at one decode step."""
+
+    step: int
+    token_id: int
+    text: str  # the text this token adds to the row's output (incrementally detokenised)
+    logprob: float  # chosen token, raw (untempered) distribution
+    prob: float
+    confidence: float  # DeepConf token confidence
+    entropy: float
+    group_confidence: float  # mean confidence of the last `window` tokens so far
+    top: list[Alternative]
+    time_ms: float  # wall time of the batched step that produced it
+    forced: bool = False  # the token was given (a branch's replay), not chosen by the sampler
+    part: str | None = None  # a prompt-level strategy's phase: "restate", "transition", "answer"
+
+
+@dataclass
+class RowResult:
+    name: str
+    strategy: str | None
+    params: dict[str, Any]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    stop_reason: str | None = None  # eos | max_tokens | early_stop | stopped
+    stop_step: int | None = None
+    steps: list[StepRecord] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    decode_seconds: float = 0.0
+    tokens_per_s: float = 0.0
+
+
+def answer_text(row: "RowResult") -> str:
+    """The part of a reply that answers: after a restatement (a prompt-level strategy's parts), else all."""
+    if any(s.part for s in row.steps):
+        return "".join(s.text for s in row.steps if s.part != "restate")
+    return row.text
+
+
+def tokens_per_second(steps: list[StepRecord]) -> float | None:
+    """Decode speed of a row from its step times; step 0 (the prefill, time to first token) is left out."""
+    seconds = sum(s.time_ms for s in steps[1:]) / 1000.0
+    return (len(steps) - 1) / seconds if len(steps) > 1 and seconds > 0 else None
+
+
+def confidence_summary(row: "RowResult") -> tuple[float | None, float | None]:
+    """(mean token confidence, lowest group confidence) of a row: its final metrics once it has
+    them, else from its steps so far (a row still streaming)."""
+    if row.metrics.get("mean") is not None:
+        return row.metrics.get("mean"), row.metrics.get("lowest_group")
+    if not row.steps:
+        return None, None
+    return (math.fsum(s.confidence for s in row.steps) / len(row.steps),
+            min(s.group_confidence for s in row.steps))
+
+
+def _run_id() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+@dataclass
+class RunResult:
+    config: dict[str, Any]
+    rows: list[RowResult]
+    prompt_tokens: int = 0
+    prefill_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    memory: list[dict] = field(default_factory=list)
+    first_divergence_step: int | None = None  # first step where row 0 and row 1 chose different tokens
+    run_id: str = field(default_factory=_run_id)  # names the run in history, exports and /api/continue
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunResult":
+        """Rebuild a result from `to_dict()` output (history, exports, replay)."""
+        def known(kind, d: dict) -> dict:  # extra keys (e.g. UI annotations) are ignored
+            names = {f.name for f in fields(kind)}
+            return {k: v for k, v in d.items() if k in names}
+
+        rows = []
+        for r in data["rows"]:
+            steps = [StepRecord(**{**known(StepRecord, s), "top": [Alternative(**a) for a in s.get("top", [])]})
+                     for s in r["steps"]]
+            rows.append(RowResult(**{**known(RowResult, r), "steps": steps}))
+        return cls(**{**known(cls, data), "rows": rows})
+
+    def row(self, name: str) -> RowResult:
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise KeyError(name)

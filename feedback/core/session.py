@@ -1,0 +1,111 @@
+"""A prompt-engineering session on top of runs: the next turn of a conversation, and a branch from
+any token ("what if it had picked that one?").
+
+Both build a new `RunConfig` from a finished `RunResult`; the engine runs it like any other, so the
+UI, CLI, API and batch runner share them.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import replace
+
+from feedback.core.records import RowResult, RowSpec, RunConfig, RunResult
+from feedback.errors import FeedbackError
+
+
+def _config_of(result: RunResult) -> RunConfig:
+    """The config a result ran with (the resolved dtype included, so the next run matches it)."""
+    return RunConfig.from_dict(result.config).validate()
+
+
+def _row_index(result: RunResult, row: str | int) -> int:
+    if isinstance(row, int) and not isinstance(row, bool):
+        if 0 <= row < len(result.rows):
+            return row
+        raise FeedbackError(f"row {row} does not exist: the run has {len(result.rows)} rows")
+    names = [r.name for r in result.rows]
+    if row not in names:
+        raise FeedbackError(f"unknown row {row!r}: the run's rows are {', '.join(names)}")
+    return names.index(row)
+
+
+def conversation(cfg: RunConfig, spec: RowSpec, answer: RowResult) -> list[dict[str, str]]:
+    """A row's conversation after its turn: its earlier turns, its prompt, its own answer."""
+    prompt = spec.prompt if spec.prompt is not None else cfg.prompt
+    return list(spec.messages or []) + [{"role": "user", "content": prompt},
+                                        {"role": "assistant", "content": answer.text}]
+
+
+def continue_run(result: RunResult, user_message: str) -> RunConfig:
+    """The next turn: every row gets `user_message` after its own history (its own previous answer),
+    so the rows' conversations diverge as their answers did. The answers are re-tokenised through the
+    chat template, as a chat client would send them; the system prompt and settings carry over."""
+    if not isinstance(user_message, str) or not user_message.strip():
+        raise FeedbackError("the next message is empty")
+    cfg = _config_of(result)
+    if not cfg.chat_template:
+        raise FeedbackError("a conversation needs the chat template; this run had it off")
+    if [r.name for r in result.rows] != [r.name for r in cfg.rows]:
+        raise FeedbackError("the result's rows do not match its config's rows")
+    rows = [replace(spec, prompt=None, prefix=None, messages=conversation(cfg, spec, answer))
+            for spec, answer in zip(cfg.rows, result.rows)]
+    return replace(cfg, prompt=user_message, rows=rows).validate()
+
+
+def branch(result: RunResult, row: str | int, step: int, tokens: int | list[int], all_rows: bool = True) -> RunConfig:
+    """The run again, with `row` replaying its own tokens up to `step`, then forced to `tokens` (one
+    id or several) at `step`, then decoding on. With `all_rows` every row is replayed and forced the
+    same way after its own tokens, so the comparison stays paired; a row that had already ended
+    before `step` is replayed whole and ends where it ended. Without it, the other rows run afresh."""
+    cfg = _config_of(result)
+    target = _row_index(result, row)
+    ids = [tokens] if isinstance(tokens, int) and not isinstance(tokens, bool) else list(tokens)
+    if not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise FeedbackError(f"the branch needs one or more token ids, got {tokens!r}")
+    own = result.rows[target].token_ids
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < len(own):
+        raise FeedbackError(f"step {step!r} is outside row {result.rows[target].name}'s answer "
+                            f"(steps 0 to {len(own) - 1})")
+    rows = []
+    for i, (spec, answer) in enumerate(zip(cfg.rows, result.rows)):
+        if i == target or (all_rows and len(answer.token_ids) > step):
+            prefix = answer.token_ids[:step] + ids
+        elif all_rows:
+            prefix = list(answer.token_ids)
+        else:
+            prefix = None
+        rows.append(replace(spec, prefix=prefix))
+    return replace(cfg, rows=rows).validate()
+
+
+def answers_only(result: RunResult) -> RunResult:
+    """What a follow-up needs of a result (config, each row's tokens and text), without the
+    per-step records that make a result large."""
+    rows = [RowResult(r.name, r.strategy, dict(r.params), list(r.token_ids), r.text, r.stop_reason, r.stop_step)
+            for r in result.rows]
+    return RunResult(config=result.config, rows=rows, prompt_tokens=result.prompt_tokens, run_id=result.run_id)
+
+
+class RecentRuns:
+    """The last `capacity` results a server produced, by run id, so a client can continue or branch
+    one by its id. Only what a follow-up needs is kept (see `answers_only`)."""
+
+    def __init__(self, capacity: int = 64):
+        self.capacity = capacity
+        self._runs: OrderedDict[str, RunResult] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, result: RunResult) -> None:
+        with self._lock:
+            self._runs[result.run_id] = answers_only(result)
+            self._runs.move_to_end(result.run_id)
+            while len(self._runs) > self.capacity:
+                self._runs.popitem(last=False)
+
+    def get(self, run_id: str) -> RunResult:
+        with self._lock:
+            if run_id not in self._runs:
+                raise FeedbackError(f"no recent run {run_id!r} on this server (it keeps the last {self.capacity}); "
+                                    "send the run itself instead")
+            return self._runs[run_id]

@@ -1,0 +1,65 @@
+"""The models a server offers: an allowlist, loaded on first use, and the one line to the model.
+
+The page, the Gradio API and the HTTP API share one pool per process, so each model is loaded once
+and every run, whichever door it came through, waits in the same line (`ModelPool.gate`)."""
+from __future__ import annotations
+
+import os
+import threading
+
+from feedback.core import embedded
+from feedback.core.model import LoadedModel, load_model
+from feedback.errors import FeedbackError
+from feedback.serve.gate import Gate
+
+
+class ModelPool:
+    """Loaded models by name, restricted to an allowlist; keeps at most `capacity` in memory.
+
+    Shared by the UI and API so one process loads each model once. Loading is serialised; runs
+    take a slot of `gate` first."""
+
+    def __init__(self, allowlist: list[str], capacity: int = 1, **load_kwargs):
+        if not allowlist:
+            raise FeedbackError("the model allowlist is empty")
+        # One line for all model work of this process, page and API alike; one run at a time, as
+        # forwards on a model are serialised anyway (LoadedModel.forward_lock).
+        self.gate = Gate(1)
+        self.allowlist = list(dict.fromkeys(allowlist))
+        self.capacity = max(1, capacity)
+        self.load_kwargs = load_kwargs
+        self._models: dict[str, LoadedModel] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def serving(cls, lm: LoadedModel) -> "ModelPool":
+        """A pool whose allowlist is one model that is already loaded (tests, benchmarks)."""
+        pool = cls([lm.name])
+        pool._models[lm.name] = lm
+        return pool
+
+    @property
+    def default(self) -> str:
+        return self.allowlist[0]
+
+    def get(self, name: str | None = None) -> LoadedModel:
+        name = name or self.default
+        if name not in self.allowlist:
+            raise FeedbackError(f"model {name!r} is not in the allowlist: {', '.join(self.allowlist)}")
+        with self._lock:
+            if name not in self._models:
+                while len(self._models) >= self.capacity:
+                    self._models.pop(next(iter(self._models)))
+                self._models[name] = load_model(name, **self.load_kwargs)
+            return self._models[name]
+
+    def loaded(self) -> dict[str, LoadedModel]:
+        """The models in memory now, by name."""
+        with self._lock:
+            return dict(self._models)
+
+
+def allowlist_from_env(default: str = embedded.EMBEDDED_NAME) -> list[str]:
+    """`FEEDBACK_MODELS` (comma-separated names), else just the embedded model."""
+    names = [n.strip() for n in os.environ.get("FEEDBACK_MODELS", "").split(",") if n.strip()]
+    return names or [default]

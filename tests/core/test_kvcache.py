@@ -1,0 +1,84 @@
+"""The preallocated KV cache and grouped attention: the same numbers as transformers' dynamic cache
+and eager attention, no head copies, and a run that cannot fit its cache refused before any work."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+from feedback.core.engine import Engine
+from feedback.core.kvcache import GROUPED, PreallocatedLayer, grouped_attention, run_cache
+from feedback.core.records import RowSpec, RunConfig
+from feedback.errors import FeedbackError
+from feedback.serve.batch import run_batch
+
+
+@pytest.mark.parametrize("queries", [1, 7])
+def test_grouped_attention_is_eager_attention(queries):
+    torch.manual_seed(0)
+    b, h, kv, t, d = 3, 9, 3, 11, 16
+    module = nn.Module()
+    module.num_key_value_groups = h // kv
+    q, k, v = torch.randn(b, h, queries, d), torch.randn(b, kv, t, d), torch.randn(b, kv, t, d)
+    mask = torch.zeros(b, 1, queries, t)
+    mask[0, :, :, :4] = torch.finfo(torch.float32).min  # a left-padded row
+    mask[:, :, :, t - queries:] += torch.triu(torch.full((queries, queries), torch.finfo(torch.float32).min), 1)
+    want, want_w = eager_attention_forward(module, q, k, v, mask, scaling=d ** -0.5)
+    got, got_w = grouped_attention(module, q, k, v, mask, scaling=d ** -0.5)
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6)
+    assert torch.allclose(got_w, want_w, atol=1e-6)
+
+
+def test_preallocated_layer_behaves_as_the_dynamic_one():
+    torch.manual_seed(0)
+    pre, dyn = PreallocatedLayer(capacity=6), DynamicLayer()
+    for n in (4, 1, 1, 3):  # the last write grows past the capacity
+        k, v = torch.randn(2, 3, n, 8), torch.randn(2, 3, n, 8)
+        got, want = pre.update(k, v), dyn.update(k, v)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert pre.get_seq_length() == dyn.get_seq_length() == 9
+    buffer = pre._k.data_ptr()
+    pre.update(torch.zeros(2, 3, 1, 8), torch.zeros(2, 3, 1, 8))
+    assert pre._k.data_ptr() == buffer  # a step writes in place: no copy of the cache
+    pre.crop(-1)
+    for layer in (pre, dyn):
+        layer.batch_select_indices(torch.tensor([1]))
+    assert torch.equal(pre.keys, dyn.keys) and torch.equal(pre.values, dyn.values)
+    pre.batch_repeat_interleave(3)
+    assert pre.keys.shape == (3, 3, 9, 8) and torch.equal(pre.keys[2], dyn.keys[0])
+
+
+def test_the_engine_runs_on_the_preallocated_cache_with_grouped_attention(embedded_lm, tiny_lm):
+    assert embedded_lm.model.config._attn_implementation == GROUPED  # llama on CPU
+    assert isinstance(run_cache(tiny_lm.model.config, 8), type(run_cache(embedded_lm.model.config, 8)))
+    assert isinstance(run_cache(_sliding_config(), 8), DynamicCache)  # other layer kinds keep their own
+
+
+def _sliding_config():
+    from transformers import MistralConfig
+
+    cfg = MistralConfig(num_hidden_layers=2, sliding_window=4)
+    cfg.layer_types = ["sliding_attention", "full_attention"]
+    return cfg
+
+
+def test_a_run_whose_cache_cannot_fit_is_refused_before_any_work(tiny_lm, monkeypatch, tmp_path, hook_count):
+    monkeypatch.setenv("FEEDBACK_MEMORY_CAP_MB", "0.01")
+    cfg = RunConfig(prompt="hello there", model="tiny", max_new_tokens=64, rows=[RowSpec("a"), RowSpec("b")])
+    with pytest.raises(FeedbackError, match=r"key/value cache \(\d+ prompt \+ 64 new tokens, 2 rows\); the memory cap "
+                                            r"is 0 MB \(FEEDBACK_MEMORY_CAP_MB"):
+        Engine(tiny_lm).start(cfg)
+    assert hook_count(tiny_lm.model) == 0
+    tasks, out = tmp_path / "tasks.jsonl", tmp_path / "out.jsonl"
+    tasks.write_text(json.dumps({"id": "big", "prompt": "hello there", "max_new_tokens": 64}) + "\n")
+    run_batch(tiny_lm, tasks, out, retries=0)
+    record = json.loads(out.read_text().splitlines()[0])
+    assert record["status"] == "error" and "memory cap" in record["error"]
+    monkeypatch.setenv("FEEDBACK_MEMORY_CAP_MB", "lots")
+    with pytest.raises(FeedbackError, match="must be a number of MB"):
+        Engine(tiny_lm).start(cfg)

@@ -1,0 +1,139 @@
+"""Quality metrics per row: hand-computed small cases, and the forward-pass ones against direct scoring."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from feedback.core import quality
+from feedback.core.engine import Engine
+from feedback.core.records import RowSpec, RunConfig
+
+
+def test_distinct_and_repeats_by_hand():
+    ids = [1, 2, 3, 1, 2, 3, 4]
+    assert quality.distinct(ids, 1) == 4 / 7
+    assert quality.distinct(ids, 2) == 4 / 6  # (1,2) (2,3) (3,1) (3,4); (1,2) and (2,3) twice
+    assert quality.repeat_rate(ids, 3) == 1 / 5  # 3-grams: 123 231 312 123* 234
+    assert quality.longest_repeat(ids) == 3
+    assert quality.longest_repeat([7, 7, 7, 7]) == 3  # overlapping occurrences count
+    assert quality.longest_repeat([1, 2, 3]) == 0
+    assert quality.distinct([], 1) is None and quality.repeat_rate([1, 2], 3) is None
+
+
+def test_key_facts_plain_and_regex():
+    text = "The Eiffel Tower is in Paris, built in 1889."
+    facts = ["paris", "/built in 18\\d\\d/", "London", "/([a-z]+)+$(/"]  # the last is a broken regex: not found
+    assert quality.key_facts_found(text, facts) == ["paris", "/built in 18\\d\\d/"]
+    m = quality.text_metrics([1, 2], text, facts)
+    assert m["key_fact_recall"] == 0.5 and m["key_facts_found"] == ["paris", "/built in 18\\d\\d/"]
+    assert "key_fact_recall" not in quality.text_metrics([1, 2], text, [])
+
+
+def _direct_ppl(lm, ids: list[int], start: int) -> float:
+    """exp(mean NLL) of ids[start:] from one plain full forward."""
+    with torch.inference_mode():
+        logits = lm.model(input_ids=torch.tensor([ids])).logits[0].float()
+    nll = torch.nn.functional.cross_entropy(logits[start - 1:-1], torch.tensor(ids[start:]), reduction="none")
+    return math.exp(nll.double().mean().item())
+
+
+def test_forward_pass_metrics_match_direct_scoring(tiny_lm):
+    prompt_ids, answer = tiny_lm.encode("Tell me a story"), [100, 200, 300, 400]
+    assert quality.self_ppl(tiny_lm, prompt_ids, answer) == pytest.approx(
+        _direct_ppl(tiny_lm, prompt_ids + answer, len(prompt_ids)), rel=1e-4)
+    text_ids = tiny_lm.tokenizer("a plain sentence to score")["input_ids"]
+    assert quality.text_ppl(tiny_lm, "a plain sentence to score") == pytest.approx(
+        _direct_ppl(tiny_lm, text_ids, 1), rel=1e-4)
+    ref = [11, 22, 33]
+    plain = _direct_ppl(tiny_lm, prompt_ids + ref, len(prompt_ids))
+    assert quality.reference_ppl(tiny_lm, prompt_ids, ref, None, {}) == {
+        "reference_ppl": pytest.approx(plain, rel=1e-4), "reference_ppl_with_strategy": True}
+    # a non-recurrent strategy at strength 0 scores like the plain model; a recurrent one falls back to it
+    zero = quality.reference_ppl(tiny_lm, prompt_ids, ref, "deep_cache", {"lam": 0.0})
+    assert zero["reference_ppl_with_strategy"] and zero["reference_ppl"] == pytest.approx(plain, rel=1e-4)
+    strong = quality.reference_ppl(tiny_lm, prompt_ids, ref, "anchor", {"alpha": 0.8})
+    assert strong["reference_ppl_with_strategy"] and strong["reference_ppl"] != pytest.approx(plain, rel=1e-3)
+    recurrent = quality.reference_ppl(tiny_lm, prompt_ids, ref, "residual", {"alpha": 0.8})
+    assert recurrent == {"reference_ppl": pytest.approx(plain, rel=1e-4), "reference_ppl_with_strategy": False}
+
+
+def test_a_run_reports_every_metric_per_row(embedded_lm):
+    cfg = RunConfig(prompt="", max_new_tokens=20, quality=True, reference="The capital of France is Paris.",
+                    key_facts=["Paris", "/capital/"],
+                    rows=[RowSpec("plain", prompt="What is the capital of France?"),
+                          RowSpec("strong", "anchor", {"alpha": 0.2},
+                                  prompt="What is the capital of France? Answer precisely, in one sentence.")])
+    result = Engine(embedded_lm).run(cfg)
+    for spec, row in zip(cfg.rows, result.rows):
+        m = row.metrics
+        assert m["length"] == len(row.token_ids) and 0 < m["distinct_1"] <= 1
+        assert {"repeat_3gram_rate", "longest_repeat", "mean", "lowest_group"} <= set(m)
+        assert m["self_ppl"] == pytest.approx(quality.self_ppl(embedded_lm, embedded_lm.encode(spec.prompt),
+                                                               row.token_ids), rel=1e-5)
+        assert m["prompt_ppl"] == pytest.approx(quality.text_ppl(embedded_lm, spec.prompt), rel=1e-5)
+        assert m["reference_ppl"] > 1 and m["reference_ppl_with_strategy"]
+        assert m["key_fact_recall"] == len(m["key_facts_found"]) / 2
+    assert result.rows[0].metrics["key_fact_recall"] == 1.0  # "The capital of France is Paris."
+
+
+def test_forward_metrics_are_off_unless_asked_and_skipped_when_stopped(tiny_lm):
+    plain = Engine(tiny_lm).run(RunConfig(prompt="hi", model="tiny", max_new_tokens=3))
+    assert "self_ppl" not in plain.rows[0].metrics and "distinct_1" in plain.rows[0].metrics
+    run = Engine(tiny_lm).start(RunConfig(prompt="hi", model="tiny", max_new_tokens=30, quality=True))
+    for event in run:
+        run.stop()
+    assert "self_ppl" not in run.result.rows[0].metrics
+
+
+def test_a_plain_row_scores_itself_from_its_own_steps(tiny_lm):
+    """The baseline's self-perplexity comes from the log-probabilities it recorded while decoding
+    (no second pass); it equals a teacher-forced pass, and only the prompt's own score runs a forward."""
+    forwards = [0]
+    handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    try:
+        run = Engine(tiny_lm).start(RunConfig(prompt="Tell me about tea.", model="tiny", max_new_tokens=12,
+                                              quality=True, rows=[RowSpec("baseline"),
+                                                                  RowSpec("branch", prefix=[5, 6])]))
+        for _ in run:
+            forwards[0] = 0  # only the forwards after the last step count
+    finally:
+        handle.remove()
+    assert forwards[0] == 1  # prompt_ppl; both rows are plain, forced tokens included
+    for row in run.result.rows:
+        want = quality.self_ppl(tiny_lm, tiny_lm.encode("Tell me about tea."), row.token_ids)
+        assert row.metrics["self_ppl"] == pytest.approx(want, rel=1e-5)
+
+
+def test_key_facts_total_is_kept():
+    m = quality.text_metrics([1], "nothing here", ["a fact", "another"])
+    assert m["key_facts_total"] == 2 and m["key_fact_recall"] == 0.0 and m["key_facts_found"] == []
+
+
+def test_metric_directions():
+    assert {k for k, up in quality.HIGHER_IS_BETTER.items() if up} == {
+        "distinct_1", "distinct_2", "key_fact_recall", "mean", "lowest_group"}
+    assert {k for k, up in quality.HIGHER_IS_BETTER.items() if not up} == {
+        "repeat_3gram_rate", "longest_repeat", "self_ppl", "prompt_ppl", "reference_ppl"}
+
+
+def test_best_rows_by_hand():
+    rows = [
+        {"distinct_1": 0.8, "self_ppl": 3.0, "mean": 5.0, "longest_repeat": 2, "length": 10},
+        {"distinct_1": 0.9, "self_ppl": 2.5, "mean": 5.0, "longest_repeat": 4, "length": 12},
+        {"distinct_1": 0.9, "self_ppl": None, "mean": 5.0, "longest_repeat": 2, "length": 99},
+    ]
+    assert quality.best_rows(rows) == {
+        "distinct_1": {1, 2},  # a tie: both
+        "self_ppl": {1},  # lower is better; None ignored
+        "longest_repeat": {0, 2},
+    }  # mean: all equal, no best; length: not ranked
+
+
+def test_best_rows_needs_two_differing_values():
+    assert quality.best_rows([]) == {} and quality.best_rows([{"self_ppl": 2.0}]) == {}
+    assert quality.best_rows([{"self_ppl": 2.0}, {"self_ppl": None}, {}]) == {}
+    assert quality.best_rows([{"reference_ppl": float("nan")}, {"reference_ppl": 3.0}]) == {}
+    assert quality.best_rows([{"key_fact_recall": 0.0}, {"key_fact_recall": 0.5}]) == {"key_fact_recall": {1}}
+    assert quality.best_rows([{"repeat_3gram_rate": 0.0}, {"repeat_3gram_rate": 0.25}]) == {"repeat_3gram_rate": {0}}

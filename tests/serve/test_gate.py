@@ -1,0 +1,117 @@
+"""The shared model line: first come, first served; bounded waiting; timeouts; leases; places."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from feedback.serve.gate import Busy, Gate
+
+
+def _wait_for(predicate, timeout: float = 5.0) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_waiters_are_served_in_arrival_order_whatever_their_kind():
+    gate, order = Gate(1), []
+    first = gate.acquire("ui")
+    threads = []
+    for name, kind in [("page-1", "ui"), ("api-1", "api"), ("api-2", "api"), ("page-2", "ui")]:
+        def work(name=name, kind=kind):
+            with gate.slot(kind, label=name):
+                order.append(name)
+        t = threading.Thread(target=work, daemon=True)
+        t.start()
+        threads.append(t)
+        _wait_for(lambda n=len(threads): gate.status()["waiting"] == n)
+    gate.release(first)
+    for t in threads:
+        t.join(5)
+    assert order == ["page-1", "api-1", "api-2", "page-2"]
+    assert gate.status() == {"capacity": 1, "running": 0, "waiting": 0, "runs": []}
+
+
+def test_a_full_line_for_one_kind_refuses_at_once_but_not_other_kinds():
+    gate = Gate(1)
+    assert not gate.would_refuse("api", 0)  # a free slot is always taken
+    held = gate.acquire("ui")
+
+    def queued_api_call():
+        with gate.slot("api", max_waiting=1):
+            pass
+
+    waiter = threading.Thread(target=queued_api_call, daemon=True)
+    waiter.start()
+    _wait_for(lambda: gate.status()["waiting"] == 1)
+    assert gate.would_refuse("api", 1)
+    t0 = time.perf_counter()
+    with pytest.raises(Busy, match="busy"):
+        gate.acquire("api", max_waiting=1)
+    assert time.perf_counter() - t0 < 0.5
+    assert not gate.would_refuse("ui", None)
+    gate.release(held)
+    waiter.join(5)
+    assert gate.status()["running"] == 0
+
+
+def test_a_wait_that_times_out_leaves_the_line():
+    gate = Gate(1)
+    held = gate.acquire(label="a Sweep")
+    with pytest.raises(Busy, match="stayed busy for 0.1 s"):
+        gate.acquire("api", timeout=0.1)
+    status = gate.status()
+    assert (status["running"], status["waiting"]) == (1, 0) and status["runs"][0]["label"] == "a Sweep"
+    gate.release(held)
+    with pytest.raises(RuntimeError):
+        gate.release(held)
+
+
+def test_capacity_two_runs_two_at_once():
+    gate = Gate(2)
+    gate.acquire()
+    gate.acquire(timeout=0.1)
+    with pytest.raises(Busy):
+        gate.acquire(timeout=0.05)
+    with pytest.raises(Exception, match="at least 1"):
+        Gate(0)
+
+
+def test_a_waiter_that_stops_renewing_its_lease_loses_its_place():
+    """A page whose tab closed never calls `wait` again: the people behind it are not blocked."""
+    gate = Gate(1, lease_s=0.3)
+    held = gate.acquire(label="a Compare run")
+    gone = gate.join("ui", "a Sweep")  # joins, then its page goes away
+    behind = gate.join("ui", "a Deep Think run")
+    place = gate.where(behind)
+    assert place.position == 2 and place.ahead == ["a Sweep"] and place.running[0][0] == "a Compare run"
+    gate.release(held)
+    t0 = time.monotonic()
+    while not gate.wait(behind, 0.1):
+        assert time.monotonic() - t0 < 3
+    assert 0.2 < time.monotonic() - t0 < 2  # served once the abandoned ticket's lease ran out
+    assert gate.status()["waiting"] == 0 and gate.status()["runs"][0]["label"] == "a Deep Think run"
+    gate.leave(behind)
+    gate.leave(gone)  # leaving twice, or after losing the place, is harmless
+    assert gate.status()["running"] == 0
+
+
+def test_leaving_the_line_lets_the_next_one_in_and_cancelled_acquire_gives_up():
+    gate = Gate(1)
+    held = gate.acquire()
+    waiting = gate.join("ui", "first")
+    gate.leave(waiting)  # Stop pressed while waiting
+    assert gate.status()["waiting"] == 0
+    flag = threading.Event()
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(
+        pytest.raises(Busy, gate.acquire, "api", None, None, "x", flag.is_set)))
+    t.start()
+    _wait_for(lambda: gate.status()["waiting"] == 1)
+    flag.set()  # the HTTP client hung up
+    t.join(5)
+    assert result and gate.status()["waiting"] == 0
+    gate.release(held)
