@@ -225,6 +225,27 @@ class Jobs:
 _END = object()
 
 
+def keyword_signature(names: list[str]) -> inspect.Signature:
+    """(request, *, name1, name2, ...): Gradio gives the request to the first parameter annotated
+    `gr.Request` (it must be positional) and the `inputs_kwargs` values by name; API clients see
+    the names as parameters."""
+    request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                annotation=gr.Request)
+    return inspect.Signature([request, *(inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in names)])
+
+
+def by_name(fn: Callable[[dict], Any], names: list[str]) -> Callable:
+    """A plain (not model) handler wired with `inputs_kwargs`: `fn(values)` gets the controls'
+    values as one dict keyed by name."""
+    def handler(request: gr.Request = None, **values):
+        return fn(values)
+
+    handler.__signature__ = keyword_signature(names)
+    handler.__name__, handler.__doc__ = fn.__name__, fn.__doc__
+    handler.__annotations__ = {"request": gr.Request}
+    return handler
+
+
 def user_error(exc: BaseException) -> gr.Error:
     """A `gr.Error` for a refused input: a toast with the message; logged as one line, no traceback."""
     log.info("refused: %s", exc)
@@ -268,6 +289,26 @@ class ModelRunner:
         request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
                                     annotation=gr.Request)
         handler.__signature__ = base.replace(parameters=[*fixed, *named, request])
+        handler.__annotations__ = {"request": gr.Request}  # Gradio finds the request parameter by its type hint
+        handler.model_handler = True  # marks the handlers that go through here (tests check every model event)
+        return handler
+
+    def wrap_named(self, tab: str, prepare: Callable[[dict], Work], names: list[str]) -> Callable:
+        """A Gradio generator handler for an event wired with `inputs_kwargs={name: component}`:
+        Gradio passes one keyword per control (`names`, also the API's parameter names) and
+        `prepare(values)` gets them as one dict, validates and returns the `Work`."""
+        runner = self
+
+        def handler(request: gr.Request = None, **values):
+            session = getattr(request, "session_hash", None) or "local"
+            try:
+                work = prepare(values)
+            except FeedbackError as exc:
+                raise user_error(exc) from None
+            yield from runner.drive(session, tab, work)
+
+        handler.__signature__ = keyword_signature(names)
+        handler.__name__, handler.__doc__ = prepare.__name__, prepare.__doc__
         handler.__annotations__ = {"request": gr.Request}  # Gradio finds the request parameter by its type hint
         handler.model_handler = True  # marks the handlers that go through here (tests check every model event)
         return handler

@@ -2,6 +2,7 @@
 and can be left, and every model handler of the app runs its work inside the GPU function."""
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import time
@@ -258,3 +259,27 @@ def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_
     finally:
         handle.remove()
     assert forwards and all(inside == 1 for inside in forwards)
+
+
+def test_named_handlers_get_one_dict_by_name_and_the_request(tiny_lm):
+    """wrap_named / by_name: Gradio passes `inputs_kwargs` values by keyword; the handler's
+    prepare gets them as one dict, API clients see the names as parameters, in order."""
+    from ui.runner import by_name, keyword_signature
+
+    sig = keyword_signature(["prompt", "temperature"])
+    assert list(sig.parameters) == ["request", "prompt", "temperature"]
+    assert sig.parameters["request"].annotation is gr.Request
+    seen = []
+    handler = by_name(lambda values: seen.append(values) or "ok", ["prompt", "temperature"])
+    assert handler(None, prompt="hi", temperature=0.5) == "ok" and seen == [{"prompt": "hi", "temperature": 0.5}]
+
+    from feedback.serve.pool import ModelPool
+    runner = ModelRunner(ModelPool.serving(tiny_lm), gpu=lambda fn, **_: fn)
+
+    def refuse(values):
+        raise FeedbackError(f"temperature must be between 0 and 10, got {values['temperature']}")
+
+    model_handler = runner.wrap_named("t", refuse, ["temperature"])
+    assert inspect.isgeneratorfunction(model_handler) and model_handler.model_handler
+    with pytest.raises(gr.Error, match="temperature must be between 0 and 10, got 11"):
+        next(model_handler(None, temperature=11))
