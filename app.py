@@ -1,4 +1,5 @@
-"""Launch the Feedback Lens UI: `python app.py` (also the Hugging Face Space's app_file).
+"""Launch the Feedback Lens UI: `python app.py` (also the Hugging Face Space's app_file). This is
+the process around the page: the page itself, the Blocks with its tabs, is `ui/layout.py`.
 
 Host, port, share and auth come from flags or the usual GRADIO_* variables; the model allowlist
 from --models or FEEDBACK_MODELS (the first entry is the default; `embedded` is SmolLM2-135M).

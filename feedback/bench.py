@@ -15,7 +15,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from feedback.core.engine import Engine
+from feedback.core.engine import run_to_end
 from feedback.core.model import LoadedModel, load_model, set_fast_matmul
 from feedback.core.records import RowSpec, RunConfig
 
@@ -48,17 +48,17 @@ def _interleaved(a, b, repeats: int) -> tuple[float, float]:
     return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
 
 
-def _engine_step_s(engine: Engine, rows: list[RowSpec], tokens: int, prompt: str = BENCH_PROMPT,
+def _engine_step_s(lm: LoadedModel, rows: list[RowSpec], tokens: int, prompt: str = BENCH_PROMPT,
                    chat_template: bool = True) -> float:
     """Mean wall time of the decode steps after the first (the first one carries the prefill)."""
-    result = engine.run(RunConfig(prompt=prompt, max_new_tokens=tokens, rows=rows, chat_template=chat_template))
+    result = run_to_end(lm, RunConfig(prompt=prompt, max_new_tokens=tokens, rows=rows, chat_template=chat_template))
     steps = result.rows[0].steps[1:]
     return sum(s.time_ms for s in steps) / len(steps) / 1000.0
 
 
-def _engine_wall_s(engine: Engine, tokens: int) -> tuple[float, list[int]]:
+def _engine_wall_s(lm: LoadedModel, tokens: int) -> tuple[float, list[int]]:
     t = time.perf_counter()
-    result = engine.run(RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=[RowSpec("baseline")]))
+    result = run_to_end(lm, RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=[RowSpec("baseline")]))
     return time.perf_counter() - t, result.rows[0].token_ids
 
 
@@ -97,33 +97,33 @@ def prompt_of(lm: LoadedModel, tokens: int) -> str:
     return lm.tokenizer.decode(ids)
 
 
-def scaling(engine: Engine, tokens: int, repeats: int) -> dict:
+def scaling(lm: LoadedModel, tokens: int, repeats: int) -> dict:
     """Decode step of N plain rows ÷ one row on the same T-token prompt, timed in turn."""
     out = {}
     for rows, ctx in SCALING:
-        prompt = prompt_of(engine.lm, ctx)
+        prompt = prompt_of(lm, ctx)
         many = [RowSpec(f"r{i}") for i in range(rows)]
-        one, n = _interleaved(lambda: _engine_step_s(engine, many[:1], tokens, prompt, False),
-                              lambda: _engine_step_s(engine, many, tokens, prompt, False), repeats)
+        one, n = _interleaved(lambda: _engine_step_s(lm, many[:1], tokens, prompt, False),
+                              lambda: _engine_step_s(lm, many, tokens, prompt, False), repeats)
         out[f"rows{rows}_ctx{ctx}_vs_row1"] = n / one
         out.setdefault("step_ms_scaling", {})[f"rows{rows}_ctx{ctx}"] = {"one_row": one * 1e3, "rows": n * 1e3}
     return out
 
 
-def deepthink_throughput(engine: Engine, tokens: int, repeats: int, traces: int = 16, ctx: int = 256) -> dict:
+def deepthink_throughput(lm: LoadedModel, tokens: int, repeats: int, traces: int = 16, ctx: int = 256) -> dict:
     """Deep Think's shape: `traces` sampled traces of one `ctx`-token prompt, decoded as one batched
     run, against the same traces run one by one (each with its own seed offset, so the same tokens).
     Throughput in trace-tokens per second of wall time."""
     from feedback.core.sampling import SamplingConfig
 
-    prompt = prompt_of(engine.lm, ctx)
+    prompt = prompt_of(lm, ctx)
     rows = [RowSpec(f"t{i}", seed_offset=i) for i in range(traces)]
     sampling = SamplingConfig(temperature=0.7, top_p=0.95)
 
     def run(specs) -> tuple[float, int]:
         t = time.perf_counter()
-        res = engine.run(RunConfig(prompt=prompt, max_new_tokens=tokens, rows=specs, chat_template=False,
-                                   sampling=sampling))
+        res = run_to_end(lm, RunConfig(prompt=prompt, max_new_tokens=tokens, rows=specs, chat_template=False,
+                                       sampling=sampling))
         return time.perf_counter() - t, sum(len(r.token_ids) for r in res.rows)
 
     def separate() -> tuple[float, int]:
@@ -137,12 +137,12 @@ def deepthink_throughput(engine: Engine, tokens: int, repeats: int, traces: int 
             "deepthink16_speedup": (b_tok / b_wall) / (s_tok / s_wall)}
 
 
-def batch_invariance(engine: Engine, tokens: int = 24) -> dict:
+def batch_invariance(lm: LoadedModel, tokens: int = 24) -> dict:
     """How far a row's logits move with its batch: two identical rows (bitwise?), and one row in a
     2-row and a 16-row batch against the same row alone (max |Δ logit| over the run)."""
     def logits(rows):
         seen = []
-        engine.run(RunConfig(prompt=SHORT_PROMPT, max_new_tokens=tokens, rows=rows),
+        run_to_end(lm, RunConfig(prompt=SHORT_PROMPT, max_new_tokens=tokens, rows=rows),
                    observer=lambda step, live, lg: seen.append(lg.clone()))
         return seen
 
@@ -153,13 +153,13 @@ def batch_invariance(engine: Engine, tokens: int = 24) -> dict:
             "rows2_vs_alone_max_abs": gap(two), "rows16_vs_alone_max_abs": gap(sixteen)}
 
 
-def _quality_overhead(engine: Engine, tokens: int, repeats: int) -> float:
+def _quality_overhead(lm: LoadedModel, tokens: int, repeats: int) -> float:
     """Wall time of a baseline + feedback run with the forward-pass quality metrics (self and prompt
     perplexity) ÷ the same run without them."""
     def wall(quality: bool) -> float:
         rows = [RowSpec("baseline"), RowSpec("feedback", "residual", {})]
         t = time.perf_counter()
-        engine.run(RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=rows, quality=quality))
+        run_to_end(lm, RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=rows, quality=quality))
         return time.perf_counter() - t
 
     with_metrics, without = _interleaved(lambda: wall(True), lambda: wall(False), repeats)
@@ -198,28 +198,27 @@ def _cold_start_s(dtype: str) -> float:
 
 def measure(tokens: int = 64, repeats: int = 3, dtype: str = "auto", lm: LoadedModel | None = None) -> dict:
     lm = lm or load_model("embedded", dtype=dtype)
-    engine = Engine(lm)
     base, fb = RowSpec("baseline"), RowSpec("feedback", "residual", {})
-    _engine_step_s(engine, [base, fb], 8)  # warm-up (allocator, kernels)
+    _engine_step_s(lm, [base, fb], 8)  # warm-up (allocator, kernels)
     # interleaved (generate, engine, generate, ...) so a drift in machine load hits both sides alike
-    pairs = [(_generate_wall_s(lm, tokens), _engine_wall_s(engine, tokens)) for _ in range(repeats)]
+    pairs = [(_generate_wall_s(lm, tokens), _engine_wall_s(lm, tokens)) for _ in range(repeats)]
     (gen_s, gen_tokens), (eng_s, eng_tokens) = (zip(*side) for side in zip(*pairs))
-    pair = _median(lambda: _engine_step_s(engine, [base, fb], tokens), repeats)
-    twin = _median(lambda: _engine_step_s(engine, [base, RowSpec("baseline2")], tokens), repeats)
+    pair = _median(lambda: _engine_step_s(lm, [base, fb], tokens), repeats)
+    twin = _median(lambda: _engine_step_s(lm, [base, RowSpec("baseline2")], tokens), repeats)
     raw2 = _median(lambda: _raw_step_s(lm, 2, tokens), repeats)
     raw1 = _median(lambda: _raw_step_s(lm, 1, tokens), repeats)
-    single = _median(lambda: _engine_step_s(engine, [base], tokens), repeats)
+    single = _median(lambda: _engine_step_s(lm, [base], tokens), repeats)
     # rows with their own prompts: left-padded into one batch (mask and position ids every step)
-    mixed, shared = _interleaved(lambda: _engine_step_s(engine, [RowSpec("short", prompt=SHORT_PROMPT),
-                                                                 RowSpec("long", prompt=BENCH_PROMPT)], tokens),
-                                 lambda: _engine_step_s(engine, [RowSpec("a"), RowSpec("b")], tokens), repeats)
+    mixed, shared = _interleaved(lambda: _engine_step_s(lm, [RowSpec("short", prompt=SHORT_PROMPT),
+                                                             RowSpec("long", prompt=BENCH_PROMPT)], tokens),
+                                 lambda: _engine_step_s(lm, [RowSpec("a"), RowSpec("b")], tokens), repeats)
     four = [base] + [RowSpec(f"alpha{a}", "residual", {"alpha": a}) for a in (0.05, 0.1, 0.2)]
-    rows4, raw4 = _interleaved(lambda: _engine_step_s(engine, four, tokens), lambda: _raw_step_s(lm, 4, tokens),
+    rows4, raw4 = _interleaved(lambda: _engine_step_s(lm, four, tokens), lambda: _raw_step_s(lm, 4, tokens),
                                repeats)
-    quality = _quality_overhead(engine, 2 * tokens, repeats)
-    grows = scaling(engine, max(4, tokens // 4), repeats)
-    deep = deepthink_throughput(engine, max(4, tokens // 4), repeats)
-    invariance = batch_invariance(engine, max(4, tokens // 4))
+    quality = _quality_overhead(lm, 2 * tokens, repeats)
+    grows = scaling(lm, max(4, tokens // 4), repeats)
+    deep = deepthink_throughput(lm, max(4, tokens // 4), repeats)
+    invariance = batch_invariance(lm, max(4, tokens // 4))
     bandwidth = _bandwidth_gbs()
     weights = _weight_bytes(lm)
     ideal = weights / (bandwidth * 1e9)
@@ -256,11 +255,10 @@ def api_overhead(lm: LoadedModel, tokens: int = 64, repeats: int = 3) -> dict:
     rows = [RowSpec("baseline"), RowSpec("feedback", "residual", {})]
     body = {"prompt": BENCH_PROMPT, "max_new_tokens": tokens,
             "rows": [{"name": r.name, "strategy": r.strategy} for r in rows]}
-    engine = Engine(lm)
 
     def direct() -> tuple[float, list]:
         t = time.perf_counter()
-        result = engine.run(RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=rows))
+        result = run_to_end(lm, RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=rows))
         return time.perf_counter() - t, [r.token_ids for r in result.rows]
 
     with local_server(ModelPool.serving(lm)) as url, httpx.Client(base_url=url + "/api", timeout=600) as client:
@@ -298,7 +296,7 @@ def compare_dtypes(tokens: int = 64, repeats: int = 3) -> dict:
         lm = load_model("embedded", dtype=dtype, fast_matmul=fast)
         _raw_step_s(lm, 1, 8)
         step = _median(lambda: _raw_step_s(lm, 1, tokens), repeats)
-        result = Engine(lm).run(RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=[RowSpec("b")]))
+        result = run_to_end(lm, RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=[RowSpec("b")]))
         ids, conf = result.rows[0].token_ids, [s.confidence for s in result.rows[0].steps]
         ref, ref_conf = ref or ids, ref_conf or conf
         agree = next((i for i, (a, b) in enumerate(zip(ref, ids)) if a != b), min(len(ref), len(ids)))

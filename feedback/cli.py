@@ -19,6 +19,14 @@ def _param(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+def _given(args, *names: str, **renamed: str) -> dict:
+    """The config fields whose flags were given: each of `names` is a field and its flag's
+    attribute; `renamed` maps a field to its attribute. Flags left out are absent, so the config
+    keeps its own default, declared once beside it (the flags default to None)."""
+    attrs = {**{name: name for name in names}, **renamed}
+    return {name: getattr(args, attr) for name, attr in attrs.items() if getattr(args, attr) is not None}
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose usage errors are one line and exit 2 (no usage dump)."""
 
@@ -103,17 +111,18 @@ def _add_generate(sub) -> None:
                    help="this row's own prompt (a prompt variant)")
     g.add_argument("--row-system", action="append", type=_named, default=[], metavar="NAME=TEXT",
                    help="this row's own system prompt")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    # Numbers default to None: a flag left out keeps the config's own default (see `_given`).
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--temperature", type=float, help="0 = greedy")
+    p.add_argument("--top-p", type=float, help="1 = off")
+    p.add_argument("--top-k", type=int, help="0 = off")
+    p.add_argument("--min-p", type=float, help="0 = off")
+    p.add_argument("--repetition-penalty", type=float, help="1 = off")
+    p.add_argument("--seed", type=int)
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--system", default=None, help="system prompt (chat template only)")
-    p.add_argument("--k", type=int, default=20, help="DeepConf top-k for token confidence")
-    p.add_argument("--window", type=int, default=32, help="DeepConf group window (tokens)")
+    p.add_argument("--k", type=int, help="DeepConf top-k for token confidence")
+    p.add_argument("--window", type=int, help="DeepConf group window (tokens)")
     p.add_argument("--threshold", type=float, default=None, help="early-stop group-confidence threshold")
     q = p.add_argument_group("quality metrics (length, distinct-n and repetition are always reported)")
     q.add_argument("--quality", action="store_true", help="also self-perplexity and prompt perplexity per row")
@@ -152,7 +161,6 @@ def _rows(args) -> list:
 
 
 def _generate(args) -> int:
-    from feedback.core.engine import Engine
     from feedback.core.records import DeepConfConfig, RunConfig
     from feedback.core.sampling import SamplingConfig
     from feedback.strategies import get_strategy
@@ -168,13 +176,12 @@ def _generate(args) -> int:
             get_strategy(strategy)  # unknown names fail before the model loads
     config = RunConfig(
         prompt=args.prompt or "", model=args.model or "embedded", dtype=args.dtype,
-        chat_template=not args.no_chat_template, system_prompt=args.system, max_new_tokens=args.max_new_tokens,
-        seed=args.seed, sampling=SamplingConfig(args.temperature, args.top_k, args.top_p, args.min_p,
-                                                args.repetition_penalty),
-        deepconf=DeepConfConfig(args.k, args.window, args.threshold), rows=_rows(args),
+        chat_template=not args.no_chat_template, system_prompt=args.system, **_given(args, "max_new_tokens", "seed"),
+        sampling=SamplingConfig(**_given(args, "temperature", "top_k", "top_p", "min_p", "repetition_penalty")),
+        deepconf=DeepConfConfig(**_given(args, "k", "window"), threshold=args.threshold), rows=_rows(args),
         reference=args.reference, key_facts=list(args.key_fact), quality=args.quality,
     ).validate()
-    return _run_and_report(args, Engine(_load(args)), config)
+    return _run_and_report(args, _load(args), config)
 
 
 def _follow_up(args) -> int:
@@ -182,7 +189,6 @@ def _follow_up(args) -> int:
     --model/--dtype say otherwise), with its settings; --quality, --reference and --key-fact add to them."""
     from dataclasses import replace
 
-    from feedback.core.engine import Engine
     from feedback.core.session import branch, continue_run
 
     fresh = [flag for flag, given in (("--prompt", args.prompt), ("--row-prompt", args.row_prompt),
@@ -206,7 +212,7 @@ def _follow_up(args) -> int:
         extra["reference"] = args.reference
     if args.key_fact:
         extra["key_facts"] = list(args.key_fact)
-    return _run_and_report(args, Engine(lm), replace(config, **extra).validate())
+    return _run_and_report(args, lm, replace(config, **extra).validate())
 
 
 def _read_run(path: str):
@@ -233,12 +239,13 @@ def _token_ids(lm, token: str) -> list[int]:
     return ids
 
 
-def _run_and_report(args, engine, config) -> int:
-    lm = engine.lm
+def _run_and_report(args, lm, config) -> int:
+    from feedback.core.engine import run_to_end, start_run
+
     if args.json:
-        result = engine.run(config)
+        result = run_to_end(lm, config)
     else:
-        run = engine.start(config)
+        run = start_run(lm, config)
         print(f"model {lm.name} ({lm.dtype}, {lm.device}), prompt {len(run.prompt_ids)} tokens", file=sys.stderr)
         for _ in run:
             pass
@@ -290,10 +297,9 @@ def _quality_line(m: dict) -> str:
 def _ppl_config(args, params: dict | None = None):
     from feedback.eval.perplexity import PPLConfig
 
-    return PPLConfig(strategy=args.strategy, params=dict(args.param) if params is None else params,
-                     mode=args.mode, passes=args.passes, window=args.window, stride=args.stride, chunk=args.chunk,
-                     max_docs=args.max_docs, max_tokens_per_doc=args.max_tokens, bootstrap=args.bootstrap,
-                     seed=args.seed)
+    return PPLConfig(strategy=args.strategy, params=dict(args.param) if params is None else params, mode=args.mode,
+                     **_given(args, "passes", "window", "stride", "chunk", "max_docs", "bootstrap", "seed",
+                              max_tokens_per_doc="max_tokens"))
 
 
 def _progress(done: int, total: int, name: str) -> None:
@@ -382,8 +388,9 @@ def _sweep(args) -> int:
 
 def _tune(args) -> int:
     from feedback.eval import corpus
-    from feedback.eval.tune import (BEST_FILE, HTML_FILE, TRIALS_FILE, check_budget, format_params, run_tune,
-                                    searched_names, table_row)
+    from feedback.eval.figures import format_params, table_row
+    from feedback.eval.tune import (BEST_FILE, HTML_FILE, TRIALS_FILE, TuneSettings, check_budget, run_tune,
+                                    searched_names)
 
     check_budget(args.trials, args.timeout)
     fixed = dict(args.param)
@@ -405,8 +412,9 @@ def _tune(args) -> int:
         print(f"[trial {trial}] {params}: ΔPPL {delta}{ci} {state} ({row['seconds']:.1f} s)", file=sys.stderr,
               flush=True)
 
-    res = run_tune(lm, docs, args.strategy, cfg, fixed, trials=args.trials, timeout=args.timeout, seed=args.seed,
-                   out_dir=out, test_docs=test_docs, data=args.data, test=test if test_docs else "", on_trial=report)
+    settings = TuneSettings(trials=args.trials, timeout=args.timeout, seed=cfg.seed, out_dir=out, data=args.data,
+                            test=test if test_docs else "")
+    res = run_tune(lm, docs, args.strategy, cfg, fixed, settings, test_docs=test_docs, on_trial=report)
     if args.json:
         print(json.dumps(res))
         return 0
@@ -435,7 +443,7 @@ def _tune(args) -> int:
 
 
 def _qa(args) -> int:
-    from feedback.core.records import RowSpec
+    from feedback.core.records import MAX_NEW_TOKENS_CAP, RowSpec
     from feedback.eval.deepthink import load_questions
     from feedback.eval.qa import BUILTIN_QUESTIONS, evaluate_qa
     from feedback.strategies import build_strategy
@@ -444,21 +452,21 @@ def _qa(args) -> int:
         RowSpec("baseline"), RowSpec("restate", "restate")]
     if len({r.name for r in rows}) != len(rows):
         raise FeedbackError("row names must differ")
-    if not 1 <= args.max_new_tokens <= 4096:
-        raise FeedbackError(f"--max-new-tokens must be in [1, 4096], got {args.max_new_tokens}")
+    if args.max_new_tokens is not None and not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS_CAP:
+        raise FeedbackError(f"--max-new-tokens must be in [1, {MAX_NEW_TOKENS_CAP}], got {args.max_new_tokens}")
     for r in rows:
         if r.strategy:
             build_strategy(r.strategy, r.params, 10_000)  # names and values, before the model loads
     questions = load_questions(args.questions or BUILTIN_QUESTIONS)
     lm = _load(args)
     progress = lambda i, n: print(f"[{i}/{n}]", file=sys.stderr, flush=True)  # noqa: E731
-    res = evaluate_qa(lm, questions, rows, args.max_new_tokens, progress=None if args.json else progress)
+    res = evaluate_qa(lm, questions, rows, **_given(args, "max_new_tokens"), progress=None if args.json else progress)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1))
     if args.json:
         print(json.dumps(res))
         return 0
-    print(f"{res['questions']} questions, greedy, {args.max_new_tokens} new tokens at most")
+    print(f"{res['questions']} questions, greedy, {res['max_new_tokens']} new tokens at most")
     for name, s in res["rows"].items():
         ppl = "n/a" if s["gold_ppl"] is None else f"{s['gold_ppl']:.2f}"
         print(f"  {name:14} accuracy {s['accuracy']:6.1%} ({s['right']}/{res['questions']})  gold-answer PPL {ppl:>8}"
@@ -469,9 +477,9 @@ def _qa(args) -> int:
 def _deepthink_config(args, prompt: str):
     from feedback.eval.deepthink import DeepThinkConfig
 
-    return DeepThinkConfig(prompt=prompt, traces=args.traces, warmup=args.warmup, eta=args.eta, window=args.window,
-                           k=args.k, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                           top_p=args.top_p, seed=args.seed, strategy=args.strategy, params=dict(args.param),
+    return DeepThinkConfig(prompt=prompt, **_given(args, "traces", "warmup", "eta", "window", "k", "max_new_tokens",
+                                                   "temperature", "top_p", "seed"),
+                           strategy=args.strategy, params=dict(args.param),
                            answer_regex=args.answer_regex, shared_threshold=args.shared_threshold,
                            check=args.check, chat_template=not args.no_chat_template,
                            expected=getattr(args, "expected", None))
@@ -496,7 +504,7 @@ def _deepthink(args) -> int:
         if args.json:
             print(json.dumps(res))
             return 0
-        print(f"{res['questions']} questions, {args.traces} traces + {args.warmup} warm-up per side, eta {args.eta}%")
+        print(f"{res['questions']} questions, {base.traces} traces + {base.warmup} warm-up per side, eta {base.eta}%")
         print(f"{'side':10} {'single':>7} {'majority':>9} {'deepconf':>9} {'tokens':>9} {'saved':>8}")
         for side, a in res["accuracy"].items():
             print(f"{side:10} {a['single']:7.1%} {a['majority']:9.1%} {a['deepconf']:9.1%} {a['tokens_spent']:9d} "
@@ -514,7 +522,7 @@ def _deepthink(args) -> int:
 
     for side, s in rep["sides"].items():
         votes = s["votes"]
-        print(f"=== {side} === threshold {s['threshold']:.3f}, {s['stopped']} of {args.traces} online traces stopped")
+        print(f"=== {side} === threshold {s['threshold']:.3f}, {s['stopped']} of {cfg.traces} online traces stopped")
         print(f"answer: {s['answer']!r}{mark(s['correct'])} (share {s['share']:.0%}; majority "
               f"{votes['majority']['answer']!r}{mark(votes['majority']['correct'])}, tail-weighted "
               f"{votes['tail']['answer']!r}{mark(votes['tail']['correct'])})")
@@ -560,7 +568,7 @@ def _batch(args) -> int:
 
     from feedback.core.budget import Budget
 
-    summary = run_batch(lm, args.input, args.output, args.retries, shard=(rank, world),
+    summary = run_batch(lm, args.input, args.output, **_given(args, "retries"), shard=(rank, world),
                         warn=lambda msg: print(f"warning: {tag}{msg}", file=sys.stderr), progress=progress,
                         lenient=args.lenient, budget=Budget.from_env(served=False))
     print(tag + summary_line(summary))
@@ -600,14 +608,15 @@ def _add_ppl_args(p) -> None:
     _add_model_args(p)
     p.add_argument("--mode", default=None, choices=["exact", "parallel", "jacobi"],
                    help="default: parallel for non-recurrent strategies, jacobi for recurrent ones")
-    p.add_argument("--passes", type=int, default=3, help="jacobi passes (the first is clean)")
-    p.add_argument("--window", type=int, default=1024, help="tokens per scoring window")
-    p.add_argument("--stride", type=int, default=512, help="new tokens scored per window")
-    p.add_argument("--chunk", type=int, default=512, help="baseline prefill chunk within a window")
-    p.add_argument("--max-docs", type=int, default=None)
-    p.add_argument("--max-tokens", type=int, default=None, help="truncate each document to this many tokens")
-    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the 95% CI")
-    p.add_argument("--seed", type=int, default=0)
+    # Numbers default to None: a flag left out keeps PPLConfig's own default (see `_given`).
+    p.add_argument("--passes", type=int, help="jacobi passes (the first is clean)")
+    p.add_argument("--window", type=int, help="tokens per scoring window")
+    p.add_argument("--stride", type=int, help="new tokens scored per window")
+    p.add_argument("--chunk", type=int, help="baseline prefill chunk within a window")
+    p.add_argument("--max-docs", type=int)
+    p.add_argument("--max-tokens", type=int, help="truncate each document to this many tokens")
+    p.add_argument("--bootstrap", type=int, help="bootstrap resamples for the 95%% CI")
+    p.add_argument("--seed", type=int)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -644,15 +653,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--questions", default=None, help="JSONL of {question, answer}: accuracy per side")
     _add_model_args(p)
     _add_strategy_args(p, "residual")
-    p.add_argument("--traces", type=int, default=16, help="online traces per side (at most 64)")
-    p.add_argument("--warmup", type=int, default=8, help="warm-up traces per side for calibration")
-    p.add_argument("--eta", type=float, default=10.0, help="share of traces kept, %% (10: DeepConf-low, 90: high)")
-    p.add_argument("--window", type=int, default=32)
-    p.add_argument("--k", type=int, default=20)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--seed", type=int, default=0)
+    # Numbers default to None: a flag left out keeps DeepThinkConfig's own default (see `_given`).
+    p.add_argument("--traces", type=int, help="online traces per side")
+    p.add_argument("--warmup", type=int, help="warm-up traces per side for calibration")
+    p.add_argument("--eta", type=float, help="share of traces kept, %% (10: DeepConf-low, 90: high)")
+    p.add_argument("--window", type=int, help="DeepConf group window (tokens)")
+    p.add_argument("--k", type=int, help="DeepConf top-k for token confidence")
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int)
     p.add_argument("--answer-regex", default=None, help="regex for the answer (first group, else the match)")
     p.add_argument("--expected", default=None, help="the right answer to --prompt: marks traces and votes")
     p.add_argument("--shared-threshold", action="store_true", help="one threshold from both sides' warm-up")
@@ -665,7 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "assets/questions.jsonl)")
     p.add_argument("--row", action="append", type=_row, default=[], metavar="NAME[:STRATEGY][,K=V...]",
                    help="a row; repeat (default: baseline, and restate)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, help="new tokens per answer at most")
     _add_model_args(p)
     p.add_argument("--out", default=None, help="also write the whole result (every answer) as JSON here")
     p.add_argument("--json", action="store_true")
@@ -673,7 +683,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="JSONL: one task a line (id, prompt, mode, strategy, params, ...)")
     p.add_argument("output", help="JSONL results; rerun with the same file to resume")
     _add_model_args(p)
-    p.add_argument("--retries", type=int, default=1, help="retries of a failing task before it is recorded")
+    p.add_argument("--retries", type=int, help="retries of a failing task before it is recorded")
     p.add_argument("--lenient", action="store_true",
                    help="ignore unknown task fields instead of recording the line as invalid")
     p = sub.add_parser("merge", help="join the part files of a sharded batch run (accelerate launch) in task order")

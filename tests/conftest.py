@@ -7,6 +7,7 @@ import pytest
 
 # first: the package sets the CPU wait policy before torch loads
 from feedback.core.model import LoadedModel, load_model
+
 import torch  # noqa: E402  (isort: skip)
 
 

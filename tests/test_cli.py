@@ -295,3 +295,26 @@ def test_qa_refuses_bad_input_in_one_line_and_scores_each_row(tmp_path, capsys):
     assert "1 questions, greedy" in printed and "baseline" in printed and "restate" in printed
     saved = json.loads(out.read_text())
     assert set(saved["rows"]) == {"baseline", "restate"} and saved["items"][0]["rows"]["restate"]["text"].startswith("Key facts:")
+
+
+@pytest.mark.parametrize("command", ["generate", "ppl", "sweep", "tune", "deepthink", "qa", "batch", "merge", "bench",
+                                     "prepare"])
+def test_every_command_prints_its_help(command, capsys):
+    from feedback.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith("usage:")
+
+
+def test_flags_left_out_keep_the_defaults_declared_beside_each_config():
+    from feedback.cli import _deepthink_config, _ppl_config, build_parser
+    from feedback.eval.deepthink import DeepThinkConfig
+    from feedback.eval.perplexity import PPLConfig
+
+    parse = build_parser().parse_args
+    assert _ppl_config(parse(["ppl"])) == PPLConfig()
+    assert _ppl_config(parse(["ppl", "--bootstrap", "7", "--max-tokens", "9"])) == PPLConfig(bootstrap=7,
+                                                                                            max_tokens_per_doc=9)
+    assert _deepthink_config(parse(["deepthink", "--prompt", "q"]), "q") == DeepThinkConfig("q")
+    assert _deepthink_config(parse(["deepthink", "--traces", "3"]), "q") == DeepThinkConfig("q", traces=3)

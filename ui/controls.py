@@ -3,18 +3,22 @@ parameter controls generated from each strategy's `Param` schema; and reading ty
 
 Controls: layer indices are sliders over the model's layers; every other number is a number box
 with its bounds, so a value out of range is refused with a message (a slider would clamp it
-silently) and wide ranges (1 to 100,000) can be typed instead of dragged.
+silently) and wide ranges (1 to 100,000) can be typed instead of dragged. A tab's own number boxes
+take their range from the `Bound` their handler checks (`bound_number`). The panel's handlers, and
+the tabs' that read its controls, take values by name: each control's API name is
+`<strategy>_<param>` (`named_inputs`, `params_named`).
 """
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass
 
 import gradio as gr
 
+from feedback.core.bounds import Bound
 from feedback.errors import FeedbackError
-from feedback.strategies import REGISTRY
+from feedback.strategies import REGISTRY, PromptStrategy
+from ui.runner import by_name
 
 CUSTOM = "custom"
 NONE = "none"  # a column without feedback (Compare's columns may each have a strategy or none)
@@ -41,25 +45,17 @@ def parse_number(value, name: str, integer: bool = False, lo: float | None = Non
     return out
 
 
-def named_params(fn, names: list[str]):
-    """`fn(*fixed, *values)` as Gradio sees it: its fixed parameters, then one named parameter per
-    trailing value (strategy and column controls), so API clients can pass them by name."""
-    def call(*args):
-        return fn(*args)
-
-    base = inspect.signature(fn)
-    fixed = [p for p in base.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
-    extra = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
-    call.__signature__ = base.replace(parameters=[*fixed, *extra])
-    call.__name__, call.__doc__ = fn.__name__, fn.__doc__
-    return call
+def api_name(strategy: str, param: str) -> str:
+    """A strategy control's API parameter name: `<strategy>_<param>` (e.g. residual_alpha)."""
+    return f"{strategy}_{param}"
 
 
 def about(strategy: str, preset: str | None) -> str:
     """What the strategy does, its update rule, and what the chosen preset is for."""
     cls = REGISTRY[strategy]
     kind = ("prompt-level: the model is unchanged; it is asked differently and given marker tokens"
-            if cls.prompt_level else "recurrent: each token's feedback feeds the next one" if cls.recurrent
+            if issubclass(cls, PromptStrategy)
+            else "recurrent: each token's feedback feeds the next one" if cls.recurrent
             else "not recurrent: one parallel pass scores a text exactly")
     note = next((p.note for p in cls.presets if p.name == preset), None)
     preset_line = (f"\n\n**Preset “{preset}”**: {note}" if note else
@@ -111,8 +107,7 @@ def component_for(schema: dict, elem_id: str, value=None, visible: bool = True) 
                            visible=visible)
     if schema["type"] == "bool":
         return gr.Checkbox(value=value, label=label, info=info or None, elem_id=elem_id, visible=visible)
-    is_layer = schema["type"] == "int" and lo == 0 and "layer" in schema["name"]
-    if is_layer:
+    if schema["is_layer"]:
         return gr.Slider(lo, hi, value=value, step=1, label=label, info=info, elem_id=elem_id, visible=visible)
     integer = schema["type"] == "int"
     return gr.Number(value=value, label=label, info=info or None, precision=0 if integer else None,
@@ -136,11 +131,19 @@ class StrategyPanel:
     @property
     def api_names(self) -> list[str]:
         """API parameter names of the controls, `<strategy>_<param>` (e.g. residual_alpha)."""
-        return [f"{strategy}_{param}" for strategy, param in self.keys]
+        return [api_name(strategy, param) for strategy, param in self.keys]
+
+    def named_inputs(self) -> dict[str, gr.components.Component]:
+        """The controls by API name, for an event's `inputs_kwargs`."""
+        return dict(zip(self.api_names, self.components))
 
     def params_for(self, strategy: str, values: list) -> dict:
         """The selected strategy's parameter values out of the flattened input list."""
         return {param: value for (name, param), value in zip(self.keys, values) if name == strategy}
+
+    def params_named(self, strategy: str, values: dict) -> dict:
+        """The selected strategy's parameter values out of a handler's values by API name."""
+        return {param: values[api_name(name, param)] for name, param in self.keys if name == strategy}
 
     def component(self, strategy: str, param: str) -> gr.components.Component:
         return self.components[self.keys.index((strategy, param))]
@@ -175,27 +178,34 @@ class StrategyPanel:
                 out[comp] = gr.update(maximum=num_layers - 1, value=p.default_for(num_layers))
         return out
 
-    def _on_strategy(self, strategy: str) -> dict:
-        return self.show(strategy)
+    def _on_strategy(self, values: dict) -> dict:
+        return self.show(values["strategy"])
 
-    def _on_preset(self, strategy: str, preset: str) -> dict:
+    def _on_preset(self, values: dict) -> dict:
+        strategy, preset = values["strategy"], values["preset"]
         if strategy not in REGISTRY:
             return {}
         if preset == CUSTOM:
             return {self.about: about(strategy, CUSTOM)}
         return self.show(strategy, preset)
 
+    def _on_edit(self, values: dict) -> dict:
+        """A value edited by hand: the settings are no longer a preset's."""
+        strategy = values["strategy"]
+        return {self.preset: CUSTOM, self.about: about(strategy, CUSTOM)} if strategy in REGISTRY else {}
+
     def wire(self) -> None:
         """User edits only (`.input`, not `.change`), so programmatic updates — a run reloaded from
         History, a shared link — are never overwritten by a preset."""
-        self.strategy.input(self._on_strategy, self.strategy, self.outputs(), api_name=False, queue=False,
-                            show_progress="hidden")
-        self.preset.input(self._on_preset, [self.strategy, self.preset], self.outputs(), api_name=False,
-                          queue=False, show_progress="hidden")
+        quiet = dict(api_name=False, queue=False, show_progress="hidden")
+        self.strategy.input(by_name(self._on_strategy, ["strategy"]), inputs_kwargs={"strategy": self.strategy},
+                            outputs=self.outputs(), **quiet)
+        self.preset.input(by_name(self._on_preset, ["strategy", "preset"]),
+                          inputs_kwargs={"strategy": self.strategy, "preset": self.preset}, outputs=self.outputs(),
+                          **quiet)
+        on_edit = by_name(self._on_edit, ["strategy"])
         for comp in self.components:
-            comp.input(lambda s: {self.preset: CUSTOM, self.about: about(s, CUSTOM)} if s in REGISTRY else {},
-                       self.strategy,
-                       [self.preset, self.about], api_name=False, queue=False, show_progress="hidden")
+            comp.input(on_edit, inputs_kwargs={"strategy": self.strategy}, outputs=[self.preset, self.about], **quiet)
 
 
 def build_strategy_panel(num_layers: int, selected: str = "residual", prefix: str = "param",
@@ -205,7 +215,8 @@ def build_strategy_panel(num_layers: int, selected: str = "residual", prefix: st
     "generate" context, controls that only perplexity reads are hidden. With `allow_none`, the
     dropdown also offers "none" (no feedback), which may be `selected`. Text perplexity cannot score
     a prompt-level strategy (restate), so a "perplexity" panel does not offer one."""
-    names = strategies or [n for n, cls in REGISTRY.items() if not (cls.prompt_level and context == "perplexity")]
+    names = strategies or [n for n, cls in REGISTRY.items()
+                           if not (issubclass(cls, PromptStrategy) and context == "perplexity")]
     has = selected in REGISTRY
     preset = first_preset(selected, context) if has else None
     values = REGISTRY[selected].preset_values(preset, num_layers) if has else {}
@@ -228,6 +239,18 @@ def build_strategy_panel(num_layers: int, selected: str = "residual", prefix: st
     panel = StrategyPanel(strategy, preset_dd, note, groups, components, keys, num_layers, context)
     panel.wire()
     return panel
+
+
+def bound_number(bound: Bound, value, label: str | None = None, info: str | None = None, **kwargs) -> gr.Number:
+    """A number box whose range and hint are `bound`'s, so the box takes what the handler's
+    `bound.check` takes; `label` (default the bound's name) and `info` (default its range) may say more."""
+    return gr.Number(value, label=label or bound.name, precision=0 if bound.integer else None,
+                     minimum=bound.lo, maximum=bound.hi, info=bound.info if info is None else info, **kwargs)
+
+
+def to_components(outputs: dict[str, gr.components.Component], view: dict) -> dict:
+    """A work's view (what to show, by output name) as updates of the tab's components."""
+    return {outputs[name]: value for name, value in view.items()}
 
 
 def run_controls(prefix: str, label: str):

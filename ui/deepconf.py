@@ -1,8 +1,7 @@
 """DeepConf settings shared by the Compare tab's Calibrate and the Deep Think tab."""
 from __future__ import annotations
 
-from feedback.eval.voting import PRESETS
-from ui.controls import parse_number
+from feedback.eval.voting import ETA, PRESETS
 
 ETA_CHOICES = ["DeepConf-low (keep 10%)", "DeepConf-high (keep 90%)", "custom"]
 
@@ -13,4 +12,4 @@ def resolve_eta(preset: str, custom) -> float:
         return PRESETS["deepconf-low"]
     if preset.startswith("DeepConf-high"):
         return PRESETS["deepconf-high"]
-    return parse_number(custom, "eta", lo=0.0001, hi=100)
+    return ETA.check(custom)

@@ -1,22 +1,31 @@
 """Deep Think tab: DeepConf's multi-trace vote on both sides (baseline and feedback). The work goes
-through `ModelRunner`; this module formats the report."""
+through `ModelRunner`; this module formats the report.
+
+The handler takes its controls' values by name (the strategy controls as `<strategy>_<param>`), the
+names API clients may pass them by; every number is checked against the `Bound` its box shows."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 from html import escape
 
 import gradio as gr
 
+from feedback.core.records import DEEPCONF_WINDOW, SEED
+from feedback.core.sampling import MIN_TEMPERATURE, TEMPERATURE, TOP_P, SamplingConfig
 from feedback.errors import FeedbackError
 from feedback.eval.deepthink import SIDES, VOTE_KINDS, DeepThinkConfig, check_budget, deep_think
-from feedback.serve.limits import SERVED_MAX_TRACES, SERVED_TRACE_MAX_NEW_TOKENS
+from feedback.eval.voting import ETA
+from feedback.serve.limits import TRACE_MAX_NEW_TOKENS, TRACES, WARMUP_TRACES
 from feedback.serve.pool import ModelPool
 from ui import charts
-from ui.controls import build_strategy_panel, parse_number, run_controls
+from ui.controls import bound_number, build_strategy_panel, run_controls, to_components
 from ui.deepconf import ETA_CHOICES, resolve_eta
 from ui.runner import ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
 
 TAB = "deepthink"
+# Deep Think samples its traces: at temperature 0 every trace of a side would be the same one.
+SAMPLED_TEMPERATURE = dataclasses.replace(TEMPERATURE, lo=MIN_TEMPERATURE)
 
 
 def mark(correct: bool | None) -> str:
@@ -64,7 +73,7 @@ class DeepThinkWork(TabWork):
 
     def __init__(self, tab: "DeepThinkTab", lm, cfg: DeepThinkConfig):
         super().__init__(tab.run, tab.stop, tab.status)
-        self.tab, self.lm, self.cfg = tab, lm, cfg
+        self.outputs, self.lm, self.cfg = tab.outputs, lm, cfg
         self.report = None
         self.gpu_seconds = 60 + 3 * cfg.max_new_tokens
 
@@ -84,16 +93,22 @@ class DeepThinkWork(TabWork):
         rep = self.report
         if rep is None:
             return self.ended_early(outcome, "Stopped; no vote was taken.")
-        sides = rep["sides"]
-        summary = (side_markdown("Baseline", sides["baseline"], self.cfg.traces) + "\n\n" +
-                   side_markdown("Feedback", sides["feedback"], self.cfg.traces))
-        return self.idle() | self.say(f"Done in {rep['wall_seconds']:.1f} s."
-                                      + "".join(f" Note: {w}" for w in rep["warnings"])) | {
-            self.tab.summary: summary, self.tab.votes: charts.vote_figure(sides),
-            self.tab.curves[0]: charts.trace_figure("baseline", sides["baseline"], 0),
-            self.tab.curves[1]: charts.trace_figure("feedback", sides["feedback"], 1),
-            self.tab.table: trace_rows(rep), self.tab.report: rep,
-            self.tab.warm_hist: charts.histogram_figure({side: sides[side]["warmup_lowest_groups"] for side in SIDES},
+        notes = "".join(f" Note: {w}" for w in rep["warnings"])
+        return (self.idle() | self.say(f"Done in {rep['wall_seconds']:.1f} s.{notes}")
+                | to_components(self.outputs, report_view(rep, self.cfg.traces)))
+
+
+def report_view(rep: dict, traces: int) -> dict:
+    """What the tab shows of a report, by output name: both sides' answers, the votes, each side's
+    confidence curves, every trace, the JSON and the warm-up histogram."""
+    sides = rep["sides"]
+    summary = (side_markdown("Baseline", sides["baseline"], traces) + "\n\n" +
+               side_markdown("Feedback", sides["feedback"], traces))
+    return {"summary": summary, "votes": charts.vote_figure(sides),
+            "baseline_curves": charts.trace_figure("baseline", sides["baseline"], 0),
+            "feedback_curves": charts.trace_figure("feedback", sides["feedback"], 1),
+            "table": trace_rows(rep), "report": rep,
+            "warmup_histogram": charts.histogram_figure({side: sides[side]["warmup_lowest_groups"] for side in SIDES},
                                                         rep["thresholds"])}
 
 
@@ -101,21 +116,20 @@ class DeepThinkTab:
     def __init__(self, pool: ModelPool, runner: ModelRunner):
         self.pool, self.runner = pool, runner
 
-    def prepare(self, prompt, expected, strategy, traces, warmup, eta_preset, eta, window, max_new, temperature,
-                top_p, seed, regex, shared, check, *param_values) -> DeepThinkWork:
+    def prepare(self, values: dict) -> DeepThinkWork:
         """N sampled traces per side with calibrated early stop, then the votes."""
+        prompt, strategy = values["prompt"], values["strategy"]
         if not prompt or not prompt.strip():
             raise FeedbackError("the question is empty")
         cfg = DeepThinkConfig(
-            prompt=prompt or "", expected=(expected or "").strip() or None,
-            traces=parse_number(traces, "traces per side", integer=True, lo=1, hi=SERVED_MAX_TRACES),
-            warmup=parse_number(warmup, "warm-up traces per side", integer=True, lo=1, hi=SERVED_MAX_TRACES),
-            eta=resolve_eta(eta_preset, eta), window=parse_number(window, "window", integer=True, lo=1, hi=100_000),
-            max_new_tokens=parse_number(max_new, "max new tokens", integer=True, lo=1, hi=SERVED_TRACE_MAX_NEW_TOKENS),
-            temperature=parse_number(temperature, "temperature", lo=0.01, hi=10),
-            top_p=parse_number(top_p, "top-p", lo=0.01, hi=1), seed=parse_number(seed, "seed", integer=True, lo=0),
-            strategy=strategy, params=self.panel.params_for(strategy, list(param_values)),
-            answer_regex=regex or None, shared_threshold=bool(shared), check=bool(check))
+            prompt=prompt, expected=(values["expected"] or "").strip() or None,
+            traces=TRACES.check(values["traces"]), warmup=WARMUP_TRACES.check(values["warmup"]),
+            eta=resolve_eta(values["eta_preset"], values["eta"]), window=DEEPCONF_WINDOW.check(values["window"]),
+            max_new_tokens=TRACE_MAX_NEW_TOKENS.check(values["max_new"]),
+            temperature=SAMPLED_TEMPERATURE.check(values["temperature"]), top_p=TOP_P.check(values["top_p"]),
+            seed=SEED.check(values["seed"]), strategy=strategy, params=self.panel.params_named(strategy, values),
+            answer_regex=values["regex"] or None, shared_threshold=bool(values["shared"]), check=bool(values["check"]))
+        SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p).validate()  # e.g. top_p 0 would keep nothing
         lm = self.pool.get()
         cfg.validate(lm.num_layers)
         check_budget(lm, cfg, self.runner.budget)
@@ -139,23 +153,17 @@ class DeepThinkTab:
                     self.panel = build_strategy_panel(num_layers, "residual", prefix="dt")
                 with gr.Column(min_width=280):
                     with gr.Row():
-                        traces = gr.Number(8, label="traces per side", precision=0, minimum=1,
-                                           maximum=SERVED_MAX_TRACES, info=f"1 to {SERVED_MAX_TRACES}",
-                                           elem_id="dt-traces")
-                        warmup = gr.Number(4, label="warm-up traces per side", precision=0, minimum=1,
-                                           maximum=SERVED_MAX_TRACES, info=f"1 to {SERVED_MAX_TRACES}",
-                                           elem_id="dt-warmup")
+                        traces = bound_number(TRACES, 8, elem_id="dt-traces")
+                        warmup = bound_number(WARMUP_TRACES, 4, label="warm-up traces per side", elem_id="dt-warmup")
                     eta_preset = gr.Radio(ETA_CHOICES, value=ETA_CHOICES[1], label="η (share of traces kept)")
                     with gr.Row():
-                        eta = gr.Number(50, label="custom η %", minimum=0.0001, maximum=100)
-                        window = gr.Number(16, label="window", precision=0, minimum=1)
+                        eta = bound_number(ETA, 50, label="custom η %", elem_id="dt-eta")
+                        window = bound_number(DEEPCONF_WINDOW, 16, elem_id="dt-window")
                     with gr.Row():
-                        max_new = gr.Number(96, label="max new tokens", precision=0, minimum=1,
-                                            maximum=SERVED_TRACE_MAX_NEW_TOKENS, info=f"1 to {SERVED_TRACE_MAX_NEW_TOKENS}",
-                                            elem_id="dt-max-new")
-                        temperature = gr.Number(0.7, label="temperature", minimum=0.01, maximum=10, step=0.05)
-                        top_p = gr.Number(0.95, label="top-p", minimum=0.01, maximum=1, step=0.05)
-                        seed = gr.Number(0, label="seed", precision=0, minimum=0)
+                        max_new = bound_number(TRACE_MAX_NEW_TOKENS, 96, elem_id="dt-max-new")
+                        temperature = bound_number(SAMPLED_TEMPERATURE, 0.7, step=0.05, elem_id="dt-temperature")
+                        top_p = bound_number(TOP_P, 0.95, label="top-p", step=0.05, elem_id="dt-top-p")
+                        seed = bound_number(SEED, 0, info="the same seed gives the same traces", elem_id="dt-seed")
                     regex = gr.Textbox(label="answer regex (optional; its first group is the answer)",
                                        placeholder=r"Answer: (\d+)",
                                        info="otherwise: \\boxed{…}, “the answer is …”, the last equation result, …")
@@ -166,7 +174,7 @@ class DeepThinkTab:
             self.summary = gr.Markdown(elem_id="dt-summary")
             gr.HTML(votes_help())
             self.votes = gr.Plot(show_label=False, elem_id="dt-votes")
-            self.warm_hist = gr.Plot(show_label=False, elem_id="dt-warmup")
+            self.warm_hist = gr.Plot(show_label=False, elem_id="dt-warmup-hist")
             with gr.Row():
                 self.curves = [gr.Plot(show_label=False, elem_id="dt-curves-baseline"),
                                gr.Plot(show_label=False, elem_id="dt-curves-feedback")]
@@ -177,11 +185,19 @@ class DeepThinkTab:
                 self.report = gr.JSON()
             stop_ack = gr.Textbox(visible=False)
             cancel_trigger = gr.Button(visible=False)  # for program clients' Job.cancel()
-        handler = self.runner.wrap(TAB, self.prepare, self.panel.api_names)
-        running = self.run.click(handler, [prompt, expected, self.panel.strategy, traces, warmup, eta_preset, eta, window,
-                                     max_new, temperature, top_p, seed, regex, shared, check, *self.panel.components],
-                           [self.summary, self.votes, *self.curves, self.table, self.report, self.warm_hist, self.status,
-                            self.run, self.stop], api_name="deepthink", concurrency_limit=None, show_progress="hidden")
+        # What the work shows, by name, in the order API clients get it.
+        self.outputs = {"summary": self.summary, "votes": self.votes, "baseline_curves": self.curves[0],
+                        "feedback_curves": self.curves[1], "table": self.table, "report": self.report,
+                        "warmup_histogram": self.warm_hist}
+        # In the order positional API clients pass them.
+        inputs = {"prompt": prompt, "expected": expected, "strategy": self.panel.strategy, "traces": traces,
+                  "warmup": warmup, "eta_preset": eta_preset, "eta": eta, "window": window, "max_new": max_new,
+                  "temperature": temperature, "top_p": top_p, "seed": seed, "regex": regex, "shared": shared,
+                  "check": check, **self.panel.named_inputs()}
+        handler = self.runner.wrap(TAB, self.prepare, list(inputs))
+        running = self.run.click(handler, inputs_kwargs=inputs,
+                                 outputs=[*self.outputs.values(), self.status, self.run, self.stop],
+                                 api_name="deepthink", concurrency_limit=None, show_progress="hidden")
         self.stop.click(self.stop_run, None, stop_ack, api_name="stop_deepthink", concurrency_limit=None,
                         show_progress="hidden")
         cancellable_by_clients(cancel_trigger, running)

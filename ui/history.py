@@ -14,16 +14,19 @@ import uuid
 
 from feedback.core.records import first_divergence
 from feedback.errors import FeedbackError
+from ui.compare_settings import OVERRIDES
 
 MAX_RUNS = 30
 MAX_BYTES = 3_000_000  # keep localStorage well under browsers' ~5 MB quota
 OUTPUT_PREVIEW = 80
 
+# A row's value of each setting a column may have of its own (prompt, system prompt, temperature):
+# its own, else the run's.
+ROW_SETTING_COLUMNS = [f"row_{name}" for name, _ in OVERRIDES]
 CSV_COLUMNS = ["run_id", "created", "prompt", "system_prompt", "model", "chat_template", "temperature", "top_p",
                "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens", "deepconf_k", "deepconf_window",
-               "threshold", "row", "strategy", "params", "row_prompt", "row_system_prompt", "row_messages",
-               "row_metrics", "step", "token_id", "forced", "text", "logprob", "prob", "confidence", "entropy",
-               "group_confidence", "top5"]
+               "threshold", "row", "strategy", "params", *ROW_SETTING_COLUMNS, "row_messages", "row_metrics", "step",
+               "token_id", "forced", "text", "logprob", "prob", "confidence", "entropy", "group_confidence", "top5"]
 TABLE_HEADERS = ["id", "time", "prompt", "columns", "first column output", "other columns' output", "tokens",
                  "differ at", "stop"]
 TABLE_OTHERS_SHOWN = 3  # other columns listed per table cell (the UI's runs have at most 3); the rest are counted
@@ -95,6 +98,18 @@ def _seen_system(config: dict, spec: dict) -> str:
     """The system prompt a row saw: its own when set, else the run's ("" for none)."""
     own = spec.get("system_prompt")
     return own if isinstance(own, str) else config.get("system_prompt") or ""
+
+
+def _seen(config: dict, spec: dict, name: str, shared: str):
+    """A row's value of a setting it may have of its own (`name` in its spec, `shared` the run's
+    dotted path): its own when set, else the run's ("" when neither has one)."""
+    own = spec.get(name)
+    if own is not None and not isinstance(own, (dict, list, bool)):
+        return own
+    value = config
+    for part in shared.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return "" if value is None else value
 
 
 def _turns(spec: dict) -> list[dict]:
@@ -182,9 +197,9 @@ def to_json(entries: list[dict]) -> str:
 
 def to_csv(entries: list[dict]) -> str:
     """One line per generated token of every row of every selected run, each with the run's
-    prompt and settings, the prompt and system prompt the row saw (its own or the run's), its earlier
-    turns (JSON, empty when none) and its metrics (JSON); the top-5 alternatives as a JSON list (so
-    ':' and '|' in tokens are safe)."""
+    prompt and settings, the prompt, system prompt and temperature the row ran with (its own or the
+    run's: `ROW_SETTING_COLUMNS`), its earlier turns (JSON, empty when none) and its metrics (JSON);
+    the top-5 alternatives as a JSON list (so ':' and '|' in tokens are safe)."""
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(CSV_COLUMNS)
@@ -200,14 +215,14 @@ def to_csv(entries: list[dict]) -> str:
         for row in res["rows"]:
             params = json.dumps(row.get("params", {}), sort_keys=True)
             spec = specs.get(row["name"], {})
-            own, turns = _own_prompt(spec), _turns(spec)
+            seen = [_seen(cfg, spec, name, shared) for name, shared in OVERRIDES]
+            turns = _turns(spec)
             turns = json.dumps(turns, ensure_ascii=False) if turns else ""
             metrics = json.dumps(row.get("metrics", {}), sort_keys=True, ensure_ascii=False)
             for st in row["steps"]:
                 top = json.dumps([{"token_id": a["token_id"], "text": a["text"], "prob": round(a["prob"], 6)}
                                   for a in st.get("top", [])], ensure_ascii=False)
-                writer.writerow([*run, row["name"], row.get("strategy") or "", params,
-                                 cfg["prompt"] if own is None else own, _seen_system(cfg, spec), turns, metrics,
+                writer.writerow([*run, row["name"], row.get("strategy") or "", params, *seen, turns, metrics,
                                  st["step"], st["token_id"], int(bool(st.get("forced"))), st["text"],
                                  f"{st['logprob']:.6f}", f"{st['prob']:.6f}", f"{st['confidence']:.6f}",
                                  f"{st['entropy']:.6f}", f"{st['group_confidence']:.6f}", top])

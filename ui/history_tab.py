@@ -46,7 +46,7 @@ class HistoryTab:
             out = self.compare.restore(entries[0]["result"], view)
         except (KeyError, TypeError, ValueError, FeedbackError) as exc:
             raise gr.Error(f"this run cannot be restored: {exc}", print_exception=False) from None
-        return out | {self.compare.status: render.status_html(
+        return out | {self.compare.ui.run.status: render.status_html(
             f"Reloaded run {entries[0]['id']} from History: every control is as that run had it."),
             self.tabs: gr.update(selected="compare")}
 
@@ -94,4 +94,5 @@ class HistoryTab:
         json_btn.click(self.export_json, [hist, ids], export, api_name="export_json")
         csv_btn.click(self.export_csv, [hist, ids], export, api_name="export_csv")
         comparator_btn.click(self.export_comparator, [hist, ids], export, api_name="export_llm_comparator")
-        reload_btn.click(self.reload, [hist, ids, c.view], restore_outputs, api_name="reload", show_progress="hidden")
+        reload_btn.click(self.reload, [hist, ids, c.ui.out.view], restore_outputs, api_name="reload",
+                         show_progress="hidden")

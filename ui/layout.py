@@ -1,4 +1,5 @@
-"""The Gradio Blocks app: Compare, Perplexity, Sweep, Deep Think and History tabs on one model pool.
+"""The page: the Gradio Blocks with its tabs (Compare, Perplexity, Sweep, Deep Think, History) on
+one model pool. `app.py` launches it (flags, server, HTTP API); this module only lays it out.
 
 Every handler that runs the model goes through one `ModelRunner` (the shared model line, the
 ZeroGPU function, Stop, closed tabs, errors); the tabs only turn library results into HTML and figures.

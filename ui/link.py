@@ -1,5 +1,6 @@
-"""Shareable links: a Compare configuration (prompts, columns, strategies and parameters, sampling,
-seed, DeepConf, evaluation) packed into the page URL, and read back when the page opens.
+"""Shareable links: a Compare configuration (prompts, sampling, seed, DeepConf, evaluation, and the
+columns with every column setting of `ui.compare_settings`) packed into the page URL, and read back
+when the page opens.
 
 The data is compact JSON, deflated and base64url-encoded (`?cfg=…`). Nothing in a link is trusted:
 reading one rebuilds a `RunConfig` and validates it like any request, so a tampered or truncated
@@ -15,12 +16,12 @@ import zlib
 
 from feedback.core.records import RowSpec, RunConfig
 from feedback.errors import FeedbackError
+from ui.compare_settings import ROW_FIELDS  # a column's settings: what a link keeps of each row
 
 PARAM = "cfg"
 VERSION = 1
 MAX_LINK_CHARS = 8_000  # servers and chat apps cut longer URLs; export JSON for bigger setups
 MAX_INFLATED = 200_000  # a link can never expand into more than this (deflate bombs)
-ROW_FIELDS = ("name", "strategy", "params", "prompt", "system_prompt")
 
 
 def _compact(cfg: RunConfig) -> dict:

@@ -1,5 +1,8 @@
 """Perplexity tab: does feedback lower perplexity on *my* text? Both perplexities, ΔPPL with a paired
-95% CI, and per-token surprise. The work goes through `ModelRunner`; this module formats numbers."""
+95% CI, and per-token surprise. The work goes through `ModelRunner`; this module formats numbers.
+
+The handler takes its controls' values by name (the strategy controls as `<strategy>_<param>`),
+the names API clients may pass them by."""
 from __future__ import annotations
 
 import math
@@ -8,12 +11,11 @@ import threading
 import gradio as gr
 
 from feedback.eval.perplexity import PPLConfig, document_ids, evaluate, scoring_work, surprise_diff
-from feedback.serve.limits import SERVED_MAX_DOCS
 from feedback.serve.pool import ModelPool
 from ui import charts, render
-from ui.controls import build_strategy_panel, parse_number, run_controls
+from ui.controls import build_strategy_panel, run_controls, to_components
 from ui.runner import ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
-from ui.text_inputs import delta_legend, load_documents, mode_inputs, mode_of, source_inputs, surprise_html
+from ui.text_inputs import delta_legend, load_named, mode_inputs, scoring_config, source_inputs, surprise_html
 
 TAB = "perplexity"
 
@@ -46,7 +48,7 @@ class PerplexityWork(TabWork):
 
     def __init__(self, tab: "PerplexityTab", lm, docs, cfg: PPLConfig, pasted: bool):
         super().__init__(tab.run, tab.stop, tab.status)
-        self.tab, self.lm, self.docs, self.cfg, self.pasted = tab, lm, docs, cfg, pasted
+        self.outputs, self.lm, self.docs, self.cfg, self.pasted = tab.outputs, lm, docs, cfg, pasted
         self.result = None
         self.gpu_seconds = 60 + 2 * len(docs)
 
@@ -70,31 +72,36 @@ class PerplexityWork(TabWork):
         if res is None:
             return self.ended_early(outcome, "Stopped; nothing was measured (a result needs every document).",
                                     "Left the line; nothing was measured.")
-        detail = surprise_diff(res) if self.pasted and "feedback_nll" in res["per_doc"][0] else None
-        table = [[d["name"], d["tokens"], round(d["baseline_ppl"], 3), round(d.get("feedback_ppl", math.nan), 3),
-                  round(d.get("delta_pct", math.nan), 3)] for d in res["per_doc"]]
-        fig = surprise_figure(detail) if detail else charts.bar_figure(
-            [d["name"] for d in res["per_doc"]], [d.get("delta_pct", 0.0) for d in res["per_doc"]], "document",
-            "ΔPPL % per document")
-        return self.idle() | self.say(f"Done in {res['wall_seconds']:.1f} s.") | {
-            self.tab.summary: summary_markdown(res), self.tab.coloured: surprise_html(detail) if detail else "",
-            self.tab.plot: fig, self.tab.table: table, self.tab.result: res}
+        return (self.idle() | self.say(f"Done in {res['wall_seconds']:.1f} s.")
+                | to_components(self.outputs, result_view(res, self.pasted)))
+
+
+def result_view(res: dict, pasted: bool) -> dict:
+    """What the tab shows of a result, by output name: the summary, the pasted text coloured by
+    surprise, the chart (per token for pasted text, else per document), the table and the JSON."""
+    detail = surprise_diff(res) if pasted and "feedback_nll" in res["per_doc"][0] else None
+    table = [[d["name"], d["tokens"], round(d["baseline_ppl"], 3), round(d.get("feedback_ppl", math.nan), 3),
+              round(d.get("delta_pct", math.nan), 3)] for d in res["per_doc"]]
+    fig = surprise_figure(detail) if detail else charts.bar_figure(
+        [d["name"] for d in res["per_doc"]], [d.get("delta_pct", 0.0) for d in res["per_doc"]], "document",
+        "ΔPPL % per document")
+    return {"summary": summary_markdown(res), "coloured": surprise_html(detail) if detail else "", "plot": fig,
+            "table": table, "result": res}
 
 
 class PerplexityTab:
     def __init__(self, pool: ModelPool, runner: ModelRunner):
         self.pool, self.runner = pool, runner
 
-    def prepare(self, source, text, upload, strategy, mode, passes, max_docs, *param_values) -> PerplexityWork:
+    def prepare(self, values: dict) -> PerplexityWork:
         """Both perplexities of the chosen text, ΔPPL with a paired 95% CI, per-token detail."""
         lm = self.pool.get()
-        cfg = PPLConfig(strategy, self.panel.params_for(strategy, list(param_values)), mode_of(mode),
-                        parse_number(passes, "passes", integer=True, lo=2, hi=32), bootstrap=2000)
+        strategy = values["strategy"]
+        cfg = scoring_config(values, strategy, self.panel.params_named(strategy, values))
         cfg.validate(lm.context_length)
-        docs = load_documents(source, text, upload,
-                              parse_number(max_docs, "max documents", integer=True, lo=1, hi=SERVED_MAX_DOCS))
+        docs = load_named(values)
         self.runner.budget.check_scoring(*scoring_work([len(ids) for ids in document_ids(lm, docs, cfg)], cfg))
-        return PerplexityWork(self, lm, docs, cfg, source == "pasted text")
+        return PerplexityWork(self, lm, docs, cfg, values["source"] == "pasted text")
 
     def stop_run(self, request: gr.Request = None) -> str:
         return self.runner.stop(TAB, request)
@@ -121,11 +128,16 @@ class PerplexityTab:
                 self.result = gr.JSON()
             stop_ack = gr.Textbox(visible=False)
             cancel_trigger = gr.Button(visible=False)  # for program clients' Job.cancel()
-        handler = self.runner.wrap(TAB, self.prepare, self.panel.api_names)
-        running = self.run.click(handler, [source, text, upload, self.panel.strategy, mode, passes, max_docs,
-                                     *self.panel.components],
-                           [self.summary, self.coloured, self.plot, self.table, self.result, self.status, self.run,
-                            self.stop], api_name="perplexity", concurrency_limit=None, show_progress="hidden")
+        # What the work shows, by name, in the order API clients get it.
+        self.outputs = {"summary": self.summary, "coloured": self.coloured, "plot": self.plot, "table": self.table,
+                        "result": self.result}
+        # In the order positional API clients pass them.
+        inputs = {"source": source, "text": text, "upload": upload, "strategy": self.panel.strategy, "mode": mode,
+                  "passes": passes, "max_docs": max_docs, **self.panel.named_inputs()}
+        handler = self.runner.wrap(TAB, self.prepare, list(inputs))
+        running = self.run.click(handler, inputs_kwargs=inputs,
+                                 outputs=[*self.outputs.values(), self.status, self.run, self.stop],
+                                 api_name="perplexity", concurrency_limit=None, show_progress="hidden")
         self.stop.click(self.stop_run, None, stop_ack, api_name="stop_perplexity", concurrency_limit=None,
                         show_progress="hidden")
         cancellable_by_clients(cancel_trigger, running)

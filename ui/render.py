@@ -338,15 +338,21 @@ def modified_badges(modified: list[str] | None) -> str:
     return "".join(f' <span class="fl-badge">{escape(what, quote=True)} modified</span>' for what in modified or [])
 
 
+def setting_badges(settings: list[str] | None) -> str:
+    """Badges for a column's own settings that are not the run's ("temperature 0")."""
+    return "".join(f' <span class="fl-badge">{escape(text, quote=True)}</span>' for text in settings or [])
+
+
 def column_heading(title: str, strategy: str | None, params: dict, color: str | None = None,
-                   modified: list[str] | None = None) -> str:
+                   modified: list[str] | None = None, settings: list[str] | None = None) -> str:
     """"### ● Feedback · residual (alpha=0.1, …)": the column names what produced it, so a
-    screenshot explains itself. Markdown with inline HTML (it goes into a gr.Markdown)."""
+    screenshot explains itself; badges say what it overrides (`modified`) and its own `settings`
+    ("temperature 0"). Markdown with inline HTML (it goes into a gr.Markdown)."""
     head = f"### {color_dot(color)}{escape(title, quote=True)}"
     if strategy:
         head += f" · {escape(strategy, quote=True)}"
     note = escape(params_text(params)) if strategy else "no feedback: the model as it is"
-    return f"{head}{modified_badges(modified)}\n<span class='fl-note'>{note}</span>"
+    return f"{head}{modified_badges(modified)}{setting_badges(settings)}\n<span class='fl-note'>{note}</span>"
 
 
 _TURN_LABELS = {"user": "you", "assistant": "the model"}

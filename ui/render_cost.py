@@ -6,6 +6,8 @@ import argparse
 import json
 
 from feedback.serve.pool import ModelPool
+from ui.compare_settings import column_key
+from ui.controls import NONE, api_name
 from ui.layout import FeedbackLensApp
 
 PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
@@ -15,20 +17,17 @@ def measure(tokens: int, columns: int = 2) -> dict:
     """One real Compare run with `columns` columns (column 1 the baseline, the others residual at
     different strengths) through the page's own handler."""
     app = FeedbackLensApp(ModelPool(["embedded"]))
-    app.build()
+    demo = app.build()
     tab = app.compare
-    names = [n for c in tab.cols for n in c.api_names]
-    fn = app.runner.wrap("compare", tab.prepare_compare, names)
-    values = []
-    for col in tab.cols:
-        strategy = "none" if col.index == 0 else "residual"
-        params = [0.05 * col.index if (s, p) == ("residual", "alpha") else comp.value
-                  for (s, p), comp in zip(col.panel.keys, col.panel.components)]
-        values += [col.name.value, strategy, "", "", *params]
-    shared = [PROMPT, "", True, "embedded", "confidence", 0.0, 1.0, 0, 0.0, 1.0, tokens, 0, 20, 32, "off", 4.5, "",
-              "", columns]
-    updates = list(fn(*shared, *values, None))
-    run = updates[-1][tab.run_json]
+    values = tab.initial_values() | {"prompt": PROMPT, "max_new_tokens": tokens, "columns": columns,
+                                     "view": "confidence"}
+    for col in tab.ui.cols:
+        strategy = NONE if col.index == 0 else "residual"
+        values |= {column_key(col.index, "strategy"): strategy,
+                   column_key(col.index, api_name("residual", "alpha")): 0.05 * col.index}
+    compare = next(f.fn for f in demo.fns.values() if f.api_name == "compare")  # as the page wired it
+    updates = list(compare(None, **values))
+    run = updates[-1][tab.ui.out.run_json]
     steps = len(run["rows"][0]["steps"])
     return {"columns": columns, "tokens": steps, "updates": len(updates), "decode_s": run["wall_seconds"],
             "ui_s": run["ui_seconds"], "ui_share_of_decode": run["ui_seconds"] / run["wall_seconds"]}

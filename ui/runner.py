@@ -18,7 +18,6 @@ look on the page (dicts of component updates, built in the handler's thread).
 from __future__ import annotations
 
 import contextvars
-import functools
 import inspect
 import logging
 import os
@@ -121,8 +120,14 @@ class TabWork(Work):
 
     def ended_early(self, outcome: Outcome, stopped: str, left: str = "Left the line; nothing ran.") -> dict:
         """The end of a job that has no result to show: why, in the status line."""
-        text = {"left": left, "stopped": stopped}.get(outcome.kind, f"Failed: {outcome.message}")
-        return self.idle() | self.say(text, "error" if outcome.kind == "failed" else "stopped")
+        return self.idle() | self.say(*ended_text(outcome, stopped, left))
+
+
+def ended_text(outcome: Outcome, stopped: str, left: str = "Left the line; nothing ran.") -> tuple[str, str]:
+    """(status text, kind) for a job that ended without a result to show: it left the line
+    (`left`), was stopped (`stopped`) or failed (its error)."""
+    text = {"left": left, "stopped": stopped}.get(outcome.kind, f"Failed: {outcome.message}")
+    return text, "error" if outcome.kind == "failed" else "stopped"
 
 
 def waiting_text(place: Place) -> str:
@@ -266,34 +271,7 @@ class ModelRunner:
         self._on_gpu = decorate(_run_work, duration=lambda work, stop: work.gpu_seconds)
 
     # ---- the wrapper ----
-    def wrap(self, tab: str, prepare: Callable[..., Work], named_params: list[str] | None = None) -> Callable:
-        """A Gradio generator handler: `prepare(*inputs)` validates and returns the `Work`.
-        `named_params` are extra API parameter names (strategy controls) appended to prepare's own."""
-        runner = self
-
-        def handler(*args):
-            *values, request = args
-            session = getattr(request, "session_hash", None) or "local"
-            try:
-                work = prepare(*values)
-            except FeedbackError as exc:
-                raise user_error(exc) from None
-            yield from runner.drive(session, tab, work)
-
-        functools.update_wrapper(handler, prepare)
-        base = inspect.signature(prepare)
-        fixed = [p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in base.parameters.values()
-                 if p.kind is p.POSITIONAL_OR_KEYWORD]
-        named = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in named_params or []]
-        # Gradio passes the request only to a parameter annotated gr.Request; it comes last here.
-        request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
-                                    annotation=gr.Request)
-        handler.__signature__ = base.replace(parameters=[*fixed, *named, request])
-        handler.__annotations__ = {"request": gr.Request}  # Gradio finds the request parameter by its type hint
-        handler.model_handler = True  # marks the handlers that go through here (tests check every model event)
-        return handler
-
-    def wrap_named(self, tab: str, prepare: Callable[[dict], Work], names: list[str]) -> Callable:
+    def wrap(self, tab: str, prepare: Callable[[dict], Work], names: list[str]) -> Callable:
         """A Gradio generator handler for an event wired with `inputs_kwargs={name: component}`:
         Gradio passes one keyword per control (`names`, also the API's parameter names) and
         `prepare(values)` gets them as one dict, validates and returns the `Work`."""

@@ -1,7 +1,10 @@
 """Sweep tab: ΔPPL over a grid of one or two strategy parameters, drawn as a heatmap while it runs;
 and its Tune companion: a search of the strategy's parameters (`feedback.eval.tune`) with a small trial
 budget, each trial streamed into a table and the history chart. The work goes through
-`ModelRunner`; this module formats numbers."""
+`ModelRunner`; this module formats numbers.
+
+Both handlers take their controls' values by name (the strategy controls as `<strategy>_<param>`),
+the names API clients may pass them by; every number is checked against the `Bound` its box shows."""
 from __future__ import annotations
 
 import json
@@ -10,19 +13,20 @@ import threading
 
 import gradio as gr
 
+from feedback.core.records import SEED
 from feedback.errors import FeedbackError
 from feedback.eval import corpus
-from feedback.eval.figures import sweep_heatmap
+from feedback.eval.figures import format_params, history_figure, sweep_heatmap, table_row
 from feedback.eval.perplexity import PPLConfig, document_ids, scoring_work
 from feedback.eval.sweep import best_point, parse_grid, run_sweep, to_csv
-from feedback.eval.tune import format_params, history_figure, jsonl_text, parse_fixed, run_tune, search_space, table_row
-from feedback.serve.limits import SERVED_MAX_DOCS, SERVED_MAX_POINTS, SERVED_MAX_TRIALS
+from feedback.eval.tune import TuneSettings, jsonl_text, parse_fixed, run_tune, search_space
+from feedback.serve.limits import MAX_DOCS, SERVED_MAX_POINTS, SERVED_MAX_TRIALS, TRIALS
 from feedback.serve.pool import ModelPool
 from feedback.strategies import REGISTRY
-from ui.controls import build_strategy_panel, parse_number, run_controls
+from ui.controls import bound_number, build_strategy_panel, run_controls, to_components
 from ui.exports import export_file, stamp
-from ui.runner import Finished, ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
-from ui.text_inputs import delta_legend, load_documents, mode_inputs, mode_of, source_inputs
+from ui.runner import Finished, ModelRunner, Outcome, TabWork, by_name, cancellable_by_clients, reporting
+from ui.text_inputs import delta_legend, load_named, mode_inputs, scoring_config, source_inputs
 
 TAB = "sweep"
 TUNE = "tune"  # the companion's own jobs, so each Stop ends its own run
@@ -33,6 +37,12 @@ TUNE_STARTUP = 4  # random trials before TPE models the results (a page run is s
 def tunable(strategy: str) -> list[str]:
     """The parameters the tuner can search for this strategy, in schema order."""
     return [p.name for p in REGISTRY[strategy].params if p.tunable] if strategy in REGISTRY else []
+
+
+def searchable(values: dict) -> dict:
+    """Tune's "search these" box for a newly chosen strategy: its tunable parameters, all ticked."""
+    names = tunable(values["strategy"])
+    return gr.update(choices=names, value=names)
 
 
 def take_reports(work, items: list) -> bool:
@@ -55,8 +65,8 @@ class SweepWork(TabWork):
 
     def __init__(self, tab: "SweepTab", lm, docs, strategy: str, grid: dict, base: PPLConfig, fixed: dict):
         super().__init__(tab.run, tab.stop, tab.status)
-        self.tab, self.lm, self.docs, self.strategy, self.grid, self.base, self.fixed = (
-            tab, lm, docs, strategy, grid, base, fixed)
+        self.outputs, self.lm, self.docs, self.strategy, self.grid, self.base, self.fixed = (
+            tab.outputs, lm, docs, strategy, grid, base, fixed)
         self.names = list(grid)
         self.total = math.prod(len(v) for v in grid.values())
         self.rows: list[dict] = []
@@ -76,8 +86,8 @@ class SweepWork(TabWork):
     def progress(self, items: list, elapsed: float) -> dict:
         out = self.busy()
         if take_reports(self, items):
-            out[self.tab.heatmap] = self._heatmap(f"{self.strategy}: ΔPPL % vs baseline "
-                                                  f"({len(self.rows)} of {self.total} points)")
+            out |= to_components(self.outputs, {"heatmap": self._heatmap(
+                f"{self.strategy}: ΔPPL % vs baseline ({len(self.rows)} of {self.total} points)")})
         return out | self.say(f"Sweeping… {len(self.rows)} of {self.total} points done; {self.where} "
                               f"({elapsed:.0f} s)")
 
@@ -93,8 +103,9 @@ class SweepWork(TabWork):
                          f", ΔPPL {best['delta_pct']:+.3f} % [{best['ci95_low']:+.3f}, {best['ci95_high']:+.3f}]")
         head = (f"Done: {self.total} points" if outcome.kind == "done" else
                 f"Stopped after {len(self.rows)} of {self.total} points")
-        return self.idle() | self.say(f"{head}; {best_text}.", "stopped" if outcome.kind == "stopped" else "info") | {
-            self.tab.heatmap: self._heatmap(f"{self.strategy}: ΔPPL % vs baseline"), self.tab.csv: csv_path}
+        view = {"heatmap": self._heatmap(f"{self.strategy}: ΔPPL % vs baseline"), "csv": csv_path}
+        return (self.idle() | self.say(f"{head}; {best_text}.", "stopped" if outcome.kind == "stopped" else "info")
+                | to_components(self.outputs, view))
 
 
 class TuneWork(TabWork):
@@ -103,7 +114,8 @@ class TuneWork(TabWork):
     def __init__(self, tab: "SweepTab", lm, docs, strategy: str, base: PPLConfig, fixed: dict, trials: int,
                  seed: int, test_docs, data: str, test: str):
         super().__init__(tab.tune_run, tab.tune_stop, tab.tune_status)
-        self.tab, self.lm, self.docs, self.strategy, self.base, self.fixed = tab, lm, docs, strategy, base, fixed
+        self.outputs, self.lm, self.docs, self.strategy, self.base, self.fixed = (
+            tab.tune_outputs, lm, docs, strategy, base, fixed)
         self.trials, self.seed, self.test_docs, self.data, self.test = trials, seed, test_docs, data, test
         self.rows: list[dict] = []
         self.result: dict | None = None
@@ -111,20 +123,22 @@ class TuneWork(TabWork):
         self.gpu_seconds = 60 + 10 * trials
 
     def run(self, stop: threading.Event):
+        settings = TuneSettings(trials=self.trials, seed=self.seed, startup_trials=TUNE_STARTUP,
+                                max_trials=SERVED_MAX_TRIALS, data=self.data, test=self.test)
         yield from reporting(lambda report, halt: run_tune(
-            self.lm, self.docs, self.strategy, self.base, self.fixed, trials=self.trials, seed=self.seed,
-            test_docs=self.test_docs, data=self.data, test=self.test, on_trial=report, stop=halt, progress=report,
-            startup_trials=TUNE_STARTUP, max_trials=SERVED_MAX_TRIALS), stop)
+            self.lm, self.docs, self.strategy, self.base, self.fixed, settings, test_docs=self.test_docs,
+            on_trial=report, stop=halt, progress=report), stop)
 
-    def _outputs(self) -> dict:
-        return {self.tab.tune_table: [table_row(r) for r in self.rows],
-                self.tab.tune_plot: history_figure(self.rows, f"{self.strategy}: ΔPPL % vs baseline per trial "
-                                                              f"({len(self.rows)} of {self.trials})")}
+    def _trials_view(self) -> dict:
+        """The trials so far: the table and the history chart."""
+        return {"table": [table_row(r) for r in self.rows],
+                "plot": history_figure(self.rows, f"{self.strategy}: ΔPPL % vs baseline per trial "
+                                                  f"({len(self.rows)} of {self.trials})")}
 
     def progress(self, items: list, elapsed: float) -> dict:
         out = self.busy()
         if take_reports(self, items):
-            out |= self._outputs()
+            out |= to_components(self.outputs, self._trials_view())
         return out | self.say(f"Tuning… {len(self.rows)} of {self.trials} trials done; {self.where} "
                               f"({elapsed:.0f} s)")
 
@@ -156,28 +170,28 @@ class TuneWork(TabWork):
                      export_file(f"tune-{self.strategy}-best-{stamp()}.json",
                                  json.dumps({k: res.get(k) for k in ("header", "best", "test")}, indent=2))]
         kind = {"done": "info", "stopped": "stopped"}.get(outcome.kind, "error")
-        return self.idle() | self.say(f"{head}; {best_text}.", kind) | self._outputs() | {self.tab.tune_files: files}
+        return (self.idle() | self.say(f"{head}; {best_text}.", kind)
+                | to_components(self.outputs, self._trials_view() | {"files": files}))
 
 
 class SweepTab:
     def __init__(self, pool: ModelPool, runner: ModelRunner):
         self.pool, self.runner = pool, runner
 
-    def prepare(self, source, text, upload, strategy, grid_x, grid_y, mode, passes, max_docs,
-                *param_values) -> SweepWork:
+    def prepare(self, values: dict) -> SweepWork:
         """Live ΔPPL heatmap over a grid of one or two parameters (baseline computed once)."""
         lm = self.pool.get()
-        grid = parse_grid([g for g in (grid_x, grid_y) if g and g.strip()], strategy, lm.num_layers)
+        strategy = values["strategy"]
+        axes = [g for g in (values["grid_x"], values["grid_y"]) if g and g.strip()]
+        grid = parse_grid(axes, strategy, lm.num_layers)
         points = math.prod(len(v) for v in grid.values())
         if points > SERVED_MAX_POINTS:
             raise FeedbackError(f"the grid has {points} points; the page runs at most {SERVED_MAX_POINTS} "
                                 "(use `python -m feedback sweep` for larger grids)")
-        fixed = {k: v for k, v in self.panel.params_for(strategy, list(param_values)).items() if k not in grid}
-        base = PPLConfig(strategy, fixed, mode_of(mode), parse_number(passes, "passes", integer=True, lo=2, hi=32),
-                         bootstrap=1000)
+        fixed = {k: v for k, v in self.panel.params_named(strategy, values).items() if k not in grid}
+        base = scoring_config(values, strategy, fixed)
         base.validate(lm.context_length)
-        docs = load_documents(source, text, upload,
-                              parse_number(max_docs, "max documents", integer=True, lo=1, hi=SERVED_MAX_DOCS))
+        docs = load_named(values)
         self.runner.budget.check_scoring(*scoring_work([len(ids) for ids in document_ids(lm, docs, base)], base,
                                                        points))
         return SweepWork(self, lm, docs, strategy, grid, base, fixed)
@@ -185,25 +199,24 @@ class SweepTab:
     def stop_run(self, request: gr.Request = None) -> str:
         return self.runner.stop(TAB, request)
 
-    def prepare_tune(self, source, text, upload, strategy, search, mode, passes, max_docs, trials, seed,
-                     *param_values) -> TuneWork:
+    def prepare_tune(self, values: dict) -> TuneWork:
         """Search the ticked parameters for the lowest ΔPPL (the others keep the values above); on
         builtin:dev, the best point is then scored once on builtin:test."""
         lm = self.pool.get()
-        trials = parse_number(trials, "trials", integer=True, lo=1, hi=SERVED_MAX_TRIALS)
-        seed = parse_number(seed, "seed", integer=True, lo=0, hi=2**31 - 1)
-        searched = [n for n in (search or []) if n in tunable(strategy)]
+        strategy, source = values["strategy"], values["source"]
+        trials, seed = TRIALS.check(values["trials"]), SEED.check(values["seed"])
+        searched = [n for n in (values["search"] or []) if n in tunable(strategy)]
         if not searched:
             raise FeedbackError("tick at least one parameter to search")
-        fixed = {k: v for k, v in self.panel.params_for(strategy, list(param_values)).items() if k not in searched}
+        fixed = {k: v for k, v in self.panel.params_named(strategy, values).items() if k not in searched}
         fixed = parse_fixed(fixed, strategy, lm.num_layers)
         search_space(strategy, lm.num_layers, fixed)
-        base = PPLConfig(strategy, fixed, mode_of(mode), parse_number(passes, "passes", integer=True, lo=2, hi=32),
-                         bootstrap=1000)
+        base = scoring_config(values, strategy, fixed)
         base.validate(lm.context_length)
-        limit = parse_number(max_docs, "max documents", integer=True, lo=1, hi=SERVED_MAX_DOCS)
-        docs = load_documents(source, text, upload, limit)
-        test_docs = corpus.load("builtin:test")[:limit] if source == "builtin:dev" else None
+        docs = load_named(values)
+        test_docs = None
+        if source == "builtin:dev":  # the best point is then confirmed once on as many test documents
+            test_docs = corpus.load("builtin:test")[:MAX_DOCS.check(values["max_docs"])]
         self.runner.budget.check_scoring(*scoring_work([len(ids) for ids in document_ids(lm, docs, base)], base,
                                                        trials))
         if test_docs is not None:
@@ -244,10 +257,9 @@ class SweepTab:
                 with gr.Row():
                     names = tunable("deep_cache")
                     search = gr.CheckboxGroup(names, value=names, label="search these", elem_id="tune-search")
-                    trials = gr.Number(12, label="trials", precision=0, minimum=1, maximum=SERVED_MAX_TRIALS,
-                                       info=f"1 to {SERVED_MAX_TRIALS}", elem_id="tune-trials")
-                    seed = gr.Number(0, label="seed", precision=0, minimum=0, elem_id="tune-seed",
-                                     info="the same seed and text give the same trials")
+                    trials = bound_number(TRIALS, 12, elem_id="tune-trials")
+                    seed = bound_number(SEED, 0, info="the same seed and text give the same trials",
+                                        elem_id="tune-seed")
                 self.tune_run, self.tune_stop, self.tune_status = run_controls("tune", "Run tune")
                 self.tune_table = gr.Dataframe(headers=TUNE_HEADERS, interactive=False, elem_id="tune-table")
                 self.tune_plot = gr.Plot(show_label=False, elem_id="tune-plot")
@@ -255,20 +267,28 @@ class SweepTab:
                                           interactive=False, elem_id="tune-files")
             stop_ack = gr.Textbox(visible=False)
             cancel_trigger = gr.Button(visible=False)  # for program clients' Job.cancel()
-        handler = self.runner.wrap(TAB, self.prepare, self.panel.api_names)
-        running = self.run.click(handler, [source, text, upload, self.panel.strategy, grid_x, grid_y, mode, passes, max_docs,
-                                     *self.panel.components],
-                           [self.heatmap, self.status, self.csv, self.run, self.stop], api_name="sweep",
-                           concurrency_limit=None, show_progress="hidden")
+        self.outputs = {"heatmap": self.heatmap, "csv": self.csv}
+        self.tune_outputs = {"table": self.tune_table, "plot": self.tune_plot, "files": self.tune_files}
+        texts = {"source": source, "text": text, "upload": upload, "strategy": self.panel.strategy}
+        strategy_controls = self.panel.named_inputs()
+        # In the order positional API clients pass them.
+        inputs = {**texts, "grid_x": grid_x, "grid_y": grid_y, "mode": mode, "passes": passes, "max_docs": max_docs,
+                  **strategy_controls}
+        handler = self.runner.wrap(TAB, self.prepare, list(inputs))
+        running = self.run.click(handler, inputs_kwargs=inputs,
+                                 outputs=[self.heatmap, self.status, self.csv, self.run, self.stop], api_name="sweep",
+                                 concurrency_limit=None, show_progress="hidden")
         self.stop.click(self.stop_run, None, stop_ack, api_name="stop_sweep", concurrency_limit=None,
                         show_progress="hidden")
-        self.panel.strategy.change(lambda s: gr.update(choices=tunable(s), value=tunable(s)), self.panel.strategy,
-                                   search, api_name=False, queue=False, show_progress="hidden")
-        tune_handler = self.runner.wrap(TUNE, self.prepare_tune, self.panel.api_names)
-        tuning = self.tune_run.click(tune_handler, [source, text, upload, self.panel.strategy, search, mode, passes,
-                                                    max_docs, trials, seed, *self.panel.components],
-                                     [self.tune_table, self.tune_plot, self.tune_status, self.tune_files, self.tune_run,
-                                      self.tune_stop], api_name="tune", concurrency_limit=None, show_progress="hidden")
+        self.panel.strategy.change(by_name(searchable, ["strategy"]), inputs_kwargs={"strategy": self.panel.strategy},
+                                   outputs=search, api_name=False, queue=False, show_progress="hidden")
+        tune_inputs = {**texts, "search": search, "mode": mode, "passes": passes, "max_docs": max_docs,
+                       "trials": trials, "seed": seed, **strategy_controls}
+        tune_handler = self.runner.wrap(TUNE, self.prepare_tune, list(tune_inputs))
+        tuning = self.tune_run.click(tune_handler, inputs_kwargs=tune_inputs,
+                                     outputs=[self.tune_table, self.tune_plot, self.tune_status, self.tune_files,
+                                              self.tune_run, self.tune_stop],
+                                     api_name="tune", concurrency_limit=None, show_progress="hidden")
         self.tune_stop.click(self.stop_tune, None, stop_ack, api_name="stop_tune", concurrency_limit=None,
                              show_progress="hidden")
         cancellable_by_clients(cancel_trigger, running, tuning)

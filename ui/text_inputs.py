@@ -1,5 +1,6 @@
 """What the Perplexity and Sweep tabs share: where the text comes from, its limits, the mode inputs,
-and the per-token surprise view."""
+and the per-token surprise view. Every limit is read from where it is declared (`feedback.serve.limits`,
+`feedback.eval.perplexity`)."""
 from __future__ import annotations
 
 from html import escape
@@ -11,8 +12,10 @@ import numpy as np
 from feedback.errors import FeedbackError
 from feedback.eval import corpus
 from feedback.eval.figures import DELTA_LEGEND
-from feedback.serve.limits import SERVED_MAX_DOCS, SERVED_TEXT_MAX_CHARS, UPLOAD_MAX_BYTES
+from feedback.eval.perplexity import PASSES, PPLConfig
+from feedback.serve.limits import MAX_DOCS, SERVED_TEXT_MAX_CHARS, UPLOAD_MAX_BYTES
 from ui import render
+from ui.controls import bound_number
 
 TEXT_MAX_CHARS = SERVED_TEXT_MAX_CHARS
 SOURCES = ["pasted text", "uploaded file", "builtin:dev", "builtin:test"]
@@ -53,11 +56,22 @@ def load_documents(source: str, text: str | None, upload: str | None, max_docs: 
     raise FeedbackError(f"unknown source {source!r}")
 
 
+def load_named(values: dict) -> list[corpus.Document]:
+    """The documents of a handler's values by name: `source`, `text`, `upload` and `max_docs`."""
+    return load_documents(values["source"], values["text"], values["upload"], MAX_DOCS.check(values["max_docs"]))
+
+
+def scoring_config(values: dict, strategy: str, params: dict, **settings) -> PPLConfig:
+    """The scoring settings of a handler's values by name (`mode`, `passes`), with `settings` the
+    tab fixes itself (anything else, such as the bootstrap resamples, is `PPLConfig`'s default). The
+    passes are checked whatever the mode: the page always sends the box's value."""
+    return PPLConfig(strategy, params, mode_of(values["mode"]), PASSES.check(values["passes"]), **settings)
+
+
 def source_inputs(prefix: str):
     with gr.Row():
         source = gr.Radio(SOURCES, value="pasted text", label="Text", elem_id=f"{prefix}-source")
-        max_docs = gr.Number(20, label="max documents", precision=0, minimum=1, maximum=SERVED_MAX_DOCS,
-                             info=f"1 to {SERVED_MAX_DOCS}", elem_id=f"{prefix}-max-docs")
+        max_docs = bound_number(MAX_DOCS, 20, elem_id=f"{prefix}-max-docs")
     text = gr.Textbox(label="Text to score", lines=6, max_length=TEXT_MAX_CHARS, elem_id=f"{prefix}-text")
     upload = gr.File(label=f"or a .txt / .jsonl file (≤ {UPLOAD_MAX_BYTES // 1_000_000} MB)",
                      file_types=[".txt", ".jsonl"], type="filepath", elem_id=f"{prefix}-upload")
@@ -67,7 +81,7 @@ def source_inputs(prefix: str):
 def mode_inputs(prefix: str):
     mode = gr.Radio(["auto", "exact", "parallel", "jacobi"], value="auto", label="mode", elem_id=f"{prefix}-mode",
                     info="auto: parallel when exact in one pass, else jacobi")
-    passes = gr.Number(3, label="jacobi passes", precision=0, minimum=2, maximum=32, elem_id=f"{prefix}-passes")
+    passes = bound_number(PASSES, PPLConfig().passes, elem_id=f"{prefix}-passes")
     return mode, passes
 
 

@@ -6,9 +6,12 @@ into one batch with an attention mask and each row's own position ids, so every 
 forward for all rows. Row 0 is usually the baseline; other rows carry a feedback strategy whose hooks
 act on their own batch position only. A row may be forced to start its reply with given tokens (a
 branch replays its tokens up to a step, then the chosen alternative): forced steps are decoded like
-any other, so feedback state evolves exactly as it did, and are marked in the records. Rows that
-finish (EOS, max tokens, early stop) leave the batch and the KV cache. Iterating a `Run` yields a
-`StepEvent` per step; `Run.result` holds the `RunResult`.
+any other, so feedback state evolves exactly as it did, and are marked in the records. A row may
+sample at its own temperature. A row with a prompt-level strategy (`PromptStrategy`) runs the
+plain model: its strategy rewrites the row's prompt and may replace the tokens it takes. Rows that
+finish (EOS, max tokens, early stop) leave the batch and the KV cache. `start_run` builds a `Run`;
+iterating it yields a `StepEvent` per step and `Run.result` holds the `RunResult`; `run_to_end`
+runs one to its end.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from feedback.core.records import (Alternative, RowResult, RowSpec, RunConfig, R
                                    tokens_per_second)
 from feedback.core.sampling import Sampler
 from feedback.errors import FeedbackError
-from feedback.strategies import BatchView, Phase, Strategy, build_strategy
+from feedback.strategies import BatchView, Phase, PromptStrategy, Strategy, build_strategy
 
 N_TOP = 5
 MEMORY_SAMPLE_EVERY_S = 0.25
@@ -84,9 +87,15 @@ class DecodeState:
     tokens: torch.Tensor | None = None  # [B] the tokens chosen at the last step
 
 
-def _row_prompt_ids(lm: LoadedModel, cfg: RunConfig, row: RowSpec, strategy: Strategy | None) -> list[int]:
+def _prompt_level(strategies: dict[int, Strategy]) -> dict[int, PromptStrategy]:
+    """The rows whose strategy is prompt-level: the one place the loop tells the two kinds apart.
+    Those rows' strategies rewrite the prompt, choose tokens and say where the answer starts."""
+    return {i: s for i, s in strategies.items() if isinstance(s, PromptStrategy)}
+
+
+def _row_prompt_ids(lm: LoadedModel, cfg: RunConfig, row: RowSpec, strategy: PromptStrategy | None) -> list[int]:
     prompt = row.prompt if row.prompt is not None else cfg.prompt
-    if strategy is not None and strategy.prompt_level:
+    if strategy is not None:
         prompt = strategy.rewrite_prompt(prompt)
     system = row.system_prompt if row.system_prompt is not None else cfg.system_prompt
     ids = lm.encode(prompt, cfg.chat_template, system, row.messages)
@@ -112,7 +121,9 @@ class Run:
             i: build_strategy(row.strategy, row.params, lm.num_layers)
             for i, row in enumerate(config.rows) if row.strategy
         }
-        row_ids = [_row_prompt_ids(lm, config, row, self.strategies.get(i)) for i, row in enumerate(config.rows)]
+        self.prompt_strategies = _prompt_level(self.strategies)
+        row_ids = [_row_prompt_ids(lm, config, row, self.prompt_strategies.get(i))
+                   for i, row in enumerate(config.rows)]
         self._check_rows(row_ids)
         # Rows with the same prompt, token for token, share one prefill sequence, unless a row's
         # strategy changes the prompt's own states: that row prefills on its own.
@@ -172,15 +183,16 @@ class Run:
     def _loop(self) -> Iterator[StepEvent]:
         cfg, lm = self.config, self.lm
         batch = BatchView(Phase.PREFILL, [r.index for r in self.rows])
-        sampler = Sampler(cfg.sampling, [cfg.seed + r.spec.seed_offset for r in self.rows], lm.device)
+        sampler = Sampler(cfg.sampling, [cfg.seed + r.spec.seed_offset for r in self.rows], lm.device,
+                          [r.spec.temperature for r in self.rows])
         t0 = time.perf_counter()
         self.result.memory.append(memory.sample(t0, lm.device).to_dict())
         completed, prefilled = False, None
         try:
             for i, strategy in self.strategies.items():
                 strategy.attach(lm.model, lm.layers, i, batch)
-                if strategy.prompt_level:
-                    strategy.begin(lm.tokenizer, lm.eos_token_ids)
+            for strategy in self.prompt_strategies.values():  # after attach: it resets their state
+                strategy.begin(lm.tokenizer, lm.eos_token_ids)
             # inference_mode is thread-local and a generator may resume on another thread (Gradio
             # workers do), so it is entered per block (the helpers below), never held across a yield.
             prefilled = self._prefill(batch, sampler.needs_history)
@@ -267,7 +279,7 @@ class Run:
         """The next token of every live row (forced where a row's prefix says so), and everything its
         record needs, fetched from the device in one transfer."""
         stats = distribution_stats(logits, self.config.deepconf.k, N_TOP)
-        tokens = sampler(state.history, logits.clone() if sampler.processors else logits)
+        tokens = sampler(state.history, logits.clone() if sampler.edits_logits else logits)
         forced = [r.prefix[step] if step < len(r.prefix) else -1 for r in state.live]
         tokens = self._steer(step, state.live, tokens, forced)
         if any(t >= 0 for t in forced):  # the draw still happened, so later draws stay aligned
@@ -282,8 +294,8 @@ class Run:
     def _steer(self, step: int, live: list[RowState], tokens: torch.Tensor, forced: list[int]) -> torch.Tensor:
         """Prompt-level strategies see each sampled token and may replace it (their markers). A
         user's forced token still wins, and the strategy moves on as if its own had been taken."""
-        steered = [(pos, self.strategies[r.index]) for pos, r in enumerate(live)
-                   if r.index in self.strategies and self.strategies[r.index].prompt_level]
+        steered = [(pos, self.prompt_strategies[r.index]) for pos, r in enumerate(live)
+                   if r.index in self.prompt_strategies]
         if not steered:
             return tokens
         ids = tokens.tolist()
@@ -404,8 +416,8 @@ class Run:
         """A prompt-level row scores the reference after its own reply's lead-in (the restatement),
         as it would follow there, with the plain model: that is its strategy. Others as
         `quality.reference_ppl` does."""
-        strategy, r = self.strategies.get(row.index), row.result
-        if strategy is not None and strategy.prompt_level:
+        strategy, r = self.prompt_strategies.get(row.index), row.result
+        if strategy is not None:
             context = row.prompt_ids + strategy.context_tokens(r.token_ids)
             text = strategy.reference_text(self.config.reference)
             ids = self.lm.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -423,20 +435,16 @@ class Run:
         return quality.self_ppl(self.lm, row.prompt_ids, r.token_ids)
 
 
-
-class Engine:
-    """Runs generation configs on one loaded model."""
-
-    def __init__(self, lm: LoadedModel):
-        self.lm = lm
-
-    def start(self, config: RunConfig, stop_event: threading.Event | None = None,
+def start_run(lm: LoadedModel, config: RunConfig, stop_event: threading.Event | None = None,
               observer: LogitsObserver | None = None, budget: Budget | None = None) -> Run:
-        return Run(self.lm, config, stop_event, observer, budget)
+    """A validated run of `config` on `lm`, not started: iterate it for its events."""
+    return Run(lm, config, stop_event, observer, budget)
 
-    def run(self, config: RunConfig, stop_event: threading.Event | None = None,
-            observer: LogitsObserver | None = None) -> RunResult:
-        run = self.start(config, stop_event, observer)
-        for _ in run:
-            pass
-        return run.result
+
+def run_to_end(lm: LoadedModel, config: RunConfig, stop_event: threading.Event | None = None,
+               observer: LogitsObserver | None = None) -> RunResult:
+    """Run `config` on `lm` until every row has finished (or `stop_event` is set); its result."""
+    run = start_run(lm, config, stop_event, observer)
+    for _ in run:
+        pass
+    return run.result

@@ -9,7 +9,7 @@ from typing import Any
 
 from feedback.core.bounds import Bound
 from feedback.core.confidence import DEFAULT_K, DEFAULT_WINDOW
-from feedback.core.sampling import SamplingConfig
+from feedback.core.sampling import SamplingConfig, check_temperature
 from feedback.errors import FeedbackError
 
 MAX_NEW_TOKENS_CAP = 4096
@@ -33,8 +33,9 @@ MAX_KEY_FACTS = 32
 @dataclass
 class RowSpec:
     """One row of a run: the baseline (no strategy) or a strategy with parameters, and optionally
-    its own prompt, system prompt and earlier conversation turns (otherwise the run's), and a forced
-    start of its reply (the replay of a branch)."""
+    its own prompt, system prompt and earlier conversation turns (otherwise the run's), its own
+    sampling temperature (the other sampling settings are the run's), and a forced start of its
+    reply (the replay of a branch)."""
 
     name: str = "baseline"
     strategy: str | None = None
@@ -45,6 +46,7 @@ class RowSpec:
     system_prompt: str | None = None  # None: the run's
     messages: list[dict[str, str]] | None = None  # earlier turns, [{role, content}], before the prompt
     prefix: list[int] | None = None  # token ids the reply is forced to start with (marked as forced)
+    temperature: float | None = None  # this row's sampling temperature (0: greedy); None: the run's
 
     def validate(self, max_new_tokens: int) -> None:
         """Clear errors naming the row and the field."""
@@ -52,6 +54,10 @@ class RowSpec:
         if self.threshold is not None and (not isinstance(self.threshold, (int, float))
                                            or not math.isfinite(self.threshold)):
             raise FeedbackError(f"{where}: threshold must be a finite number, got {self.threshold!r}")
+        if self.temperature is not None:
+            if not isinstance(self.temperature, (int, float)):  # text is parsed by the door that takes it
+                raise FeedbackError(f"{where}: temperature must be a number, got {self.temperature!r}")
+            check_temperature(self.temperature, f"{where}: temperature")
         for name in ("prompt", "system_prompt"):
             value = getattr(self, name)
             if value is None:
@@ -88,6 +94,13 @@ DEEPCONF_WINDOW = Bound("window", 1, 100_000, integer=True)  # tokens in a group
 SEED = Bound("seed", 0, 2**63 - 1, integer=True)
 
 
+def _check_integer(bound: Bound, value, name: str | None = None) -> None:
+    """Refuse `value` unless it is an integer inside `bound`. The library takes numbers only (a door
+    that takes text parses it first), so unlike `Bound.check` this accepts no text or 2.0."""
+    if not isinstance(value, int) or not bound.lo <= value <= bound.hi:
+        raise FeedbackError(f"{name or bound.name} must be an integer in [{bound.lo}, {bound.hi}], got {value!r}")
+
+
 @dataclass
 class DeepConfConfig:
     k: int = DEFAULT_K
@@ -95,10 +108,8 @@ class DeepConfConfig:
     threshold: float | None = None  # fixed early-stop threshold on group confidence; None = off
 
     def validate(self) -> "DeepConfConfig":
-        if not isinstance(self.k, int) or not 1 <= self.k <= 1000:
-            raise FeedbackError(f"DeepConf k must be an integer in [1, 1000], got {self.k!r}")
-        if not isinstance(self.window, int) or not 1 <= self.window <= 100_000:
-            raise FeedbackError(f"DeepConf window must be an integer in [1, 100000], got {self.window!r}")
+        _check_integer(DEEPCONF_K, self.k)
+        _check_integer(DEEPCONF_WINDOW, self.window, f"DeepConf {DEEPCONF_WINDOW.name}")
         if self.threshold is not None and (
             not isinstance(self.threshold, (int, float)) or not math.isfinite(self.threshold)
         ):
@@ -147,8 +158,7 @@ class RunConfig:
         if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP:
             raise FeedbackError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS_CAP}], "
                                 f"got {self.max_new_tokens!r}")
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
-            raise FeedbackError(f"seed must be an integer in [0, 2^63), got {self.seed!r}")
+        _check_integer(SEED, self.seed)
         if not self.rows or len(self.rows) > MAX_ROWS:
             raise FeedbackError(f"a run needs 1 to {MAX_ROWS} rows, got {len(self.rows)}")
         names = [r.name for r in self.rows]

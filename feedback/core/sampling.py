@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from transformers import (LogitsProcessorList, MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
@@ -34,19 +34,18 @@ class SamplingConfig:
         return self.temperature == 0.0
 
     def validate(self) -> "SamplingConfig":
-        def finite(name: str, value: float, lo: float, hi: float) -> None:
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or not lo <= value <= hi:
-                raise FeedbackError(f"{name} must be a finite number in [{lo}, {hi}], got {value!r}")
+        def finite(bound: Bound, value: float) -> None:
+            # numbers only, as the library takes them (a door that takes text parses it first)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or not bound.lo <= value <= bound.hi:
+                raise FeedbackError(f"{bound.name} must be a finite number in [{bound.lo}, {bound.hi}], got {value!r}")
 
-        finite("temperature", self.temperature, 0.0, 10.0)
-        if 0.0 < self.temperature < MIN_TEMPERATURE:
-            raise FeedbackError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got "
-                                f"{self.temperature!r}: dividing logits by a smaller one overflows to inf")
-        finite("top_p", self.top_p, 0.0, 1.0)
-        finite("min_p", self.min_p, 0.0, 1.0)
-        finite("repetition_penalty", self.repetition_penalty, 0.01, 10.0)
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise FeedbackError(f"top_k must be a non-negative integer (0 = off), got {self.top_k!r}")
+        finite(TEMPERATURE, self.temperature)
+        check_temperature(self.temperature)  # the floor above 0
+        finite(TOP_P, self.top_p)
+        finite(MIN_P, self.min_p)
+        finite(REPETITION_PENALTY, self.repetition_penalty)
+        if not isinstance(self.top_k, int) or not TOP_K.lo <= self.top_k <= TOP_K.hi:
+            raise FeedbackError(f"top_k must be an integer in [{TOP_K.lo}, {TOP_K.hi}] (0 = off), got {self.top_k!r}")
         if self.top_p == 0.0:
             raise FeedbackError("top_p must be > 0 (1 = off)")
         return self
@@ -73,32 +72,67 @@ def build_processors(cfg: SamplingConfig) -> LogitsProcessorList:
     return procs
 
 
+def check_temperature(value, name: str = TEMPERATURE.name) -> float:
+    """A temperature inside `TEMPERATURE` that is 0 (greedy) or at least MIN_TEMPERATURE, else a
+    `FeedbackError` naming the field (`name`)."""
+    value = TEMPERATURE.check(value, name)
+    if 0.0 < value < MIN_TEMPERATURE:
+        raise FeedbackError(f"{name} must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {value!r}: "
+                            "dividing logits by a smaller one overflows to inf")
+    return value
+
+
 class Sampler:
     """Picks one token per live row. Each row owns a seeded generator, so a row's draws do not depend
-    on which other rows share its batch."""
+    on which other rows share its batch.
 
-    def __init__(self, cfg: SamplingConfig, seeds: list[int], device: torch.device):
+    Rows may have their own temperature (`temperatures`, None for the shared one); every other
+    setting is shared. When every row has the same temperature, one set of processors acts on the
+    whole batch (a greedy run without overrides is an argmax, as fast as it was); otherwise each
+    group of rows with one temperature goes through its own processors, a greedy group by argmax."""
+
+    def __init__(self, cfg: SamplingConfig, seeds: list[int], device: torch.device,
+                 temperatures: list[float | None] | None = None):
         self.cfg = cfg
-        self.processors = build_processors(cfg)
+        self.temperatures = [cfg.temperature if t is None else float(t)
+                             for t in (temperatures or [None] * len(seeds))]
+        self.by_temperature = {t: build_processors(replace(cfg, temperature=t)) for t in set(self.temperatures)}
         self.needs_history = cfg.repetition_penalty != 1.0
         self.generators: list[torch.Generator] = []
-        if not cfg.greedy:
+        if any(self.temperatures):
             for seed in seeds:
                 gen = torch.Generator(device=device)
                 gen.manual_seed(int(seed))
                 self.generators.append(gen)
 
+    @property
+    def edits_logits(self) -> bool:
+        """Whether any processor acts on the logits (the caller then hands in a copy)."""
+        return any(len(procs) for procs in self.by_temperature.values())
+
     def select_rows(self, keep: list[int]) -> None:
-        """Keep the generators of these batch positions (rows that left the batch drop out)."""
+        """Keep the generators and temperatures of these batch positions (rows that left drop out)."""
+        self.temperatures = [self.temperatures[i] for i in keep]
         if self.generators:
             self.generators = [self.generators[i] for i in keep]
 
     def __call__(self, history: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:
         """Token ids [B] from fp32 logits [B, V]; `history` [B, T] is needed for repetition penalty."""
-        scores = self.processors(history, logits) if len(self.processors) else logits
-        if self.cfg.greedy:
+        if len(set(self.temperatures)) == 1:
+            return self._pick(self.temperatures[0], list(range(logits.shape[0])), history, logits)
+        tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+        for t in sorted(set(self.temperatures)):
+            rows = [i for i, ti in enumerate(self.temperatures) if ti == t]
+            idx = torch.tensor(rows, device=logits.device)
+            tokens[idx] = self._pick(t, rows, None if history is None else history[idx], logits[idx])
+        return tokens
+
+    def _pick(self, temperature: float, rows: list[int], history: torch.Tensor | None,
+              logits: torch.Tensor) -> torch.Tensor:
+        """Tokens for the batch positions `rows` (their logits and history given), all at one temperature."""
+        procs = self.by_temperature[temperature]
+        scores = procs(history, logits) if len(procs) else logits
+        if temperature == 0.0:
             return scores.argmax(dim=-1)
         probs = torch.softmax(scores, dim=-1)
-        return torch.cat(
-            [torch.multinomial(probs[i], 1, generator=gen) for i, gen in enumerate(self.generators)]
-        )
+        return torch.cat([torch.multinomial(probs[j], 1, generator=self.generators[i]) for j, i in enumerate(rows)])

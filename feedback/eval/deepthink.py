@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from feedback.core.budget import Budget, dtype_bytes, generation_memory_mb
-from feedback.core.engine import Engine
+from feedback.core.engine import start_run
 from feedback.core.model import LoadedModel
 from feedback.core.records import DeepConfConfig, RowResult, RowSpec, RunConfig, answer_text
 from feedback.core.sampling import SamplingConfig
@@ -108,7 +108,7 @@ def _run(lm: LoadedModel, cfg: DeepThinkConfig, rows: list[RowSpec], stop: threa
                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                         sampling=SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p),
                         deepconf=DeepConfConfig(cfg.k, cfg.window, None), rows=rows)
-    run = Engine(lm).start(run_cfg, stop_event=stop)
+    run = start_run(lm, run_cfg, stop_event=stop)
     for event in run:
         if progress:
             live = len(rows) - sum(r.stop_reason is not None for r in run.result.rows)

@@ -22,14 +22,18 @@ from typing import Callable
 import numpy as np
 import torch
 
+from feedback.core.bounds import Bound
 from feedback.core.budget import EXACT_COST, Budget, scoring_cost
 from feedback.core.forward import window_nll_chunked, window_nll_exact, window_nll_parallel
 from feedback.core.model import LoadedModel
 from feedback.errors import FeedbackError, check_stop
 from feedback.eval.corpus import Document, fingerprint
-from feedback.strategies import build_strategy, get_strategy
+from feedback.strategies import PromptStrategy, build_strategy, get_strategy
 
 MODES = ("exact", "parallel", "jacobi")
+PASSES = Bound("jacobi passes", 2, 32, integer=True)  # the first pass is clean, so one alone feeds nothing back
+MIN_WINDOW = 2  # tokens per scoring window: a scored token needs one before it
+BOOTSTRAP = Bound("bootstrap resamples", 0, 100_000, integer=True)  # 0: no confidence interval
 
 
 @dataclass
@@ -43,14 +47,14 @@ class PPLConfig:
     stride: int = 512  # new tokens scored per window after the first
     max_docs: int | None = None
     max_tokens_per_doc: int | None = None
-    bootstrap: int = 2000
+    bootstrap: int = 2000  # resamples for the 95% CI (`BOOTSTRAP` bounds it)
     seed: int = 0
 
     def resolved_mode(self) -> str:
         if self.strategy is None:
             return "parallel"
         cls = get_strategy(self.strategy)
-        if cls.prompt_level:
+        if issubclass(cls, PromptStrategy):
             raise FeedbackError(f"{self.strategy} is a prompt-level strategy: it changes the prompt, not the model, so "
                                 "text perplexity does not apply; score a reference answer after it instead "
                                 "(`python -m feedback qa`, or a reference in Compare's Evaluation)")
@@ -60,21 +64,21 @@ class PPLConfig:
         if mode == "parallel" and cls.recurrent:
             raise FeedbackError(f"{self.strategy} is recurrent, so one parallel pass is not exact: "
                                 f"use --mode exact or --mode jacobi")
-        if mode == "jacobi" and not 2 <= self.passes <= 32:
-            raise FeedbackError(f"jacobi passes must be in [2, 32], got {self.passes}")
+        if mode == "jacobi" and not PASSES.lo <= self.passes <= PASSES.hi:
+            raise FeedbackError(f"{PASSES.name} must be in [{PASSES.lo}, {PASSES.hi}], got {self.passes}")
         return mode
 
     def validate(self, context: int) -> "PPLConfig":
         self.resolved_mode()
-        if not 2 <= self.window:
-            raise FeedbackError(f"window must be at least 2 tokens, got {self.window}")
+        if not MIN_WINDOW <= self.window:
+            raise FeedbackError(f"window must be at least {MIN_WINDOW} tokens, got {self.window}")
         self.window = min(self.window, context)
         if not 1 <= self.stride <= self.window:
             raise FeedbackError(f"stride must be in [1, window={self.window}], got {self.stride}")
         if not 1 <= self.chunk:
             raise FeedbackError(f"chunk must be at least 1 token, got {self.chunk}")
-        if not 0 <= self.bootstrap <= 100_000:
-            raise FeedbackError(f"bootstrap resamples must be in [0, 100000], got {self.bootstrap}")
+        if not BOOTSTRAP.lo <= self.bootstrap <= BOOTSTRAP.hi:
+            raise FeedbackError(f"{BOOTSTRAP.name} must be in [{BOOTSTRAP.lo}, {BOOTSTRAP.hi}], got {self.bootstrap}")
         return self
 
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from feedback.core.engine import Engine
+from feedback.core.engine import run_to_end
 from feedback.core.model import LoadedModel
 from feedback.core.records import RowSpec, RunConfig, answer_text
 from feedback.errors import FeedbackError, check_stop
@@ -39,7 +39,7 @@ def evaluate_qa(lm: LoadedModel, questions: list[dict], rows: list[RowSpec], max
         check_stop(stop, "the question set")
         gold = str(q["answer"])
         cfg = RunConfig(prompt=q["question"], model=lm.name, max_new_tokens=max_new_tokens, rows=rows, reference=gold)
-        result = Engine(lm).run(cfg, stop_event=stop)
+        result = run_to_end(lm, cfg, stop_event=stop)
         item = {"question": q["question"], "gold": gold, "rows": {}}
         for row in result.rows:
             answer = extract_answer(answer_text(row), question=q["question"])

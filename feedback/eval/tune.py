@@ -36,6 +36,12 @@ baseline again, left out) is scored once on the test corpus with `evaluate`, as
 whose best trial is unchanged reuses that result instead of scoring the test corpus again; the file
 counts how many different best points the test corpus has scored. The search never sees test
 numbers.
+
+Pieces. `run_tune` is the protocol; each step is its own part: `TuneSettings` (budget, sampler,
+pruner, out-dir), the search space (`search_space`, `_ask`), the documents (`prepare` ->
+`TuneData`), the log (`TrialLog`), one trial with its pruning (`Search.run_trial`,
+`ClearlyWorsePruner`), the test scored once (`score_test_once`). The figures and table rows are in
+`feedback.eval.figures`.
 """
 from __future__ import annotations
 
@@ -45,13 +51,13 @@ import math
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import optuna
-import plotly.graph_objects as go
 from optuna.distributions import (BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution,
                                   distribution_to_json)
 from optuna.pruners import BasePruner
@@ -59,9 +65,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from feedback.core.budget import Budget
 from feedback.core.model import LoadedModel
+from feedback.core.strict_json import json_safe
 from feedback.errors import FeedbackError, check_stop
 from feedback.eval.corpus import Document, fingerprint
-from feedback.eval.figures import BETTER, WORSE, figure
+from feedback.eval.figures import write_html
 from feedback.eval.perplexity import PPLConfig, document_ids, evaluate, paired_bootstrap, scoring_work, token_nlls
 from feedback.eval.sweep import is_noop
 from feedback.strategies import build_strategy, get_strategy
@@ -73,6 +80,43 @@ PRUNE_STARTUP = 4  # completed trials before any trial is pruned
 TRIALS_FILE, BEST_FILE, HTML_FILE = "trials.jsonl", "best.json", "tune.html"
 # Header keys that describe a run without changing its trials: not compared on resume.
 INFORMATIONAL = ("data",)
+
+
+# ---- the settings ----
+def check_budget(trials: int | None, timeout: float | None, cap: int = MAX_TRIALS) -> None:
+    """--trials and/or --timeout: at least one, each positive; trials at most `cap`."""
+    if trials is None and timeout is None:
+        raise FeedbackError("give a budget: --trials N and/or --timeout SECONDS")
+    if trials is not None and not 1 <= trials <= cap:
+        raise FeedbackError(f"trials must be in [1, {cap}], got {trials}")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise FeedbackError(f"timeout must be a positive number of seconds, got {timeout}")
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """How a search runs, apart from what it scores: its budget (`trials`, the total including
+    logged ones, and/or `timeout`, the seconds this call may start new trials in), the sampler's seed
+    and random startup, the pruner's startup, the cap on `trials` (a served page sets a lower one),
+    and where the log and results go (`out_dir`; None: nothing written). `data` and `test` name the
+    two corpora in the header and the test result."""
+
+    trials: int | None = None
+    timeout: float | None = None
+    seed: int = 0
+    startup_trials: int = STARTUP_TRIALS
+    prune_startup: int = PRUNE_STARTUP
+    max_trials: int = MAX_TRIALS
+    out_dir: str | Path | None = None
+    data: str = ""
+    test: str = ""
+
+    def check(self) -> None:
+        check_budget(self.trials, self.timeout, self.max_trials)
+
+    def more(self, done: int, elapsed: float) -> bool:
+        """Whether another trial may start, `done` being logged and `elapsed` seconds gone."""
+        return (self.trials is None or done < self.trials) and (self.timeout is None or elapsed < self.timeout)
 
 
 # ---- the search space ----
@@ -138,61 +182,81 @@ def _ask(study: optuna.Study, space: dict[str, BaseDistribution], strategy: str,
     return trial
 
 
-def check_budget(trials: int | None, timeout: float | None, cap: int = MAX_TRIALS) -> None:
-    """--trials and/or --timeout: at least one, each positive; trials at most `cap`."""
-    if trials is None and timeout is None:
-        raise FeedbackError("give a budget: --trials N and/or --timeout SECONDS")
-    if trials is not None and not 1 <= trials <= cap:
-        raise FeedbackError(f"trials must be in [1, {cap}], got {trials}")
-    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        raise FeedbackError(f"timeout must be a positive number of seconds, got {timeout}")
-
-
-# ---- pruning ----
-class ClearlyWorsePruner(BasePruner):
-    """Prune a trial whose subset-ΔPPL 95% CI lies wholly above the median subset ΔPPL of the
-    completed trials (after `startup` of them); see the module docstring."""
-
-    def __init__(self, startup: int = PRUNE_STARTUP):
-        self.startup = startup
-
-    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
-        step = trial.last_step
-        if step is None:
-            return False
-        others = [t.intermediate_values[step] for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                  if step in t.intermediate_values]
-        if len(others) < self.startup:
-            return False
-        low = trial.user_attrs.get("subset_ci95", [math.nan])[0]
-        if low is None or not math.isfinite(low):
-            low = trial.intermediate_values[step]
-        return low > median(others)
-
-
+# ---- the documents ----
 def subset_size(documents: int) -> int:
     """Documents a trial scores before the pruning decision: the first third, at least one (all of
     them when there is only one)."""
     return max(1, documents // 3)
 
 
-# ---- scoring (as `evaluate` does it) ----
-def _summary(pairs: list[tuple[np.ndarray, np.ndarray]], cfg: PPLConfig) -> dict:
-    """ΔPPL % and its paired 95% CI over these documents' per-token NLLs, exactly as `evaluate`."""
-    diffs = [fb - base for base, fb in pairs]
-    lo, hi, method = paired_bootstrap(diffs, cfg.bootstrap, cfg.seed)
-    mean_diff = float(np.concatenate(diffs).mean())
-    return {"delta_pct": 100.0 * math.expm1(mean_diff), "ci95": [100.0 * math.expm1(lo), 100.0 * math.expm1(hi)],
-            "ci_method": method, "tokens": int(sum(d.size for d in diffs))}
+@dataclass(frozen=True)
+class TuneData:
+    """What a run scores: the scoring settings (strategy and fixed parameters filled in) and their
+    mode, the dev documents as capped by `max_docs`, those of at least 2 tokens with their token ids,
+    and the test documents (None: no test scoring)."""
+
+    cfg: PPLConfig
+    mode: str
+    docs: list[Document]
+    items: list[tuple[Document, list[int]]]
+    test_docs: list[Document] | None
+
+    @property
+    def subset(self) -> int:
+        return subset_size(len(self.items))
+
+    def check_work(self, lm: LoadedModel, budget: Budget, trials: int) -> None:
+        """Refuse a search whose scoring (`trials` dev passes, then the test once) the budget cannot pay."""
+        budget.check_scoring(*scoring_work([len(ids) for _, ids in self.items], self.cfg, trials))
+        if self.test_docs is not None:
+            counts = [len(ids) for ids in document_ids(lm, self.test_docs, self.cfg)]
+            budget.check_scoring(*scoring_work(counts, self.cfg))
 
 
-def _clean(x: Any) -> Any:
-    """JSON-safe: NaN (no bootstrap) becomes null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, list):
-        return [_clean(v) for v in x]
-    return x
+def _capped(docs: list[Document], cfg: PPLConfig) -> list[Document]:
+    return docs[: cfg.max_docs] if cfg.max_docs else docs
+
+
+def prepare(lm: LoadedModel, docs: list[Document], test_docs: list[Document] | None, strategy: str,
+            base: PPLConfig, fixed: dict) -> TuneData:
+    """The scoring settings checked and the documents cut as `evaluate` cuts them; refused when no
+    dev document can be scored, or when the test corpus is empty or is the dev corpus."""
+    cfg = dataclasses.replace(base, strategy=strategy, params=dict(fixed))
+    cfg.validate(lm.context_length)
+    mode = cfg.resolved_mode()
+    docs = _capped(docs, cfg)
+    if not docs:
+        raise FeedbackError("the dev corpus holds no documents")
+    items = [(d, ids) for d, ids in zip(docs, document_ids(lm, docs, cfg)) if len(ids) >= 2]
+    if not items:
+        raise FeedbackError("no dev document has at least 2 tokens")
+    if test_docs is not None:
+        test_docs = _capped(test_docs, cfg)
+        if not test_docs:
+            raise FeedbackError("the test corpus holds no documents")
+        if fingerprint(test_docs) == fingerprint(docs):
+            raise FeedbackError("the test corpus is the dev corpus: the best point must be confirmed on held-out text")
+    return TuneData(cfg, mode, docs, items, test_docs)
+
+
+def run_header(lm: LoadedModel, strategy: str, fixed: dict, space: dict[str, BaseDistribution], data: TuneData,
+               settings: TuneSettings) -> dict:
+    """The log's header: everything that decides a run's trials (see the module docstring), as it
+    reads back from the log (tuples as lists)."""
+    cfg = data.cfg
+    header = {
+        "format": FORMAT, "strategy": strategy, "fixed": fixed,
+        "space": {n: json.loads(distribution_to_json(d)) for n, d in space.items()},
+        "model": lm.name, "dtype": lm.dtype, "num_layers": lm.num_layers, "data": settings.data,
+        "corpus_fingerprint": fingerprint(data.docs), "documents": len(data.items),
+        "scoring": {"mode": data.mode, "passes": cfg.passes, "window": cfg.window, "stride": cfg.stride,
+                    "chunk": cfg.chunk, "max_docs": cfg.max_docs, "max_tokens_per_doc": cfg.max_tokens_per_doc,
+                    "bootstrap": cfg.bootstrap, "seed": cfg.seed},
+        "sampler": {"name": "TPE", "seed": settings.seed, "startup_trials": settings.startup_trials},
+        "pruner": {"name": "clearly worse than the median", "subset_documents": data.subset,
+                   "startup": settings.prune_startup},
+    }
+    return json.loads(json.dumps(header))
 
 
 # ---- the log ----
@@ -243,6 +307,77 @@ def jsonl_text(header: dict, rows: list[dict]) -> str:
     return "".join(json.dumps(r) + "\n" for r in [{"header": header}, *rows])
 
 
+class TrialLog:
+    """A run's trials in order; with a folder, also `OUT_DIR/trials.jsonl` (the header line, then
+    one line per trial, appended as each ends, so a killed run loses at most the trial under way)."""
+
+    def __init__(self, path: Path | None, rows: list[dict]):
+        self.path, self.rows = path, rows
+
+    @classmethod
+    def open(cls, out_dir: str | Path | None, header: dict) -> "TrialLog":
+        """The log of `out_dir` with its trials read back (a resume), or a new one with `header`;
+        refused when the folder's log is another run's (naming the first difference) or no tuning
+        log. Without a folder: an empty log kept in memory."""
+        if out_dir is None:
+            return cls(None, [])
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        path = Path(out_dir) / TRIALS_FILE
+        old, rows, cut = _read_log(path)
+        if old is not None:
+            diff = _mismatch(old, header)
+            if diff:
+                raise FeedbackError(f"{path} holds trials of a different tuning run ({diff}); use another "
+                                    "--out-dir, or the same strategy, data and settings to resume")
+        if old is None or cut:  # a new log, or one whose cut-off last line is dropped
+            path.write_text(jsonl_text(header, rows), encoding="utf-8")
+        return cls(path, rows)
+
+    def append(self, row: dict) -> None:
+        self.rows.append(row)
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+# ---- one trial and its pruning ----
+def clearly_worse(low: float | None, value: float, others: list[float], startup: int = PRUNE_STARTUP) -> bool:
+    """The pruning decision: a trial whose subset ΔPPL is `value` with its CI starting at `low` (None
+    or NaN without a bootstrap: `value` stands in) is clearly worse when, with at least `startup`
+    completed trials' subset ΔPPLs in `others`, that lower bound lies above their median."""
+    if len(others) < startup:
+        return False
+    if low is None or not math.isfinite(low):
+        low = value
+    return low > median(others)
+
+
+class ClearlyWorsePruner(BasePruner):
+    """Prune a trial whose subset-ΔPPL 95% CI lies wholly above the median subset ΔPPL of the
+    completed trials (after `startup` of them); see the module docstring."""
+
+    def __init__(self, startup: int = PRUNE_STARTUP):
+        self.startup = startup
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        step = trial.last_step
+        if step is None:
+            return False
+        others = [t.intermediate_values[step] for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                  if step in t.intermediate_values]
+        low = trial.user_attrs.get("subset_ci95", [math.nan])[0]
+        return clearly_worse(low, trial.intermediate_values[step], others, self.startup)
+
+
+def _summary(pairs: list[tuple[np.ndarray, np.ndarray]], cfg: PPLConfig) -> dict:
+    """ΔPPL % and its paired 95% CI over these documents' per-token NLLs, exactly as `evaluate`."""
+    diffs = [fb - base for base, fb in pairs]
+    lo, hi, method = paired_bootstrap(diffs, cfg.bootstrap, cfg.seed)
+    mean_diff = float(np.concatenate(diffs).mean())
+    return {"delta_pct": 100.0 * math.expm1(mean_diff), "ci95": [100.0 * math.expm1(lo), 100.0 * math.expm1(hi)],
+            "ci_method": method, "tokens": int(sum(d.size for d in diffs))}
+
+
 def _frozen(row: dict, space: dict[str, BaseDistribution], step: int) -> FrozenTrial:
     state = {"complete": TrialState.COMPLETE, "pruned": TrialState.PRUNED}.get(row["state"], TrialState.FAIL)
     inter = {step: row["subset_delta_pct"]} if row.get("subset_delta_pct") is not None else {}
@@ -259,167 +394,82 @@ def _sampler(seed: int, number: int, startup: int) -> optuna.samplers.TPESampler
     return optuna.samplers.TPESampler(seed=state, n_startup_trials=startup)
 
 
-# ---- the search ----
+class Search:
+    """The Optuna study of one run and the baseline NLLs every trial shares (`cache`, filled by the
+    first trial and reused by the test scoring): each trial is asked for, scored on the first
+    documents, pruned or scored on the rest, and told to the study."""
+
+    def __init__(self, lm: LoadedModel, strategy: str, fixed: dict, space: dict[str, BaseDistribution],
+                 data: TuneData, settings: TuneSettings, stop: threading.Event | None = None,
+                 progress: Callable[[str], None] | None = None):
+        self.lm, self.strategy, self.fixed, self.space, self.data = lm, strategy, fixed, space, data
+        self.seed, self.startup = settings.seed, settings.startup_trials
+        self.stop, self.progress = stop, progress
+        self.cache: dict = {}
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.study = optuna.create_study(direction="minimize", sampler=_sampler(self.seed, 0, self.startup),
+                                         pruner=ClearlyWorsePruner(settings.prune_startup))
+
+    def resume(self, rows: list[dict]) -> None:
+        """Re-add logged trials, so the sampler and the pruner see them as they were."""
+        for row in rows:
+            self.study.add_trial(_frozen(row, self.space, self.data.subset))
+
+    def run_trial(self) -> dict:
+        """One new trial run to its end, complete, pruned or failed (a combination the strategy
+        refuses): its log row. A stop or an error inside it fails the trial and propagates."""
+        self.study.sampler = _sampler(self.seed, len(self.study.trials), self.startup)
+        trial = _ask(self.study, self.space, self.strategy, self.fixed)
+        row: dict = {"trial": trial.number, "params": dict(trial.params)}
+        t0 = time.monotonic()
+        try:
+            values = build_strategy(self.strategy, {**self.fixed, **row["params"]}, self.lm.num_layers).values
+        except FeedbackError as exc:  # a combination the strategy's cross-parameter check refuses
+            self.study.tell(trial, state=TrialState.FAIL)
+            return row | {"state": "failed", "error": str(exc), "delta_pct": None, "ci95": None,
+                          "subset_delta_pct": None, "subset_ci95": None, "docs_scored": 0,
+                          "documents": len(self.data.items), "tokens": 0, "seconds": time.monotonic() - t0}
+        try:
+            scored = self._score(trial, dataclasses.replace(self.data.cfg, params=values))
+        except BaseException:
+            self.study.tell(trial, state=TrialState.FAIL)
+            raise
+        if scored["state"] == "pruned":
+            self.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            self.study.tell(trial, scored["delta_pct"])
+        return row | scored | {"seconds": time.monotonic() - t0}
+
+    def _score(self, trial: optuna.Trial, cfg: PPLConfig) -> dict:
+        """The first documents, the pruner's decision on them, then (unless pruned) the rest."""
+        k, n = self.data.subset, len(self.data.items)
+        pairs = self._nlls(trial.number, cfg, 0, k)
+        sub = _summary(pairs, cfg)
+        trial.set_user_attr("subset_ci95", json_safe(sub["ci95"]))
+        trial.report(sub["delta_pct"], k)
+        pruned = k < n and trial.should_prune()
+        if not pruned:
+            pairs += self._nlls(trial.number, cfg, k, n)
+        full = sub if pruned else _summary(pairs, cfg)
+        return {"state": "pruned" if pruned else "complete", "delta_pct": full["delta_pct"],
+                "ci95": json_safe(full["ci95"]), "subset_delta_pct": sub["delta_pct"], "subset_ci95": json_safe(sub["ci95"]),
+                "docs_scored": len(pairs), "documents": n, "tokens": full["tokens"]}
+
+    def _nlls(self, number: int, cfg: PPLConfig, start: int, end: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(baseline, strategy) per-token NLLs of dev documents start..end-1, each reported as scored."""
+        out = []
+        for i in range(start, end):
+            out.append(token_nlls(self.lm, self.data.items[i][1], cfg, self.cache, self.stop))
+            if self.progress:
+                self.progress(f"trial {number}: document {i + 1} of {len(self.data.items)} scored")
+        return out
+
+
+# ---- the best point, scored once on test ----
 def best_trial(rows: list[dict], strategy: str, fixed: dict | None = None) -> dict | None:
     """The completed trial with the lowest dev ΔPPL, settings with strength 0 left out (first on ties)."""
     live = [r for r in rows if r["state"] == "complete" and not is_noop(strategy, {**(fixed or {}), **r["params"]})]
     return min(live, key=lambda r: (r["delta_pct"], r["trial"])) if live else None
-
-
-def run_tune(lm: LoadedModel, docs: list[Document], strategy: str, base: PPLConfig, fixed: dict | None = None, *,
-             trials: int | None = None, timeout: float | None = None, seed: int = 0,
-             out_dir: str | Path | None = None, test_docs: list[Document] | None = None, data: str = "",
-             test: str = "", on_trial: Callable[[dict], None] | None = None, stop: threading.Event | None = None,
-             progress: Callable[[str], None] | None = None, budget: Budget | None = None,
-             startup_trials: int = STARTUP_TRIALS, prune_startup: int = PRUNE_STARTUP,
-             max_trials: int = MAX_TRIALS) -> dict:
-    """Search `strategy`'s parameters on `docs` (dev) and score the best point once on `test_docs`.
-
-    `base` holds the scoring settings (mode, passes, window, stride, bootstrap, seed...); `fixed`
-    the parameters not searched. `trials` is the total including trials already logged in `out_dir`
-    (resumed); `timeout` the seconds this call may start new trials in (a trial under way finishes).
-    `on_trial(row)` hears of every new trial; setting `stop` ends the search within one forward
-    (raising `Stopped`), the trials finished so far being logged. Returns {"header", "trials",
-    "best", "test", "importances"}; with `out_dir`, also writes trials.jsonl (as it goes), best.json
-    and tune.html there."""
-    check_budget(trials, timeout, max_trials)
-    fixed = parse_fixed(fixed, strategy, lm.num_layers)
-    space = search_space(strategy, lm.num_layers, fixed)
-    cfg0 = dataclasses.replace(base, strategy=strategy, params=dict(fixed))
-    cfg0.validate(lm.context_length)
-    mode = cfg0.resolved_mode()
-    docs = docs[: cfg0.max_docs] if cfg0.max_docs else docs
-    if not docs:
-        raise FeedbackError("the dev corpus holds no documents")
-    items = [(d, ids) for d, ids in zip(docs, document_ids(lm, docs, cfg0)) if len(ids) >= 2]
-    if not items:
-        raise FeedbackError("no dev document has at least 2 tokens")
-    if test_docs is not None:
-        test_docs = test_docs[: cfg0.max_docs] if cfg0.max_docs else test_docs
-        if not test_docs:
-            raise FeedbackError("the test corpus holds no documents")
-        if fingerprint(test_docs) == fingerprint(docs):
-            raise FeedbackError("the test corpus is the dev corpus: the best point must be confirmed on held-out text")
-    if budget is not None:
-        counts = [len(ids) for _, ids in items]
-        budget.check_scoring(*scoring_work(counts, cfg0, trials or max_trials))
-        if test_docs is not None:
-            budget.check_scoring(*scoring_work([len(i) for i in document_ids(lm, test_docs, cfg0)], cfg0))
-    k = subset_size(len(items))
-    header = {
-        "format": FORMAT, "strategy": strategy, "fixed": fixed,
-        "space": {n: json.loads(distribution_to_json(d)) for n, d in space.items()},
-        "model": lm.name, "dtype": lm.dtype, "num_layers": lm.num_layers, "data": data,
-        "corpus_fingerprint": fingerprint(docs), "documents": len(items),
-        "scoring": {"mode": mode, "passes": cfg0.passes, "window": cfg0.window, "stride": cfg0.stride,
-                    "chunk": cfg0.chunk, "max_docs": cfg0.max_docs, "max_tokens_per_doc": cfg0.max_tokens_per_doc,
-                    "bootstrap": cfg0.bootstrap, "seed": cfg0.seed},
-        "sampler": {"name": "TPE", "seed": seed, "startup_trials": startup_trials},
-        "pruner": {"name": "clearly worse than the median", "subset_documents": k, "startup": prune_startup},
-    }
-    header = json.loads(json.dumps(header))  # as it reads back from the log (tuples as lists)
-    log_path = Path(out_dir) / TRIALS_FILE if out_dir is not None else None
-    rows: list[dict] = []
-    if log_path is not None:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        old, rows, cut = _read_log(log_path)
-        if old is not None:
-            diff = _mismatch(old, header)
-            if diff:
-                raise FeedbackError(f"{log_path} holds trials of a different tuning run ({diff}); use another "
-                                    "--out-dir, or the same strategy, data and settings to resume")
-        if old is None or cut:
-            log_path.write_text(jsonl_text(header, rows), encoding="utf-8")
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="minimize", sampler=_sampler(seed, 0, startup_trials),
-                                pruner=ClearlyWorsePruner(prune_startup))
-    for row in rows:
-        study.add_trial(_frozen(row, space, k))
-    cache: dict = {}
-
-    def score(part, cfg, trial_number, offset):
-        out = []
-        for i, (_doc, ids) in enumerate(part):
-            out.append(token_nlls(lm, ids, cfg, cache, stop))
-            if progress:
-                progress(f"trial {trial_number}: document {offset + i + 1} of {len(items)} scored")
-        return out
-
-    started = time.monotonic()
-    while (trials is None or len(rows) < trials) and (timeout is None or time.monotonic() - started < timeout):
-        check_stop(stop, "the tuning")
-        study.sampler = _sampler(seed, len(study.trials), startup_trials)
-        trial = _ask(study, space, strategy, fixed)
-        params = dict(trial.params)
-        t0 = time.monotonic()
-        row: dict = {"trial": trial.number, "params": params}
-        try:
-            values = build_strategy(strategy, {**fixed, **params}, lm.num_layers).values
-        except FeedbackError as exc:  # a combination the strategy's cross-parameter check refuses
-            study.tell(trial, state=TrialState.FAIL)
-            row |= {"state": "failed", "error": str(exc), "delta_pct": None, "ci95": None, "subset_delta_pct": None,
-                    "subset_ci95": None, "docs_scored": 0, "documents": len(items), "tokens": 0,
-                    "seconds": time.monotonic() - t0}
-        else:
-            cfg = dataclasses.replace(cfg0, params=values)
-            try:
-                pairs = score(items[:k], cfg, trial.number, 0)
-                sub = _summary(pairs, cfg)
-                trial.set_user_attr("subset_ci95", _clean(sub["ci95"]))
-                trial.report(sub["delta_pct"], k)
-                pruned = k < len(items) and trial.should_prune()
-                if not pruned:
-                    pairs += score(items[k:], cfg, trial.number, k)
-            except BaseException:
-                study.tell(trial, state=TrialState.FAIL)
-                raise
-            full = sub if pruned else _summary(pairs, cfg)
-            if pruned:
-                study.tell(trial, state=TrialState.PRUNED)
-            else:
-                study.tell(trial, full["delta_pct"])
-            row |= {"state": "pruned" if pruned else "complete", "delta_pct": full["delta_pct"],
-                    "ci95": _clean(full["ci95"]), "subset_delta_pct": sub["delta_pct"],
-                    "subset_ci95": _clean(sub["ci95"]), "docs_scored": len(pairs), "documents": len(items),
-                    "tokens": full["tokens"], "seconds": time.monotonic() - t0}
-        rows.append(row)
-        if log_path is not None:
-            with log_path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
-        if on_trial:
-            on_trial(row)
-
-    best = best_trial(rows, strategy, fixed)
-    result = {"header": header, "trials": rows, "best": None, "test": None, "test_evaluations": 0,
-              "importances": importances(study)}
-    if best is not None:
-        result["best"] = best | {"strategy_params": build_strategy(strategy, {**fixed, **best["params"]},
-                                                                   lm.num_layers).values}
-    best_path = Path(out_dir) / BEST_FILE if out_dir is not None else None
-    previous = json.loads(best_path.read_text(encoding="utf-8")) if best_path is not None and best_path.exists() else {}
-    result["test_evaluations"] = previous.get("test_evaluations", 0)
-    if best is not None and test_docs is not None:
-        test_print = fingerprint(test_docs)
-        same = (previous.get("best") or {}).get("trial") == best["trial"] and previous.get("test") and \
-            previous.get("test_fingerprint") == test_print and not _mismatch(previous.get("header", {}), header)
-        if same:
-            result["test"] = previous["test"]  # this point was scored on test already: not again
-        else:
-            check_stop(stop, "the tuning")
-            cfg = dataclasses.replace(cfg0, params=result["best"]["strategy_params"])
-            test_progress = (lambda d, n, _name: progress(f"test: document {d} of {n} scored")) if progress else None
-            res = evaluate(lm, test_docs, cfg, progress=test_progress, baseline_cache=cache, stop=stop)
-            res["data"] = test
-            result["test"] = res
-            result["test_evaluations"] += 1
-        result["test_fingerprint"] = test_print
-    if out_dir is not None:
-        record = {k: result.get(k) for k in ("header", "best", "test", "test_evaluations", "test_fingerprint")}
-        best_path.write_text(json.dumps(record, indent=2), encoding="utf-8")
-        write_html(Path(out_dir) / HTML_FILE, rows, result["importances"],
-                   f"{strategy} on {data or 'dev'}: ΔPPL % vs baseline per trial ({mode})")
-    return result
 
 
 def importances(study: optuna.Study) -> dict[str, float]:
@@ -437,66 +487,80 @@ def importances(study: optuna.Study) -> dict[str, float]:
         return {}
 
 
-# ---- reporting ----
-def format_params(params: dict) -> str:
-    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+def _previous(out_dir: str | Path | None) -> dict:
+    """best.json of an earlier run in `out_dir`, or {}."""
+    path = Path(out_dir) / BEST_FILE if out_dir is not None else None
+    return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.exists() else {}
 
 
-def table_row(row: dict) -> list:
-    """[trial, params, ΔPPL % dev, state] for tables (the command line's and the page's)."""
-    if row["delta_pct"] is None:
-        delta = row.get("error", "")
-    else:
-        delta = f"{row['delta_pct']:+.3f}"
-        if row["state"] == "pruned":
-            delta += f" (first {row['docs_scored']} of {row['documents']} docs)"
-    return [row["trial"], format_params(row["params"]), delta, row["state"]]
+def score_test_once(lm: LoadedModel, data: TuneData, best: dict, previous: dict, header: dict, name: str,
+                    cache: dict | None = None, stop: threading.Event | None = None,
+                    progress: Callable[[str], None] | None = None) -> dict:
+    """{"test", "test_evaluations", "test_fingerprint"}: `best` (with its "strategy_params") scored
+    on the test documents with `evaluate`, unless `previous` (the folder's best.json) already holds
+    this trial's result on the same test text under the same header: then that result, not scored
+    again. `test_evaluations` counts the different best points the test text has scored."""
+    test_print = fingerprint(data.test_docs)
+    done = previous.get("test_evaluations", 0)
+    if (previous.get("best") or {}).get("trial") == best["trial"] and previous.get("test") and \
+            previous.get("test_fingerprint") == test_print and not _mismatch(previous.get("header", {}), header):
+        return {"test": previous["test"], "test_evaluations": done, "test_fingerprint": test_print}
+    check_stop(stop, "the tuning")
+    cfg = dataclasses.replace(data.cfg, params=best["strategy_params"])
+    shown = (lambda d, n, _name: progress(f"test: document {d} of {n} scored")) if progress else None
+    res = evaluate(lm, data.test_docs, cfg, progress=shown, baseline_cache=cache, stop=stop)
+    res["data"] = name
+    return {"test": res, "test_evaluations": done + 1, "test_fingerprint": test_print}
 
 
-def history_figure(rows: list[dict], title: str = "") -> go.Figure:
-    """ΔPPL % per trial (pruned trials: their subset value, hollow) and the running best of the
-    completed trials."""
-    done = [r for r in rows if r["state"] == "complete"]
-    pruned = [r for r in rows if r["state"] == "pruned"]
-    best_x, best_y, low = [], [], math.inf
-    for r in done:
-        low = min(low, r["delta_pct"])
-        best_x.append(r["trial"])
-        best_y.append(low)
-
-    def hover(r: dict) -> str:
-        return format_params(r["params"]).replace(", ", "<br>")
-
-    traces = [
-        dict(type="scatter", mode="markers", name="trial (all dev documents)", x=[r["trial"] for r in done],
-             y=[r["delta_pct"] for r in done], text=[hover(r) for r in done], marker=dict(color="#555", size=8),
-             hovertemplate="trial %{x}: ΔPPL %{y:+.3f}%<br>%{text}<extra></extra>"),
-        dict(type="scatter", mode="markers", name="pruned (first documents only)", x=[r["trial"] for r in pruned],
-             y=[r["delta_pct"] for r in pruned], text=[hover(r) for r in pruned],
-             marker=dict(color=WORSE, size=8, symbol="circle-open", line=dict(width=2)),
-             hovertemplate="trial %{x} pruned: ΔPPL %{y:+.3f}% on its first documents<br>%{text}<extra></extra>"),
-        dict(type="scatter", mode="lines", name="best so far", x=best_x, y=best_y, line=dict(color=BETTER, width=2,
-                                                                                          shape="hv"),
-             hovertemplate="best so far %{y:+.3f}%<extra></extra>"),
-    ]
-    return figure(traces, 360, "trial", "ΔPPL % (lower is better)", title=dict(text=title, font=dict(size=13)),
-                  hovermode="closest", margin=dict(l=60, r=15, t=50, b=45))
+def write_results(out_dir: str | Path, result: dict, title: str) -> None:
+    """best.json (the header, the best dev trial and its test result) and tune.html."""
+    record = {k: result.get(k) for k in ("header", "best", "test", "test_evaluations", "test_fingerprint")}
+    (Path(out_dir) / BEST_FILE).write_text(json.dumps(record, indent=2), encoding="utf-8")
+    write_html(Path(out_dir) / HTML_FILE, result["trials"], result["importances"], title)
 
 
-def importance_figure(values: dict[str, float], title: str = "Parameter importance (PED-ANOVA)") -> go.Figure:
-    names = list(values)[::-1]
-    trace = dict(type="bar", orientation="h", x=[values[n] for n in names], y=names, marker=dict(color=BETTER),
-                 hovertemplate="%{y}: %{x:.3f}<extra></extra>")
-    return figure([trace], 120 + 30 * len(names), "importance (share)", "", title=dict(text=title, font=dict(size=13)),
-                  hovermode="closest", margin=dict(l=90, r=15, t=50, b=45))
+# ---- the protocol ----
+def run_tune(lm: LoadedModel, docs: list[Document], strategy: str, base: PPLConfig, fixed: dict | None,
+             settings: TuneSettings, *, test_docs: list[Document] | None = None,
+             on_trial: Callable[[dict], None] | None = None, stop: threading.Event | None = None,
+             progress: Callable[[str], None] | None = None, budget: Budget | None = None) -> dict:
+    """Search `strategy`'s parameters on `docs` (dev) and score the best point once on `test_docs`.
 
+    `base` holds the scoring settings (mode, passes, window, stride, bootstrap, seed...); `fixed`
+    the parameters not searched; `settings` the budget, sampler, pruner and out-dir (a log there is
+    resumed). `on_trial(row)` hears of every new trial; setting `stop` ends the search within one
+    forward (raising `Stopped`), the trials finished so far being logged; `budget` refuses a search
+    it cannot pay for before any scoring. Returns {"header", "trials", "best", "test",
+    "test_evaluations", "importances"} (and "test_fingerprint" once a test result exists); with an
+    out-dir, also writes trials.jsonl (as it goes), best.json and tune.html there."""
+    settings.check()
+    fixed = parse_fixed(fixed, strategy, lm.num_layers)
+    space = search_space(strategy, lm.num_layers, fixed)
+    data = prepare(lm, docs, test_docs, strategy, base, fixed)
+    if budget is not None:
+        data.check_work(lm, budget, settings.trials or settings.max_trials)
+    header = run_header(lm, strategy, fixed, space, data, settings)
+    log = TrialLog.open(settings.out_dir, header)
+    search = Search(lm, strategy, fixed, space, data, settings, stop, progress)
+    search.resume(log.rows)
+    started = time.monotonic()
+    while settings.more(len(log.rows), time.monotonic() - started):
+        check_stop(stop, "the tuning")
+        row = search.run_trial()
+        log.append(row)
+        if on_trial:
+            on_trial(row)
 
-def write_html(path: Path, rows: list[dict], values: dict[str, float], title: str) -> None:
-    """One self-contained page: the history, then the importances (or why there are none)."""
-    parts = [history_figure(rows, title).to_html(full_html=False, include_plotlyjs=True)]
-    if values:
-        parts.append(importance_figure(values).to_html(full_html=False, include_plotlyjs=False))
-    else:
-        parts.append("<p>Parameter importances need at least 2 completed trials that differ.</p>")
-    path.write_text(f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{title}</title></head><body>'
-                    + "".join(parts) + "</body></html>", encoding="utf-8")
+    best = best_trial(log.rows, strategy, fixed)
+    if best is not None:
+        best = best | {"strategy_params": build_strategy(strategy, {**fixed, **best["params"]}, lm.num_layers).values}
+    previous = _previous(settings.out_dir)
+    result = {"header": header, "trials": log.rows, "best": best, "test": None,
+              "test_evaluations": previous.get("test_evaluations", 0), "importances": importances(search.study)}
+    if best is not None and data.test_docs is not None:
+        result |= score_test_once(lm, data, best, previous, header, settings.test, search.cache, stop, progress)
+    if settings.out_dir is not None:
+        write_results(settings.out_dir, result, f"{strategy} on {settings.data or 'dev'}: ΔPPL % vs baseline per "
+                                                f"trial ({data.mode})")
+    return result

@@ -16,9 +16,13 @@ from typing import Sequence
 
 import numpy as np
 
+from feedback.core.bounds import Bound
 from feedback.errors import FeedbackError
 
 PRESETS = {"deepconf-low": 10.0, "deepconf-high": 90.0}
+# eta, the share of traces kept, in %: any share in (0, 100]; a number box needs a closed range,
+# so the doors that take it typed offer this one (its floor the smallest share they offer).
+ETA = Bound("eta", 0.0001, 100)
 
 
 def check_eta(eta: float) -> float:

@@ -25,16 +25,17 @@ from feedback.eval import corpus
 
 MODES = ("compare", "ppl", "deepthink")
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+RUN_KEYS = ("max_new_tokens", "seed", "chat_template", "system_prompt", "reference", "key_facts", "quality")
+PPL_KEYS = ("bootstrap",)
 _COMMON = {"id", "prompt", "mode"}
 
 
 def task_fields(mode: str) -> set[str]:
     """The fields a task of this mode may have (anything else is a typo or a misunderstanding)."""
     if mode == "compare":
-        return _COMMON | {"max_new_tokens", "seed", "chat_template", "strategy", "params", *SAMPLING_KEYS,
-                          "rows", "system_prompt", "reference", "key_facts", "quality"}
+        return _COMMON | {"strategy", "params", "rows", *RUN_KEYS, *SAMPLING_KEYS}
     if mode == "ppl":
-        return _COMMON | {"strategy", "params", "ppl_mode", "bootstrap"}
+        return _COMMON | {"strategy", "params", "ppl_mode", *PPL_KEYS}
     from feedback.eval.deepthink import DeepThinkConfig
 
     return _COMMON | set(DeepThinkConfig.__dataclass_fields__) - {"prompt"}
@@ -136,6 +137,11 @@ def finished_ids(out: Path, others: list[Path] = ()) -> set[str]:
     return {str(r["id"]) for path in [out, *others] if path.exists() for r in _records(path)}
 
 
+def _given(task: dict, keys: tuple[str, ...]) -> dict:
+    """The config fields a task gives; the others keep their config's defaults, declared beside it."""
+    return {k: task[k] for k in keys if k in task}
+
+
 def run_task(lm: LoadedModel, task: dict, budget: Budget | None = None) -> dict:
     """One task through the same engine, perplexity and Deep Think code as the UI and CLI, within
     `budget` when one is set (FEEDBACK_BUDGET_* variables)."""
@@ -143,18 +149,14 @@ def run_task(lm: LoadedModel, task: dict, budget: Budget | None = None) -> dict:
     strategy = task.get("strategy", "residual")
     params = task.get("params", {})
     if mode == "compare":
-        from feedback.core.engine import Engine
+        from feedback.core.engine import start_run
         from feedback.core.records import RowSpec, RunConfig, default_rows
         from feedback.core.sampling import SamplingConfig
 
         rows = [RowSpec(**r) for r in task["rows"]] if "rows" in task else default_rows(strategy, params)
-        cfg = RunConfig(prompt=task.get("prompt", ""), model=lm.name, max_new_tokens=task.get("max_new_tokens", 128),
-                        seed=task.get("seed", 0), chat_template=task.get("chat_template", True),
-                        system_prompt=task.get("system_prompt"),
-                        sampling=SamplingConfig(**{k: task[k] for k in SAMPLING_KEYS if k in task}),
-                        rows=rows, reference=task.get("reference"), key_facts=task.get("key_facts", []),
-                        quality=task.get("quality", False))
-        run = Engine(lm).start(cfg, budget=budget)
+        cfg = RunConfig(prompt=task.get("prompt", ""), model=lm.name, rows=rows, **_given(task, RUN_KEYS),
+                        sampling=SamplingConfig(**_given(task, SAMPLING_KEYS)))
+        run = start_run(lm, cfg, budget=budget)
         for _ in run:
             pass
         return run.result.to_dict()
@@ -162,7 +164,7 @@ def run_task(lm: LoadedModel, task: dict, budget: Budget | None = None) -> dict:
         from feedback.eval.perplexity import PPLConfig, evaluate
 
         return evaluate(lm, [corpus.Document(str(task.get("id", "text")), task["prompt"])],
-                        PPLConfig(strategy, params, task.get("ppl_mode"), bootstrap=task.get("bootstrap", 1000)),
+                        PPLConfig(strategy, params, task.get("ppl_mode"), **_given(task, PPL_KEYS)),
                         budget=budget)
     from feedback.eval.deepthink import DeepThinkConfig, deep_think
 

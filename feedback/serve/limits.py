@@ -8,10 +8,12 @@ looser limits (a whole run, a local command line) stay beside the config they bo
 from __future__ import annotations
 
 from feedback.core.bounds import Bound
+from feedback.eval.perplexity import BOOTSTRAP, MIN_WINDOW
 
 # A run's length: shared servers bound how long one visitor holds the model.
 SERVED_MAX_NEW_TOKENS = 1024
 MAX_NEW_TOKENS = Bound("max new tokens", 1, SERVED_MAX_NEW_TOKENS, integer=True)
+BOX_MAX_CHARS = 20_000  # a prompt, system prompt or follow-up typed into the page
 # Deep Think and calibration: traces (and warm-up traces) per side, and each trace's length.
 SERVED_MAX_TRACES = 16
 TRACES = Bound("traces per side", 1, SERVED_MAX_TRACES, integer=True)
@@ -29,3 +31,18 @@ UPLOAD_MAX_BYTES = 5_000_000  # a file given to the page; Gradio refuses larger 
 # The HTTP API.
 MAX_MESSAGES = 200  # earlier turns of one row's conversation
 MAX_BODY_BYTES = 1_000_000  # a request body; larger ones are refused while they are read
+API_MAX_WAITING = 8  # API requests allowed to wait for the model at once; more get 503
+API_WAIT_S = 300.0  # the longest an API request waits for the model before a 503
+SERVED_MAX_ROWS = 8  # rows of one run (the library allows records.MAX_ROWS)
+NAME_MAX_CHARS = 64  # a row's name, a run id
+MAX_PARAMS = 32  # strategy parameters of one row or request
+SHORT_TEXT_MAX_CHARS = 1000  # one key fact; the text a branch forces
+SMALL_SEED = Bound("seed", 0, 2**31, integer=True)  # a row's seed offset; a perplexity request's bootstrap seed
+# Perplexity requests: the window, stride and chunk (the model's context caps them anyway) and the
+# bootstrap, whose library limit is far above what one request needs.
+SERVED_MAX_WINDOW = 1_000_000
+PPL_WINDOW = Bound("window", MIN_WINDOW, SERVED_MAX_WINDOW, integer=True)
+PPL_STRIDE = Bound("stride", 1, SERVED_MAX_WINDOW, integer=True)
+PPL_CHUNK = Bound("chunk", 1, SERVED_MAX_WINDOW, integer=True)
+SERVED_MAX_BOOTSTRAP = 10_000
+PPL_BOOTSTRAP = BOOTSTRAP.with_hi(SERVED_MAX_BOOTSTRAP)

@@ -5,7 +5,7 @@ from typing import Any
 
 from feedback.errors import FeedbackError
 from feedback.strategies.anchor import AnchorStrategy
-from feedback.strategies.base import BatchView, Param, Phase, Preset, Strategy
+from feedback.strategies.base import BatchView, Param, Phase, Preset, PromptStrategy, Strategy
 from feedback.strategies.deep_cache import DeepCacheStrategy
 from feedback.strategies.inner_loop import InnerLoopStrategy
 from feedback.strategies.residual import ResidualStrategy
@@ -29,4 +29,5 @@ def build_strategy(name: str, params: dict[str, Any], num_layers: int) -> Strate
     return get_strategy(name)(params, num_layers)
 
 
-__all__ = ["BatchView", "Param", "Phase", "Preset", "Strategy", "REGISTRY", "get_strategy", "build_strategy"]
+__all__ = ["BatchView", "Param", "Phase", "Preset", "PromptStrategy", "Strategy", "REGISTRY", "get_strategy",
+           "build_strategy"]

@@ -7,7 +7,8 @@ drops left padding and the attention sink (a sequence's first token, which no st
 changes), hands the function only this row's states `[T, H]` in fp32 on one device with their
 absolute positions `[T]`, and writes the returned states back in the module's dtype and device
 (tuple outputs, args or kwargs repacked). Per-row state lives on the strategy between forwards;
-`detach` removes every hook.
+`detach` removes every hook. A prompt-level strategy (`PromptStrategy`) reads and writes no state:
+it changes the row's prompt and the tokens its reply takes, through the methods the engine calls.
 """
 from __future__ import annotations
 
@@ -141,7 +142,7 @@ class Param:
         return {
             "name": self.name, "type": self.kind.__name__, "default": self.default_for(num_layers),
             "minimum": lo, "maximum": hi, "choices": list(self.choices) if self.choices else None,
-            "help": self.help, "perplexity_only": self.perplexity_only,
+            "help": self.help, "is_layer": self.is_layer, "perplexity_only": self.perplexity_only,
             "search": list(self.search_range(num_layers)) if self.tunable else None, "log": self.log,
         }
 
@@ -229,9 +230,6 @@ class Strategy(ABC):
     # A strategy that changes the prompt's own states (not only what follows it) needs its own prefill
     # sequence: the engine then never shares the prompt's prefill between this row and another.
     edits_prompt: ClassVar[bool] = False
-    # A prompt-level strategy changes what the model is asked and which tokens it is given, never a
-    # hidden state; the engine calls its `rewrite_prompt`, `begin` and `choose` (see restate.py).
-    prompt_level: ClassVar[bool] = False
 
     def __init__(self, values: dict[str, Any], num_layers: int):
         self.values = self.validate(values, num_layers)
@@ -264,7 +262,8 @@ class Strategy(ABC):
     def schema(cls, num_layers: int) -> dict:
         return {
             "name": cls.name, "description": cls.description, "formula": cls.formula,
-            "recurrent": cls.recurrent, "prompt_level": cls.prompt_level, "strength_param": cls.strength_param,
+            "recurrent": cls.recurrent, "prompt_level": issubclass(cls, PromptStrategy),
+            "strength_param": cls.strength_param,
             "params": [p.schema(num_layers) for p in cls.params],
             "presets": [{"name": p.name, "params": cls.preset_values(p.name, num_layers), "note": p.note}
                         for p in cls.presets],
@@ -467,3 +466,48 @@ class Strategy(ABC):
 
     def after_forward(self) -> None:
         """Per-row bookkeeping once a forward (prefill chunk, decode step or sequence pass) ends."""
+
+
+class PromptStrategy(Strategy):
+    """Base class of prompt-level strategies: they change what the model is asked and which tokens
+    the reply takes, never a hidden state (the model runs unchanged, so they register no hooks).
+
+    The engine calls, for a row with one: `rewrite_prompt` when it encodes the row's prompt, `begin`
+    once the row's tokenizer is known, `choose` at every decode step, and `context_tokens` with
+    `reference_text` when it scores a reference answer. Each default leaves the row as a plain row
+    would be, so a strategy overrides only what it changes. A reply may be split into named parts
+    (`choose` says which part each token belongs to); the steps carry them and the part "restate"
+    is left out of the answer's text (`feedback.core.records.answer_text`)."""
+
+    recurrent: ClassVar[bool] = False  # the model is unchanged: nothing feeds from token to token
+
+    def _register(self, model: nn.Module, layers: nn.ModuleList) -> None:
+        """No hooks: the model runs unchanged."""
+
+    def reset(self) -> None:
+        """No per-row state by default."""
+
+    def rewrite_prompt(self, prompt: str) -> str:
+        """The row's newest user message as the model is asked it (by default unchanged)."""
+        return prompt
+
+    def begin(self, tokenizer: Any, eos_ids: list[int]) -> None:
+        """Called once the row's tokenizer and end-of-turn token ids are known, before the first step
+        (to tokenise markers the strategy forces)."""
+
+    def choose(self, step: int, token: int) -> tuple[int, str | None]:
+        """The token this row takes at decode `step` given the sampler's `token`, and the part of the
+        reply it belongs to (None: the reply has no parts). By default the sampler's token, no part.
+        A token the user forces still wins over the one returned; the strategy moves on as if its own
+        had been taken."""
+        return token, None
+
+    def context_tokens(self, token_ids: list[int]) -> list[int]:
+        """The reply's tokens (`token_ids`, the whole reply) that come before its answer: a reference
+        answer is scored after the prompt and these. By default none: the whole reply is the answer."""
+        return []
+
+    def reference_text(self, reference: str) -> str:
+        """A reference answer as it would follow `context_tokens` in a reply (the lead-in's spacing);
+        by default as given."""
+        return reference

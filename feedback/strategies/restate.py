@@ -12,9 +12,7 @@ text perplexity does not apply, since the model itself is unchanged.
 """
 from __future__ import annotations
 
-from torch import nn
-
-from feedback.strategies.base import Param, Preset, Strategy
+from feedback.strategies.base import Param, Preset, PromptStrategy
 
 INSTRUCTION = ("Before answering, restate the key facts given in the question in one or two short "
                "sentences. Then answer.")
@@ -22,14 +20,12 @@ OPENING = "Key facts:"
 TRANSITION = "\n\nAnswer:"
 
 
-class RestateStrategy(Strategy):
+class RestateStrategy(PromptStrategy):
     name = "restate"
     description = ("prompt-level, no hidden-state change: the row restates the question's key facts, "
                    "then answers with them in its context")
     formula = (f"prompt + “{INSTRUCTION}” → reply “{OPENING} <restatement>{TRANSITION.strip()} <answer>”; "
                "the markers are forced")
-    recurrent = False
-    prompt_level = True
     strength_param = "max_tokens"  # 0: no restatement, the markers only
     # Notes: greedy, 96 tokens, on the 8 example prompts.
     presets = (
@@ -53,9 +49,6 @@ class RestateStrategy(Strategy):
         self.part = "restate"  # restate -> transition -> answer
         self.restated = 0  # restatement tokens the model chose
         self.answer_start: int | None = None  # step of the answer's first token
-
-    def _register(self, model: nn.Module, layers: nn.ModuleList) -> None:
-        """No hooks: the model runs unchanged."""
 
     def begin(self, tokenizer, eos_ids: list[int]) -> None:
         """Tokenise the markers (called by the engine once the row's tokenizer is known)."""

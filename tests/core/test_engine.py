@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from feedback.core.engine import Engine
+from feedback.core.engine import run_to_end, start_run
 from feedback.core.records import DeepConfConfig, RowSpec, RunConfig, RunResult
 from feedback.core.sampling import SamplingConfig
 from feedback.errors import FeedbackError
@@ -31,7 +31,7 @@ def _generate_greedy(lm, ids: list[int], n: int) -> list[int]:
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_baseline_equals_model_generate(embedded_lm, prompt):
     cfg = RunConfig(prompt=prompt, max_new_tokens=24, rows=[RowSpec("baseline")])
-    result = Engine(embedded_lm).run(cfg)
+    result = run_to_end(embedded_lm, cfg)
     expected = _generate_greedy(embedded_lm, embedded_lm.encode(prompt), 24)
     assert result.rows[0].token_ids == expected
 
@@ -45,7 +45,7 @@ def test_strength_zero_feedback_has_baseline_logits(embedded_lm):
 
     cfg = RunConfig(prompt=PROMPTS[2], max_new_tokens=20,
                     rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.0})])
-    result = Engine(embedded_lm).run(cfg, observer=observer)
+    result = run_to_end(embedded_lm, cfg, observer=observer)
     assert len(seen) == 20
     for logits in seen:
         assert torch.max(torch.abs(logits[0] - logits[1])).item() <= 1e-5
@@ -57,7 +57,7 @@ def test_feedback_changes_logits_when_strength_nonzero(embedded_lm):
     diffs: list[float] = []
     cfg = RunConfig(prompt=PROMPTS[0], max_new_tokens=8,
                     rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.5})])
-    Engine(embedded_lm).run(cfg, observer=lambda s, live, lg: diffs.append(
+    run_to_end(embedded_lm, cfg, observer=lambda s, live, lg: diffs.append(
         (lg[0] - lg[1]).abs().max().item() if len(live) == 2 else 0.0))
     assert diffs[0] == 0.0  # the first token comes from the shared prefill
     assert max(diffs[1:]) > 1e-2
@@ -66,9 +66,9 @@ def test_feedback_changes_logits_when_strength_nonzero(embedded_lm):
 def test_row_batched_equals_row_alone(embedded_lm):
     rows = [RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.2}),
             RowSpec("fb2", "residual", {"alpha": 0.1, "target_layer": 3})]
-    together = Engine(embedded_lm).run(RunConfig(prompt=PROMPTS[1], max_new_tokens=24, rows=rows))
+    together = run_to_end(embedded_lm, RunConfig(prompt=PROMPTS[1], max_new_tokens=24, rows=rows))
     for i, spec in enumerate(rows):
-        alone = Engine(embedded_lm).run(RunConfig(prompt=PROMPTS[1], max_new_tokens=24, rows=[spec]))
+        alone = run_to_end(embedded_lm, RunConfig(prompt=PROMPTS[1], max_new_tokens=24, rows=[spec]))
         assert alone.rows[0].token_ids == together.rows[i].token_ids, spec.name
         for a, b in zip(alone.rows[0].steps, together.rows[i].steps):
             assert a.confidence == pytest.approx(b.confidence, abs=1e-3)
@@ -78,13 +78,13 @@ def test_seeded_sampling_reproduces_and_matches_alone(embedded_lm):
     sampling = SamplingConfig(temperature=0.9, top_k=50, top_p=0.95, min_p=0.02, repetition_penalty=1.1)
     rows = [RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.1})]
     cfg = RunConfig(prompt=PROMPTS[1], max_new_tokens=16, seed=123, sampling=sampling, rows=rows)
-    a = Engine(embedded_lm).run(cfg)
-    b = Engine(embedded_lm).run(RunConfig.from_dict(cfg.to_dict()))
+    a = run_to_end(embedded_lm, cfg)
+    b = run_to_end(embedded_lm, RunConfig.from_dict(cfg.to_dict()))
     assert [r.token_ids for r in a.rows] == [r.token_ids for r in b.rows]
-    other = Engine(embedded_lm).run(RunConfig(prompt=PROMPTS[1], max_new_tokens=16, seed=124,
+    other = run_to_end(embedded_lm, RunConfig(prompt=PROMPTS[1], max_new_tokens=16, seed=124,
                                               sampling=sampling, rows=rows))
     assert other.rows[0].token_ids != a.rows[0].token_ids
-    alone = Engine(embedded_lm).run(RunConfig(prompt=PROMPTS[1], max_new_tokens=16, seed=123,
+    alone = run_to_end(embedded_lm, RunConfig(prompt=PROMPTS[1], max_new_tokens=16, seed=123,
                                               sampling=sampling, rows=rows[:1]))
     assert alone.rows[0].token_ids == a.rows[0].token_ids
 
@@ -92,7 +92,7 @@ def test_seeded_sampling_reproduces_and_matches_alone(embedded_lm):
 def test_incremental_text_equals_full_decode(embedded_lm):
     cfg = RunConfig(prompt="Write the word 'café' and the emoji 🎉, then say 你好 in Chinese.",
                     max_new_tokens=40, rows=[RowSpec("baseline")])
-    row = Engine(embedded_lm).run(cfg).rows[0]
+    row = run_to_end(embedded_lm, cfg).rows[0]
     full = embedded_lm.tokenizer.decode(row.token_ids, skip_special_tokens=True,
                                         clean_up_tokenization_spaces=False)
     assert "".join(s.text for s in row.steps) == full == row.text
@@ -100,7 +100,7 @@ def test_incremental_text_equals_full_decode(embedded_lm):
 
 def test_step_records_are_consistent(embedded_lm):
     cfg = RunConfig(prompt=PROMPTS[0], max_new_tokens=12, deepconf=DeepConfConfig(k=20, window=4))
-    result = Engine(embedded_lm).run(cfg)
+    result = run_to_end(embedded_lm, cfg)
     for row in result.rows:
         confs = []
         for s in row.steps:
@@ -117,11 +117,11 @@ def test_step_records_are_consistent(embedded_lm):
 
 
 def test_eos_ends_row_and_max_tokens(embedded_lm):
-    result = Engine(embedded_lm).run(RunConfig(prompt="Reply with just the word: yes", max_new_tokens=50))
+    result = run_to_end(embedded_lm, RunConfig(prompt="Reply with just the word: yes", max_new_tokens=50))
     row = result.rows[0]
     assert row.stop_reason == "eos" and row.token_ids[-1] in embedded_lm.eos_token_ids
     assert row.stop_step == len(row.token_ids) - 1
-    short = Engine(embedded_lm).run(RunConfig(prompt=PROMPTS[2], max_new_tokens=5)).rows[0]
+    short = run_to_end(embedded_lm, RunConfig(prompt=PROMPTS[2], max_new_tokens=5)).rows[0]
     assert short.stop_reason == "max_tokens" and len(short.token_ids) == 5 and short.stop_step == 4
 
 
@@ -129,11 +129,11 @@ def test_early_stop_leaves_batch_and_others_unchanged(tiny_lm):
     """With a threshold only one row can fall under, that row stops at the first full window and the
     other row's tokens are exactly those of a run without early stopping."""
     rows = [RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 1.0, "source_layer": 3, "target_layer": 0})]
-    plain = Engine(tiny_lm).run(RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=30, rows=rows,
+    plain = run_to_end(tiny_lm, RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=30, rows=rows,
                                           deepconf=DeepConfConfig(window=4)))
     live_sizes: list[int] = []
     # a threshold above every confidence stops every row at its first full window
-    stopped = Engine(tiny_lm).run(
+    stopped = run_to_end(tiny_lm, 
         RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=30, rows=rows, deepconf=DeepConfConfig(window=4, threshold=1e9)),
         observer=lambda s, live, lg: live_sizes.append(len(live)))
     for row in stopped.rows:
@@ -146,7 +146,7 @@ def test_early_stop_leaves_batch_and_others_unchanged(tiny_lm):
     low, high = sorted(range(2), key=lambda i: g[i])
     thr = (g[0] + g[1]) / 2
     live_sizes.clear()
-    mixed = Engine(tiny_lm).run(
+    mixed = run_to_end(tiny_lm, 
         RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=30, rows=rows, deepconf=DeepConfConfig(window=4, threshold=thr)),
         observer=lambda s, live, lg: live_sizes.append(len(live)))
     assert mixed.rows[low].stop_reason == "early_stop" and mixed.rows[low].stop_step == 3
@@ -159,7 +159,7 @@ def test_early_stop_leaves_batch_and_others_unchanged(tiny_lm):
 
 def test_stop_event_ends_within_one_step_and_frees_hooks(tiny_lm, hook_count):
     stop = threading.Event()
-    run = Engine(tiny_lm).start(RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=200), stop_event=stop)
+    run = start_run(tiny_lm, RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=200), stop_event=stop)
     steps = 0
     for event in run:
         steps += 1
@@ -172,7 +172,7 @@ def test_stop_event_ends_within_one_step_and_frees_hooks(tiny_lm, hook_count):
 
 
 def test_stop_from_another_thread(tiny_lm):
-    run = Engine(tiny_lm).start(RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=400))
+    run = start_run(tiny_lm, RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=400))
     events = []
 
     def consume():
@@ -194,9 +194,9 @@ def test_hooks_removed_on_failure_and_abandon(tiny_lm, hook_count):
             raise RuntimeError("observer failed")
 
     with pytest.raises(RuntimeError, match="observer failed"):
-        Engine(tiny_lm).run(RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=10), observer=boom)
+        run_to_end(tiny_lm, RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=10), observer=boom)
     assert hook_count(tiny_lm.model) == 0
-    run = Engine(tiny_lm).start(RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=10))
+    run = start_run(tiny_lm, RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=10))
     it = iter(run)
     next(it)
     assert hook_count(tiny_lm.model) > 0
@@ -206,7 +206,7 @@ def test_hooks_removed_on_failure_and_abandon(tiny_lm, hook_count):
 
 def test_result_is_json_serialisable_and_config_round_trips(tiny_lm):
     cfg = RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=6, sampling=SamplingConfig(temperature=0.7), seed=5)
-    result = Engine(tiny_lm).run(cfg)
+    result = run_to_end(tiny_lm, cfg)
     data = json.loads(result.to_json())
     assert data["config"]["model"] == "tiny" and data["config"]["dtype"] == "float32"
     row = data["rows"][1]
@@ -238,13 +238,13 @@ def test_result_is_json_serialisable_and_config_round_trips(tiny_lm):
 def test_bad_config_is_refused_before_touching_the_model(tiny_lm, bad, message, hook_count):
     cfg = RunConfig(**({"prompt": "hi", "model": "tiny"} | bad))
     with pytest.raises(FeedbackError, match=message):
-        Engine(tiny_lm).start(cfg)
+        start_run(tiny_lm, cfg)
     assert hook_count(tiny_lm.model) == 0
 
 
 def test_prompt_longer_than_context_is_refused(tiny_lm):
     with pytest.raises(FeedbackError, match="exceeds the model context of 512"):
-        Engine(tiny_lm).start(RunConfig(prompt="word " * 600, model="tiny", max_new_tokens=10))
+        start_run(tiny_lm, RunConfig(prompt="word " * 600, model="tiny", max_new_tokens=10))
 
 
 def test_interleaved_runs_on_one_model_do_not_interfere(tiny_lm, hook_count):
@@ -254,11 +254,11 @@ def test_interleaved_runs_on_one_model_do_not_interfere(tiny_lm, hook_count):
     rows_b = [RowSpec("fb", "residual", {"alpha": -0.7, "source_layer": 2, "target_layer": 1}), RowSpec("base")]
     cfg_a = RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=12, rows=rows_a)
     cfg_b = RunConfig(prompt=PROMPTS[1], model="tiny", max_new_tokens=12, rows=rows_b)
-    alone = [Engine(tiny_lm).run(c) for c in (cfg_a, cfg_b)]
+    alone = [run_to_end(tiny_lm, c) for c in (cfg_a, cfg_b)]
     ids = torch.tensor([tiny_lm.encode("plain")])
     with torch.inference_mode():
         clean = tiny_lm.model(input_ids=ids).logits
-    run_a, run_b = Engine(tiny_lm).start(cfg_a), Engine(tiny_lm).start(cfg_b)
+    run_a, run_b = start_run(tiny_lm, cfg_a), start_run(tiny_lm, cfg_b)
     it_a, it_b = iter(run_a), iter(run_b)
     for _ in range(12):
         next(it_a, None), next(it_b, None)
@@ -274,8 +274,8 @@ def test_run_resumed_on_different_threads(tiny_lm):
     """Gradio resumes a generator on whichever worker thread is free; results must not change."""
     cfg = RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=10,
                     rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.5})])
-    want = Engine(tiny_lm).run(cfg)
-    it = iter(Engine(tiny_lm).start(cfg))
+    want = run_to_end(tiny_lm, cfg)
+    it = iter(start_run(tiny_lm, cfg))
     run_steps = []
 
     def step():
@@ -300,7 +300,7 @@ CHUNKED_ROWS = [RowSpec("baseline"), RowSpec("residual", "residual", {"alpha": 0
 
 def _logits_per_step(lm, cfg) -> list[torch.Tensor]:
     seen: list[torch.Tensor] = []
-    Engine(lm).run(cfg, observer=lambda step, live, logits: seen.append(logits.clone()) if len(live) == 5 else None)
+    run_to_end(lm, cfg, observer=lambda step, live, logits: seen.append(logits.clone()) if len(live) == 5 else None)
     return seen
 
 
@@ -335,7 +335,7 @@ def test_stop_during_a_chunked_prefill_ends_the_run_before_any_token(tiny_lm, mo
     try:
         cfg = RunConfig(prompt="word " * 40, model="tiny", max_new_tokens=5, chat_template=False,
                         rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.2})])
-        result = Engine(tiny_lm).run(cfg, stop_event=stop)
+        result = run_to_end(tiny_lm, cfg, stop_event=stop)
     finally:
         handle.remove()
     assert len(forwards) == 2 and all(r.stop_reason == "stopped" and not r.steps for r in result.rows)
@@ -351,13 +351,13 @@ def test_a_request_over_budget_is_refused_before_any_work(embedded_lm, hook_coun
         rows = [RowSpec(f"r{i}") for i in range(4)]
         with pytest.raises(FeedbackError, match=r"would decode 4,096 tokens \(4 rows x 1024 new tokens\).*"
                                                  "FEEDBACK_BUDGET_DECODED_TOKENS"):
-            Engine(embedded_lm).start(RunConfig(prompt="hi", max_new_tokens=1024, rows=rows),
-                                      budget=Budget(decoded_tokens=2048))
+            start_run(embedded_lm, RunConfig(prompt="hi", max_new_tokens=1024, rows=rows),
+                                   budget=Budget(decoded_tokens=2048))
         with pytest.raises(FeedbackError, match=r"needs about [\d,]+ MB of memory \(\d+ prompt \+ 8 new tokens, 2 "
                                                  r"rows\).*FEEDBACK_BUDGET_MEMORY_MB"):
-            Engine(embedded_lm).start(RunConfig(prompt="word " * 6000, max_new_tokens=8),
-                                      budget=Budget(memory_mb=200))
-        Engine(embedded_lm).start(RunConfig(prompt="word " * 6000, max_new_tokens=8), budget=Budget(memory_mb=2000))
+            start_run(embedded_lm, RunConfig(prompt="word " * 6000, max_new_tokens=8),
+                                   budget=Budget(memory_mb=200))
+        start_run(embedded_lm, RunConfig(prompt="word " * 6000, max_new_tokens=8), budget=Budget(memory_mb=2000))
     finally:
         handle.remove()
     assert forwards == [] and hook_count(embedded_lm.model) == 0
@@ -384,7 +384,7 @@ def _logits_by_row(lm, cfg) -> tuple[RunResult, dict[int, list[torch.Tensor]]]:
         for pos, row in enumerate(live):
             seen.setdefault(row, []).append(logits[pos].clone())
 
-    return Engine(lm).run(cfg, observer=observer), seen
+    return run_to_end(lm, cfg, observer=observer), seen
 
 
 def _alone(lm, spec: RowSpec, n: int):
@@ -423,7 +423,7 @@ def test_rows_with_the_same_prompt_share_one_prefill(tiny_lm):
     try:
         rows = [RowSpec("a", prompt="one two three"), RowSpec("b", "residual", {"alpha": 0.3}, prompt="one two three"),
                 RowSpec("c", prompt="four")]
-        result = Engine(tiny_lm).run(RunConfig(prompt="", model="tiny", max_new_tokens=3, rows=rows))
+        result = run_to_end(tiny_lm, RunConfig(prompt="", model="tiny", max_new_tokens=3, rows=rows))
     finally:
         handle.remove()
     assert widths[0][0] == 2  # two distinct prompts prefilled, three rows decoded
@@ -459,7 +459,7 @@ def test_each_strategy_acts_on_its_own_row_when_prompts_are_padded(tiny_lm, monk
 def test_a_forced_prefix_is_marked_and_decoding_continues_after_it(embedded_lm):
     prompt = "What is the capital of France?"
     prefix = embedded_lm.tokenizer(" Well, the capital", add_special_tokens=False)["input_ids"]
-    row = Engine(embedded_lm).run(RunConfig(prompt=prompt, max_new_tokens=12,
+    row = run_to_end(embedded_lm, RunConfig(prompt=prompt, max_new_tokens=12,
                                             rows=[RowSpec("b", prefix=prefix)])).rows[0]
     assert row.token_ids[:len(prefix)] == prefix
     assert [s.forced for s in row.steps] == [True] * len(prefix) + [False] * (len(row.steps) - len(prefix))
@@ -469,7 +469,7 @@ def test_a_forced_prefix_is_marked_and_decoding_continues_after_it(embedded_lm):
 
 def test_a_forced_end_of_sequence_ends_the_row(tiny_lm):
     eos = tiny_lm.eos_token_ids[0]
-    row = Engine(tiny_lm).run(RunConfig(prompt="hi", model="tiny", max_new_tokens=10,
+    row = run_to_end(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=10,
                                         rows=[RowSpec("b", prefix=[5, eos])])).rows[0]
     assert row.token_ids == [5, eos] and row.stop_reason == "eos" and row.stop_step == 1
 
@@ -489,7 +489,7 @@ def test_bad_rows_are_refused_naming_the_row_before_any_work(tiny_lm, hook_count
     handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.append(1))
     try:
         with pytest.raises(FeedbackError, match=message):
-            Engine(tiny_lm).start(RunConfig(prompt="hi", model="tiny", max_new_tokens=10, rows=rows))
+            start_run(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=10, rows=rows))
     finally:
         handle.remove()
     assert forwards == [] and hook_count(tiny_lm.model) == 0
@@ -497,8 +497,8 @@ def test_bad_rows_are_refused_naming_the_row_before_any_work(tiny_lm, hook_count
 
 def test_a_conversation_needs_the_chat_template(tiny_lm):
     with pytest.raises(FeedbackError, match="needs the chat template"):
-        Engine(tiny_lm).start(RunConfig(prompt="and now?", model="tiny", chat_template=False,
-                                        rows=[RowSpec("a", messages=[{"role": "user", "content": "hi"}])]))
+        start_run(tiny_lm, RunConfig(prompt="and now?", model="tiny", chat_template=False,
+                                     rows=[RowSpec("a", messages=[{"role": "user", "content": "hi"}])]))
 
 
 def test_hooks_never_outlive_a_failed_run_with_padded_rows(tiny_lm, hook_count):
@@ -510,5 +510,71 @@ def test_hooks_never_outlive_a_failed_run_with_padded_rows(tiny_lm, hook_count):
             raise RuntimeError("failed mid-run")
 
     with pytest.raises(RuntimeError, match="failed mid-run"):
-        Engine(tiny_lm).run(RunConfig(prompt="", model="tiny", max_new_tokens=8, rows=rows), observer=boom)
+        run_to_end(tiny_lm, RunConfig(prompt="", model="tiny", max_new_tokens=8, rows=rows), observer=boom)
     assert hook_count(tiny_lm.model) == 0
+
+
+# ---- a row's own temperature: only its temperature differs from the run's sampling settings ----
+SHARED = dict(top_k=40, top_p=0.95, min_p=0.01, repetition_penalty=1.1)
+
+
+def _tokens(lm, sampling: SamplingConfig, rows: list[RowSpec], seed: int = 7) -> dict[str, list[int]]:
+    result = run_to_end(lm, RunConfig(prompt=PROMPTS[3], model="tiny", max_new_tokens=16, seed=seed,
+                                      sampling=sampling, rows=rows))
+    return {r.name: r.token_ids for r in result.rows}
+
+
+def test_a_greedy_row_in_a_sampled_run_equals_the_greedy_row_alone(tiny_lm):
+    rows = [RowSpec("hot"), RowSpec("cold", temperature=0.0, seed_offset=1),
+            RowSpec("cold-fb", "residual", {"alpha": 0.2}, temperature=0.0, prompt=PROMPTS[0])]
+    mixed = _tokens(tiny_lm, SamplingConfig(temperature=0.9, **SHARED), rows)
+    greedy = SamplingConfig(temperature=0.0, **SHARED)
+    assert mixed["cold"] == _tokens(tiny_lm, greedy, [RowSpec("cold")])["cold"]
+    assert mixed["cold-fb"] == _tokens(tiny_lm, greedy, [rows[2]])["cold-fb"]
+    # the sampled row beside them draws as it does alone, and differs from greedy (the test can fail)
+    assert mixed["hot"] == _tokens(tiny_lm, SamplingConfig(temperature=0.9, **SHARED), [RowSpec("hot")])["hot"]
+    assert mixed["hot"] != mixed["cold"]
+
+
+def test_a_sampled_row_in_a_greedy_run_equals_it_alone_at_that_temperature(tiny_lm):
+    rows = [RowSpec("plain"), RowSpec("warm", temperature=0.7, seed_offset=3), RowSpec("warmer", temperature=1.3)]
+    mixed = _tokens(tiny_lm, SamplingConfig(temperature=0.0, **SHARED), rows)
+    for name, temperature in (("warm", 0.7), ("warmer", 1.3)):
+        spec = next(r for r in rows if r.name == name)
+        alone = _tokens(tiny_lm, SamplingConfig(temperature=temperature, **SHARED),
+                        [RowSpec(name, seed_offset=spec.seed_offset)])
+        assert mixed[name] == alone[name]
+    assert mixed["plain"] == _tokens(tiny_lm, SamplingConfig(**SHARED), [RowSpec("plain")])["plain"]
+    assert mixed["warm"] != mixed["plain"] and mixed["warm"] != mixed["warmer"]
+
+
+def test_rows_leaving_the_batch_keep_their_own_temperature(tiny_lm):
+    # a row forced to end at its first step leaves the batch: the others' temperatures and
+    # generators must move with their rows, not stay at their old batch positions
+    eos = tiny_lm.eos_token_ids[0]
+    rows = [RowSpec("cold", temperature=0.0), RowSpec("gone", prefix=[eos]), RowSpec("hot", temperature=0.8)]
+    mixed = _tokens(tiny_lm, SamplingConfig(temperature=0.5, **SHARED), rows)
+    assert mixed["gone"] == [eos]
+    assert mixed["cold"] == _tokens(tiny_lm, SamplingConfig(**SHARED), [RowSpec("cold")])["cold"]
+    assert mixed["hot"] == _tokens(tiny_lm, SamplingConfig(temperature=0.8, **SHARED), [RowSpec("hot")])["hot"]
+
+
+@pytest.mark.parametrize("temperature, message", [
+    (-0.1, "must be between 0 and 10"), (10.5, "must be between 0 and 10"), (float("nan"), "must be finite"),
+    (0.005, "must be 0 \\(greedy\\) or at least 0.01"), ("0.7", "must be a number"), (True, "must be a number"),
+])
+def test_a_bad_row_temperature_is_refused_naming_the_row_and_field(temperature, message):
+    cfg = RunConfig(prompt="hi", rows=[RowSpec("a"), RowSpec("hot", temperature=temperature)])
+    with pytest.raises(FeedbackError, match=f"^row hot: temperature {message}"):
+        cfg.validate()
+
+
+def test_a_row_temperature_is_saved_and_a_saved_run_without_it_loads():
+    cfg = RunConfig(prompt="hi", rows=[RowSpec("a"), RowSpec("hot", temperature=0.7)])
+    data = json.loads(json.dumps(cfg.to_dict()))
+    assert [r["temperature"] for r in data["rows"]] == [None, 0.7]
+    assert RunConfig.from_dict(data).rows[1].temperature == 0.7
+    for row in data["rows"]:
+        del row["temperature"]  # a run saved before rows had a temperature
+    old = RunConfig.from_dict(data).validate()
+    assert [r.temperature for r in old.rows] == [None, None]

@@ -11,7 +11,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from feedback.core.engine import Engine
+from feedback.core.engine import start_run
 from feedback.core.kvcache import GROUPED, PreallocatedLayer, grouped_attention, run_cache
 from feedback.core.records import RowSpec, RunConfig
 from feedback.errors import FeedbackError
@@ -72,7 +72,7 @@ def test_a_run_whose_cache_cannot_fit_is_refused_before_any_work(tiny_lm, monkey
     cfg = RunConfig(prompt="hello there", model="tiny", max_new_tokens=64, rows=[RowSpec("a"), RowSpec("b")])
     with pytest.raises(FeedbackError, match=r"key/value cache \(\d+ prompt \+ 64 new tokens, 2 rows\); the memory cap "
                                             r"is 0 MB \(FEEDBACK_MEMORY_CAP_MB"):
-        Engine(tiny_lm).start(cfg)
+        start_run(tiny_lm, cfg)
     assert hook_count(tiny_lm.model) == 0
     tasks, out = tmp_path / "tasks.jsonl", tmp_path / "out.jsonl"
     tasks.write_text(json.dumps({"id": "big", "prompt": "hello there", "max_new_tokens": 64}) + "\n")
@@ -81,4 +81,4 @@ def test_a_run_whose_cache_cannot_fit_is_refused_before_any_work(tiny_lm, monkey
     assert record["status"] == "error" and "memory cap" in record["error"]
     monkeypatch.setenv("FEEDBACK_MEMORY_CAP_MB", "lots")
     with pytest.raises(FeedbackError, match="must be a number of MB"):
-        Engine(tiny_lm).start(cfg)
+        start_run(tiny_lm, cfg)

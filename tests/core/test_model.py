@@ -369,16 +369,16 @@ def test_unreachable_hub_fails_fast_with_hint(monkeypatch):
 
 
 def test_fast_matmul_is_opt_in_and_said_in_every_result(tiny_lm):
-    from feedback.core.engine import Engine
+    from feedback.core.engine import run_to_end
     from feedback.core.model import set_fast_matmul
     from feedback.core.records import RowSpec, RunConfig
-    from ui.compare_tab import done_text
+    from ui.compare_view import done_text
 
     assert tiny_lm.precision == "exact: fp32"
     set_fast_matmul(True)
     try:
         assert tiny_lm.precision == "fast, not bit-exact: bf16 matmuls on fp32 weights"
-        res = Engine(tiny_lm).run(RunConfig(prompt="hi", model="tiny", max_new_tokens=2, rows=[RowSpec("a")]))
+        res = run_to_end(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=2, rows=[RowSpec("a")]))
         assert res.config["precision"] == tiny_lm.precision and "fast, not bit-exact" in done_text(res)
     finally:
         set_fast_matmul(False)

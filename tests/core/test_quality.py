@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from feedback.core import quality
-from feedback.core.engine import Engine
+from feedback.core.engine import run_to_end, start_run
 from feedback.core.records import RowSpec, RunConfig
 
 
@@ -65,7 +65,7 @@ def test_a_run_reports_every_metric_per_row(embedded_lm):
                     rows=[RowSpec("plain", prompt="What is the capital of France?"),
                           RowSpec("strong", "anchor", {"alpha": 0.2},
                                   prompt="What is the capital of France? Answer precisely, in one sentence.")])
-    result = Engine(embedded_lm).run(cfg)
+    result = run_to_end(embedded_lm, cfg)
     for spec, row in zip(cfg.rows, result.rows):
         m = row.metrics
         assert m["length"] == len(row.token_ids) and 0 < m["distinct_1"] <= 1
@@ -79,9 +79,9 @@ def test_a_run_reports_every_metric_per_row(embedded_lm):
 
 
 def test_forward_metrics_are_off_unless_asked_and_skipped_when_stopped(tiny_lm):
-    plain = Engine(tiny_lm).run(RunConfig(prompt="hi", model="tiny", max_new_tokens=3))
+    plain = run_to_end(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=3))
     assert "self_ppl" not in plain.rows[0].metrics and "distinct_1" in plain.rows[0].metrics
-    run = Engine(tiny_lm).start(RunConfig(prompt="hi", model="tiny", max_new_tokens=30, quality=True))
+    run = start_run(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=30, quality=True))
     for event in run:
         run.stop()
     assert "self_ppl" not in run.result.rows[0].metrics
@@ -93,9 +93,9 @@ def test_a_plain_row_scores_itself_from_its_own_steps(tiny_lm):
     forwards = [0]
     handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     try:
-        run = Engine(tiny_lm).start(RunConfig(prompt="Tell me about tea.", model="tiny", max_new_tokens=12,
-                                              quality=True, rows=[RowSpec("baseline"),
-                                                                  RowSpec("branch", prefix=[5, 6])]))
+        run = start_run(tiny_lm, RunConfig(prompt="Tell me about tea.", model="tiny", max_new_tokens=12,
+                                           quality=True, rows=[RowSpec("baseline"),
+                                                               RowSpec("branch", prefix=[5, 6])]))
         for _ in run:
             forwards[0] = 0  # only the forwards after the last step count
     finally:

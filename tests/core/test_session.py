@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from feedback.core.engine import Engine
+from feedback.core.engine import run_to_end
 from feedback.core.records import RowSpec, RunConfig
 from feedback.core.sampling import SamplingConfig
 from feedback.core.session import branch, continue_run
@@ -16,7 +16,7 @@ QUESTION = "Name a large animal that lives in the sea."
 def first_turn(embedded_lm):
     rows = [RowSpec("baseline"), RowSpec("feedback", "residual", {"alpha": 0.3}),
             RowSpec("short", prompt="Name a sea animal. One word.")]
-    return Engine(embedded_lm).run(RunConfig(prompt=QUESTION, max_new_tokens=24, rows=rows))
+    return run_to_end(embedded_lm, RunConfig(prompt=QUESTION, max_new_tokens=24, rows=rows))
 
 
 def test_the_next_turn_carries_each_rows_own_history(embedded_lm, first_turn):
@@ -25,18 +25,18 @@ def test_the_next_turn_carries_each_rows_own_history(embedded_lm, first_turn):
     for spec, answer, asked in zip(cfg.rows, first_turn.rows, [QUESTION, QUESTION, "Name a sea animal. One word."]):
         assert spec.messages == [{"role": "user", "content": asked}, {"role": "assistant", "content": answer.text}]
         assert spec.prefix is None and spec.strategy == answer.strategy
-    second = Engine(embedded_lm).run(cfg)
+    second = run_to_end(embedded_lm, cfg)
     third = continue_run(second, "Thanks.")
     assert [len(r.messages) for r in third.rows] == [4, 4, 4]
     assert third.rows[2].messages[2] == {"role": "user", "content": "How big does it get?"}
     assert third.rows[2].messages[3]["content"] == second.rows[2].text
     # each row's second turn is exactly that row's conversation run on its own
-    alone = Engine(embedded_lm).run(RunConfig(prompt=cfg.prompt, max_new_tokens=24, rows=[cfg.rows[2]]))
+    alone = run_to_end(embedded_lm, RunConfig(prompt=cfg.prompt, max_new_tokens=24, rows=[cfg.rows[2]]))
     assert alone.rows[0].token_ids == second.rows[2].token_ids
 
 
 def test_the_system_prompt_carries_over_and_is_not_repeated(tiny_lm):
-    first = Engine(tiny_lm).run(RunConfig(prompt="hi", model="tiny", system_prompt="Be brief.", max_new_tokens=3,
+    first = run_to_end(tiny_lm, RunConfig(prompt="hi", model="tiny", system_prompt="Be brief.", max_new_tokens=3,
                                           rows=[RowSpec("b")]))
     cfg = continue_run(first, "again")
     text = tiny_lm.tokenizer.decode(tiny_lm.encode(cfg.prompt, True, cfg.system_prompt, cfg.rows[0].messages))
@@ -48,7 +48,7 @@ def test_the_system_prompt_carries_over_and_is_not_repeated(tiny_lm):
     ("more", {"chat_template": False}, "needs the chat template"),
 ])
 def test_continue_refuses(tiny_lm, message, kwargs, error):
-    first = Engine(tiny_lm).run(RunConfig(prompt="hi", model="tiny", max_new_tokens=2, **kwargs))
+    first = run_to_end(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=2, **kwargs))
     with pytest.raises(FeedbackError, match=error):
         continue_run(first, message)
 
@@ -57,7 +57,7 @@ def test_a_branch_replays_every_row_then_forces_the_token(embedded_lm, first_tur
     step = 3
     alternative = first_turn.rows[1].steps[step].top[1].token_id
     cfg = branch(first_turn, "feedback", step, alternative)
-    again = Engine(embedded_lm).run(cfg)
+    again = run_to_end(embedded_lm, cfg)
     for old, new in zip(first_turn.rows, again.rows):
         if len(old.token_ids) <= step:  # ended before the branch point: replayed whole
             assert new.token_ids == old.token_ids and new.stop_reason == old.stop_reason
@@ -75,17 +75,17 @@ def test_forced_steps_still_draw_so_a_sampled_replay_reproduces_the_run(tiny_lm)
     cfg = RunConfig(prompt="Once upon a time", model="tiny", max_new_tokens=16, seed=7,
                     sampling=SamplingConfig(temperature=1.0),
                     rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.4})])
-    first = Engine(tiny_lm).run(cfg)
+    first = run_to_end(tiny_lm, cfg)
     same = first.rows[1].token_ids[6]
-    again = Engine(tiny_lm).run(branch(first, "fb", 6, same))
+    again = run_to_end(tiny_lm, branch(first, "fb", 6, same))
     assert [r.token_ids for r in again.rows] == [r.token_ids for r in first.rows]
 
 
 def test_a_branch_can_force_several_tokens(tiny_lm):
-    first = Engine(tiny_lm).run(RunConfig(prompt="hi", model="tiny", max_new_tokens=8))
+    first = run_to_end(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=8))
     cfg = branch(first, 0, 2, [11, 12, 13])
     assert cfg.rows[0].prefix == first.rows[0].token_ids[:2] + [11, 12, 13]
-    assert Engine(tiny_lm).run(cfg).rows[0].token_ids[2:5] == [11, 12, 13]
+    assert run_to_end(tiny_lm, cfg).rows[0].token_ids[2:5] == [11, 12, 13]
 
 
 @pytest.mark.parametrize("args, error", [
@@ -97,15 +97,15 @@ def test_a_branch_can_force_several_tokens(tiny_lm):
     (("baseline", 6, [1, 2, 3]), "prefix has 9 tokens but max_new_tokens is 8"),
 ])
 def test_bad_branches_are_refused(tiny_lm, args, error):
-    first = Engine(tiny_lm).run(RunConfig(prompt="hi", model="tiny", max_new_tokens=8))
+    first = run_to_end(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=8))
     with pytest.raises(FeedbackError, match=error):
         branch(first, *args)
 
 
 def test_a_row_that_ended_before_the_branch_point_is_replayed_whole(tiny_lm):
     eos = tiny_lm.eos_token_ids[0]
-    first = Engine(tiny_lm).run(RunConfig(prompt="hi", model="tiny", max_new_tokens=8,
+    first = run_to_end(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=8,
                                           rows=[RowSpec("short", prefix=[5, eos]), RowSpec("long")]))
-    again = Engine(tiny_lm).run(branch(first, "long", 4, 9))
+    again = run_to_end(tiny_lm, branch(first, "long", 4, 9))
     assert again.rows[0].token_ids == [5, eos] and again.rows[0].stop_reason == "eos"
     assert again.rows[1].token_ids[:5] == first.rows[1].token_ids[:4] + [9]

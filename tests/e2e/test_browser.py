@@ -392,6 +392,18 @@ def test_closing_the_tab_during_a_sweep_frees_the_model_within_seconds(browser: 
     save_metrics(tab_closed_to_model_free_s=freed)
 
 
+def test_a_column_temperature_starts_empty_and_shows_in_its_heading(page: Page):
+    field = page.locator("#col2-temperature input")
+    generate(page, "Say hi.", tokens=3)
+    column_settings(page, 2)
+    expect(field).to_have_value("")  # empty: the shared temperature ...
+    expect(page.locator("#col2-heading")).not_to_contain_text("temperature")  # ... and the run was given none
+    field.fill("0")
+    field.press("Tab")
+    expect(page.locator("#col2-heading")).to_contain_text("temperature 0")  # a greedy column
+    expect(page.locator("#col1-heading")).not_to_contain_text("temperature")
+
+
 def test_reload_from_history_restores_every_control(page: Page):
     accordion(page, "Sampling")
     set_number(page, "temperature", 0.5)

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from feedback.core.engine import Engine
+from feedback.core.engine import run_to_end
 from feedback.core.records import DeepConfConfig, RowSpec, RunConfig
 from feedback.core.sampling import SamplingConfig
 from feedback.errors import FeedbackError, Stopped
@@ -17,9 +17,9 @@ def test_per_row_threshold_stops_only_that_row(tiny_lm):
     rows = [RowSpec("a"), RowSpec("b", threshold=1e9), RowSpec("c")]
     cfg = RunConfig(prompt="hello", model="tiny", max_new_tokens=12, deepconf=DeepConfConfig(window=3), rows=rows,
                     sampling=SamplingConfig(temperature=0.8), seed=1)
-    res = Engine(tiny_lm).run(cfg)
+    res = run_to_end(tiny_lm, cfg)
     assert res.rows[1].stop_reason == "early_stop" and res.rows[1].stop_step == 2
-    plain = Engine(tiny_lm).run(RunConfig(**{**cfg.__dict__, "rows": [RowSpec("a"), RowSpec("c")]}))
+    plain = run_to_end(tiny_lm, RunConfig(**{**cfg.__dict__, "rows": [RowSpec("a"), RowSpec("c")]}))
     assert [res.rows[0].token_ids, res.rows[2].token_ids] == [r.token_ids for r in plain.rows]
     with pytest.raises(FeedbackError, match="threshold must be a finite number"):
         RunConfig(prompt="x", rows=[RowSpec("a", threshold=float("nan"))]).validate()

@@ -1,17 +1,21 @@
 """The tuner (feedback/eval/tune.py) on the tiny random model and a few short documents: the search space
 from the Param schema, reproducibility, resume, pruning, bad input, the files, the test split scored
-once, Stop."""
+once, Stop; and its pieces on their own: the settings, the trials log, the pruning decision, the
+test scoring's reuse rule."""
 from __future__ import annotations
 
 import json
+import math
 import threading
 
+import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from feedback.errors import FeedbackError, Stopped
 from feedback.eval import tune
 from feedback.eval.corpus import Document
+from feedback.eval.figures import table_row
 from feedback.eval.perplexity import PPLConfig, evaluate
 from feedback.strategies import REGISTRY, Param
 from feedback.strategies.deep_cache import DeepCacheStrategy
@@ -23,11 +27,13 @@ DOCS = [Document(f"d{i}", " ".join(WORDS[(5 * i + j) % len(WORDS)] for j in rang
 TEST = [Document("t0", "A held-out line about rivers, stones and the colour of the evening sky."),
         Document("t1", "Another held-out sentence, mentioning lists, keys and values.")]
 BASE = PPLConfig(bootstrap=200)
+CALL = ("test_docs", "on_trial", "stop", "progress", "budget")  # run_tune's own keywords; the rest are settings
 
 
 def run(lm, strategy="deep_cache", fixed=None, **kw):
     kw.setdefault("trials", 5)
-    return tune.run_tune(lm, DOCS, strategy, BASE, fixed or {}, **kw)
+    call = {k: kw.pop(k) for k in CALL if k in kw}
+    return tune.run_tune(lm, DOCS, strategy, BASE, fixed or {}, tune.TuneSettings(**kw), **call)
 
 
 def test_search_space_follows_the_param_schema(tiny_lm, monkeypatch):
@@ -87,8 +93,8 @@ def test_a_resume_with_other_settings_is_refused(tiny_lm, tmp_path, change, mess
     run(tiny_lm, trials=1, out_dir=tmp_path)
     kw = dict(strategy="deep_cache", fixed={}, base=BASE, docs=DOCS, seed=0) | change
     with pytest.raises(FeedbackError, match="holds trials of a different tuning run") as err:
-        tune.run_tune(tiny_lm, kw["docs"], kw["strategy"], kw["base"], kw["fixed"], seed=kw["seed"], trials=2,
-                      out_dir=tmp_path)
+        tune.run_tune(tiny_lm, kw["docs"], kw["strategy"], kw["base"], kw["fixed"],
+                      tune.TuneSettings(seed=kw["seed"], trials=2, out_dir=tmp_path))
     assert message in str(err.value) and "\n" not in str(err.value)
     (tmp_path / tune.TRIALS_FILE).write_text("not a log\n")
     with pytest.raises(FeedbackError, match="not a tuning log"):
@@ -142,7 +148,7 @@ def test_bad_input_is_one_clear_line(tiny_lm, monkeypatch):
         assert message in str(err.value) and "\n" not in str(err.value), (kw, err.value)
     for docs, message in (([], "holds no documents"), ([Document("x", "")], "at least 2 tokens")):
         with pytest.raises(FeedbackError, match=message):
-            tune.run_tune(tiny_lm, docs, "deep_cache", BASE, {}, trials=1)
+            tune.run_tune(tiny_lm, docs, "deep_cache", BASE, {}, tune.TuneSettings(trials=1))
 
 
 def test_files_and_the_test_split_scored_once(tiny_lm, tmp_path, monkeypatch):
@@ -176,7 +182,7 @@ def test_stop_between_and_within_trials(tiny_lm, tmp_path):
         run(tiny_lm, trials=5, stop=stop, progress=lambda text: stop.set())
     one = run(tiny_lm, trials=1)
     assert len(one["trials"]) == 1 and one["importances"] == {}  # fewer than 2 finished: none
-    assert tune.table_row(one["trials"][0])[3] == "complete"
+    assert table_row(one["trials"][0])[3] == "complete"
 
 
 def test_a_combination_the_strategy_refuses_is_a_failed_trial_and_the_search_goes_on(tiny_lm, tmp_path, monkeypatch):
@@ -194,7 +200,7 @@ def test_a_combination_the_strategy_refuses_is_a_failed_trial_and_the_search_goe
     assert res["best"]["params"]["lam"] <= 0.03
     again = run(tiny_lm, "picky", trials=7, out_dir=tmp_path)  # failed trials are resumed like the others
     assert [r["params"] for r in again["trials"][:6]] == [r["params"] for r in res["trials"]]
-    assert tune.table_row(failed[0])[2].startswith("lam above")
+    assert table_row(failed[0])[2].startswith("lam above")
 
 
 def test_a_layer_that_must_follow_another_is_searched_from_it_and_resumes(tiny_lm, tmp_path):
@@ -206,3 +212,92 @@ def test_a_layer_that_must_follow_another_is_searched_from_it_and_resumes(tiny_l
     assert [r["params"] for r in again["trials"][:6]] == [r["params"] for r in res["trials"]]
     fixed = run(tiny_lm, "inner_loop", {"loops": 1, "start_layer": 2}, trials=3)
     assert all(r["params"]["end_layer"] >= 2 for r in fixed["trials"])
+
+
+def test_settings_refuse_a_bad_budget_and_say_when_another_trial_may_start():
+    tune.TuneSettings(trials=3).check()
+    with pytest.raises(FeedbackError, match=r"trials must be in \[1, 5\], got 6"):
+        tune.TuneSettings(trials=6, max_trials=5).check()
+    assert tune.TuneSettings(trials=3).more(2, 1e9) and not tune.TuneSettings(trials=3).more(3, 0.0)
+    assert tune.TuneSettings(timeout=10).more(10_000, 9.9) and not tune.TuneSettings(timeout=10).more(0, 10.0)
+    assert not tune.TuneSettings(trials=3, timeout=10).more(1, 11.0)  # whichever ends first
+
+
+HEADER = {"format": tune.FORMAT, "strategy": "deep_cache", "data": "dev.jsonl",
+          "scoring": {"bootstrap": 200, "seed": 0}}
+
+
+def test_the_trials_log_resumes_its_own_run_and_refuses_anything_else(tmp_path):
+    path = tmp_path / tune.TRIALS_FILE
+    log = tune.TrialLog.open(tmp_path, HEADER)
+    assert log.rows == [] and json.loads(path.read_text()) == {"header": HEADER}
+    log.append({"trial": 0, "state": "complete"})
+    log.append({"trial": 1, "state": "pruned"})
+    assert path.read_text() == tune.jsonl_text(HEADER, log.rows) and len(path.read_text().splitlines()) == 3
+    again = tune.TrialLog.open(tmp_path, HEADER | {"data": "renamed.jsonl"})  # the data's name decides nothing
+    assert again.rows == log.rows and again.path == path
+    with pytest.raises(FeedbackError, match="holds trials of a different tuning run") as err:
+        tune.TrialLog.open(tmp_path, HEADER | {"scoring": {"bootstrap": 100, "seed": 0}})
+    assert "(scoring.bootstrap: 200 there, 100 now)" in str(err.value)
+    with pytest.raises(FeedbackError, match=r"model: null there, \"tiny\" now"):
+        tune.TrialLog.open(tmp_path, HEADER | {"model": "tiny"})
+    path.write_text(path.read_text() + '{"trial": 2, "sta')  # killed while writing a line
+    cut = tune.TrialLog.open(tmp_path, HEADER)
+    assert [r["trial"] for r in cut.rows] == [0, 1] and path.read_text() == tune.jsonl_text(HEADER, cut.rows)
+    path.write_text(json.dumps({"header": HEADER}) + "\nnot json\n" + json.dumps({"trial": 0}) + "\n")
+    with pytest.raises(FeedbackError, match=":2 is not JSON; this is not a tuning log"):
+        tune.TrialLog.open(tmp_path, HEADER)
+    path.write_text(json.dumps({"trial": 0}) + "\n")
+    with pytest.raises(FeedbackError, match="has no tuning header on its first line"):
+        tune.TrialLog.open(tmp_path, HEADER)
+    memory = tune.TrialLog.open(None, HEADER)  # no folder: nothing written
+    memory.append({"trial": 0, "state": "complete"})
+    assert memory.path is None and memory.rows == [{"trial": 0, "state": "complete"}]
+
+
+def test_the_pruning_decision_needs_the_whole_interval_above_the_median():
+    others = [1.0, 2.0, 3.0, 4.0]  # median 2.5
+    assert tune.clearly_worse(2.6, 5.0, others)
+    assert not tune.clearly_worse(2.4, 5.0, others)  # its interval still reaches the median
+    assert not tune.clearly_worse(2.5, 5.0, others)  # on the median is not above it
+    assert not tune.clearly_worse(9.0, 9.0, others[:3])  # fewer completed trials than PRUNE_STARTUP
+    assert tune.clearly_worse(9.0, 9.0, others[:3], startup=3)
+    # no bootstrap (no interval): the point estimate stands in for the lower end
+    assert tune.clearly_worse(None, 2.6, others) and not tune.clearly_worse(math.nan, 2.4, others)
+
+
+def test_the_pruner_compares_with_the_completed_trials_at_the_same_step():
+    study = optuna.create_study(pruner=tune.ClearlyWorsePruner(startup=2))
+    dist = {"x": FloatDistribution(0.0, 1.0)}
+    for value in (1.0, 3.0):  # completed: subset median 2.0
+        study.add_trial(optuna.trial.create_trial(params={"x": 0.5}, distributions=dist, value=value,
+                                                  intermediate_values={2: value}))
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, params={"x": 0.5},
+                                              distributions=dist, intermediate_values={2: -100.0}))
+    study.add_trial(optuna.trial.create_trial(params={"x": 0.5}, distributions=dist, value=-50.0,
+                                              intermediate_values={1: -50.0}))  # another step: not compared
+
+    def reported(low: float) -> optuna.Trial:
+        trial = study.ask()
+        trial.set_user_attr("subset_ci95", [low, 9.0])
+        trial.report(5.0, 2)
+        return trial
+
+    assert reported(2.1).should_prune()
+    assert not reported(1.9).should_prune()  # the pruned and other-step trials would have lowered the median
+    assert not study.ask().should_prune()  # nothing reported yet
+
+
+def test_the_test_split_is_scored_again_only_for_another_best_point_text_or_settings(tiny_lm):
+    data = tune.prepare(tiny_lm, DOCS, TEST, "deep_cache", BASE, {})
+    best = {"trial": 3, "strategy_params": REGISTRY["deep_cache"].validate({}, tiny_lm.num_layers)}
+    header, cache = {"strategy": "deep_cache", "scoring": {"bootstrap": 200}}, {}
+    first = tune.score_test_once(tiny_lm, data, best, {}, header, "test.jsonl", cache)
+    assert first["test_evaluations"] == 1 and first["test"]["data"] == "test.jsonl"
+    direct = evaluate(tiny_lm, TEST, PPLConfig("deep_cache", best["strategy_params"], bootstrap=200))
+    assert first["test"]["delta_pct"] == pytest.approx(direct["delta_pct"], rel=1e-12)
+    previous = {"header": header, "best": best} | first
+    assert tune.score_test_once(tiny_lm, data, best, previous, header, "test.jsonl", cache) == first  # reused
+    for stale in (previous | {"best": {"trial": 4}}, previous | {"test_fingerprint": "another text"},
+                  previous | {"header": header | {"scoring": {"bootstrap": 100}}}, previous | {"test": None}):
+        assert tune.score_test_once(tiny_lm, data, best, stale, header, "test.jsonl", cache)["test_evaluations"] == 2

@@ -1,4 +1,4 @@
-"""The HTTP API (feedback/serve/api.py) against real servers on 127.0.0.1, driven with httpx."""
+"""The HTTP API (feedback/serve/api/) against real servers on 127.0.0.1, driven with httpx."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from feedback.core.budget import Budget
-from feedback.core.engine import Engine
+from feedback.core.engine import run_to_end
 from feedback.core.records import MAX_PROMPT_CHARS
 from feedback.serve.api import ApiSettings, GenerateIn, local_server, to_config
 from feedback.serve.pool import ModelPool
@@ -55,7 +55,7 @@ def test_generate_returns_both_rows_exactly_as_the_engine_runs_them(api, embedde
     assert [row["name"] for row in data["rows"]] == ["baseline", "feedback"]
     assert data["rows"][1]["params"]["alpha"] == 0.2 and "Paris" in data["rows"][0]["text"]
     assert data["queued_seconds"] >= 0 and len(data["rows"][0]["steps"]) == len(data["rows"][0]["token_ids"])
-    direct = Engine(embedded_lm).run(to_config(GenerateIn(**body), embedded_lm.name))
+    direct = run_to_end(embedded_lm, to_config(GenerateIn(**body), embedded_lm.name))
     assert [row["token_ids"] for row in data["rows"]] == [row.token_ids for row in direct.rows]
 
 
@@ -220,7 +220,7 @@ def test_prompt_variants_with_quality_metrics_then_a_next_turn_and_a_branch(api,
     first = client.post("/generate", json=body)
     assert first.status_code == 200, first.text
     run1 = first.json()
-    direct = Engine(embedded_lm).run(to_config(GenerateIn(**body), embedded_lm.name))
+    direct = run_to_end(embedded_lm, to_config(GenerateIn(**body), embedded_lm.name))
     for got, want in zip(run1["rows"], direct.rows):
         assert got["token_ids"] == want.token_ids
         assert got["metrics"]["self_ppl"] == pytest.approx(want.metrics["self_ppl"], rel=1e-5)

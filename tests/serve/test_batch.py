@@ -77,7 +77,7 @@ def test_duplicate_ids_and_unknown_fields_are_invalid_lines(tiny_lm, tmp_path, m
 
 
 def test_tasks_with_rows_of_their_own_prompts_and_conversations(tiny_lm, tmp_path):
-    from feedback.core.engine import Engine
+    from feedback.core.engine import run_to_end
     from feedback.core.records import RowSpec, RunConfig
 
     history = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]
@@ -97,7 +97,7 @@ def test_tasks_with_rows_of_their_own_prompts_and_conversations(tiny_lm, tmp_pat
     summary = run_batch(tiny_lm, inp, out, retries=0, warn=lambda _: None)
     assert summary == summary | {"ok": 2, "invalid": 2, "error": 1}
     got = {r["id"]: r for r in _lines(out)}
-    direct = Engine(tiny_lm).run(RunConfig(prompt="", model=tiny_lm.name, max_new_tokens=4, key_facts=["apple"],
+    direct = run_to_end(tiny_lm, RunConfig(prompt="", model=tiny_lm.name, max_new_tokens=4, key_facts=["apple"],
                                            quality=True, rows=[RowSpec(**r) for r in rows]))
     result = got["v"]["result"]
     assert [r["token_ids"] for r in result["rows"]] == [r.token_ids for r in direct.rows]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from feedback.core.engine import Engine, hooked_forward
+from feedback.core.engine import hooked_forward, run_to_end, start_run
 from feedback.core.records import RowSpec, RunConfig
 from feedback.errors import FeedbackError
 from feedback.eval.perplexity import PPLConfig, token_nlls
@@ -24,7 +24,7 @@ def test_generation_with_the_cache_agrees_with_parallel_scoring(tiny_lm, mode):
     cfg = RunConfig(prompt="the river runs to the sea", model="tiny", max_new_tokens=12, chat_template=False,
                     rows=[RowSpec("long", prompt="a much longer prompt that pads the other rows of the batch"),
                           RowSpec("loop", "inner_loop", params)])
-    run = Engine(tiny_lm).start(cfg)
+    run = start_run(tiny_lm, cfg)
     for _ in run:
         pass
     row, prompt = run.result.rows[1], run.rows[1].prompt_ids
@@ -59,7 +59,7 @@ def test_no_loops_is_the_plain_model_and_the_cost_is_reported(tiny_lm):
     seen = []
     rows = [RowSpec("b"), RowSpec("k0", "inner_loop", LOOP | {"loops": 0}), RowSpec("loop", "inner_loop", LOOP),
             RowSpec("euler", "inner_loop", LOOP | {"mode": "euler"})]
-    res = Engine(tiny_lm).run(RunConfig(prompt="hello world", model="tiny", max_new_tokens=6, rows=rows),
+    res = run_to_end(tiny_lm, RunConfig(prompt="hello world", model="tiny", max_new_tokens=6, rows=rows),
                               observer=lambda s, live, lg: seen.append(lg.clone()))
     assert all(torch.equal(lg[0], lg[1]) for lg in seen)
     assert "extra_layer_passes" not in res.rows[1].metrics

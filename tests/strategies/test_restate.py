@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from feedback.core import quality
-from feedback.core.engine import Engine
+from feedback.core.engine import start_run
 from feedback.core.records import RowSpec, RunConfig
 from feedback.errors import FeedbackError
 from feedback.eval.perplexity import PPLConfig
@@ -22,7 +22,7 @@ def test_a_restate_row_restates_then_answers(tiny_lm):
     tok = tiny_lm.tokenizer
     cfg = RunConfig(prompt="Tom has 3 apples and buys 4 more. How many now?", model="tiny", max_new_tokens=30,
                     reference="He has 7.", rows=[RowSpec("b"), RowSpec("r", "restate", {"max_tokens": 5})])
-    run = Engine(tiny_lm).start(cfg)
+    run = start_run(tiny_lm, cfg)
     for _ in run:
         pass
     base, row = run.result.rows

@@ -1,48 +1,60 @@
 """Compare-tab values -> RunConfig (every bad value a clear FeedbackError), columns with their own
-prompts and strategies, follow-ups and branches prepared from the last run, a stored run or a
-shared link restored into every control."""
+prompts, strategies and temperatures, follow-ups and branches prepared from the last run, a stored
+run or a shared link restored into every control; the settings table itself (every entry round-trips,
+each takes its declared bound)."""
 from __future__ import annotations
 
 import json
+import types
 
 import gradio as gr
 import pytest
 
-from feedback.core.records import RowSpec, RunConfig
+from feedback.core import records, sampling
+from feedback.core.records import RowResult, RowSpec, RunConfig, RunResult
 from feedback.errors import FeedbackError
+from feedback.serve import limits
 from feedback.serve.limits import SERVED_MAX_NEW_TOKENS
-from ui import link
-from ui.compare_tab import DEFAULT_COLUMNS, CompareTab, divergences, modified, parse_branch, parse_key_facts
+from feedback.strategies import REGISTRY
+from ui import compare_settings, deepconf, history, link
+from ui.compare_settings import (CALIBRATION, COLUMN, DEFAULT_COLUMNS, SHARED, Field, column_key, parse_key_facts,
+                                 resolve, run_config)
+from ui.compare_tab import CompareTab, parse_branch
+from ui.compare_view import divergences, modified
+from ui.controls import api_name
 
-SHARED = dict(prompt="hi", system_prompt="", chat_template=True, model="embedded", temperature=0.7, top_p=0.9,
-              top_k=40, min_p=0.0, repetition_penalty=1.1, max_new_tokens=64, seed=3, k=20, window=16,
-              threshold_mode="off", threshold=4.5, reference="", key_facts="")
+SHARED_VALUES = dict(prompt="hi", system_prompt="", chat_template=True, model="embedded", temperature=0.7, top_p=0.9,
+                     top_k=40, min_p=0.0, repetition_penalty=1.1, max_new_tokens=64, seed=3, k=20, window=16,
+                     threshold_mode="off", threshold=4.5, reference="", key_facts="")
 
 
 def built(lm) -> CompareTab:
+    return built_with_page(lm)[0]
+
+
+def built_with_page(lm) -> tuple[CompareTab, gr.Blocks]:
     from feedback.serve.pool import ModelPool
     from ui.runner import ModelRunner
 
     pool = ModelPool.serving(lm)
     t = CompareTab(pool, ModelRunner(pool))
-    with gr.Blocks():
+    with gr.Blocks() as demo:
         t.build(lm.num_layers, gr.BrowserState([]))
-    return t
+    return t, demo
 
 
-def column_values(t: CompareTab, changes: dict[int, dict] | None = None) -> list:
-    """Every column's input values as the page starts, with `changes[index][component name]`."""
-    values = []
-    for col in t.cols:
-        named = {"name": col.name.value, "strategy": col.panel.strategy.value, "prompt": "", "system": ""}
-        named |= (changes or {}).get(col.index, {})
-        params = [named.get(f"{s}.{p}", comp.value) for (s, p), comp in zip(col.panel.keys, col.panel.components)]
-        values += [named["name"], named["strategy"], named["prompt"], named["system"], *params]
-    return values
+def values(t: CompareTab, columns: int = 2, changes: dict[int, dict] | None = None, **shared) -> dict:
+    """Every setting's value by name as the page starts, with the shared values `shared` and, per
+    column, `changes[index][setting name]` ("deep_cache.lam" for a strategy parameter)."""
+    out = t.initial_values() | SHARED_VALUES | shared | {"columns": columns}
+    for index, change in (changes or {}).items():
+        for name, value in change.items():
+            out[column_key(index, api_name(*name.split(".")) if "." in name else name)] = value
+    return out
 
 
 def config(t: CompareTab, columns: int = 2, changes: dict | None = None, **shared) -> RunConfig:
-    return t.config(**SHARED | shared, columns=columns, column_values=column_values(t, changes))
+    return run_config(values(t, columns, changes, **shared))
 
 
 @pytest.fixture(scope="module")
@@ -101,35 +113,32 @@ def test_bad_columns_are_refused_naming_the_column(tab):
     for change, message in [({"strategy": "nope"}, "unknown strategy"),
                             ({"residual.alpha": 5.0}, r"alpha=5.0 is out of range \[-1.0, 1.0\]")]:
         with pytest.raises(FeedbackError, match=message):  # the engine refuses it before anything waits
-            tab.prepare_compare(*compare_args(), *column_values(tab, {1: change}))
+            tab.prepare_compare(compare(tab, changes={1: change}))
     with pytest.raises(FeedbackError, match="row Column 3: prompt is limited"):
         config(tab, columns=3, changes={2: {"prompt": "x" * 100_001}})
 
 
-def compare_args(**change) -> list:
-    """prepare_compare's leading arguments in order (the columns' values follow)."""
-    v = SHARED | change
-    return [v["prompt"], v["system_prompt"], v["chat_template"], v["model"], "confidence", v["temperature"],
-            v["top_p"], v["top_k"], v["min_p"], v["repetition_penalty"], v["max_new_tokens"], v["seed"], v["k"],
-            v["window"], v["threshold_mode"], v["threshold"], v["reference"], v["key_facts"], v.get("columns", 2)]
+def compare(t: CompareTab, changes: dict | None = None, **shared) -> dict:
+    """prepare_compare's values: every setting's, and the token view."""
+    return values(t, changes=changes, **shared) | {"view": "confidence"}
 
 
 def test_prepare_refuses_context_and_model_errors_before_any_waiting(tab, embedded_lm):
-    values = column_values(tab)
-    work = tab.prepare_compare(*compare_args(model=embedded_lm.name, max_new_tokens=8), *values)
+    work = tab.prepare_compare(compare(tab, model=embedded_lm.name, max_new_tokens=8))
     assert work.label == "a Compare run" and len(work.engine_run.config.rows) == 2
     for change, message in [({"prompt": "word " * 9000}, "exceeds the model context"),
                             ({"model": "evil/model"}, "not in the allowlist")]:
         with pytest.raises(FeedbackError, match=message):
-            tab.prepare_compare(*compare_args(**{"model": embedded_lm.name} | change), *values)
+            tab.prepare_compare(compare(tab, **{"model": embedded_lm.name} | change))
 
 
 def test_follow_ups_need_a_run_and_a_branch_request():
     t = CompareTab(pool=None, runner=None)
     with pytest.raises(FeedbackError, match="run a prompt first"):
-        t.prepare_continue(None, "and then?", "confidence")
+        t.prepare_continue({"last": None, "message": "and then?", "view": "confidence"})
     with pytest.raises(FeedbackError, match="run a prompt first"):
-        t.prepare_branch(None, '{"row": "a", "step": 1, "token_id": 2}', True, "confidence")
+        t.prepare_branch({"last": None, "choice": '{"row": "a", "step": 1, "token_id": 2}', "all_columns": True,
+                          "view": "confidence"})
     assert parse_branch(json.dumps({"row": "Feedback", "step": 3, "token_id": 42})) == ("Feedback", 3, 42)
     for bad in ("", "{", '{"row": 1, "step": 2, "token_id": 3}', '{"row": "a", "step": true, "token_id": 3}',
                 '{"row": "a"}'):
@@ -139,21 +148,26 @@ def test_follow_ups_need_a_run_and_a_branch_request():
 
 
 def test_a_finished_run_continues_and_branches_from_the_last_result(tab, embedded_lm):
-    from feedback.core.engine import Engine
+    from feedback.core.engine import run_to_end
 
     cfg = config(tab, max_new_tokens=4, temperature=0.0, model=embedded_lm.name)
-    data = Engine(embedded_lm).run(cfg).to_dict()
-    follow = tab.prepare_continue(data, "And then?", "confidence").engine_run.config
+    data = run_to_end(embedded_lm, cfg).to_dict()
+    follow = tab.prepare_continue({"last": data, "message": "And then?", "view": "confidence"}).engine_run.config
     assert follow.prompt == "And then?" and follow.rows[1].messages[-1]["role"] == "assistant"
     alt = data["rows"][1]["steps"][2]["top"][1]["token_id"]
     request = json.dumps({"row": "Feedback", "step": 2, "token_id": alt})
-    branched = tab.prepare_branch(data, request, True, "confidence").engine_run.config
-    assert branched.rows[1].prefix == data["rows"][1]["token_ids"][:2] + [alt]
-    assert branched.rows[0].prefix == data["rows"][0]["token_ids"][:2] + [alt]  # every column, paired
-    alone = tab.prepare_branch(data, request, False, "confidence").engine_run.config
+
+    def branched(choice: str, all_columns: bool) -> RunConfig:
+        values = {"last": data, "choice": choice, "all_columns": all_columns, "view": "confidence"}
+        return tab.prepare_branch(values).engine_run.config
+
+    paired = branched(request, True)
+    assert paired.rows[1].prefix == data["rows"][1]["token_ids"][:2] + [alt]
+    assert paired.rows[0].prefix == data["rows"][0]["token_ids"][:2] + [alt]  # every column, paired
+    alone = branched(request, False)
     assert alone.rows[0].prefix is None
     with pytest.raises(FeedbackError, match="unknown row"):
-        tab.prepare_branch(data, json.dumps({"row": "nope", "step": 2, "token_id": alt}), True, "confidence")
+        branched(json.dumps({"row": "nope", "step": 2, "token_id": alt}), True)
 
 
 def test_divergences_pair_every_column_with_the_first():
@@ -166,40 +180,44 @@ def test_divergences_pair_every_column_with_the_first():
 
 
 def test_restore_sets_every_control_and_column_from_a_stored_run(tab, embedded_lm):
-    from feedback.core.engine import Engine
+    from feedback.core.engine import run_to_end
 
     changes = {1: {"strategy": "soft_token", "soft_token.beta": 0.25, "soft_token.top_k": 8},
                2: {"name": "Terse", "strategy": "none", "prompt": "hi, briefly", "system": "Be terse."}}
     cfg = config(tab, columns=3, changes=changes, model=embedded_lm.name, threshold_mode="fixed", threshold=3.25,
                  max_new_tokens=3, key_facts="hello")
-    data = Engine(embedded_lm).run(cfg).to_dict() | {"run_id": "r1"}
+    data = run_to_end(embedded_lm, cfg).to_dict() | {"run_id": "r1"}
     out = tab.restore(data, "plain")
-    expected = {tab.prompt: "hi", tab.chat: True, tab.model: embedded_lm.name, tab.temperature: 0.7, tab.top_p: 0.9,
-                tab.top_k: 40, tab.min_p: 0.0, tab.rep: 1.1, tab.max_new: 3, tab.seed: 3, tab.k: 20, tab.window: 16,
-                tab.thr_mode: "fixed", tab.threshold: 3.25, tab.ncols: 3, tab.key_facts: "hello"}
+    s = tab.ui.settings
+    expected = {s["prompt"]: "hi", s["chat_template"]: True, s["model"]: embedded_lm.name, s["temperature"]: 0.7,
+                s["top_p"]: 0.9, s["top_k"]: 40, s["min_p"]: 0.0, s["repetition_penalty"]: 1.1, s["max_new_tokens"]: 3,
+                s["seed"]: 3, s["k"]: 20, s["window"]: 16, s["threshold_mode"]: "fixed", s["threshold"]: 3.25,
+                s["columns"]: 3, s["key_facts"]: "hello"}
     for comp, value in expected.items():
         assert out[comp] == value, comp.label
-    fb, terse = tab.cols[1], tab.cols[2]
+    cols = tab.ui.cols
+    fb, terse = cols[1], cols[2]
     assert out[fb.panel.strategy] == "soft_token" and out[fb.panel.preset]["value"] == "custom"
     assert out[fb.panel.component("soft_token", "beta")] == 0.25
     assert out[fb.panel.groups["soft_token"]]["visible"] and not out[fb.panel.groups["residual"]]["visible"]
     assert "soft_token" in out[fb.heading] and "beta=0.25" in out[fb.heading]
-    assert out[terse.box]["visible"] and not out[tab.cols[3].box]["visible"]
-    assert out[terse.name] == "Terse" and out[terse.prompt] == "hi, briefly" and out[terse.system] == "Be terse."
+    assert out[terse.box]["visible"] and not out[cols[3].box]["visible"]
+    own = terse.settings
+    assert out[own["name"]] == "Terse" and out[own["prompt"]] == "hi, briefly" and out[own["system"]] == "Be terse."
     assert out[terse.panel.strategy] == "none" and "prompt modified" in out[terse.heading]
-    assert out[tab.last]["run_id"] == "r1" and "fl-tok" not in out[tab.cols[0].text]  # the plain view asked for
+    assert out[tab.ui.out.last]["run_id"] == "r1" and "fl-tok" not in out[cols[0].text]  # the plain view asked for
 
 
 def test_a_link_round_trips_every_setting(tab, embedded_lm):
     changes = {1: {"strategy": "anchor", "anchor.alpha": 0.3}, 3: {"name": "Four", "strategy": "none",
                                                                   "prompt": "hello there"}}
-    values = column_values(tab, changes)
-    data = tab.make_link(*(SHARED | {"model": embedded_lm.name, "reference": "Hi!"}).values(), 4, *values)
-    cfg = link.decode(data[tab.link_data])
+    data = tab.make_link(values(tab, 4, changes, model=embedded_lm.name, reference="Hi!"))
+    cfg = link.decode(data[tab.ui.link.data])
     assert cfg == config(tab, columns=4, changes=changes, model=embedded_lm.name, reference="Hi!")
     out = tab.apply_config(cfg)
-    assert out[tab.ncols] == 4 and out[tab.cols[3].name] == "Four" and out[tab.cols[3].prompt] == "hello there"
-    assert out[tab.cols[1].panel.component("anchor", "alpha")] == 0.3 and out[tab.reference] == "Hi!"
+    s, four = tab.ui.settings, tab.ui.cols[3].settings
+    assert out[s["columns"]] == 4 and out[four["name"]] == "Four" and out[four["prompt"]] == "hello there"
+    assert out[tab.ui.cols[1].panel.component("anchor", "alpha")] == 0.3 and out[s["reference"]] == "Hi!"
 
 
 def test_bad_links_are_refused_with_a_message():
@@ -235,3 +253,144 @@ def test_modified_badges_follow_a_column_into_its_conversation():
     assert modified(same, first) == []  # its own answer differs, its question does not
     assert modified(other, first) == ["prompt", "system prompt"]
     assert modified(RowSpec("d", prompt="own")) == ["prompt"] and modified(RowSpec("e")) == []
+
+
+# ---- the settings table ----
+def sample(setting, control, index: int | None = None):
+    """A valid value for `setting` that differs from its control's first value."""
+    first = control.value
+    if setting.bound is not None:
+        b = setting.bound
+        number = min(int(b.lo) + 7, int(b.hi)) if b.integer else b.lo + (b.hi - b.lo) / 4
+        return number if isinstance(control, gr.Number) else f"{number:g}"  # a text box: as typed
+    if isinstance(control, gr.Checkbox):
+        return not first
+    if isinstance(control, (gr.Radio, gr.Dropdown)):
+        options = [c[1] for c in control.choices]
+        return next((o for o in options if o != first), first)
+    if isinstance(control, gr.Number):
+        return first + 1
+    return f"{setting.name} text" + ("" if index is None else f" {index}")
+
+
+def strategy_sample(index: int) -> str:
+    """Another strategy than the column's default (its parameters as their controls start)."""
+    return next(name for name in sorted(REGISTRY) if name != DEFAULT_COLUMNS[index][1])
+
+
+def every_setting_changed(t: CompareTab) -> tuple[dict, dict]:
+    """(the event's values with every setting of the table changed from its first value, the
+    control -> value each restore should show)."""
+    out, expected = t.initial_values(), {}
+    for s in SHARED:
+        control = t.ui.settings[s.name]
+        out[s.name] = expected[control] = sample(s, control)
+    for col in t.ui.cols:
+        for s in COLUMN:
+            control = col.settings[s.name]
+            if isinstance(s, Field):
+                out[column_key(col.index, s.name)] = expected[control] = sample(s, control, col.index)
+            else:  # the strategy panel: another strategy, its parameters as they are
+                out[column_key(col.index, "strategy")] = expected[control.strategy] = strategy_sample(col.index)
+    return out, expected
+
+
+def test_every_setting_round_trips_through_a_config_a_stored_run_and_a_link(tab):
+    changed, expected = every_setting_changed(tab)
+    assert changed["columns"] == compare_settings.MAX_COLUMNS and changed["threshold_mode"] == "fixed"
+    cfg = run_config(changed)
+    for s in SHARED:  # each value went to its own place in the config
+        if s.path:
+            assert resolve(cfg, s.path) == s.value(changed, compare_settings.Scope(changed)), s.name
+    assert all(row.temperature == 2.5 for row in cfg.rows)
+    restored = tab.apply_config(cfg)
+    stored = RunResult(config=cfg.to_dict(), rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows])
+    entry = history.add_run(None, stored.to_dict())[0]
+    reloaded = tab.restore(entry["result"], "plain")
+    opened = tab.apply_config(link.decode(tab.make_link(changed)[tab.ui.link.data]))
+    for control, value in expected.items():
+        for out in (restored, reloaded, opened):
+            assert out[control] == value, (control.label, control.elem_id)
+    for col in tab.ui.cols:  # the strategy's parameters come back as the column had them
+        strategy = changed[column_key(col.index, "strategy")]
+        for p in REGISTRY[strategy].params:
+            assert opened[col.panel.component(strategy, p.name)] == changed[column_key(col.index,
+                                                                                      api_name(strategy, p.name))]
+
+
+def test_swapped_numbers_land_in_their_own_fields(tab):
+    cfg = config(tab, top_p=0.9, top_k=40, k=20, window=16)
+    assert (cfg.sampling.top_p, cfg.sampling.top_k) == (0.9, 40)
+    assert (cfg.deepconf.k, cfg.deepconf.window) == (20, 16)
+    swapped = config(tab, top_p=0.4, top_k=9, k=16, window=20)
+    assert (swapped.sampling.top_p, swapped.sampling.top_k, swapped.deepconf.k, swapped.deepconf.window) == (
+        0.4, 9, 16, 20)
+
+
+DECLARED_BOUNDS = {
+    ("shared", "temperature"): sampling.TEMPERATURE, ("shared", "top_p"): sampling.TOP_P,
+    ("shared", "top_k"): sampling.TOP_K, ("shared", "min_p"): sampling.MIN_P,
+    ("shared", "repetition_penalty"): sampling.REPETITION_PENALTY, ("shared", "max_new_tokens"): limits.MAX_NEW_TOKENS,
+    ("shared", "seed"): records.SEED, ("shared", "k"): records.DEEPCONF_K,
+    ("shared", "window"): records.DEEPCONF_WINDOW,
+    ("shared", "columns"): compare_settings.COLUMNS, ("column", "temperature"): sampling.TEMPERATURE,
+    ("calibration", "eta"): deepconf.ETA, ("calibration", "warmup"): limits.WARMUP_TRACES,
+}
+ENTRIES = [("shared", s) for s in SHARED] + [("column", s) for s in COLUMN] + [("calibration", s) for s in CALIBRATION]
+
+
+@pytest.mark.parametrize("table, setting", ENTRIES, ids=[f"{t}-{s.name}" for t, s in ENTRIES])
+def test_each_setting_takes_the_declared_bound(table, setting):
+    assert setting.bound is DECLARED_BOUNDS.get((table, setting.name))  # None: it has no range to declare
+
+
+def test_the_controls_show_their_bounds(tab):
+    for table, s in ENTRIES:
+        if s.bound is None:
+            continue
+        control = {"shared": tab.ui.settings, "column": tab.ui.cols[1].settings,
+                   "calibration": tab.ui.calibration.settings}[table][s.name]
+        if isinstance(control, gr.Number):
+            assert (control.minimum, control.maximum) == (s.bound.lo, s.bound.hi), s.name
+        else:  # a text box (it may be empty) says its range
+            assert f"{s.bound.hi:g}" in control.info, s.name
+
+
+def test_a_column_temperature_is_read_checked_and_named():
+    scope = compare_settings.Scope({"prompt": "hi"}, 1)
+    spec = compare_settings.row_spec({"name": "", "strategy": "none", "prompt": "", "system": "", "temperature": ""},
+                                     scope)
+    assert spec.temperature is None and spec.name == "Feedback"  # empty: the shared temperature
+    assert compare_settings.row_spec({"name": "x", "strategy": "none", "prompt": "", "system": "", "temperature": "0"},
+                                     scope).temperature == 0
+    for bad, message in [("11", "column 2: temperature must be between 0 and 10"),
+                         ("warm", "column 2: temperature must be a number, got 'warm'"),
+                         ("0.001", r"column 2: temperature must be 0 \(greedy\) or at least 0.01")]:
+        with pytest.raises(FeedbackError, match=message):
+            compare_settings.row_spec({"name": "x", "strategy": "none", "prompt": "", "system": "",
+                                       "temperature": bad}, scope)
+    assert "temperature 0.5" in compare_settings.badges(RowSpec("a", temperature=0.5))
+    assert compare_settings.badges(RowSpec("a")) == []
+    assert "temperature" in link.ROW_FIELDS and ("temperature", "sampling.temperature") in compare_settings.OVERRIDES
+
+
+def test_a_column_at_temperature_0_in_a_sampled_run_gives_its_greedy_text(tiny_lm):
+    """Through the page's own compare handler: column 2 at temperature 0 while the run samples at
+    1.0 decodes exactly what it decodes in an all-greedy run; column 1 samples."""
+    t, demo = built_with_page(tiny_lm)
+    handler = next(fn.fn for fn in demo.fns.values() if fn.api_name == "compare")
+    base = t.initial_values() | {"prompt": "Say hi.", "model": tiny_lm.name, "max_new_tokens": 8, "seed": 5,
+                                 "view": "plain"}
+
+    def run(**change) -> tuple[dict, dict]:
+        updates = list(handler(types.SimpleNamespace(session_hash=f"t{len(change)}"), **base | change))
+        final = updates[-1]
+        return final[t.ui.out.run_json], final
+
+    greedy, _ = run(temperature=0.0)
+    sampled, page = run(temperature=1.0, c2_temperature="0")  # as the page's text box sends it
+    assert sampled["config"]["sampling"]["temperature"] == 1.0 and sampled["config"]["rows"][1]["temperature"] == 0
+    assert sampled["rows"][1]["token_ids"] == greedy["rows"][1]["token_ids"]
+    assert sampled["rows"][1]["text"] == greedy["rows"][1]["text"]
+    assert sampled["rows"][0]["token_ids"] != greedy["rows"][0]["token_ids"]  # column 1 did sample
+    assert "temperature 0" in page[t.ui.cols[1].heading] and "temperature" not in page[t.ui.cols[0].heading]

@@ -82,9 +82,19 @@ def test_component_kinds_follow_the_schema():
         flag = component_for({"name": "gate", "type": "bool", "default": True, "minimum": None, "maximum": None,
                               "choices": None, "help": "on/off"}, "x2")
         free = component_for({"name": "theta", "type": "float", "default": 20.0, "minimum": 0.0, "maximum": None,
-                              "choices": None, "help": ""}, "x3")
+                              "choices": None, "help": "", "is_layer": False}, "x3")
     assert isinstance(choice, gr.Dropdown) and isinstance(flag, gr.Checkbox) and isinstance(free, gr.Number)
     assert free.info == " (≥ 0)"
+
+
+def test_a_layer_slider_comes_from_the_schema_not_the_parameter_name():
+    plain = {"type": "int", "default": 0, "minimum": 0, "maximum": 8, "choices": None, "help": ""}
+    with gr.Blocks():
+        named_like_a_layer = component_for({**plain, "name": "layers_kept", "is_layer": False}, "y1")
+        a_layer = component_for({**plain, "name": "source", "is_layer": True}, "y2")
+    assert isinstance(named_like_a_layer, gr.Number) and isinstance(a_layer, gr.Slider)
+    for cls in REGISTRY.values():  # every strategy's schema says which parameters are layer indices
+        assert [p["is_layer"] for p in cls.schema(30)["params"]] == [q.is_layer for q in cls.params]
 
 
 def test_parse_number_edge_cases():
@@ -95,3 +105,48 @@ def test_parse_number_edge_cases():
             parse_number(value, "n", integer=True, lo=1, hi=9)
     with pytest.raises(FeedbackError, match="at least 2"):
         parse_number(1, "passes", lo=2)
+
+
+def test_a_bound_number_box_takes_its_range_and_hint_from_the_bound():
+    from feedback.core.bounds import Bound
+    from ui.controls import bound_number
+
+    trials, eta = Bound("trials", 1, 24, integer=True), Bound("eta", 0.0001, 100)
+    with gr.Blocks():
+        whole = bound_number(trials, 12)
+        share = bound_number(eta, 50, label="custom η %", info="the share kept")
+    assert (whole.minimum, whole.maximum, whole.precision, whole.label, whole.info) == (1, 24, 0, "trials", "1 to 24")
+    assert (share.minimum, share.maximum, share.precision) == (0.0001, 100, None)
+    assert share.label == "custom η %" and share.info == "the share kept"
+
+
+def test_strategy_controls_by_their_api_names():
+    p = panel()
+    named = p.named_inputs()
+    assert list(named) == p.api_names and named["residual_alpha"] is p.component("residual", "alpha")
+    values = {name: c.value for name, c in named.items()} | {"prompt": "other values are left alone"}
+    assert p.params_named("residual", values) == {"alpha": 0.1, "source_layer": 21, "target_layer": 9}
+    assert p.params_named("residual", values) == p.params_for("residual", [c.value for c in p.components])
+
+
+def test_the_panel_handlers_take_their_values_by_name():
+    with gr.Blocks() as demo:
+        p = build_strategy_panel(30, "residual")
+    events = list(demo.fns.values())
+    assert len(events) == 2 + len(p.components) and all(fn.input_keyword_names for fn in events)
+    on_preset = next(fn for fn in events if fn.input_keyword_names == ["strategy", "preset"])
+    shown = on_preset.fn(None, strategy="deep_cache", preset="tuned for perplexity")
+    assert shown[p.component("deep_cache", "lam")] == 0.02 and shown[p.preset]["value"] == "tuned for perplexity"
+    edited = next(fn for fn in events if fn.outputs == [p.preset, p.about])
+    assert edited.fn(None, strategy="residual")[p.preset] == CUSTOM and edited.fn(None, strategy="none") == {}
+
+
+def test_a_work_view_maps_to_the_tab_components_by_name():
+    from ui.controls import to_components
+
+    with gr.Blocks():
+        summary, table = gr.Markdown(), gr.Dataframe()
+    outputs = {"summary": summary, "table": table}
+    assert to_components(outputs, {"summary": "**done**"}) == {summary: "**done**"}
+    with pytest.raises(KeyError):
+        to_components(outputs, {"chart": None})  # a view names only outputs the tab has

@@ -38,13 +38,11 @@ def test_deepthink_bad_input(client, args, message):
 
 
 def test_calibrate_sets_a_fixed_threshold_and_samples_when_compare_is_greedy(client):
-    mode, threshold, plot, note, status = client.predict(
-        "Name a colour.", True, "embedded", 0.8, 0.95, 0, 4, 20, 16, "DeepConf-high (keep 90%)", 50, 3,
-        api_name="/calibrate")
+    calibrate = dict(prompt="Name a colour.", chat_template=True, model="embedded", seed=0, window=4, k=20,
+                     max_new_tokens=16, eta_preset="DeepConf-high (keep 90%)", eta=50, warmup=3, api_name="/calibrate")
+    mode, threshold, plot, note, status = client.predict(temperature=0.8, top_p=0.95, **calibrate)
     assert mode == "fixed" and threshold == round(threshold, 2) and f"{threshold:.2f}" in note
     plot = plot.get("value", plot)  # an update that also makes the (hidden until now) chart visible
     assert "histogram" in plot["plot"] and "sampled at temperature" not in note
-    mode, threshold, plot, note, status = client.predict(
-        "Name a colour.", True, "embedded", 0.0, 1.0, 0, 4, 20, 16, "DeepConf-high (keep 90%)", 50, 3,
-        api_name="/calibrate")
+    mode, threshold, plot, note, status = client.predict(temperature=0.0, top_p=1.0, **calibrate)
     assert mode == "fixed" and "sampled at temperature 0.7" in note and "Calibrated" in status

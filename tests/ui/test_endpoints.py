@@ -102,6 +102,7 @@ def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(client):
         (dict(prompt="hi", c2_residual_alpha=5.0), "greater than maximum value 1.0"),  # said, not clamped to 1
         (dict(prompt="hi", c2_strategy="nope"), "nope is not in the list of choices"),
         (dict(prompt="hi", columns=5), "greater than maximum value 4"),
+        (dict(prompt="hi", c2_temperature="warm"), "column 2: temperature must be a number"),
     ]:
         with pytest.raises(AppError, match=message):
             client.predict(api_name="/compare", **kwargs)

@@ -148,6 +148,19 @@ def test_csv_of_three_columns_gives_each_its_prompt_system_prompt_and_turns():
     assert json.loads(parsed[5]["params"]) == {"beta": 1, "mode": "soft"}
 
 
+def test_csv_gives_each_row_the_temperature_it_sampled_at():
+    """A column's own temperature, else the run's; a stored value that is no number is not taken."""
+    data = _three()
+    data["config"]["sampling"]["temperature"] = 0.7
+    data["config"]["rows"][1]["temperature"] = 0.0
+    data["config"]["rows"][2]["temperature"] = {"not": "a number"}
+    parsed = [dict(zip(history.CSV_COLUMNS, line)) for line in csv.reader(io.StringIO(history.to_csv(
+        history.add_run([], data))))][1:]
+    assert history.ROW_SETTING_COLUMNS == ["row_prompt", "row_system_prompt", "row_temperature"]
+    assert [p["row_temperature"] for p in parsed] == ["0.7"] * 3 + ["0.0"] * 2 + ["0.7"] * 3
+    assert [p["temperature"] for p in parsed] == ["0.7"] * 8  # the run's, as before
+
+
 def test_json_export_of_three_columns_round_trips():
     result = RunResult.from_dict(json.loads(history.to_json(history.add_run([], _three())))[0])
     assert [r.name for r in result.rows] == ["baseline", "own", "chat"] and result.rows[0].text == "base " + HOSTILE

@@ -147,22 +147,21 @@ def test_wrap_validates_before_waiting_and_names_parameters():
     runner = make_runner()
     calls = []
 
-    def prepare(prompt, count, *param_values):
-        calls.append(prompt)
-        if not prompt:
+    def prepare(values):
+        calls.append(values["prompt"])
+        if not values["prompt"]:
             raise FeedbackError("prompt is empty")
-        return Ticker(steps=int(count))
+        return Ticker(steps=int(values["count"]))
 
-    handler = runner.wrap("compare", prepare, ["residual_alpha"])
+    handler = runner.wrap("compare", prepare, ["prompt", "count", "residual_alpha"])
     held = runner.pool.gate.acquire()
     with pytest.raises(gr.Error, match="prompt is empty"):
-        next(handler("", 1, None, None))  # refused without waiting behind the run that holds the model
+        next(handler(None, prompt="", count=1, residual_alpha=None))  # refused without waiting behind the run
     runner.pool.gate.release(held)
     assert runner.pool.gate.status()["waiting"] == 0
-    assert list(handler("hi", 2, None, types.SimpleNamespace(session_hash="x")))[-1] == {"finish": "done"}
-    import inspect
-
-    assert list(inspect.signature(handler).parameters) == ["prompt", "count", "residual_alpha", "request"]
+    done = handler(types.SimpleNamespace(session_hash="x"), prompt="hi", count=2, residual_alpha=None)
+    assert list(done)[-1] == {"finish": "done"}
+    assert list(inspect.signature(handler).parameters) == ["request", "prompt", "count", "residual_alpha"]
     assert inspect.isgeneratorfunction(handler) and handler.model_handler
 
 
@@ -230,17 +229,20 @@ def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_
         for name, fn in sorted(handlers.items(), key=lambda item: item[0] != "compare"):  # compare first: the
             # follow-ups (continue, branch) go on from its run, held in the page's `last` state
             values = [settings.get(c.elem_id, c.value) for c in fn.inputs]
-            values = [settings["last"] if c is app.compare.last else v for c, v in zip(fn.inputs, values)]
+            values = [settings["last"] if c is app.compare.ui.out.last else v for c, v in zip(fn.inputs, values)]
 
             def start(path: str):
-                return fn.fn(*values, types.SimpleNamespace(session_hash=f"{path}-{name}"))
+                request = types.SimpleNamespace(session_hash=f"{path}-{name}")
+                if fn.input_keyword_names:  # wired with inputs_kwargs: every value by name, as Gradio passes them
+                    return fn.fn(request, **dict(zip(fn.input_keyword_names, values, strict=True)))
+                return fn.fn(*values, request)
 
             before = len(forwards)
             updates = list(start("finish"))
             assert updates and len(forwards) > before, name  # finished
             if name == "compare":
-                settings["last"] = next(u[app.compare.last] for u in reversed(updates)
-                                        if isinstance(u, dict) and app.compare.last in u)
+                settings["last"] = next(u[app.compare.ui.out.last] for u in reversed(updates)
+                                        if isinstance(u, dict) and app.compare.ui.out.last in u)
                 step0 = settings["last"]["rows"][0]["steps"][0]
                 settings["fl-branch-request"] = json.dumps({"row": "Baseline", "step": 0,
                                                             "token_id": step0["top"][1]["token_id"]})
@@ -262,7 +264,7 @@ def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_
 
 
 def test_named_handlers_get_one_dict_by_name_and_the_request(tiny_lm):
-    """wrap_named / by_name: Gradio passes `inputs_kwargs` values by keyword; the handler's
+    """wrap / by_name: Gradio passes `inputs_kwargs` values by keyword; the handler's
     prepare gets them as one dict, API clients see the names as parameters, in order."""
     from ui.runner import by_name, keyword_signature
 
@@ -279,7 +281,7 @@ def test_named_handlers_get_one_dict_by_name_and_the_request(tiny_lm):
     def refuse(values):
         raise FeedbackError(f"temperature must be between 0 and 10, got {values['temperature']}")
 
-    model_handler = runner.wrap_named("t", refuse, ["temperature"])
+    model_handler = runner.wrap("t", refuse, ["temperature"])
     assert inspect.isgeneratorfunction(model_handler) and model_handler.model_handler
     with pytest.raises(gr.Error, match="temperature must be between 0 and 10, got 11"):
         next(model_handler(None, temperature=11))

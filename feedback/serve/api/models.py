@@ -1,0 +1,38 @@
+"""GET /health, /models and /strategies: what the server is doing and what it offers."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query
+
+from feedback.serve.api.deps import Pool, require_key
+from feedback.serve.api.schemas import ERRORS
+from feedback.strategies import REGISTRY
+
+router = APIRouter()
+keyed = {"dependencies": [Depends(require_key)], "responses": ERRORS}
+
+
+@router.get("/health", summary="liveness and load (no key needed)")
+def health(pool: Pool) -> dict:
+    return {"status": "ok", **pool.gate.status(), "models_loaded": sorted(pool.loaded())}
+
+
+@router.get("/models", summary="the model allowlist", **keyed)
+def models(pool: Pool) -> dict:
+    loaded = pool.loaded()
+    out = []
+    for name in pool.allowlist:
+        entry: dict = {"name": name, "default": name == pool.default, "loaded": name in loaded}
+        if name in loaded:
+            lm = loaded[name]
+            entry |= {"dtype": lm.dtype, "device": str(lm.device), "layers": lm.num_layers,
+                      "context_length": lm.context_length}
+        out.append(entry)
+    return {"default": pool.default, "models": out}
+
+
+@router.get("/strategies", summary="feedback strategies and parameter schemas", **keyed)
+def strategies(pool: Pool, model: str | None = Query(None, description="layer bounds are this model's; default "
+                                                                         "model if null")) -> dict:
+    lm = pool.get(model)
+    return {"model": lm.name, "layers": lm.num_layers,
+            "strategies": [cls.schema(lm.num_layers) for cls in REGISTRY.values()]}

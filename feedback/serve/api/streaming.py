@@ -1,0 +1,199 @@
+"""How the API answers with model work: a place in the shared model line, decoding in a worker
+thread, the answer whole or as NDJSON / Server-Sent Events, and a client that hangs up stopping it.
+
+The page and the API share one first-come line to the model (`ModelPool.gate`); API requests may
+hold at most `ApiSettings.max_waiting` places in it, each waiting at most `wait_s`. Work runs in
+worker threads so the event loop keeps watching the connection: a client that goes away while it
+waits leaves the line at once, and one that goes away while its run decodes (or its text is scored)
+stops it within a step, a prefill chunk or a scoring window.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import asdict
+from typing import Any, AsyncIterator, Callable
+
+import anyio
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from feedback.core.engine import Run, StepEvent
+from feedback.core.session import RecentRuns
+from feedback.core.strict_json import json_safe
+from feedback.errors import Stopped
+from feedback.serve.api.deps import ApiSettings
+from feedback.serve.api.errors import ApiError
+from feedback.serve.gate import Busy
+from feedback.serve.pool import ModelPool
+
+DISCONNECT_POLL_S = 0.25  # how often a waiting or running request looks for its client
+
+
+class ClientGone(HTTPException):
+    """The client went away; nobody reads this answer (499 in nginx's usage)."""
+
+    def __init__(self):
+        super().__init__(499, "the client closed the request")
+
+
+async def _watch_disconnect(request: Request, gone: threading.Event) -> None:
+    while not gone.is_set():
+        if await request.is_disconnected():
+            gone.set()
+            return
+        await anyio.sleep(DISCONNECT_POLL_S)
+
+
+@asynccontextmanager
+async def watching(request: Request | None, gone: threading.Event) -> AsyncIterator[None]:
+    """While the body runs, a background task sets `gone` when the client disconnects."""
+    watcher = asyncio.create_task(_watch_disconnect(request, gone)) if request is not None else None
+    try:
+        yield
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+
+
+@asynccontextmanager
+async def turn(pool: ModelPool, settings: ApiSettings, label: str,
+               request: Request | None = None) -> AsyncIterator[float]:
+    """Hold one slot of the shared model line; yields seconds queued. The wait happens in a
+    worker thread; a caller that goes away while waiting (its request cancelled, or — with
+    `request` — its client disconnected) leaves the line at once instead of holding its place."""
+    gone, lock, held = threading.Event(), threading.Lock(), []
+
+    def take() -> None:
+        ticket = pool.gate.acquire("api", settings.max_waiting, settings.wait_s, label=label, cancelled=gone.is_set)
+        with lock:  # the caller may have left between the slot and this line
+            if gone.is_set():
+                pool.gate.leave(ticket)
+            else:
+                held.append(ticket)
+
+    t0 = time.perf_counter()
+    try:
+        async with watching(request, gone):
+            await anyio.to_thread.run_sync(take, abandon_on_cancel=True)
+        if gone.is_set():
+            raise ClientGone()
+        yield time.perf_counter() - t0
+    finally:
+        with lock:
+            gone.set()  # a waiter thread left behind by a cancelled request gives up its place
+            if held:
+                pool.gate.leave(held.pop())
+
+
+def _close_when_idle(events) -> None:
+    """Close a generator that another thread may still be running (it ends within a step once
+    its run is stopped); a generator cannot be closed while it executes."""
+    while True:
+        try:
+            events.close()
+            return
+        except ValueError:  # "generator already executing"
+            time.sleep(0.01)
+
+
+async def decode(run: Run) -> AsyncIterator[StepEvent]:
+    """The run's steps, each computed in a worker thread; however it ends (done, error, or the
+    caller cancelled because the client went away) the run is stopped and its generator closed.
+    A cancelled caller does not wait for the step in flight (a long prompt's prefill can take
+    a while): the run is told to stop first, and its generator is closed once that step ends."""
+    events = iter(run)
+    try:
+        while (event := await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)) is not None:
+            yield event
+    finally:
+        run.stop()
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(_close_when_idle, events)
+
+
+async def until_gone(request: Request, stop: threading.Event, work: Callable[[], Any]) -> Any:
+    """`work()` in a worker thread, its `stop` set as soon as the client disconnects (the work then
+    ends within a forward pass or step, raising `Stopped`, and the request ends as `ClientGone`)."""
+    try:
+        async with watching(request, stop):
+            return await anyio.to_thread.run_sync(work)
+    except Stopped:
+        raise ClientGone() from None
+    finally:
+        stop.set()
+
+
+def result_json(run: Run, steps: bool) -> dict:
+    """The run's RunResult as JSON data, without its per-token steps unless `steps`."""
+    data = run.result.to_dict()
+    if not steps:
+        for row in data["rows"]:
+            row.pop("steps")
+    return data
+
+
+def event(kind: str, payload: dict, sse: bool) -> str:
+    """One streamed event: an SSE block, or one NDJSON line."""
+    if sse:
+        return f"event: {kind}\ndata: {json.dumps(json_safe(payload))}\n\n"
+    return json.dumps(json_safe({"event": kind, **payload})) + "\n"
+
+
+def stream_format(request: Request, format: str | None, default: str | None) -> str | None:
+    """ndjson, sse or None (not streamed): `format` if given, else SSE when the client accepts it."""
+    if format is not None:
+        return format
+    return "sse" if "text/event-stream" in request.headers.get("accept", "") else default
+
+
+async def _events(run: Run, steps: bool, sse: bool, pool: ModelPool, settings: ApiSettings,
+                  recent: RecentRuns) -> AsyncIterator[str]:
+    """A streamed run: `start`, one `step` per decode step, then `done` or `error` (in-band: the
+    response has started, so its status can no longer say it)."""
+    names = [r.name for r in run.config.rows]
+    try:
+        async with turn(pool, settings, "an API stream request"):
+            yield event("start", {"rows": [{"name": r.name, "strategy": r.strategy, "params": r.params}
+                                           for r in run.result.rows],
+                                  "prompt_tokens": run.result.prompt_tokens, "config": run.result.config}, sse)
+            async with aclosing(decode(run)) as steps_seen:
+                async for step in steps_seen:
+                    yield event("step", {
+                        "step": step.step,
+                        "rows": {names[i]: asdict(rec) for i, rec in step.records.items()},
+                        "finished": {names[i]: why for i, why in step.finished.items()},
+                        "memory": step.memory.to_dict() if step.memory is not None else None}, sse)
+            recent.put(run.result)
+            yield event("done", {"result": result_json(run, steps)}, sse)
+    except Busy as exc:  # the line filled up after the check in `answer`
+        yield event("error", {"error": str(exc), "status": 503}, sse)
+    except Exception as exc:  # the stream has started: report in-band, keep serving
+        yield event("error", {"error": f"generation failed: {type(exc).__name__}: {exc}", "status": 500}, sse)
+
+
+async def answer(run: Run, request: Request, steps: bool, stream_as: str | None, pool: ModelPool,
+                 settings: ApiSettings, recent: RecentRuns):
+    """A started run's answer: the whole RunResult once it is done, or streamed (`stream_as`
+    ndjson or sse). Either way the result is kept in `recent` for follow-ups by its run_id."""
+    if stream_as is not None:
+        if pool.gate.would_refuse("api", settings.max_waiting):
+            raise Busy("the model is busy and the API waiting line is full; try again")
+        sse = stream_as == "sse"
+        return StreamingResponse(_events(run, steps, sse, pool, settings, recent),
+                                 media_type="text/event-stream" if sse else "application/x-ndjson",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    async with turn(pool, settings, "an API generate request", request) as queued:
+        try:
+            # a hang-up stops the run between prefill chunks or decode steps: nobody waits for the answer
+            async with watching(request, run.stop_event), aclosing(decode(run)) as steps_seen:
+                async for _ in steps_seen:
+                    pass
+        except Exception as exc:  # out-of-memory, tokenizer or model errors: this request fails, the server stays
+            raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
+    recent.put(run.result)
+    return JSONResponse(json_safe(result_json(run, steps) | {"queued_seconds": round(queued, 4)}))

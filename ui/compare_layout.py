@@ -1,0 +1,259 @@
+"""The Compare tab's components, built in one place (`build_controls`) and held in small objects:
+the shared settings and every column's (their controls made by their entries in
+`ui.compare_settings`), the run buttons and status line, the outputs, the memory chart, the
+conversation and branch controls, the link and Calibrate. The layout decides only where each
+control goes.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import gradio as gr
+
+from feedback.serve.limits import BOX_MAX_CHARS
+from ui import charts, render
+from ui.compare_settings import CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, Page, column_key, default_row
+from ui.compare_view import heading
+from ui.controls import StrategyPanel
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+IDLE_POLL_S = 5.0  # memory chart while idle (and the page visible); inside a run it is sampled per step
+
+
+def load_examples() -> list[str]:
+    data = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
+    return [e["prompt"] for e in data]
+
+
+@dataclass
+class ColumnControls:
+    """One output column: its box, heading, settings (by setting name; the strategy's is its panel)
+    and outputs (conversation, text, stats)."""
+
+    index: int
+    box: gr.Column
+    heading: gr.Markdown
+    settings: dict
+    turns: gr.HTML
+    text: gr.HTML
+    stats: gr.HTML
+
+    @property
+    def panel(self) -> StrategyPanel:
+        return self.settings["strategy"]
+
+    def inputs(self) -> dict:
+        """Its settings' controls by API name: c2_name, c2_strategy, c2_residual_alpha, c2_temperature, …"""
+        return {column_key(self.index, name): component for s in COLUMN
+                for name, component in s.inputs(self.settings[s.name]).items()}
+
+    def setting_outputs(self) -> list:
+        """Every component restoring its settings may update."""
+        return [x for s in COLUMN for x in s.outputs(self.settings[s.name])]
+
+
+@dataclass
+class RunControls:
+    generate: gr.Button
+    stop: gr.Button
+    status: gr.HTML
+    stop_ack: gr.Textbox  # Stop's answer: never shares the status line
+    cancel_trigger: gr.Button  # for program clients' Job.cancel()
+
+
+@dataclass
+class OutputControls:
+    view: gr.Radio  # the token view: confidence, plain or diff
+    diff_legend: gr.HTML
+    conf_plot: gr.Plot
+    run_json: gr.JSON
+    last: gr.State  # the last finished run: what Continue, branches and History go on from
+
+
+@dataclass
+class MemoryControls:
+    plot: gr.Plot
+    state: gr.State  # its samples
+    timer: gr.Timer  # idle polling
+    page_visible: gr.Checkbox  # polling pauses while the page is hidden
+
+
+@dataclass
+class FollowControls:
+    """Continue the conversation, and branch from an alternative token."""
+
+    row: gr.Row
+    message: gr.Textbox
+    send: gr.Button
+    new: gr.Button
+    branch_all: gr.Checkbox
+    branch_request: gr.Textbox  # the page script writes the chosen alternative here ...
+    branch_go: gr.Button  # ... and clicks this
+
+
+@dataclass
+class LinkControls:
+    button: gr.Button
+    note: gr.Markdown
+    data: gr.Textbox  # the link data, which the page script puts in the address bar
+
+
+@dataclass
+class CalibrationControls:
+    settings: dict  # Calibrate's own settings by name (ui.compare_settings.CALIBRATION)
+    button: gr.Button
+    note: gr.Markdown
+    plot: gr.Plot
+
+
+@dataclass
+class CompareControls:
+    """Every component of the Compare tab."""
+
+    settings: dict  # the shared settings' controls by name, in the table's order
+    cols: list[ColumnControls]
+    add_column: gr.Button
+    remove_column: gr.Button
+    run: RunControls
+    out: OutputControls
+    memory: MemoryControls
+    follow: FollowControls
+    link: LinkControls
+    calibration: CalibrationControls
+
+
+class Placed:
+    """Settings' controls built where the layout puts them; `done()` checks every one got a place."""
+
+    def __init__(self, page: Page, table):
+        self.page, self.table, self.built = page, {s.name: s for s in table}, {}
+
+    def place(self, *names: str) -> list:
+        for name in names:
+            self.built[name] = self.table[name].build(self.page)
+        return [self.built[name] for name in names]
+
+    def done(self) -> dict:
+        missing = [name for name in self.table if name not in self.built]
+        if missing:
+            raise ValueError(f"settings without a place in the Compare layout: {', '.join(missing)}")
+        return {name: self.built[name] for name in self.table}
+
+
+def build_controls(page: Page) -> CompareControls:
+    """Every component of the Compare tab, inside the current Tab."""
+    shared = Placed(page, SHARED)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3, min_width=300):
+            prompt, = shared.place("prompt")
+            run = _run_controls()
+            gr.Examples(load_examples(), inputs=[prompt], label="Examples")
+            with gr.Accordion("System prompt", open=False, elem_id="system-accordion"):
+                shared.place("system_prompt")
+            with gr.Accordion("Evaluation", open=False, elem_id="evaluation"):
+                shared.place("reference", "key_facts")
+        with gr.Column(scale=2, min_width=300):
+            with gr.Row():
+                shared.place("model", "chat_template")
+            with gr.Accordion("Sampling (shared by every column)", open=False, elem_id="sampling"):
+                with gr.Row():
+                    shared.place("temperature", "top_p", "top_k")
+                with gr.Row():
+                    shared.place("min_p", "repetition_penalty", "seed")
+                shared.place("max_new_tokens")
+            calibration = _deepconf_controls(shared, page)
+            link = _link_controls()
+    with gr.Row(equal_height=True):
+        view = gr.Radio(["confidence", "plain", "diff"], value="confidence", label="Token view", scale=1,
+                        min_width=220, elem_id="token-view", info="diff: each column's words against column 1")
+        gr.HTML(render.confidence_legend(), elem_id="legend")
+    diff_legend = gr.HTML(render.diff_legend(), visible=False, elem_id="diff-legend-box")
+    with gr.Row():
+        shared.place("columns")
+        add = gr.Button("+ Add column", size="sm", elem_id="add-column")
+        remove = gr.Button("− Remove last column", size="sm", interactive=False, elem_id="remove-column")
+        branch_all = gr.Checkbox(True, label="a branch applies to every column", elem_id="branch-all",
+                                 info="click an alternative in a token's card to force it and go on")
+    with gr.Row(equal_height=False, elem_classes="fl-columns", elem_id="columns"):
+        cols = [build_column(replace(page, column=i)) for i in range(MAX_COLUMNS)]
+    follow = _follow_controls(branch_all)
+    gr.Markdown("#### Confidence per decode step")
+    conf_plot = gr.Plot(charts.confidence_figure([]), show_label=False, elem_id="conf-plot")
+    gr.Markdown("#### Memory")
+    mem_plot = gr.Plot(charts.memory_figure([], "the page opened"), show_label=False, elem_id="mem-plot")
+    with gr.Accordion("Run result (JSON)", open=False):
+        run_json = gr.JSON(elem_id="run-json")
+    memory = MemoryControls(mem_plot, gr.State({}), gr.Timer(IDLE_POLL_S),
+                            gr.Checkbox(True, elem_id="fl-page-visible", elem_classes="fl-hidden", container=False,
+                                        label="page visible"))
+    return CompareControls(shared.done(), cols, add, remove, run, OutputControls(view, diff_legend, conf_plot, run_json,
+                                                                                 gr.State(None)),
+                           memory, follow, link, calibration)
+
+
+def build_column(page: Page) -> ColumnControls:
+    """Column slot `page.column`: heading, settings (collapsed: every column setting, in the
+    table's order), conversation, text and stats."""
+    index = page.column
+    n = index + 1
+    with gr.Column(min_width=0, visible=index < MIN_COLUMNS, elem_id=f"col{n}") as box:
+        title = gr.Markdown(heading(index, default_row(index, page.num_layers)), elem_id=f"col{n}-heading",
+                            sanitize_html=False)
+        with gr.Accordion("Column settings", open=False, elem_id=f"col{n}-settings"):
+            settings = {s.name: s.build(page) for s in COLUMN}
+        turns = gr.HTML(elem_id=f"col{n}-turns")
+        text = gr.HTML(render.render_tokens([]), elem_id=f"col{n}-text")
+        stats = gr.HTML(elem_id=f"col{n}-stats")
+    return ColumnControls(index, box, title, settings, turns, text, stats)
+
+
+def _run_controls() -> RunControls:
+    with gr.Row():
+        generate = gr.Button("Generate", variant="primary", elem_id="generate")
+        stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop")
+    status = gr.HTML(render.status_html("Ready. Pick an example or type a prompt, then Generate."), elem_id="status")
+    return RunControls(generate, stop, status, gr.Textbox(visible=False), gr.Button(visible=False))
+
+
+def _deepconf_controls(shared: Placed, page: Page) -> CalibrationControls:
+    own = Placed(page, CALIBRATION)
+    with gr.Accordion("DeepConf confidence and early stop", open=False, elem_id="deepconf"):
+        with gr.Row():
+            shared.place("k", "window")
+        with gr.Row():
+            shared.place("threshold_mode", "threshold")
+        gr.Markdown("**Calibrate** runs warm-up traces of the shared prompt (the baseline and the first "
+                    "column with a strategy) and sets the threshold to the percentile that keeps η % of them.",
+                    elem_classes="fl-note")
+        with gr.Row():
+            own.place("eta_preset")
+        with gr.Row():
+            own.place("eta", "warmup")
+        button = gr.Button("Calibrate threshold", elem_id="calibrate")
+        note = gr.Markdown(elem_id="calib-note")
+        plot = gr.Plot(show_label=False, visible=False, elem_id="calib-plot")
+    return CalibrationControls(own.done(), button, note, plot)
+
+
+def _link_controls() -> LinkControls:
+    with gr.Row():
+        button = gr.Button("Copy link", size="sm", elem_id="copy-link")
+    note = gr.Markdown(elem_id="link-note", elem_classes="fl-note")
+    data = gr.Textbox("", visible=True, elem_id="link-data", elem_classes="fl-hidden", container=False,
+                      label="link data")
+    return LinkControls(button, note, data)
+
+
+def _follow_controls(branch_all: gr.Checkbox) -> FollowControls:
+    with gr.Row(visible=False, elem_id="follow-row") as row:
+        message = gr.Textbox("", label="Continue the conversation", lines=1, max_length=BOX_MAX_CHARS, scale=4,
+                             elem_id="follow-up", placeholder="A follow-up for every column (Enter sends)")
+        with gr.Column(scale=1, min_width=160):
+            send = gr.Button("Continue", elem_id="continue")
+            new = gr.Button("New conversation", size="sm", elem_id="new-conversation")
+    request = gr.Textbox("", elem_id="fl-branch-request", elem_classes="fl-hidden", container=False,
+                         label="branch request")
+    go = gr.Button("branch", elem_id="fl-branch-go", elem_classes="fl-hidden")
+    return FollowControls(row, message, send, new, branch_all, request, go)

@@ -1,0 +1,175 @@
+"""The Compare tab's model work: a run (a first turn, a follow-up or a branch) streamed from the
+engine, and Calibrate's warm-up traces. Each says what to show as a view (`ui.compare_view`); the
+tab's `show` function, given to the work, turns a view into its components' updates, so a work
+never touches a component.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from feedback.core import memory
+from feedback.core.engine import Run, StepEvent
+from feedback.core.records import RowResult, RunResult
+from feedback.eval.deepthink import DeepThinkConfig, warm_up
+from feedback.serve.gate import Place
+from ui import charts, render
+from ui.compare_view import CalibrationView, PageView, RunView, Status, confidence_chart, done_text, frame, outputs
+from ui.runner import Outcome, Work, ended_text, reporting, waiting_text
+
+CHART_INTERVAL_S = 0.25  # charts at most ~4 times a second; text goes out with every update
+MEMORY_POINTS = 240
+
+
+def memory_entry(mem: dict, sample: memory.MemorySample) -> dict:
+    """A sample on the chart's time axis (seconds since `mem["origin"]`, a wall-clock time)."""
+    return sample.to_dict() | {"t": round(time.time() - mem["origin"], 3)}
+
+
+class ViewWork(Work):
+    """A work whose look on the page is a view: `show(view)` (the tab's) makes the updates.
+    Subclasses set `View` and build views in `progress_view` and `finish_view`."""
+
+    View: type[PageView] = PageView
+
+    def __init__(self, show: Callable[[PageView], dict]):
+        self.show = show
+
+    def starting(self) -> dict:
+        return self.show(self.View(busy=True))
+
+    def waiting(self, place: Place) -> dict:
+        return self.show(self.View(busy=True, status=Status(waiting_text(place), "wait")))
+
+    def progress(self, items: list, elapsed: float) -> dict:
+        return self.show(self.progress_view(items, elapsed))
+
+    def finish(self, outcome: Outcome) -> dict:
+        return self.show(self.finish_view(outcome))
+
+    def progress_view(self, items: list, elapsed: float) -> PageView:
+        raise NotImplementedError
+
+    def finish_view(self, outcome: Outcome) -> PageView:
+        raise NotImplementedError
+
+    def ended_early(self, outcome: Outcome, stopped: str, left: str = "Left the line; nothing ran.") -> PageView:
+        """The end of a job that has no result to show: why, in the status line."""
+        return self.View(busy=False, status=Status(*ended_text(outcome, stopped, left)))
+
+
+class CompareWork(ViewWork):
+    """One Compare run: the engine streams step events; the page gets columns, stats and charts."""
+
+    label = "a Compare run"
+    View = RunView
+
+    def __init__(self, run: Run, view: str, show: Callable[[PageView], dict], what: str = "Generating"):
+        super().__init__(show)
+        self.engine_run, self.view, self.what = run, view, what
+        cfg = run.config
+        self.rows = [RowResult(r.name, r.strategy, dict(r.params)) for r in run.result.rows]
+        self.caches = [render.SpanCache() for _ in self.rows]  # each column's rendered tokens, reused
+        self.mem = {"origin": time.time(), "samples": [], "label": "the run began"}
+        self.result: RunResult | None = None
+        self.last_chart = 0.0
+        self.ui_seconds = 0.0
+        self.threshold, self.window = cfg.deepconf.threshold, cfg.deepconf.window
+        self.started = False
+        self.gpu_seconds = 30 + cfg.max_new_tokens  # generous: ~0.1 s a step on a CPU, far less on a GPU
+
+    def run(self, stop: threading.Event):
+        self.engine_run.stop_event = stop  # the job's stop: Stop, cancel, or a page that went away
+        for event in self.engine_run:
+            yield event
+        yield self.engine_run.result
+
+    def _apply(self, event: StepEvent) -> None:
+        for i, rec in event.records.items():
+            self.rows[i].steps.append(rec)
+            self.rows[i].token_ids.append(rec.token_id)
+        for i, why in event.finished.items():
+            self.rows[i].stop_reason, self.rows[i].stop_step = why, event.step
+        if event.memory is not None:
+            entry = event.memory.to_dict()  # t: seconds since the run began
+            self.mem["samples"] = [*self.mem["samples"], entry][-MEMORY_POINTS:]
+
+    def _charts(self, rows: list[RowResult], live: bool) -> RunView:
+        return RunView(confidence=confidence_chart(rows, self.threshold, self.window, live=live),
+                       memory=charts.memory_figure(self.mem["samples"]), mem_state=self.mem)
+
+    def progress_view(self, items: list, elapsed: float) -> RunView:
+        t = time.perf_counter()
+        out = RunView()
+        if not self.started:  # the run began `elapsed` seconds ago: the memory chart's time origin
+            self.started = True
+            self.mem["origin"] = time.time() - elapsed
+            self.last_chart = t  # the first tokens go out alone; drawing charts would hold them back
+            out = RunView(busy=True) | frame(self.engine_run.config)
+        for item in items:
+            if isinstance(item, StepEvent):
+                self._apply(item)
+            elif isinstance(item, RunResult):
+                self.result = item
+        if self.result is None:
+            out |= outputs(self.rows, self.view, live=True, caches=self.caches)
+            step = max((len(r.steps) for r in self.rows), default=0)
+            out |= RunView(status=Status(
+                f"{self.what}… step {step} of {self.engine_run.config.max_new_tokens} ({elapsed:.0f} s)"))
+            if t - self.last_chart >= CHART_INTERVAL_S:
+                self.last_chart = t
+                out |= self._charts(self.rows, live=True)
+        self.ui_seconds += time.perf_counter() - t
+        return out
+
+    def finish_view(self, outcome: Outcome) -> RunView:
+        if self.result is None:  # the run ended without its final result: keep what streamed, say why
+            steps = max((len(r.steps) for r in self.rows), default=0)
+            kept = outputs(self.rows, self.view, live=False, caches=self.caches) if steps else RunView()
+            return kept | self.ended_early(outcome, f"Stopped after {steps} steps." if steps
+                                           else "Stopped before the first token.")
+        t = time.perf_counter()
+        result = self.result
+        self.mem["samples"] = [*self.mem["samples"], memory_entry(self.mem, memory.sample())][-MEMORY_POINTS:]
+        out = RunView(busy=False) | frame(self.engine_run.config)  # the final update stands on its own
+        out |= outputs(result.rows, self.view, live=False, caches=self.caches) | self._charts(result.rows, live=False)
+        self.ui_seconds += time.perf_counter() - t
+        data = result.to_dict() | {"ui_seconds": self.ui_seconds}
+        return out | RunView(result=data, status=Status(done_text(result),
+                                                        "stopped" if outcome.kind == "stopped" else "info"))
+
+
+class CalibrateWork(ViewWork):
+    """Warm-up traces of the Compare prompt, both rows pooled -> a fixed early-stop threshold."""
+
+    label = "a Calibrate run"
+    View = CalibrationView
+
+    def __init__(self, lm, cfg: DeepThinkConfig, note: str, show: Callable[[PageView], dict]):
+        super().__init__(show)
+        self.lm, self.cfg, self.note = lm, cfg, note
+        self.gpu_seconds = 30 + cfg.max_new_tokens
+        self.result = None
+
+    def run(self, stop: threading.Event):
+        yield from reporting(lambda report, halt: warm_up(self.lm, self.cfg, halt, report), stop)
+
+    def progress_view(self, items: list, elapsed: float) -> CalibrationView:
+        out = CalibrationView(busy=True)
+        for item in items:
+            if isinstance(item, str):
+                out |= CalibrationView(status=Status(f"Calibrating… {item} ({elapsed:.0f} s)"))
+            else:
+                self.result = item.result
+        return out
+
+    def finish_view(self, outcome: Outcome) -> CalibrationView:
+        if self.result is None:
+            return self.ended_early(outcome, "Calibration stopped.", "Left the line; nothing was calibrated.")
+        _, lows, thresholds = self.result
+        s = round(thresholds["baseline"], 2)
+        note = (f"Calibrated from {2 * self.cfg.warmup} warm-up traces (η = {self.cfg.eta:g} % kept): threshold "
+                f"**{s:.2f}**, now used for early stop.{self.note}")
+        return CalibrationView(busy=False, status=Status(f"Calibrated: early stop below {s:.2f}."), threshold=s,
+                               note=note, histogram=charts.histogram_figure(lows, {"shared": s}))
