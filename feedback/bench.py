@@ -35,6 +35,11 @@ TARGETS = {
     "rows8_ctx16_vs_row1": ("<=", 3.0),
 }
 SCALING = ((16, 1024), (8, 1024), (8, 256), (8, 16))  # (rows, prompt tokens) of the rowsN_ctxT ratios
+DEEPTHINK = (16, 256)  # (traces, prompt tokens) of the Deep Think throughput
+# `--quick`: the same measurements on smaller shapes (a check that every part runs, in seconds), named
+# by their own shapes, so their ratios are never read against the full shapes' targets.
+QUICK_SCALING = ((16, 128), (8, 16))
+QUICK_DEEPTHINK = (8, 32)
 SHORT_PROMPT = "How does a fridge work?"
 
 
@@ -97,10 +102,10 @@ def prompt_of(lm: LoadedModel, tokens: int) -> str:
     return lm.tokenizer.decode(ids)
 
 
-def scaling(lm: LoadedModel, tokens: int, repeats: int) -> dict:
+def scaling(lm: LoadedModel, tokens: int, repeats: int, shapes=SCALING) -> dict:
     """Decode step of N plain rows ÷ one row on the same T-token prompt, timed in turn."""
     out = {}
-    for rows, ctx in SCALING:
+    for rows, ctx in shapes:
         prompt = prompt_of(lm, ctx)
         many = [RowSpec(f"r{i}") for i in range(rows)]
         one, n = _interleaved(lambda: _engine_step_s(lm, many[:1], tokens, prompt, False),
@@ -110,7 +115,8 @@ def scaling(lm: LoadedModel, tokens: int, repeats: int) -> dict:
     return out
 
 
-def deepthink_throughput(lm: LoadedModel, tokens: int, repeats: int, traces: int = 16, ctx: int = 256) -> dict:
+def deepthink_throughput(lm: LoadedModel, tokens: int, repeats: int, traces: int = DEEPTHINK[0],
+                         ctx: int = DEEPTHINK[1]) -> dict:
     """Deep Think's shape: `traces` sampled traces of one `ctx`-token prompt, decoded as one batched
     run, against the same traces run one by one (each with its own seed offset, so the same tokens).
     Throughput in trace-tokens per second of wall time."""
@@ -133,8 +139,9 @@ def deepthink_throughput(lm: LoadedModel, tokens: int, repeats: int, traces: int
     batched, one_by_one = zip(*[(run(rows), separate()) for _ in range(repeats)])
     b_wall, b_tok = statistics.median(w for w, _ in batched), batched[0][1]
     s_wall, s_tok = statistics.median(w for w, _ in one_by_one), one_by_one[0][1]
-    return {"deepthink16_batched_tok_s": b_tok / b_wall, "deepthink16_separate_tok_s": s_tok / s_wall,
-            "deepthink16_speedup": (b_tok / b_wall) / (s_tok / s_wall)}
+    name = f"deepthink{traces}"
+    return {f"{name}_batched_tok_s": b_tok / b_wall, f"{name}_separate_tok_s": s_tok / s_wall,
+            f"{name}_speedup": (b_tok / b_wall) / (s_tok / s_wall), "deepthink_shape": [traces, ctx]}
 
 
 def batch_invariance(lm: LoadedModel, tokens: int = 24) -> dict:
@@ -196,7 +203,8 @@ def _cold_start_s(dtype: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def measure(tokens: int = 64, repeats: int = 3, dtype: str = "auto", lm: LoadedModel | None = None) -> dict:
+def measure(tokens: int = 64, repeats: int = 3, dtype: str = "auto", lm: LoadedModel | None = None,
+            quick: bool = False) -> dict:
     lm = lm or load_model("embedded", dtype=dtype)
     base, fb = RowSpec("baseline"), RowSpec("feedback", "residual", {})
     _engine_step_s(lm, [base, fb], 8)  # warm-up (allocator, kernels)
@@ -216,8 +224,8 @@ def measure(tokens: int = 64, repeats: int = 3, dtype: str = "auto", lm: LoadedM
     rows4, raw4 = _interleaved(lambda: _engine_step_s(lm, four, tokens), lambda: _raw_step_s(lm, 4, tokens),
                                repeats)
     quality = _quality_overhead(lm, 2 * tokens, repeats)
-    grows = scaling(lm, max(4, tokens // 4), repeats)
-    deep = deepthink_throughput(lm, max(4, tokens // 4), repeats)
+    grows = scaling(lm, max(4, tokens // 4), repeats, QUICK_SCALING if quick else SCALING)
+    deep = deepthink_throughput(lm, max(4, tokens // 4), repeats, *(QUICK_DEEPTHINK if quick else DEEPTHINK))
     invariance = batch_invariance(lm, max(4, tokens // 4))
     bandwidth = _bandwidth_gbs()
     weights = _weight_bytes(lm)
@@ -350,7 +358,7 @@ def _verdict(key: str, value: float) -> str:
 
 def run_bench(args) -> int:
     lm = load_model("embedded", dtype=args.dtype)
-    report = measure(args.tokens, args.repeats, lm=lm)
+    report = measure(args.tokens, args.repeats, lm=lm, quick=getattr(args, "quick", False))
     if getattr(args, "api", False):
         report |= api_overhead(lm, args.tokens, args.repeats)
     if getattr(args, "dtypes", False):
@@ -364,7 +372,10 @@ def run_bench(args) -> int:
           f"{report['tokens']} tokens, median of {report['repeats']}")
     print(f"{'metric':32} {'value':>9}  target")
     for key in TARGETS:
-        print(f"{key:32} {report[key]:9.3f}  {_verdict(key, report[key])}")
+        if key in report:  # --quick measures the scaling ratios on other shapes
+            print(f"{key:32} {report[key]:9.3f}  {_verdict(key, report[key])}")
+    for key in sorted(k for k in report if k.startswith("rows") and k.endswith("_vs_row1") and k not in TARGETS):
+        print(f"{key:32} {report[key]:9.3f}  (--quick shape, no target)")
     print(f"  (quality_overhead: wall of a {report['quality_tokens']}-token baseline + feedback run with self and "
           "prompt perplexity ÷ without)")
     print(f"{'two_rows_vs_two_generations':32} {report['two_rows_vs_two_generations']:9.3f}  (< 1 means batching pays)")
@@ -375,8 +386,10 @@ def run_bench(args) -> int:
     inv = report["batch_invariance"]
     print(f"batch invariance: identical rows bitwise equal {inv['identical_rows_bitwise_equal']}; a row in 2 / 16 "
           f"rows vs alone: max |Δ logit| {inv['rows2_vs_alone_max_abs']:.1e} / {inv['rows16_vs_alone_max_abs']:.1e}")
-    print(f"{'deepthink16_speedup':32} {report['deepthink16_speedup']:9.3f}  (16 traces of a 256-token prompt, "
-          f"batched {report['deepthink16_batched_tok_s']:.1f} vs one by one {report['deepthink16_separate_tok_s']:.1f} "
+    traces, ctx = report["deepthink_shape"]
+    name = f"deepthink{traces}"
+    print(f"{name + '_speedup':32} {report[name + '_speedup']:9.3f}  ({traces} traces of a {ctx}-token prompt, "
+          f"batched {report[name + '_batched_tok_s']:.1f} vs one by one {report[name + '_separate_tok_s']:.1f} "
           f"trace-tokens/s; attention: {report['attention']})")
     if "api_stream_vs_engine" in report:
         print(f"{'api_stream_vs_engine':32} {report['api_stream_vs_engine']:9.3f}  (HTTP API, NDJSON stream, local)")

@@ -694,6 +694,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--dtypes", action="store_true", help="also compare float32 and bfloat16 decode speed")
     p.add_argument("--api", action="store_true", help="also time a run through the HTTP API against the engine")
+    p.add_argument("--quick", action="store_true", help="smaller scaling and Deep Think shapes, named by their "
+                   "shapes (a check that every measurement runs; not the targets' shapes)")
     p.add_argument("--hog", action="store_true", help="also time 1 and 2 threads x PASSIVE and ACTIVE waiting, "
                    "quiet and beside a CPU hog (each in its own process)")
     p.add_argument("--json", action="store_true")

@@ -10,13 +10,11 @@ the tabs' that read its controls, take values by name: each control's API name i
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import gradio as gr
 
 from feedback.core.bounds import Bound
-from feedback.errors import FeedbackError
 from feedback.strategies import REGISTRY, PromptStrategy
 from ui.runner import by_name
 
@@ -27,23 +25,10 @@ NONE_ABOUT = "**none** — no feedback: the model as it is (a baseline, or a pro
 
 def parse_number(value, name: str, integer: bool = False, lo: float | None = None,
                  hi: float | None = None) -> float | int:
-    """A typed-in number, refused with a clear message when empty, not a number, non-finite,
-    fractional where a whole number is needed, or outside [lo, hi]."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise FeedbackError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise FeedbackError(f"{name} must be finite, got {value!r}")
-    if integer and not number.is_integer():
-        raise FeedbackError(f"{name} must be a whole number, got {value!r}")
-    out = int(number) if integer else number
-    if (lo is not None and out < lo) or (hi is not None and out > hi):
-        bounds = (f"between {lo:g} and {hi:g}" if lo is not None and hi is not None
-                  else f"at least {lo:g}" if lo is not None else f"at most {hi:g}")
-        raise FeedbackError(f"{name} must be {bounds}, got {out}")
-    return out
-
+    """A typed-in number with no declared `Bound` of its own (a threshold, a floor only), refused as
+    a bound refuses: empty, not a number, non-finite, fractional where a whole number is needed, or
+    outside [lo, hi]."""
+    return Bound(name, lo, hi, integer).check(value)
 
 def api_name(strategy: str, param: str) -> str:
     """A strategy control's API parameter name: `<strategy>_<param>` (e.g. residual_alpha)."""

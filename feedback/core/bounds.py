@@ -16,14 +16,18 @@ from feedback.errors import FeedbackError
 @dataclass(frozen=True)
 class Bound:
     name: str
-    lo: float
-    hi: float
+    lo: float | None  # None: no floor
+    hi: float | None  # None: no ceiling
     integer: bool = False
 
     @property
     def info(self) -> str:
-        """The range as a control's hint shows it: "1 to 1,024"."""
-        return f"{self.lo:,g} to {self.hi:,g}" if not self.integer else f"{int(self.lo):,} to {int(self.hi):,}"
+        """The range as a control's hint shows it: "1 to 1,024", "at least 0"."""
+        show = (lambda v: f"{int(v):,}") if self.integer else (lambda v: f"{v:,g}")
+        if self.lo is None or self.hi is None:
+            return "any number" if self.lo is None and self.hi is None else (
+                f"at least {show(self.lo)}" if self.hi is None else f"at most {show(self.hi)}")
+        return f"{show(self.lo)} to {show(self.hi)}"
 
     def check(self, value, name: str | None = None) -> float | int:
         """`value` as a number inside the bounds, or a `FeedbackError` naming the field (`name`, or
@@ -40,10 +44,15 @@ class Bound:
         if self.integer and not number.is_integer():
             raise FeedbackError(f"{name} must be a whole number, got {value!r}")
         out = int(number) if self.integer else number
-        if not self.lo <= out <= self.hi:
-            raise FeedbackError(f"{name} must be between {self.lo:g} and {self.hi:g}, got {out}")
+        if (self.lo is not None and out < self.lo) or (self.hi is not None and out > self.hi):
+            raise FeedbackError(f"{name} must be {self._range()}, got {out}")
         return out
+
+    def _range(self) -> str:
+        if self.lo is not None and self.hi is not None:
+            return f"between {self.lo:g} and {self.hi:g}"
+        return f"at least {self.lo:g}" if self.lo is not None else f"at most {self.hi:g}"
 
     def with_hi(self, hi: float) -> "Bound":
         """The same field with a lower ceiling (a served cap under a library limit)."""
-        return Bound(self.name, self.lo, min(self.hi, hi), self.integer)
+        return Bound(self.name, self.lo, hi if self.hi is None else min(self.hi, hi), self.integer)
