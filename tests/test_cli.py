@@ -1,8 +1,19 @@
-"""The command line, run as a user would: a subprocess, its exit code, stdout and stderr. Refused
-inputs, which never get as far as the model, run in-process through the same `main` (a subprocess
-spends ~4 s importing torch, and there are many of them); one of them also runs as a subprocess."""
+"""The command line, through the same `main` that `python -m feedback` calls.
+
+Most commands run in-process (`in_process`): a subprocess spends ~4-6 s importing torch and
+transformers before seconds of work, and the model loads from the local cache in ~1 s. Each run's
+stdout and stderr are captured and it returns what a subprocess would (exit status, stdout,
+stderr); the process-wide state a run may change (environment, torch's thread count and fp32
+matmul precision, working directory) is put back so later tests in the session see none of it.
+Refused inputs, which never get as far as a run, go through `refused`.
+
+Real processes (`cli`), kept where only a process shows it: a user's run with its exit status from
+`sys.exit` in `feedback/__main__.py` (the prompt-variants run, and one refused input: one line,
+status 2, no traceback), and the bench, which times cold starts and its own subprocesses."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -10,30 +21,66 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from feedback.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python -m feedback ARGS` in a real process, as a user runs it."""
     return subprocess.run([sys.executable, "-m", "feedback", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+@contextlib.contextmanager
+def _process_state_kept():
+    """Run in ROOT (as `cli` does), then put back what a run may change for the whole process: the
+    environment, torch's CPU threads (FEEDBACK_THREADS) and its fp32 matmul precision (--fast-matmul)."""
+    env = dict(os.environ)
+    threads = torch.get_num_threads()
+    precision = torch.backends.mkldnn.matmul.fp32_precision
+    try:
+        with contextlib.chdir(ROOT):
+            yield
+    finally:
+        for key in set(os.environ) - set(env):
+            del os.environ[key]
+        os.environ.update({k: v for k, v in env.items() if os.environ.get(k) != v})
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        torch.backends.mkldnn.matmul.fp32_precision = precision
+
+
+def _exit_status(args: list[str]) -> int:
+    """`main(args)`'s exit status, argparse's exits (usage errors, --help) included."""
+    with _process_state_kept():
+        try:
+            return main(args)
+        except SystemExit as exc:
+            return 0 if exc.code is None else exc.code
+
+
+def in_process(*args: str) -> subprocess.CompletedProcess:
+    """`python -m feedback ARGS` in this process: its exit status and everything it prints, as
+    `cli` returns them. An uncaught exception propagates (a subprocess would print a traceback)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = _exit_status(list(args))
+    return subprocess.CompletedProcess(["python", "-m", "feedback", *args], code, out.getvalue(), err.getvalue())
+
+
 def refused(capsys, *args: str) -> str:
     """Run `python -m feedback ARGS` in-process; it must exit with status 2. Returns stderr."""
-    from feedback.cli import main
-
-    try:
-        code = main(list(args))
-    except SystemExit as exc:  # argparse usage errors
-        code = exc.code
+    code = _exit_status(list(args))
     err = capsys.readouterr().err
     assert code == 2, err
     return err
 
 
 def test_generate_json_prints_one_run_result():
-    out = cli("generate", "--prompt", "What is 2+2?", "--max-new-tokens", "12", "--param", "alpha=0.1",
+    out = in_process("generate", "--prompt", "What is 2+2?", "--max-new-tokens", "12", "--param", "alpha=0.1",
               "--window", "4", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -49,7 +96,7 @@ def test_generate_json_prints_one_run_result():
 
 
 def test_generate_text_output_labels_both_rows():
-    out = cli("generate", "--prompt", "Name a colour.", "--max-new-tokens", "8", "--no-chat-template",
+    out = in_process("generate", "--prompt", "Name a colour.", "--max-new-tokens", "8", "--no-chat-template",
               "--temperature", "0.8", "--top-p", "0.9", "--top-k", "40", "--seed", "3")
     assert out.returncode == 0, out.stderr
     assert "=== baseline ===" in out.stdout and "=== feedback [residual alpha=0.05" in out.stdout
@@ -157,28 +204,30 @@ def test_unknown_hub_model_is_a_clear_error():
 
 
 def test_prepare_prints_the_cache_folder():
-    out = cli("prepare")
+    out = in_process("prepare")
     assert out.returncode == 0 and Path(out.stdout.strip()).joinpath("model.safetensors").is_file()
 
 
 @pytest.mark.slow
 def test_bench_json_reports_every_ratio():
-    out = cli("bench", "--tokens", "4", "--repeats", "1", "--api", "--json", timeout=600)
+    # --quick: every measurement, the scaling and Deep Think ones on small shapes named by those shapes
+    out = cli("bench", "--tokens", "4", "--repeats", "1", "--api", "--quick", "--json", timeout=600)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     for key in ("baseline_vs_generate", "side_by_side_overhead", "feedback_row_overhead", "cold_start_s",
                 "roofline_fraction", "api_stream_vs_engine", "api_generate_vs_engine", "mixed_prompts_overhead",
-                "rows4_vs_forward4", "quality_overhead", "rows16_ctx1024_vs_row1", "rows8_ctx1024_vs_row1",
-                "rows8_ctx256_vs_row1", "rows8_ctx16_vs_row1", "deepthink16_speedup"):
+                "rows4_vs_forward4", "quality_overhead", "rows16_ctx128_vs_row1", "rows8_ctx16_vs_row1",
+                "deepthink8_speedup"):
         assert isinstance(data[key], float) and data[key] > 0
     assert data["same_tokens_as_generate"] is True and data["api_same_tokens"] is True
     assert data["attention"] == "feedback_grouped" and data["batch_invariance"]["identical_rows_bitwise_equal"]
+    assert data["deepthink_shape"] == [8, 32] and "rows16_ctx1024_vs_row1" not in data  # never read as the full shape
 
 
 def test_ppl_json_on_a_text_file(tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text("Rivers carry water to the sea. The sea gives it back as rain. " * 4)
-    out = cli("ppl", "--data", str(doc), "--strategy", "deep_cache", "--param", "lam=0.05", "--json",
+    out = in_process("ppl", "--data", str(doc), "--strategy", "deep_cache", "--param", "lam=0.05", "--json",
               "--out", str(tmp_path / "r.json"))
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -190,7 +239,7 @@ def test_ppl_json_on_a_text_file(tmp_path):
 def test_ppl_text_output_and_bad_jsonl_lines(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"text": "A short line of text for the model."}\n{broken\n{"text": "Another line here."}\n')
-    out = cli("ppl", "--data", str(data), "--strategy", "residual", "--mode", "jacobi", "--passes", "2")
+    out = in_process("ppl", "--data", str(data), "--strategy", "residual", "--mode", "jacobi", "--passes", "2")
     assert out.returncode == 0, out.stderr
     assert f"{data}:2: skipped, not valid JSON" in out.stderr
     assert "mode jacobi (approximate, 2 passes)" in out.stdout and "95% CI" in out.stdout
@@ -211,7 +260,7 @@ def test_ppl_and_sweep_bad_input(args, message, capsys):
 def test_sweep_writes_csv_and_heatmap(tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text("def f(x): return x + 1\nprint(f(2))\n" * 6)
-    out = cli("sweep", "--strategy", "deep_cache", "--grid", "lam=0,0.1", "--grid", "theta=10,40", "--data",
+    out = in_process("sweep", "--strategy", "deep_cache", "--grid", "lam=0,0.1", "--grid", "theta=10,40", "--data",
               str(doc), "--bootstrap", "100", "--out-dir", str(tmp_path / "sw"))
     assert out.returncode == 0, out.stderr
     rows = (tmp_path / "sw" / "sweep.csv").read_text().splitlines()
@@ -255,7 +304,7 @@ def test_tune_refuses_bad_input_in_one_line_and_resumes_a_tiny_run(tmp_path, cap
 
 
 def test_deepthink_cli_json_and_bad_input(tmp_path, capsys):
-    out = cli("deepthink", "--prompt", "What is 2 + 2? Answer with a number.", "--traces", "2", "--warmup", "2",
+    out = in_process("deepthink", "--prompt", "What is 2 + 2? Answer with a number.", "--traces", "2", "--warmup", "2",
               "--max-new-tokens", "16", "--window", "4", "--eta", "90", "--json")
     assert out.returncode == 0, out.stderr
     rep = json.loads(out.stdout)
@@ -266,14 +315,14 @@ def test_deepthink_cli_json_and_bad_input(tmp_path, capsys):
                           ([], "give either --prompt TEXT or --questions FILE.jsonl"),
                           (["--questions", "q.jsonl", "--expected", "4"], "--expected goes with --prompt")]:
         assert message in refused(capsys, "deepthink", *args)
-    warn = cli("deepthink", "--prompt", "Say hi.", "--traces", "1", "--warmup", "1", "--max-new-tokens", "4",
-               "--window", "8", "--expected", "hello")
+    warn = in_process("deepthink", "--prompt", "Say hi.", "--traces", "1", "--warmup", "1", "--max-new-tokens", "4",
+                      "--window", "8", "--expected", "hello")
     assert warn.returncode == 0 and "no early stop can happen" in warn.stderr
     assert "(correct)" in warn.stdout or "(wrong)" in warn.stdout  # every answer marked against --expected
 
 
 def test_device_map_with_a_memory_cap_loads_through_the_same_loader():
-    out = cli("generate", "--prompt", "Hi", "--max-new-tokens", "4", "--device-map", "auto",
+    out = in_process("generate", "--prompt", "Hi", "--max-new-tokens", "4", "--device-map", "auto",
               "--max-memory", "cpu=2GiB", "--json")
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)["rows"][0]["token_ids"]) == 4
