@@ -290,7 +290,10 @@ def _quality_line(m: dict) -> str:
         if key in m:
             parts.append(f"{label} {num(key, '.2f')}")
     if "key_fact_recall" in m:
-        parts.append(f"key-fact recall {m['key_fact_recall']:.0%} ({', '.join(m['key_facts_found']) or 'none found'})")
+        unjudged = m.get("key_facts_unjudged") or []
+        late = f"; not judged, out of time: {', '.join(unjudged)}" if unjudged else ""
+        parts.append(f"key-fact recall {num('key_fact_recall', '.0%')} "
+                     f"({', '.join(m['key_facts_found']) or 'none found'}{late})")
     return ", ".join(parts)
 
 

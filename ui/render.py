@@ -254,8 +254,14 @@ def _key_facts_item(m: dict, best: set[str]) -> tuple:
     total, recall = m.get("key_facts_total"), m.get("key_fact_recall")
     if total is None and recall:
         total = round(len(found) / recall)
+    unjudged = list(m.get("key_facts_unjudged") or [])
+    if total is not None:
+        total -= len(unjudged)  # recall counts only the facts judged on every column
     value = f"{len(found)}/{total}" if total is not None else f"{len(found)} found"
     note = "found: " + ", ".join(found) if found else "none found"
+    if unjudged:
+        value += f" ({len(unjudged)} not judged)"
+        note += "; not judged (the pattern's search ran out of time): " + ", ".join(unjudged)
     return "key facts", value, "key_fact_recall" in best, note
 
 

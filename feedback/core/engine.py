@@ -34,7 +34,7 @@ from feedback.core.model import LoadedModel
 from feedback.core.records import (Alternative, RowResult, RowSpec, RunConfig, RunResult, StepRecord, first_divergence,
                                    tokens_per_second)
 from feedback.core.sampling import Sampler
-from feedback.errors import FeedbackError
+from feedback.errors import FeedbackError, Stopped
 from feedback.strategies import BatchView, Phase, PromptStrategy, Strategy, build_strategy
 
 N_TOP = 5
@@ -125,6 +125,8 @@ class Run:
         row_ids = [_row_prompt_ids(lm, config, row, self.prompt_strategies.get(i))
                    for i, row in enumerate(config.rows)]
         self._check_rows(row_ids)
+        self.reference_ids = (lm.tokenizer(config.reference, add_special_tokens=False)["input_ids"]
+                              if config.reference else None)
         # Rows with the same prompt, token for token, share one prefill sequence, unless a row's
         # strategy changes the prompt's own states: that row prefills on its own.
         keys = [(tuple(ids), i if i in self.strategies and self.strategies[i].edits_prompt else -1)
@@ -140,9 +142,12 @@ class Run:
         longest = max(len(ids) for ids in row_ids)
         need = generation_memory_mb(lm.model.config, dtype_bytes(lm.dtype), rows, longest, new)
         how = f"{longest} prompt + {new} new tokens, {rows} rows"
+        scored = self._scoring_after(row_ids)  # also refuses a reference that cannot fit the context
         if budget is not None:
             budget.check_decoding(rows * new, f"{rows} rows x {new} new tokens")
             budget.check_memory(need, how)
+            if scored:
+                budget.check_scoring(scored, "the quality metrics and the reference answer, scored after the run")
         check_fits(need, how, lm.device)
         self.result = RunResult(
             config={**config.to_dict(), "model": lm.name, "dtype": lm.dtype, "precision": lm.precision},
@@ -169,6 +174,32 @@ class Run:
             if bad:
                 raise FeedbackError(f"row {row.name}: prefix token id {bad[0]} is outside the vocabulary "
                                     f"(0 to {vocab - 1})")
+
+    def _reference_context(self, index: int, prompt_ids: list[int]) -> int:
+        """The most tokens row `index` scores its reference after: its prompt, and a prompt-level
+        row's whole reply at most (the reference follows its restatement)."""
+        return len(prompt_ids) + (self.config.max_new_tokens if index in self.prompt_strategies else 0)
+
+    def _scoring_after(self, row_ids: list[list[int]]) -> int:
+        """Token-forwards the run scores after decoding, at most (the budget's unit): each distinct
+        prompt (prompt PPL), each strategy row's prompt and answer (self PPL; a plain row's comes
+        from its decode), and each row's context and reference. A reference that would not fit the
+        model's context after a row's prompt is refused here, before the run waits for the model."""
+        cfg, new, cost = self.config, self.config.max_new_tokens, 0
+        if cfg.quality:
+            cost += sum(len(ids) for ids in {tuple(ids) for ids in row_ids})
+            cost += sum(len(ids) + new for i, ids in enumerate(row_ids) if cfg.rows[i].strategy)
+        if self.reference_ids is not None:
+            limit = self.lm.context_length
+            for i, (row, ids) in enumerate(zip(cfg.rows, row_ids)):
+                context = self._reference_context(i, ids)
+                if context + len(self.reference_ids) > limit:
+                    raise FeedbackError(
+                        f"reference is {len(self.reference_ids)} tokens; after row {row.name}'s "
+                        f"{context}-token {'prompt and reply' if i in self.prompt_strategies else 'prompt'} it "
+                        f"exceeds the model context of {limit} tokens: shorten the reference")
+                cost += context + len(self.reference_ids)
+        return cost
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -239,8 +270,8 @@ class Run:
     @torch.inference_mode()
     def _prefill(self, batch: BatchView, needs_history: bool) -> tuple[DecodeState, torch.Tensor] | None:
         """Every distinct prompt once, left-padded into one batch, PREFILL_CHUNK tokens per forward on
-        the cache (a long prompt's attention scratch stays bounded, and Stop is seen between chunks;
-        None when stopped). Then each row takes its sequence's cache and last logits. One prompt
+        the cache (a long prompt's attention scratch stays bounded, and Stop is seen between chunks
+        and, inside a chunk's forward, between decoder layers; None when stopped). Then each row takes its sequence's cache and last logits. One prompt
         shared by all rows takes one unpadded forward, exactly as before rows had prompts."""
         device = self.lm.device
         lengths = [len(ids) for ids in self.groups]
@@ -255,15 +286,23 @@ class Run:
         # sized once for the whole run: a step writes in place instead of copying the cache
         cache = run_cache(self.lm.model.config, width + self.config.max_new_tokens)
         out = None
-        for start in range(0, width, PREFILL_CHUNK):
-            if start and self.stop_event.is_set():
-                return None
-            end = start + PREFILL_CHUNK
-            batch.offset = start
-            inputs = dict(input_ids=ids[:, start:end], cache=cache, use_cache=True, logits_to_keep=1)
-            if padded:
-                inputs |= dict(attention_mask=mask[:, :end], position_ids=positions[:, start:end])
-            out = self._forward(batch, **inputs)
+        # A chunk of 512 tokens takes seconds on a CPU: its forward looks at Stop between layers. A
+        # decode step is short, so decoding looks only between steps (no per-layer hooks there).
+        batch.stop = self.stop_event
+        try:
+            for start in range(0, width, PREFILL_CHUNK):
+                if start and self.stop_event.is_set():
+                    return None
+                end = start + PREFILL_CHUNK
+                batch.offset = start
+                inputs = dict(input_ids=ids[:, start:end], cache=cache, use_cache=True, logits_to_keep=1)
+                if padded:
+                    inputs |= dict(attention_mask=mask[:, :end], position_ids=positions[:, start:end])
+                out = self._forward(batch, **inputs)
+        except Stopped:
+            return None
+        finally:
+            batch.stop = None
         batch.offset, batch.pads, batch.groups = 0, {}, {}
         take = torch.tensor([r.group for r in self.rows], device=device)
         cache.batch_select_indices(take)  # rows sharing a prompt share its cache (copied per row)
@@ -385,32 +424,35 @@ class Run:
                 r.stop_reason, r.stop_step = "stopped", r.steps[-1].step
             r.tokens_per_s = tokens_per_second(r.steps) or 0.0
             r.decode_seconds = sum(s.time_ms for s in r.steps[1:]) / 1000.0
-            r.metrics = trace_metrics(row.confs, cfg.deepconf.window).to_dict() | quality.text_metrics(
-                r.token_ids, r.text, cfg.key_facts)
+            r.metrics = trace_metrics(row.confs, cfg.deepconf.window).to_dict() | quality.text_metrics(r.token_ids)
             if row.index in self.strategies:  # what the row's strategy cost and did
                 r.metrics |= self.strategies[row.index].report()
+        facts = quality.key_fact_metrics([row.result.text for row in self.rows], cfg.key_facts, self.stop_event)
+        for row, found in zip(self.rows, facts):
+            row.result.metrics |= found
         if with_quality:
-            self._quality()
+            try:
+                self._quality()
+            except Stopped:  # Stop or a hang-up while scoring: the run ends now, without those metrics
+                pass
         res.wall_seconds = time.perf_counter() - t0
         res.memory.append(memory.sample(t0, self.lm.device).to_dict())
         if len(res.rows) >= 2:
             res.first_divergence_step = first_divergence(res.rows[0].token_ids, res.rows[1].token_ids)
 
     def _quality(self) -> None:
-        """The quality metrics that take forward passes (see feedback/core/quality.py)."""
-        cfg, lm = self.config, self.lm
-        reference = (lm.tokenizer(cfg.reference, add_special_tokens=False)["input_ids"]
-                     if cfg.reference else None)
+        """The quality metrics that take forward passes (see feedback/core/quality.py). Each pass
+        looks at the run's stop between chunks and between decoder layers (raising `Stopped`)."""
+        cfg, lm, stop = self.config, self.lm, self.stop_event
         prompt_ppl: dict[str, float | None] = {}  # rows sharing a prompt text score it once
         for row in self.rows:
             r, text = row.result, row.spec.prompt if row.spec.prompt is not None else cfg.prompt
             if cfg.quality:
                 if text not in prompt_ppl:
-                    prompt_ppl[text] = quality.text_ppl(lm, text)
+                    prompt_ppl[text] = quality.text_ppl(lm, text, stop)
                 r.metrics |= {"self_ppl": self._self_ppl(row), "prompt_ppl": prompt_ppl[text]}
-            if reference is not None:
-                r.metrics |= self._reference_ppl(row, reference)
-
+            if self.reference_ids is not None:
+                r.metrics |= self._reference_ppl(row, self.reference_ids)
 
     def _reference_ppl(self, row: RowState, reference: list[int]) -> dict:
         """A prompt-level row scores the reference after its own reply's lead-in (the restatement),
@@ -421,8 +463,11 @@ class Run:
             context = row.prompt_ids + strategy.context_tokens(r.token_ids)
             text = strategy.reference_text(self.config.reference)
             ids = self.lm.tokenizer(text, add_special_tokens=False)["input_ids"]
-            return quality.reference_ppl(self.lm, context, ids, None, {}) | {"reference_ppl_with_strategy": True}
-        return quality.reference_ppl(self.lm, row.prompt_ids, reference, r.strategy, r.params)
+            if len(context) + len(ids) > self.lm.context_length:  # a reply longer than sized for (its markers)
+                return {"reference_ppl": None, "reference_ppl_with_strategy": True}
+            return quality.reference_ppl(self.lm, context, ids, None, {}, self.stop_event) | {
+                "reference_ppl_with_strategy": True}
+        return quality.reference_ppl(self.lm, row.prompt_ids, reference, r.strategy, r.params, self.stop_event)
 
     def _self_ppl(self, row: RowState) -> float | None:
         """A plain row already scored its own answer while decoding: each step records the chosen
@@ -432,7 +477,7 @@ class Run:
         r = row.result
         if r.strategy is None and len(r.steps) == len(r.token_ids):
             return quality.ppl_from_logprobs([s.logprob for s in r.steps])
-        return quality.self_ppl(self.lm, row.prompt_ids, r.token_ids)
+        return quality.self_ppl(self.lm, row.prompt_ids, r.token_ids, self.stop_event)
 
 
 def start_run(lm: LoadedModel, config: RunConfig, stop_event: threading.Event | None = None,

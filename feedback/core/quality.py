@@ -5,7 +5,8 @@ Cheap ones, from the tokens alone (always computed):
 - `repeat_3gram_rate` (share of 3-grams that already occurred earlier in the answer),
 - `longest_repeat` (tokens in the longest span that occurs twice),
 - `key_fact_recall`, `key_facts_found` and `key_facts_total` when the run lists key facts (a plain
-  text is found case-insensitively; one written /like this/ is a regular expression, time-limited).
+  text is found case-insensitively; one written /like this/ is a regular expression, every search
+  time-limited, see `key_fact_metrics`).
 Ones that take forward passes (`RunConfig.quality`):
 - `self_ppl`: the row's answer scored teacher-forced by the plain model after the row's prompt;
 - `prompt_ppl`: the row's prompt text (its newest user turn) on its own, scored by the plain model
@@ -18,15 +19,18 @@ Ones that take forward passes (`RunConfig.quality`):
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import torch
 
+from feedback.core import patterns
 from feedback.core.budget import PREFILL_CHUNK
 from feedback.core.forward import window_nll_chunked, window_nll_parallel
 from feedback.core.model import LoadedModel
 from feedback.strategies import build_strategy, get_strategy
 
-REGEX_TIMEOUT_S = 0.5
+KEY_FACTS_TIMEOUT_S = 2 * patterns.MATCH_TIMEOUT_S  # every key-fact search of one run together
 
 
 def distinct(ids: list[int], n: int) -> float | None:
@@ -66,32 +70,53 @@ def longest_repeat(ids: list[int]) -> int:
     return lo
 
 
-def key_facts_found(text: str, facts: list[str]) -> list[str]:
-    import regex
+def key_fact_metrics(texts: list[str], facts: list[str], stop: threading.Event | None = None) -> list[dict]:
+    """Each answer's key-fact recall, for a run's answers together (`texts`, one per row).
 
-    found = []
-    for fact in facts:
-        if len(fact) > 2 and fact.startswith("/") and fact.endswith("/"):
-            try:
-                hit = regex.search(fact[1:-1], text, flags=regex.IGNORECASE, timeout=REGEX_TIMEOUT_S) is not None
-            except (regex.error, TimeoutError):
-                hit = False
-        else:
-            hit = fact.casefold() in text.casefold()
-        if hit:
-            found.append(fact)
-    return found
-
-
-def text_metrics(ids: list[int], text: str, key_facts: list[str]) -> dict:
-    """The cheap metrics of one answer."""
-    out = {"length": len(ids), "distinct_1": distinct(ids, 1), "distinct_2": distinct(ids, 2),
-           "repeat_3gram_rate": repeat_rate(ids, 3), "longest_repeat": longest_repeat(ids)}
-    if key_facts:
-        found = key_facts_found(text, key_facts)
-        out |= {"key_facts_found": found, "key_facts_total": len(key_facts),
-                "key_fact_recall": len(found) / len(key_facts)}
+    Plain facts are found case-insensitively. /…/ facts are searched fact by fact over every
+    answer, each search time-limited (`patterns.MATCH_TIMEOUT_S`) and all of them together limited to
+    KEY_FACTS_TIMEOUT_S: a fact whose search runs out of time on any answer, or for which no time
+    or no caller is left (`stop`), is judged on none of them, so every row's recall counts the
+    same facts. Such facts are listed as `key_facts_unjudged` and left out of the recall."""
+    if not facts:
+        return [{} for _ in texts]
+    found: list[list[str]] = [[] for _ in texts]
+    unjudged: list[str] = []
+    deadline = time.monotonic() + KEY_FACTS_TIMEOUT_S
+    for n, fact in enumerate(facts, start=1):
+        pattern = patterns.key_fact_pattern(fact, f"key fact {n}")
+        hits: list[bool] = []
+        for text in texts:
+            if pattern is None:
+                hits.append(fact.casefold() in text.casefold())
+                continue
+            left = deadline - time.monotonic()
+            hit = None if left <= 0 or (stop is not None and stop.is_set()) else patterns.search(
+                pattern, text, min(patterns.MATCH_TIMEOUT_S, left))
+            if hit is None:
+                break
+            hits.append(hit)
+        if len(hits) < len(texts):
+            unjudged.append(fact)
+            continue
+        for row, hit in zip(found, hits):
+            if hit:
+                row.append(fact)
+    judged = len(facts) - len(unjudged)
+    out = []
+    for row in found:
+        m = {"key_facts_found": row, "key_facts_total": len(facts),
+             "key_fact_recall": len(row) / judged if judged else None}
+        if unjudged:
+            m["key_facts_unjudged"] = list(unjudged)
+        out.append(m)
     return out
+
+
+def text_metrics(ids: list[int]) -> dict:
+    """The cheap metrics of one answer's tokens."""
+    return {"length": len(ids), "distinct_1": distinct(ids, 1), "distinct_2": distinct(ids, 2),
+            "repeat_3gram_rate": repeat_rate(ids, 3), "longest_repeat": longest_repeat(ids)}
 
 
 # Which way each comparable metric is better, so a view can mark the best column without knowing
@@ -133,29 +158,31 @@ def ppl_from_logprobs(logprobs: list[float]) -> float | None:
 
 
 @torch.inference_mode()
-def sequence_nll(lm: LoadedModel, ids: list[int]) -> torch.Tensor:
-    """Plain-model NLL of ids[1:] given what precedes each, prefilled in chunks on a KV cache."""
-    return window_nll_chunked(lm, torch.tensor(ids, device=lm.device), PREFILL_CHUNK)
+def sequence_nll(lm: LoadedModel, ids: list[int], stop: threading.Event | None = None) -> torch.Tensor:
+    """Plain-model NLL of ids[1:] given what precedes each, prefilled in chunks on a KV cache;
+    `stop` is looked at between chunks and between decoder layers (raising `Stopped`)."""
+    return window_nll_chunked(lm, torch.tensor(ids, device=lm.device), PREFILL_CHUNK, stop)
 
 
-def self_ppl(lm: LoadedModel, prompt_ids: list[int], answer_ids: list[int]) -> float | None:
+def self_ppl(lm: LoadedModel, prompt_ids: list[int], answer_ids: list[int],
+             stop: threading.Event | None = None) -> float | None:
     """The answer's perplexity under the plain model after the row's full input."""
     if not answer_ids:
         return None
-    nll = sequence_nll(lm, prompt_ids + answer_ids)  # nll[i] scores token i + 1
+    nll = sequence_nll(lm, prompt_ids + answer_ids, stop)  # nll[i] scores token i + 1
     return _ppl(nll[len(prompt_ids) - 1:])
 
 
-def text_ppl(lm: LoadedModel, text: str) -> float | None:
+def text_ppl(lm: LoadedModel, text: str, stop: threading.Event | None = None) -> float | None:
     """A text's perplexity on its own under the plain model (None for a single token)."""
     ids = list(lm.tokenizer(text)["input_ids"])
-    return _ppl(sequence_nll(lm, ids)) if len(ids) >= 2 else None
+    return _ppl(sequence_nll(lm, ids, stop)) if len(ids) >= 2 else None
 
 
 def reference_ppl(lm: LoadedModel, prompt_ids: list[int], reference_ids: list[int], strategy: str | None,
-                  params: dict) -> dict:
+                  params: dict, stop: threading.Event | None = None) -> dict:
     """The reference answer's perplexity after this prompt, with the strategy when one parallel
-    pass scores it exactly."""
+    pass scores it exactly; `stop` ends the scoring within a chunk or a decoder layer."""
     if not reference_ids:
         return {"reference_ppl": None, "reference_ppl_with_strategy": False}
     ids = prompt_ids + reference_ids
@@ -165,6 +192,7 @@ def reference_ppl(lm: LoadedModel, prompt_ids: list[int], reference_ids: list[in
         if "prompt_tokens" in {p.name for p in get_strategy(strategy).params}:
             values["prompt_tokens"] = max(2, len(prompt_ids))  # anchor: the real prompt is what it summarises
         built = build_strategy(strategy, values, lm.num_layers)
-        nll = window_nll_parallel(lm, torch.tensor(ids, device=lm.device), built, 1)
+        nll = window_nll_parallel(lm, torch.tensor(ids, device=lm.device), built, 1, stop)
         return {"reference_ppl": _ppl(nll[split:]), "reference_ppl_with_strategy": True}
-    return {"reference_ppl": _ppl(sequence_nll(lm, ids)[split:]), "reference_ppl_with_strategy": strategy is None}
+    return {"reference_ppl": _ppl(sequence_nll(lm, ids, stop)[split:]),
+            "reference_ppl_with_strategy": strategy is None}

@@ -9,6 +9,7 @@ from typing import Any
 
 from feedback.core.bounds import Bound
 from feedback.core.confidence import DEFAULT_K, DEFAULT_WINDOW
+from feedback.core.patterns import key_fact_pattern
 from feedback.core.sampling import SamplingConfig, check_temperature
 from feedback.errors import FeedbackError
 
@@ -155,6 +156,8 @@ class RunConfig:
         if not isinstance(self.key_facts, list) or len(self.key_facts) > MAX_KEY_FACTS or not all(
                 isinstance(f, str) and f.strip() for f in self.key_facts):
             raise FeedbackError(f"key_facts must be a list of at most {MAX_KEY_FACTS} non-empty texts")
+        for n, fact in enumerate(self.key_facts, start=1):  # a /pattern/ that cannot compile is refused now
+            key_fact_pattern(fact, f"key fact {n}")
         if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP:
             raise FeedbackError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS_CAP}], "
                                 f"got {self.max_new_tokens!r}")

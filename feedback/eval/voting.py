@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from feedback.core.bounds import Bound
+from feedback.core.patterns import MATCH_TIMEOUT_S, compile_pattern
 from feedback.errors import FeedbackError
 
 PRESETS = {"deepconf-low": 10.0, "deepconf-high": 90.0}
@@ -40,7 +41,7 @@ def calibrate_threshold(lowest_groups: Sequence[float], eta: float) -> float:
     return float(np.percentile(values, 100.0 - eta))
 
 
-REGEX_TIMEOUT_S = 0.5  # a user's answer regex gets this long per trace: a backtracking pattern cannot hold the model line
+REGEX_TIMEOUT_S = MATCH_TIMEOUT_S  # a user's answer regex gets this long per trace: a backtracking pattern cannot hold the model line
 
 _BOXED = re.compile(r"\\boxed\s*\{")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
@@ -96,15 +97,11 @@ def normalise(answer: str) -> str:
 
 
 def compile_answer_regex(pattern: str | None):
-    """A user's answer pattern, compiled with the `regex` module so that matching can time out."""
+    """A user's answer pattern, compiled with a bounded length by the `regex` module (so that
+    matching can time out); refused naming the field when it cannot compile."""
     if pattern is None:
         return None
-    import regex
-
-    try:
-        return regex.compile(pattern)
-    except (regex.error, TypeError) as exc:
-        raise FeedbackError(f"answer regex does not compile: {exc}") from None
+    return compile_pattern(pattern, "answer regex")
 
 
 def wants_number(question: str | None) -> bool | None:
@@ -146,7 +143,7 @@ def _new_words(text: str, question: str) -> str | None:
 def _user_match(text: str, pattern) -> str | None:
     try:
         matches = list(pattern.finditer(text, timeout=REGEX_TIMEOUT_S))
-    except TimeoutError:
+    except (TimeoutError, RecursionError):
         raise FeedbackError(f"the answer regex took longer than {REGEX_TIMEOUT_S:g} s on one trace "
                             "(catastrophic backtracking?); simplify it") from None
     if not matches:

@@ -342,6 +342,89 @@ def test_stop_during_a_chunked_prefill_ends_the_run_before_any_token(tiny_lm, mo
     assert hook_count(tiny_lm.model) == 0
 
 
+def _stopping_at(lm, stop: threading.Event, when) -> tuple[list, list]:
+    """Hooks on the first and last decoder layers: the first sets `stop` on the forward for which
+    `when(hidden)` holds; both record the lengths of the forwards they see."""
+    first, last = [], []
+
+    def at_first(_module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        first.append(hidden.shape[1])
+        if when(hidden):
+            stop.set()
+
+    handles = [lm.layers[0].register_forward_pre_hook(at_first, with_kwargs=True),
+               lm.layers[-1].register_forward_pre_hook(lambda _m, args, kwargs: last.append(
+                   (args[0] if args else kwargs["hidden_states"]).shape[1]), with_kwargs=True)]
+    return handles, (first, last)
+
+
+def test_stop_inside_a_prefill_chunk_ends_it_between_layers(tiny_lm, hook_count):
+    """A 512-token chunk takes seconds on a CPU: a hang-up is seen inside its forward, not after it."""
+    stop = threading.Event()
+    handles, (first, last) = _stopping_at(tiny_lm, stop, lambda h: h.shape[1] > 100)
+    try:
+        cfg = RunConfig(prompt="word " * 300, model="tiny", max_new_tokens=4, chat_template=False,
+                        rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.2})])
+        result = run_to_end(tiny_lm, cfg, stop_event=stop)
+    finally:
+        for h in handles:
+            h.remove()
+    assert first == [301] and last == []  # the chunk's forward ended at its second layer
+    assert all(r.stop_reason == "stopped" and not r.steps for r in result.rows)
+    assert hook_count(tiny_lm.model) == 0
+
+
+def test_stop_while_the_reference_is_scored_ends_it_between_layers(tiny_lm, hook_count):
+    """The reference's perplexity is scored after decoding: a hang-up there ends it within a layer,
+    and the run ends without that metric."""
+    stop = threading.Event()
+    handles, (first, last) = _stopping_at(tiny_lm, stop, lambda h: h.shape[1] > 100)
+    try:
+        cfg = RunConfig(prompt="Hi", model="tiny", max_new_tokens=3, chat_template=False,
+                        reference="ref " * 200, rows=[RowSpec("baseline"), RowSpec("fb", "deep_cache", {"lam": 0.1})])
+        result = run_to_end(tiny_lm, cfg, stop_event=stop)
+    finally:
+        for h in handles:
+            h.remove()
+    assert len([n for n in first if n > 100]) == 1 and all(n <= 100 for n in last)
+    assert all(len(r.token_ids) == 3 and "reference_ppl" not in r.metrics for r in result.rows)
+    assert hook_count(tiny_lm.model) == 0
+
+
+def test_a_reference_longer_than_the_context_is_refused_before_any_work(tiny_lm, hook_count):
+    forwards: list[int] = []
+    handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        cfg = RunConfig(prompt="Hi", model="tiny", max_new_tokens=3, chat_template=False, reference="ref " * 600)
+        with pytest.raises(FeedbackError, match=r"reference is \d+ tokens; after row baseline's 1-token prompt it "
+                                                 r"exceeds the model context of 512 tokens"):
+            start_run(tiny_lm, cfg)
+        restate = RunConfig(prompt="Hi", model="tiny", max_new_tokens=300, chat_template=False,
+                            reference="ref " * 300, rows=[RowSpec("r", "restate")])
+        with pytest.raises(FeedbackError, match="'s \d+-token prompt and reply it exceeds"):
+            start_run(tiny_lm, restate)  # its reference follows its reply: 300 tokens at most
+    finally:
+        handle.remove()
+    assert forwards == [] and hook_count(tiny_lm.model) == 0
+
+
+def test_the_scoring_after_a_run_counts_against_the_budget(tiny_lm):
+    from feedback.core.budget import Budget
+
+    cfg = RunConfig(prompt="Hi", model="tiny", max_new_tokens=3, chat_template=False, reference="ref " * 200,
+                    quality=True, rows=[RowSpec("baseline"), RowSpec("fb", "deep_cache", {"lam": 0.1})])
+    run = start_run(tiny_lm, cfg)
+    # each row: its prompt and the reference; quality: the prompt once, the strategy row's
+    # prompt and answer (a plain row's self-perplexity comes from its decode)
+    ref = len(run.reference_ids)
+    assert run._scoring_after([r.prompt_ids for r in run.rows]) == 2 * (1 + ref) + 1 + (1 + 3) == 409
+    with pytest.raises(FeedbackError, match=r"would score 409 token-forwards \(the quality metrics and the "
+                                             r"reference answer, scored after the run\).*FEEDBACK_BUDGET_SCORED"):
+        start_run(tiny_lm, cfg, budget=Budget(scored_tokens=408))
+    start_run(tiny_lm, cfg, budget=Budget(scored_tokens=409))
+
+
 def test_a_request_over_budget_is_refused_before_any_work(embedded_lm, hook_count):
     from feedback.core.budget import Budget
 

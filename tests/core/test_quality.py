@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import pytest
 import torch
@@ -24,11 +26,32 @@ def test_distinct_and_repeats_by_hand():
 
 def test_key_facts_plain_and_regex():
     text = "The Eiffel Tower is in Paris, built in 1889."
-    facts = ["paris", "/built in 18\\d\\d/", "London", "/([a-z]+)+$(/"]  # the last is a broken regex: not found
-    assert quality.key_facts_found(text, facts) == ["paris", "/built in 18\\d\\d/"]
-    m = quality.text_metrics([1, 2], text, facts)
-    assert m["key_fact_recall"] == 0.5 and m["key_facts_found"] == ["paris", "/built in 18\\d\\d/"]
-    assert "key_fact_recall" not in quality.text_metrics([1, 2], text, [])
+    facts = ["paris", "/built in 18\\d\\d/", "London"]
+    [m] = quality.key_fact_metrics([text], facts)
+    assert m == {"key_facts_found": ["paris", "/built in 18\\d\\d/"], "key_facts_total": 3,
+                 "key_fact_recall": pytest.approx(2 / 3)}
+    assert quality.key_fact_metrics([text, "x"], []) == [{}, {}]
+    assert "key_fact_recall" not in quality.text_metrics([1, 2])
+
+
+def test_a_backtracking_key_fact_costs_one_time_limit_and_is_judged_on_no_row():
+    """32 catastrophic patterns over 8 answers took 129 s at 0.5 s a search; now every search of a
+    run shares one limit, and a fact that runs out of time is left out of every row's recall."""
+    texts = ["a" * 3000] * 8
+    facts = ["/(.|.)+[~^]/"] * 31 + ["aaa"]
+    t0 = time.perf_counter()
+    found = quality.key_fact_metrics(texts, facts)
+    assert time.perf_counter() - t0 < quality.KEY_FACTS_TIMEOUT_S + 1.0
+    for m in found:
+        assert m["key_facts_found"] == ["aaa"] and m["key_fact_recall"] == 1.0
+        assert m["key_facts_unjudged"] == ["/(.|.)+[~^]/"] * 31 and m["key_facts_total"] == 32
+
+
+def test_key_facts_stop_when_the_run_is_stopped():
+    stop = threading.Event()
+    stop.set()
+    [m] = quality.key_fact_metrics(["abc"], ["/b/", "abc"], stop)
+    assert m["key_facts_found"] == ["abc"] and m["key_facts_unjudged"] == ["/b/"]
 
 
 def _direct_ppl(lm, ids: list[int], start: int) -> float:
@@ -107,7 +130,7 @@ def test_a_plain_row_scores_itself_from_its_own_steps(tiny_lm):
 
 
 def test_key_facts_total_is_kept():
-    m = quality.text_metrics([1], "nothing here", ["a fact", "another"])
+    [m] = quality.key_fact_metrics(["nothing here"], ["a fact", "another"])
     assert m["key_facts_total"] == 2 and m["key_fact_recall"] == 0.0 and m["key_facts_found"] == []
 
 

@@ -408,6 +408,14 @@ def test_stats_without_quality_metrics_show_none_and_key_fact_totals_are_recover
     assert none["key facts"] == {"text": "0 found", "title": "none found"}
 
 
+def test_key_facts_that_ran_out_of_time_are_shown_as_not_judged() -> None:
+    metrics = {"key_facts_found": ["Paris"], "key_facts_total": 3, "key_fact_recall": 0.5,
+               "key_facts_unjudged": ["/(a+)+$/"]}
+    got = cells(render_stats(make_row([], metrics=metrics)))["key facts"]
+    assert got["text"] == "1/2 (1 not judged)"
+    assert got["title"] == "found: Paris; not judged (the pattern's search ran out of time): /(a+)+$/"
+
+
 def test_stats_mark_the_best_values() -> None:
     row = make_row([make_step(0, "a")], metrics=dict(METRICS))
     got = cells(render_stats(row, best={"mean", "self_ppl", "key_fact_recall"}))
