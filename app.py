@@ -24,8 +24,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--auth", default=env("FEEDBACK_AUTH"), help="USER:PASSWORD required to open the UI")
     p.add_argument("--models", default=env("FEEDBACK_MODELS", "embedded"),
                    help="comma-separated allowlist; the first is the default")
-    p.add_argument("--queue-size", type=int, default=int(env("FEEDBACK_QUEUE_SIZE", "32")),
-                   help="most requests waiting for the model at once")
+    p.add_argument("--queue-size", type=int, default=None,
+                   help="most requests waiting for the model at once, page and API together "
+                        "(default: FEEDBACK_QUEUE_SIZE, else 16)")
     return p.parse_args(argv)
 
 
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ensure_embedded_model()
     from feedback.errors import FeedbackError
     from feedback.serve.api import ApiSettings
+    from feedback.serve.limits import queue_size_setting
     from feedback.serve.pool import ModelPool
     from ui.layout import FeedbackLensApp
     from ui.server import app_kwargs
@@ -65,17 +67,18 @@ def main(argv: list[str] | None = None) -> int:
         auth = (user, password)
     try:
         settings = ApiSettings.from_env()  # before the model loads: a typo fails fast
-        pool = ModelPool([m.strip() for m in args.models.split(",") if m.strip()])
-        app = FeedbackLensApp(pool, max_waiting=args.queue_size, budget=settings.budget)
+        queue_size = queue_size_setting(args.queue_size)
+        pool = ModelPool([m.strip() for m in args.models.split(",") if m.strip()], max_waiting=queue_size)
+        app = FeedbackLensApp(pool, budget=settings.budget)
         demo = app.build()
         server = app_kwargs(pool, settings)
     except FeedbackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # Model handlers wait in the app's own model line (shared with the HTTP API, capped at
-    # --queue-size waiting page requests), which shows each request its place; Gradio's queue only
-    # bounds the rest.
-    demo.queue(max_size=args.queue_size, default_concurrency_limit=1)
+    # Model handlers wait in the app's own model line (shared with the HTTP API, at most queue_size
+    # requests of both doors together), which shows each request its place; Gradio's queue holds
+    # the rest, to the same size.
+    demo.queue(max_size=queue_size, default_concurrency_limit=1)
     # The HTTP API (/api) is its own app mounted in Gradio's server: same process, model pool and
     # model line as the page; Gradio's UI auth does not cover it, FEEDBACK_API_KEYS does.
     try:

@@ -216,16 +216,20 @@ def _follow_up(args) -> int:
 
 
 def _read_run(path: str):
-    from feedback.core.records import RunResult
+    from feedback.core.records import RunConfig, RunResult
 
     try:
         data = json.loads(Path(path).read_text())
-        return RunResult.from_dict(data)
+        result = RunResult.from_dict(data)
+        RunConfig.from_dict(result.config).validate()  # as a new run is, before the model loads
+        return result
     except FileNotFoundError:
         raise FeedbackError(f"no such file: {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise FeedbackError(f"{path} is not JSON: {exc}") from None
-    except (KeyError, TypeError, AttributeError) as exc:
+    except FeedbackError as exc:
+        raise FeedbackError(f"{path}: {exc}") from None
+    except (KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise FeedbackError(f"{path} is not a saved run (a RunResult from --json or --out): {exc!r}") from None
 
 

@@ -64,6 +64,10 @@ def test_bad_auth_flag_exits_2(auth, capsys):
 def test_bad_api_setting_exits_2(monkeypatch, capsys):
     import app
 
-    monkeypatch.setenv("FEEDBACK_API_QUEUE", "many")
+    monkeypatch.setenv("FEEDBACK_API_WAIT_S", "long")
     assert app.main([]) == 2
     assert "bad FEEDBACK_API_* setting" in capsys.readouterr().err
+    monkeypatch.delenv("FEEDBACK_API_WAIT_S")
+    monkeypatch.setenv("FEEDBACK_QUEUE_SIZE", "many")
+    assert app.main([]) == 2
+    assert "the queue size (FEEDBACK_QUEUE_SIZE / --queue-size) must be a number, got 'many'" in capsys.readouterr().err

@@ -34,7 +34,7 @@ class ColumnControls:
 
     index: int
     box: gr.Column
-    heading: gr.Markdown
+    heading: gr.HTML
     settings: dict
     turns: gr.HTML
     text: gr.HTML
@@ -199,8 +199,8 @@ def build_column(page: Page) -> ColumnControls:
     index = page.column
     n = index + 1
     with gr.Column(min_width=0, visible=index < MIN_COLUMNS, elem_id=f"col{n}") as box:
-        title = gr.Markdown(heading(index, default_row(index, page.num_layers)), elem_id=f"col{n}-heading",
-                            sanitize_html=False)
+        # HTML, never Markdown: a column's name is the user's (or a link's), shown as text
+        title = gr.HTML(heading(index, default_row(index, page.num_layers)), elem_id=f"col{n}-heading")
         with gr.Accordion("Column settings", open=False, elem_id=f"col{n}-settings"):
             settings = {s.name: s.build(page) for s in COLUMN}
         turns = gr.HTML(elem_id=f"col{n}-turns")

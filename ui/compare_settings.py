@@ -243,11 +243,6 @@ def _temperature(raw, scope: Scope) -> float:
     return check_temperature(raw, TEMPERATURE.name)  # 0 (greedy) or at least the sampling floor
 
 
-def _seed(raw, scope: Scope) -> int:
-    # SEED's ceiling is only the integer type's: below zero is said as "at least 0", not as a range to 9e18
-    return SEED.check(parse_number(raw, SEED.name, integer=True, lo=SEED.lo), SEED.name)
-
-
 def parse_key_facts(text: str | None) -> list[str]:
     """One key fact per line (blank lines ignored); /…/ is a regular expression."""
     return [line.strip() for line in (text or "").splitlines() if line.strip()]
@@ -288,7 +283,7 @@ SHARED: tuple[Field, ...] = (
           bound=REPETITION_PENALTY, info="1 = off", options=NUMBER | dict(step=0.05, elem_id="repetition-penalty")),
     Field("max_new_tokens", "max_new_tokens", gr.Number, "max new tokens", first=FIRST_MAX_NEW_TOKENS,
           bound=MAX_NEW_TOKENS, info=MAX_NEW_TOKENS.info, options=dict(elem_id="max-new-tokens")),
-    Field("seed", "seed", gr.Number, "seed", bound=SEED, parse=_seed, options=NUMBER | dict(elem_id="seed")),
+    Field("seed", "seed", gr.Number, "seed", bound=SEED, options=NUMBER | dict(elem_id="seed")),
     Field("k", "deepconf.k", gr.Number, "k (top-k for confidence)", bound=DEEPCONF_K, what=DEEPCONF_K.name,
           options=NUMBER | dict(elem_id="deepconf-k")),
     Field("window", "deepconf.window", gr.Number, "group window (tokens)", bound=DEEPCONF_WINDOW,

@@ -14,7 +14,9 @@ work goes through `ModelRunner` (line, GPU function, Stop, closed tabs, errors).
 from __future__ import annotations
 
 import json
+import logging
 import time
+from dataclasses import replace
 
 import gradio as gr
 
@@ -25,6 +27,7 @@ from feedback.core.sampling import SamplingConfig
 from feedback.core.session import branch, continue_run
 from feedback.errors import FeedbackError
 from feedback.eval.deepthink import DeepThinkConfig, check_budget
+from feedback.serve.limits import check_run
 from feedback.serve.pool import ModelPool
 from ui import charts, history, link, render
 from ui.compare_layout import CompareControls, build_controls
@@ -36,6 +39,7 @@ from ui.deepconf import resolve_eta
 from ui.runner import ModelRunner, by_name, cancellable_by_clients
 
 TAB = "compare"
+log = logging.getLogger("feedback_lens.ui")
 # Warm-up traces when Compare is greedy (every greedy trace is the same) sample as Deep Think does.
 CALIBRATION_SAMPLING = (DeepThinkConfig.temperature, DeepThinkConfig.top_p)
 # The shared settings Calibrate reads (with every column's, to find the first with a strategy).
@@ -43,12 +47,17 @@ CALIBRATE_READS = ("prompt", "chat_template", "model", "temperature", "top_p", "
                    "window", "columns")
 
 
+BRANCH_REQUEST_MAX_CHARS = 1000  # {"row": a column name, "step": n, "token_id": n}, as the page sends it
+
+
 def parse_branch(text: str | None) -> tuple[str, int, int]:
     """(column name, step, token id) from the page's branch request (JSON)."""
+    if not isinstance(text, str) or len(text) > BRANCH_REQUEST_MAX_CHARS:
+        raise FeedbackError("choose an alternative token in a token's card to branch from")
     try:
         data = json.loads(text or "")
         row, step, token = data["row"], data["step"], data["token_id"]
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):  # not JSON, not this shape, or nested too deep
         raise FeedbackError("choose an alternative token in a token's card to branch from") from None
     if not isinstance(row, str) or not all(isinstance(v, int) and not isinstance(v, bool) for v in (step, token)):
         raise FeedbackError("a branch names a column, a step and a token id")
@@ -131,9 +140,20 @@ class CompareTab:
         return out
 
     # ---- model handlers ----
+    def served(self, cfg: RunConfig):
+        """The engine run of `cfg`, not started, held to the caps and budgets of every run from this
+        page (the HTTP API's, with at most the page's columns): its strategies built for the model,
+        its prompts tokenised and sized against the context, the budgets and memory. A new run, a
+        follow-up and a branch are started from it; a run reloaded from History and a link are
+        checked by it, so what the page restores is what Generate would accept."""
+        model = cfg.model if cfg.model in self.pool.allowlist else self.pool.default
+        lm = self.pool.get(model)
+        cfg = check_run(replace(cfg, model=lm.name), lm.num_layers, MAX_COLUMNS, "columns")
+        return start_run(lm, cfg, budget=self.runner.budget)
+
     def _work(self, cfg: RunConfig, view: str, what: str = "Generating") -> CompareWork:
-        lm = self.pool.get(cfg.model)
-        return CompareWork(start_run(lm, cfg, budget=self.runner.budget), view, self.show_run, what)
+        self.pool.get(cfg.model)  # a model that is not served is refused by name, not replaced
+        return CompareWork(self.served(cfg), view, self.show_run, what)
 
     def prepare_compare(self, values: dict) -> CompareWork:
         """Stream every column of one run (validated here, before it waits for the model)."""
@@ -177,7 +197,7 @@ class CompareTab:
         lm = self.pool.get(shared["model"])
         cfg.validate(lm.num_layers)
         check_budget(lm, cfg, self.runner.budget, warm_up_only=True)
-        return CalibrateWork(lm, cfg, note + f" (Columns: the baseline and {feedback.name}.)", self.show_calibration)
+        return CalibrateWork(lm, cfg, note + f" (Columns: the baseline and {render.md_text(feedback.name)}.)", self.show_calibration)
 
     def stop_run(self, request: gr.Request = None) -> str:
         """Stop this session's Compare or Calibrate run (a waiting one leaves the line)."""
@@ -263,8 +283,9 @@ class CompareTab:
         """Every control as the run had it, and the run's columns, conversations, stats and chart."""
         result = RunResult.from_dict(data)
         cfg = RunConfig.from_dict(result.config)
-        if len(cfg.rows) > MAX_COLUMNS:
-            raise FeedbackError(f"the page shows at most {MAX_COLUMNS} columns; this run has {len(cfg.rows)}")
+        self.served(cfg)
+        if [r.name for r in result.rows] != [r.name for r in cfg.rows]:
+            raise FeedbackError("the run's columns and its settings' columns differ")
         chart = confidence_chart(result.rows, cfg.deepconf.threshold, cfg.deepconf.window)
         shown = frame(cfg) | outputs(result.rows, view, live=False) | RunView(confidence=chart, result=data)
         return self.apply_config(cfg) | self.show_run(shown)
@@ -273,7 +294,9 @@ class CompareTab:
         """The link data of the controls as they stand (validated like a run); the page script
         puts it in the address bar and on the clipboard."""
         try:
-            return {self.ui.link.data: link.encode(run_config(values))}
+            cfg = run_config(values)
+            self.served(cfg)
+            return {self.ui.link.data: link.encode(cfg)}
         except FeedbackError as exc:
             raise gr.Error(str(exc), print_exception=False) from None
 
@@ -286,13 +309,16 @@ class CompareTab:
             return {ui.link.note: ""}
         try:
             cfg = link.decode(data)
-        except FeedbackError as exc:
+            self.served(cfg)
+        except FeedbackError as exc:  # the message may quote the link's own values: literal text in the note
+            log.info("link refused: %s", exc)
             gr.Warning(f"This link's settings were not applied: {exc}")
-            return {ui.link.note: f"⚠ This link's settings were not applied ({exc}); the defaults are shown."}
+            return {ui.link.note: f"⚠ This link's settings were not applied ({render.md_text(exc)}); "
+                                  "the defaults are shown."}
         note = "Settings restored from the link: press Generate to run them."
         if cfg.model not in self.pool.allowlist:
             note += f" (Its model {cfg.model!r} is not served here; {self.pool.default!r} is selected.)"
-        return self.apply_config(cfg) | {ui.link.note: note, ui.run.status: render.status_html(note)}
+        return self.apply_config(cfg) | {ui.link.note: render.md_text(note), ui.run.status: render.status_html(note)}
 
     # ---- what events update ----
     def restore_outputs(self) -> list:

@@ -18,7 +18,7 @@ from feedback.eval.deepthink import SIDES, VOTE_KINDS, DeepThinkConfig, check_bu
 from feedback.eval.voting import ETA
 from feedback.serve.limits import TRACE_MAX_NEW_TOKENS, TRACES, WARMUP_TRACES
 from feedback.serve.pool import ModelPool
-from ui import charts
+from ui import charts, render
 from ui.controls import bound_number, build_strategy_panel, run_controls, to_components
 from ui.deepconf import ETA_CHOICES, resolve_eta
 from ui.runner import ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
@@ -38,7 +38,7 @@ def side_markdown(side: str, rep: dict, traces: int) -> str:
 
     def answer(name: str) -> str:
         v = votes[name]
-        return f"`{escape(str(v['answer']))}`{mark(v.get('correct'))}"
+        return f"<code>{render.md_text(v['answer'])}</code>{mark(v.get('correct'))}"  # the model's text, literal
 
     saved = ("measured" if rep["tokens_saved_method"].startswith("measured") else "at most")
     return (f"### {side}\n**DeepConf answer {answer('lowest_group')}** — {rep['share']:.0%} of the confidence-weighted "

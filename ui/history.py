@@ -14,10 +14,11 @@ import uuid
 
 from feedback.core.records import first_divergence
 from feedback.errors import FeedbackError
+from feedback.serve.limits import HISTORY_MAX_BYTES
 from ui.compare_settings import OVERRIDES
 
 MAX_RUNS = 30
-MAX_BYTES = 3_000_000  # keep localStorage well under browsers' ~5 MB quota
+MAX_BYTES = HISTORY_MAX_BYTES  # well under browsers' ~5 MB of local storage; the page server's body limit allows it
 OUTPUT_PREVIEW = 80
 
 # A row's value of each setting a column may have of its own (prompt, system prompt, temperature):

@@ -22,6 +22,15 @@ def _entries(hist) -> list[dict]:
     return runs
 
 
+def _run_ids(ids) -> list[str]:
+    """The chosen runs' ids (the picker sends a list of them; none chosen: an empty list)."""
+    if ids is None:
+        return []
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise gr.Error(f"runs must be a list of run ids, got {str(ids)[:80]!r}", print_exception=False)
+    return ids
+
+
 class HistoryTab:
     def __init__(self, compare: CompareTab):
         self.compare = compare
@@ -39,12 +48,13 @@ class HistoryTab:
         """Put a stored run back into Compare: its prompt, model, columns with their strategies,
         parameters and overrides, sampling, DeepConf and evaluation settings, and its outputs
         (conversations included), exactly as the run had them; Continue and branches go on from it."""
+        ids = _run_ids(ids)
         entries = history.select(_entries(hist), ids[:1] if ids else None)
         if not ids or not entries:
             raise gr.Error("choose a run to reload", print_exception=False)
         try:
             out = self.compare.restore(entries[0]["result"], view)
-        except (KeyError, TypeError, ValueError, FeedbackError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:  # FeedbackError too
             raise gr.Error(f"this run cannot be restored: {exc}", print_exception=False) from None
         return out | {self.compare.ui.run.status: render.status_html(
             f"Reloaded run {entries[0]['id']} from History: every control is as that run had it."),
@@ -64,7 +74,7 @@ class HistoryTab:
         return self._export(hist, ids, "csv")
 
     def _export(self, hist, ids, kind: str) -> str:
-        entries = history.select(_entries(hist), ids)
+        entries = history.select(_entries(hist), _run_ids(ids))
         if not entries:
             raise gr.Error("no runs in this browser's history yet", print_exception=False)
         name = entries[0]["id"] if len(entries) == 1 else f"{len(entries)}-runs"

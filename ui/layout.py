@@ -10,6 +10,7 @@ import gradio as gr
 
 from feedback.core.budget import Budget
 from feedback.serve.pool import ModelPool
+from ui.checked import CheckedBlocks
 from ui.compare_tab import CompareTab
 from ui.deepthink_tab import DeepThinkTab
 from ui.history_tab import HistoryTab
@@ -27,9 +28,9 @@ INTRO = ("# Feedback Lens\nOne model, one prompt, decodes streamed side by side:
 class FeedbackLensApp:
     """Holds the model pool and the runner; `build()` returns the Blocks."""
 
-    def __init__(self, pool: ModelPool, max_waiting: int | None = 32, gpu=None, budget: Budget | None = None):
+    def __init__(self, pool: ModelPool, gpu=None, budget: Budget | None = None):
         self.pool = pool
-        self.runner = ModelRunner(pool, max_waiting=max_waiting, gpu=gpu, budget=budget)
+        self.runner = ModelRunner(pool, gpu=gpu, budget=budget)
         self.compare = CompareTab(pool, self.runner)
         self.perplexity = PerplexityTab(pool, self.runner)
         self.sweep = SweepTab(pool, self.runner)
@@ -42,10 +43,10 @@ class FeedbackLensApp:
         if session:
             self.runner.jobs.stop(session)
 
-    def build(self) -> gr.Blocks:
+    def build(self) -> CheckedBlocks:
         layers = self.pool.get().num_layers
         # Gradio's cache of uploaded and returned files: anything older than an hour is removed, hourly.
-        with gr.Blocks(title="Feedback Lens", delete_cache=(3600, 3600)) as demo:
+        with CheckedBlocks(title="Feedback Lens", delete_cache=(3600, 3600)) as demo:
             gr.Markdown(INTRO, elem_id="intro")
             hist = gr.BrowserState([], storage_key="feedback-lens-history")
             with gr.Tabs(overflow_behavior="wrap") as tabs:  # every tab reachable on a phone

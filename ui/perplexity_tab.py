@@ -98,7 +98,7 @@ class PerplexityTab:
         lm = self.pool.get()
         strategy = values["strategy"]
         cfg = scoring_config(values, strategy, self.panel.params_named(strategy, values))
-        cfg.validate(lm.context_length)
+        cfg.validate(lm.context_length, lm.num_layers)
         docs = load_named(values)
         self.runner.budget.check_scoring(*scoring_work([len(ids) for ids in document_ids(lm, docs, cfg)], cfg))
         return PerplexityWork(self, lm, docs, cfg, values["source"] == "pasted text")

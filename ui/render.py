@@ -351,14 +351,26 @@ def setting_badges(settings: list[str] | None) -> str:
 
 def column_heading(title: str, strategy: str | None, params: dict, color: str | None = None,
                    modified: list[str] | None = None, settings: list[str] | None = None) -> str:
-    """"### ● Feedback · residual (alpha=0.1, …)": the column names what produced it, so a
+    """"● Feedback · residual" over "alpha=0.1, …": the column names what produced it, so a
     screenshot explains itself; badges say what it overrides (`modified`) and its own `settings`
-    ("temperature 0"). Markdown with inline HTML (it goes into a gr.Markdown)."""
-    head = f"### {color_dot(color)}{escape(title, quote=True)}"
+    ("temperature 0"). HTML (it goes into a gr.HTML): a column's name comes from the user, or from
+    a link a stranger made, so it is text, escaped, and never read as Markdown (no links)."""
+    head = f"{color_dot(color)}{escape(title, quote=True)}"
     if strategy:
         head += f" · {escape(strategy, quote=True)}"
-    note = escape(params_text(params)) if strategy else "no feedback: the model as it is"
-    return f"{head}{modified_badges(modified)}{setting_badges(settings)}\n<span class='fl-note'>{note}</span>"
+    note = escape(params_text(params), quote=True) if strategy else "no feedback: the model as it is"
+    return (f'<h3 class="fl-heading">{head}{modified_badges(modified)}{setting_badges(settings)}</h3>'
+            f'<span class="fl-note">{note}</span>')
+
+
+_MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+
+
+def md_text(text) -> str:
+    """Any text (a model's answer, a column name, a model name from a link) as literal text inside
+    Markdown: HTML-escaped and every Markdown character backslash-escaped, so it can make no link,
+    image, code span or heading."""
+    return _MARKDOWN_SPECIALS.sub(r"\\\1", escape(str(text), quote=False))
 
 
 _TURN_LABELS = {"user": "you", "assistant": "the model"}

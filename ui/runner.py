@@ -243,7 +243,10 @@ def by_name(fn: Callable[[dict], Any], names: list[str]) -> Callable:
     """A plain (not model) handler wired with `inputs_kwargs`: `fn(values)` gets the controls'
     values as one dict keyed by name."""
     def handler(request: gr.Request = None, **values):
-        return fn(values)
+        try:
+            return fn(values)
+        except FeedbackError as exc:
+            raise user_error(exc) from None
 
     handler.__signature__ = keyword_signature(names)
     handler.__name__, handler.__doc__ = fn.__name__, fn.__doc__
@@ -260,10 +263,8 @@ def user_error(exc: BaseException) -> gr.Error:
 class ModelRunner:
     """Wraps tab handlers: `wrap(tab, prepare)` returns the generator Gradio calls."""
 
-    def __init__(self, pool: ModelPool, max_waiting: int | None = 32, gpu=None, jobs: Jobs | None = None,
-                 budget: Budget | None = None):
+    def __init__(self, pool: ModelPool, gpu=None, jobs: Jobs | None = None, budget: Budget | None = None):
         self.pool = pool
-        self.max_waiting = max_waiting
         self.budget = budget if budget is not None else Budget.from_env()  # per request, as the HTTP API's
         self.jobs = jobs or Jobs()
         decorate = gpu if gpu is not None else zero_gpu()
@@ -316,12 +317,11 @@ class ModelRunner:
         slot, or None when Stop made it leave. Closing the generator leaves the line."""
         gate = self.pool.gate
         try:
-            ticket = gate.join("ui", work.label, self.max_waiting)
+            ticket = gate.join("ui", work.label)
         except Busy as exc:
-            full = Busy(f"{exc}: {self.max_waiting} requests are already waiting")
-            outcome.append(Outcome("failed", full))
+            outcome.append(Outcome("failed", exc))
             yield _updates(work.finish(outcome[0]))  # the page's buttons back as they were, then the message
-            raise user_error(full) from None
+            raise user_error(exc) from None
         try:
             while not gate.wait(ticket, HEARTBEAT_S):
                 if job.stop.is_set():

@@ -7,6 +7,9 @@ makes every door hold the same rules.
   API to anyone without credentials, use the UI login (--auth), which covers every Gradio route.
 - Malformed calls: Gradio's call and upload routes raise on payloads outside their own schema (a
   fuzzer found 13 such 500s); such a request is answered 400 with what went wrong.
+- Body sizes: a request to a Gradio route may be as large as an HTTP API request plus the run
+  history a browser sends back (`PAGE_MAX_BODY_BYTES`), an upload as large as an uploaded file
+  may be plus its framing; larger ones get 413 while they are read, before Gradio parses them.
 """
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ from starlette.middleware import Middleware
 from starlette.responses import JSONResponse
 
 from feedback.serve.api import ApiSettings, KeyGate, api_routes
+from feedback.serve.api.errors import BodyLimit
+from feedback.serve.limits import MAX_BODY_BYTES, PAGE_MAX_BODY_BYTES, UPLOAD_BODY_MAX_BYTES
 from feedback.serve.pool import ModelPool
 
 log = logging.getLogger("feedback_lens.server")
@@ -63,9 +68,24 @@ class MalformedCalls:
             await response(scope, receive, send)
 
 
+def body_limit(settings: ApiSettings):
+    """The largest body each of the server's paths takes (None: the HTTP API, which limits its own)."""
+    history_allowance = PAGE_MAX_BODY_BYTES - MAX_BODY_BYTES
+
+    def limit(path: str) -> int | None:
+        if path.startswith("/api"):
+            return None
+        if path.rstrip("/").endswith("/upload"):
+            return UPLOAD_BODY_MAX_BYTES
+        return settings.max_body_bytes + history_allowance
+
+    return limit
+
+
 def app_kwargs(pool: ModelPool, settings: ApiSettings) -> dict:
-    """`launch(app_kwargs=...)`: the HTTP API at /api and the server's middleware."""
-    middleware = [Middleware(MalformedCalls)]
+    """`launch(app_kwargs=...)`: the HTTP API at /api and the server's middleware (the first is
+    the outermost: keys are checked before a body is read, its size before Gradio parses it)."""
+    middleware = [Middleware(BodyLimit, limit=body_limit(settings)), Middleware(MalformedCalls)]
     if settings.gradio_keys:
-        middleware.append(Middleware(KeyGate, keys=settings.keys, protected=gradio_protected))
+        middleware.insert(0, Middleware(KeyGate, keys=settings.keys, protected=gradio_protected))
     return {"routes": api_routes(pool, settings), "middleware": middleware}

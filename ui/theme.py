@@ -77,6 +77,8 @@ mark.fl-ins { background: rgba(0, 158, 115, 0.25); color: var(--body-text-color)
 del.fl-del { font-size: 0.8em; color: var(--body-text-color-subdued); margin-right: 0.25em; }
 td.fl-best { font-weight: 700; }
 .fl-star { color: var(--color-accent); }
+.fl-heading { font-size: var(--text-xl); font-weight: 600; margin: 0 0 2px; line-height: 1.3;
+  color: var(--body-text-color); overflow-wrap: anywhere; }
 .fl-dot { display: inline-block; width: 0.7em; height: 0.7em; border-radius: 50%; margin-right: 0.35em;
   vertical-align: 0.05em; }
 .fl-badge { display: inline-block; font-size: 0.6em; font-weight: 500; padding: 1px 6px; margin-left: 4px;

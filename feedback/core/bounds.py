@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from feedback.errors import FeedbackError
 
 
+# A ceiling this high is an integer type's (a seed's), not a choice: refusals say "at least 0".
+TYPE_CEILING = 2**53
+
+
 @dataclass(frozen=True)
 class Bound:
     name: str
@@ -45,13 +49,16 @@ class Bound:
             raise FeedbackError(f"{name} must be a whole number, got {value!r}")
         out = int(number) if self.integer else number
         if (self.lo is not None and out < self.lo) or (self.hi is not None and out > self.hi):
-            raise FeedbackError(f"{name} must be {self._range()}, got {out}")
+            raise FeedbackError(f"{name} must be {self._range(self.lo is not None and out < self.lo)}, got {out}")
         return out
 
-    def _range(self) -> str:
-        if self.lo is not None and self.hi is not None:
-            return f"between {self.lo:g} and {self.hi:g}"
-        return f"at least {self.lo:g}" if self.lo is not None else f"at most {self.hi:g}"
+    def _range(self, below: bool = False) -> str:
+        """The range a refusal states; a value under a floor whose ceiling is only an integer
+        type's (a seed's) is told the floor alone."""
+        hi = None if below and self.hi is not None and self.hi >= TYPE_CEILING else self.hi
+        if self.lo is not None and hi is not None:
+            return f"between {self.lo:g} and {hi:g}"
+        return f"at least {self.lo:g}" if self.lo is not None else f"at most {hi:g}"
 
     def with_hi(self, hi: float) -> "Bound":
         """The same field with a lower ceiling (a served cap under a library limit)."""

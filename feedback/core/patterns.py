@@ -35,7 +35,7 @@ def compile_pattern(text: str, field: str, flags: int = 0):
         return regex.compile(text, flags)
     except (regex.error, *_COMPILE_ERRORS) as exc:
         reason = "it nests too deeply" if isinstance(exc, RecursionError) else str(exc) or type(exc).__name__
-        raise FeedbackError(f"{field} is not a regular expression this server can use: {reason}") from None
+        raise FeedbackError(f"{field} does not compile: {reason}") from None
 
 
 def key_fact_pattern(fact: str, field: str):

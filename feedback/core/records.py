@@ -12,6 +12,7 @@ from feedback.core.confidence import DEFAULT_K, DEFAULT_WINDOW
 from feedback.core.patterns import key_fact_pattern
 from feedback.core.sampling import SamplingConfig, check_temperature
 from feedback.errors import FeedbackError
+from feedback.strategies import get_strategy
 
 MAX_NEW_TOKENS_CAP = 4096
 MAX_ROWS = 64
@@ -52,6 +53,13 @@ class RowSpec:
     def validate(self, max_new_tokens: int) -> None:
         """Clear errors naming the row and the field."""
         where = f"row {self.name}"
+        if self.strategy is not None:
+            try:
+                get_strategy(self.strategy)  # its parameters are checked against the model when it is built
+            except FeedbackError as exc:
+                raise FeedbackError(f"{where}: {exc}") from None
+        if not isinstance(self.params, dict):
+            raise FeedbackError(f"{where}: params must be a mapping of names to values, got {self.params!r:.80}")
         if self.threshold is not None and (not isinstance(self.threshold, (int, float))
                                            or not math.isfinite(self.threshold)):
             raise FeedbackError(f"{where}: threshold must be a finite number, got {self.threshold!r}")
@@ -179,6 +187,8 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "RunConfig":
         """A config from a dict: a request's, or a result's (whose notes on how it ran are left out)."""
+        if not isinstance(data, dict):
+            raise FeedbackError(f"invalid run config: expected a mapping, got {type(data).__name__}")
         data = {k: v for k, v in data.items() if k not in RESULT_NOTES}
         try:
             data["sampling"] = SamplingConfig(**data.get("sampling", {}))
@@ -186,7 +196,7 @@ class RunConfig:
             if "rows" in data:
                 data["rows"] = [RowSpec(**r) for r in data["rows"]]
             return cls(**data)
-        except TypeError as exc:
+        except (TypeError, AttributeError) as exc:
             raise FeedbackError(f"invalid run config: {exc}") from None
 
 

@@ -68,8 +68,12 @@ class PPLConfig:
             raise FeedbackError(f"{PASSES.name} must be in [{PASSES.lo}, {PASSES.hi}], got {self.passes}")
         return mode
 
-    def validate(self, context: int) -> "PPLConfig":
+    def validate(self, context: int, num_layers: int | None = None) -> "PPLConfig":
+        """Checked, the window capped by the model's `context`; with `num_layers` the strategy is
+        built, so its parameters are refused now rather than once the scoring starts."""
         self.resolved_mode()
+        if self.strategy and num_layers is not None:
+            build_strategy(self.strategy, self.params, num_layers)
         if not MIN_WINDOW <= self.window:
             raise FeedbackError(f"window must be at least {MIN_WINDOW} tokens, got {self.window}")
         self.window = min(self.window, context)
@@ -219,6 +223,8 @@ def document_ids(lm: LoadedModel, docs: list[Document], cfg: PPLConfig) -> list[
 def scoring_work(token_counts: list[int], cfg: PPLConfig, feedback_points: int = 1) -> tuple[int, str]:
     """(token-forwards, how) of scoring documents of these lengths: the baseline once and the
     strategy at `feedback_points` settings, every window in full (`cfg` validated)."""
+    if not any(n >= 2 for n in token_counts):  # refused with the cost, before the request waits
+        raise FeedbackError("no document has at least 2 tokens")
     window_tokens = sum(end - start for n in token_counts if n >= 2 for start, end, _ in windows(n, cfg.window,
                                                                                              cfg.stride))
     mode = cfg.resolved_mode() if cfg.strategy else None
@@ -236,7 +242,7 @@ def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
     With `token_detail`, each per-document entry also holds its tokens and both per-token NLLs.
     Setting `stop` ends the evaluation (raising `Stopped`) within one forward. With `budget`, a
     request that would score more than it allows is refused before any forward pass."""
-    cfg.validate(lm.context_length)
+    cfg.validate(lm.context_length, lm.num_layers)
     mode = cfg.resolved_mode()
     if cfg.strategy:
         build_strategy(cfg.strategy, cfg.params, lm.num_layers)  # validate parameters before the work

@@ -19,12 +19,13 @@ from typing import Callable, Iterator
 from feedback.errors import FeedbackError
 
 LEASE_S = 3.0
+RETRY_AFTER_S = 10  # what a refused caller is told to wait before trying again
 
 
 class Busy(FeedbackError):
     """The model is busy: the waiting line for this kind of caller is full, or the wait timed out."""
 
-    def __init__(self, message: str, retry_after_s: int = 5):
+    def __init__(self, message: str, retry_after_s: int = RETRY_AFTER_S):
         super().__init__(message)
         self.retry_after_s = retry_after_s
 
@@ -52,29 +53,32 @@ class Place:
 
 
 class Gate:
-    """At most `capacity` runs at once; live waiters are served strictly in arrival order.
+    """At most `capacity` runs at once; live waiters are served strictly in arrival order, whatever
+    door they came through, and at most `max_waiting` of them wait at once (None: no cap).
 
-    The order is what keeps the page responsive: however many API requests arrive, a page request
-    that is already waiting is served before any of them, and each kind can cap its own line."""
+    One line and one cap for every door is what keeps it fair: a page request that is already
+    waiting is served before an API request that came later, and when the line is full every
+    door refuses alike (none loses its place to another)."""
 
-    def __init__(self, capacity: int = 1, lease_s: float = LEASE_S):
+    def __init__(self, capacity: int = 1, lease_s: float = LEASE_S, max_waiting: int | None = None):
         if capacity < 1:
             raise FeedbackError(f"concurrency must be at least 1, got {capacity}")
         self.capacity = capacity
         self.lease_s = lease_s
+        self.max_waiting = max_waiting
         self._line: deque[Ticket] = deque()
         self._running: list[Ticket] = []
         self._cond = threading.Condition()
 
     # ---- the line ----
-    def join(self, kind: str = "ui", label: str = "", max_waiting: int | None = None) -> Ticket:
-        """A ticket at the end of the line. Raises `Busy` at once when `kind` already has
-        `max_waiting` live callers waiting (unless a slot is free right now)."""
+    def join(self, kind: str = "ui", label: str = "") -> Ticket:
+        """A ticket at the end of the line. Raises `Busy` at once when `max_waiting` live callers
+        are already waiting (unless a slot is free right now)."""
         with self._cond:
             self._drop_stale()
-            if self._refuses(kind, max_waiting):
-                raise Busy(f"the model is busy ({len(self._running)} running, {len(self._line)} waiting); "
-                           "try again in a minute")
+            if self._refuses():
+                raise Busy(f"the model is busy ({len(self._running)} running, {len(self._line)} waiting, the most "
+                           f"this server lets wait); try again in {RETRY_AFTER_S} s")
             ticket = Ticket(kind, label or kind)
             self._line.append(ticket)
             return ticket
@@ -128,11 +132,11 @@ class Gate:
             return Place(index + 1, running, [t.label for t in list(self._line)[:index]])
 
     # ---- blocking use from a worker thread ----
-    def acquire(self, kind: str = "ui", max_waiting: int | None = None, timeout: float | None = None,
-                label: str = "", cancelled: Callable[[], bool] | None = None) -> Ticket:
-        """Wait (blocking) for a slot. Raises `Busy` when the line for `kind` is full or `timeout`
-        seconds pass first; leaves the line at once when `cancelled()` turns true."""
-        ticket = self.join(kind, label, max_waiting)
+    def acquire(self, kind: str = "ui", timeout: float | None = None, label: str = "",
+                cancelled: Callable[[], bool] | None = None) -> Ticket:
+        """Wait (blocking) for a slot. Raises `Busy` when the line is full or `timeout` seconds
+        pass first; leaves the line at once when `cancelled()` turns true."""
+        ticket = self.join(kind, label)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
@@ -155,20 +159,20 @@ class Gate:
         self.leave(ticket)
 
     @contextmanager
-    def slot(self, kind: str = "ui", max_waiting: int | None = None, timeout: float | None = None,
-             label: str = "", cancelled: Callable[[], bool] | None = None) -> Iterator[Ticket]:
-        ticket = self.acquire(kind, max_waiting, timeout, label, cancelled)
+    def slot(self, kind: str = "ui", timeout: float | None = None, label: str = "",
+             cancelled: Callable[[], bool] | None = None) -> Iterator[Ticket]:
+        ticket = self.acquire(kind, timeout, label, cancelled)
         try:
             yield ticket
         finally:
             self.leave(ticket)
 
     # ---- state ----
-    def would_refuse(self, kind: str, max_waiting: int | None) -> bool:
-        """Whether `join(kind, max_waiting=...)` would raise `Busy` at once right now."""
+    def would_refuse(self) -> bool:
+        """Whether `join` would raise `Busy` at once right now."""
         with self._cond:
             self._drop_stale()
-            return self._refuses(kind, max_waiting)
+            return self._refuses()
 
     def status(self) -> dict:
         """Counts, and what runs now (labels and seconds) — no prompts or other request contents."""
@@ -176,6 +180,7 @@ class Gate:
             self._drop_stale()
             now = time.monotonic()
             return {"capacity": self.capacity, "running": len(self._running), "waiting": len(self._line),
+                    "max_waiting": self.max_waiting,
                     "runs": [{"label": t.label, "seconds": round(now - t.started, 1)} for t in self._running]}
 
     def _drop_stale(self) -> None:
@@ -187,8 +192,8 @@ class Gate:
         if stale:
             self._cond.notify_all()
 
-    def _refuses(self, kind: str, max_waiting: int | None) -> bool:
-        """Caller holds the lock. A full line for `kind` refuses, unless a slot is free right now."""
-        if max_waiting is None or (not self._line and len(self._running) < self.capacity):
+    def _refuses(self) -> bool:
+        """Caller holds the lock. A full line refuses, unless a slot is free right now."""
+        if self.max_waiting is None or (not self._line and len(self._running) < self.capacity):
             return False
-        return sum(1 for t in self._line if t.kind == kind) >= max_waiting
+        return len(self._line) >= self.max_waiting

@@ -7,13 +7,18 @@ looser limits (a whole run, a local command line) stay beside the config they bo
 """
 from __future__ import annotations
 
+import os
+
 from feedback.core.bounds import Bound
+from feedback.core.records import MAX_PROMPT_CHARS, RunConfig
+from feedback.errors import FeedbackError
 from feedback.eval.perplexity import BOOTSTRAP, MIN_WINDOW
+from feedback.strategies import build_strategy
 
 # A run's length: shared servers bound how long one visitor holds the model.
 SERVED_MAX_NEW_TOKENS = 1024
 MAX_NEW_TOKENS = Bound("max new tokens", 1, SERVED_MAX_NEW_TOKENS, integer=True)
-BOX_MAX_CHARS = 20_000  # a prompt, system prompt or follow-up typed into the page
+BOX_MAX_CHARS = MAX_PROMPT_CHARS  # a prompt, system prompt, reference or follow-up typed into the page, as in a request
 # Deep Think and calibration: traces (and warm-up traces) per side, and each trace's length.
 SERVED_MAX_TRACES = 16
 TRACES = Bound("traces per side", 1, SERVED_MAX_TRACES, integer=True)
@@ -28,11 +33,22 @@ SERVED_MAX_POINTS = 24  # sweep grid points per request
 SERVED_MAX_TRIALS = 24  # tuning trials per request
 TRIALS = Bound("trials", 1, SERVED_MAX_TRIALS, integer=True)
 UPLOAD_MAX_BYTES = 5_000_000  # a file given to the page; Gradio refuses larger ones before writing them
+UPLOAD_BODY_MAX_BYTES = UPLOAD_MAX_BYTES + 64_000  # an upload request: the file and its multipart framing
+# The runs this browser keeps (History, in local storage). The page sends them back with History's
+# requests (the table, a reload, an export) and when it records a run.
+HISTORY_MAX_BYTES = 3_000_000
 # The HTTP API.
 MAX_MESSAGES = 200  # earlier turns of one row's conversation
 MAX_BODY_BYTES = 1_000_000  # a request body; larger ones are refused while they are read
-API_MAX_WAITING = 8  # API requests allowed to wait for the model at once; more get 503
-API_WAIT_S = 300.0  # the longest an API request waits for the model before a 503
+# A request to the page's server (Gradio API) may carry a browser's run history besides what an
+# HTTP API request carries, so it may be larger by that much and no more.
+PAGE_MAX_BODY_BYTES = MAX_BODY_BYTES + HISTORY_MAX_BYTES
+# Requests waiting for the model at once, from every door together (page, Gradio API, HTTP API):
+# one first-come, first-served line; when it is full each door refuses (503 with Retry-After, or
+# the page's message) until a place frees. FEEDBACK_QUEUE_SIZE / --queue-size change it.
+MAX_WAITING = 16
+QUEUE_SIZE_ENV = "FEEDBACK_QUEUE_SIZE"
+API_WAIT_S = 300.0  # the longest an HTTP API request waits for the model before a 503 (a page waits until Stop)
 SERVED_MAX_ROWS = 8  # rows of one run (the library allows records.MAX_ROWS)
 NAME_MAX_CHARS = 64  # a row's name, a run id
 MAX_PARAMS = 32  # strategy parameters of one row or request
@@ -46,3 +62,47 @@ PPL_STRIDE = Bound("stride", 1, SERVED_MAX_WINDOW, integer=True)
 PPL_CHUNK = Bound("chunk", 1, SERVED_MAX_WINDOW, integer=True)
 SERVED_MAX_BOOTSTRAP = 10_000
 PPL_BOOTSTRAP = BOOTSTRAP.with_hi(SERVED_MAX_BOOTSTRAP)
+
+
+def check_run(cfg: RunConfig, num_layers: int | None = None, max_rows: int = SERVED_MAX_ROWS,
+              rows_name: str = "rows") -> RunConfig:
+    """A run's config held to the served caps, whichever way it came in: a new request, a saved run
+    sent back to continue or branch, a link, a run reloaded from History. Refused with a
+    `FeedbackError` naming the field, before the run waits for the model. `max_rows` is the
+    door's own (the page shows at most 4 columns, `rows_name`); with `num_layers` every row's
+    strategy is built, so its parameters are checked against the model too."""
+    cfg.validate()
+    MAX_NEW_TOKENS.check(cfg.max_new_tokens)
+    Bound(rows_name, 1, max_rows, integer=True).check(len(cfg.rows))
+    for n, fact in enumerate(cfg.key_facts, start=1):
+        _check_length(f"key fact {n}", fact, SHORT_TEXT_MAX_CHARS)
+    for row in cfg.rows:
+        _check_row(row, num_layers)
+    return cfg
+
+
+def _check_length(name: str, text: str | None, limit: int) -> None:
+    if text is not None and len(text) > limit:
+        raise FeedbackError(f"{name} is limited to {limit:,} characters here, got {len(text):,}")
+
+
+def _check_row(row, num_layers: int | None) -> None:
+    where = f"row {str(row.name)[:NAME_MAX_CHARS]!r}"
+    if not isinstance(row.name, str) or not 1 <= len(row.name) <= NAME_MAX_CHARS:
+        raise FeedbackError(f"a row's name must be text of 1 to {NAME_MAX_CHARS} characters, got {row.name!r:.80}")
+    if len(row.params) > MAX_PARAMS:
+        raise FeedbackError(f"{where}: params are limited to {MAX_PARAMS}, got {len(row.params)}")
+    if row.messages is not None and len(row.messages) > MAX_MESSAGES:
+        raise FeedbackError(f"{where}: messages are limited to {MAX_MESSAGES} earlier turns, got {len(row.messages)}")
+    if row.strategy is not None and num_layers is not None:
+        try:
+            build_strategy(row.strategy, row.params, num_layers)
+        except FeedbackError as exc:
+            raise FeedbackError(f"{where}: {exc}") from None
+
+
+def queue_size_setting(flag: int | None = None) -> int:
+    """How many requests may wait for the model at once: `flag` (--queue-size), else
+    FEEDBACK_QUEUE_SIZE, else MAX_WAITING; refused naming the setting unless a whole number >= 0."""
+    raw = flag if flag is not None else os.environ.get(QUEUE_SIZE_ENV, "").strip() or MAX_WAITING
+    return Bound(f"the queue size ({QUEUE_SIZE_ENV} / --queue-size)", 0, None, integer=True).check(raw)

@@ -11,6 +11,7 @@ from feedback.core import embedded
 from feedback.core.model import LoadedModel, load_model
 from feedback.errors import FeedbackError
 from feedback.serve.gate import Gate
+from feedback.serve.limits import MAX_WAITING
 
 
 class ModelPool:
@@ -19,12 +20,13 @@ class ModelPool:
     Shared by the UI and API so one process loads each model once. Loading is serialised; runs
     take a slot of `gate` first."""
 
-    def __init__(self, allowlist: list[str], capacity: int = 1, **load_kwargs):
+    def __init__(self, allowlist: list[str], capacity: int = 1, max_waiting: int | None = MAX_WAITING, **load_kwargs):
         if not allowlist:
             raise FeedbackError("the model allowlist is empty")
         # One line for all model work of this process, page and API alike; one run at a time, as
-        # forwards on a model are serialised anyway (LoadedModel.forward_lock).
-        self.gate = Gate(1)
+        # forwards on a model are serialised anyway (LoadedModel.forward_lock); `max_waiting`
+        # requests from any door may wait in it at once.
+        self.gate = Gate(1, max_waiting=max_waiting)
         self.allowlist = list(dict.fromkeys(allowlist))
         self.capacity = max(1, capacity)
         self.load_kwargs = load_kwargs

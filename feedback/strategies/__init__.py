@@ -19,6 +19,8 @@ REGISTRY: dict[str, type[Strategy]] = {
 
 
 def get_strategy(name: str) -> type[Strategy]:
+    if not isinstance(name, str):
+        raise FeedbackError(f"a strategy is named by text, got {name!r}")
     try:
         return REGISTRY[name]
     except KeyError:

@@ -105,9 +105,9 @@ def test_user_regex_and_bad_regex():
     assert extract_answer("FINAL(a) ... FINAL(Blue)", pattern) == "blue"
     assert extract_answer("nothing", pattern) is None
     assert extract_answer("x = 5", compile_answer_regex(r"\d+")) == "5"
-    with pytest.raises(FeedbackError, match="answer regex is not a regular expression"):
+    with pytest.raises(FeedbackError, match="answer regex does not compile"):
         compile_answer_regex("(unclosed")
-    with pytest.raises(FeedbackError, match="answer regex is not a regular expression .*nests too deeply"):
+    with pytest.raises(FeedbackError, match="answer regex does not compile: it nests too deeply"):
         compile_answer_regex("(" * 500)
     with pytest.raises(FeedbackError, match="answer regex is limited to 1000 characters"):
         compile_answer_regex("a" * 1001)

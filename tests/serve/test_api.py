@@ -22,9 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
-def serve(lm, settings: ApiSettings):
-    """The API mounted at /api exactly as app.py mounts it, served by uvicorn on a free port."""
+def serve(lm, settings: ApiSettings, max_waiting: int | None = None):
+    """The API mounted at /api exactly as app.py mounts it, served by uvicorn on a free port (its
+    line holding at most `max_waiting` waiting requests; None: the served default)."""
     pool = ModelPool.serving(lm)
+    if max_waiting is not None:
+        pool.gate.max_waiting = max_waiting
     with local_server(pool, settings) as url:
         yield url, pool
 
@@ -38,7 +41,7 @@ def api(embedded_lm):
 
 @pytest.fixture(scope="module")
 def keyed(embedded_lm):
-    with serve(embedded_lm, ApiSettings(keys=("k-one", "k-two"), max_body_bytes=4096, max_waiting=0)) as (url, pool):
+    with serve(embedded_lm, ApiSettings(keys=("k-one", "k-two"), max_body_bytes=4096), max_waiting=0) as (url, pool):
         yield url + "/api", pool
 
 
@@ -322,8 +325,8 @@ def test_oversize_bodies_are_refused_declared_or_chunked(keyed):
     assert r.status_code == 413
 
 
-def test_the_api_waits_its_turn_behind_the_page_and_answers_503_when_its_line_is_full(keyed):
-    url, pool = keyed  # max_waiting=0: no API request may queue
+def test_the_api_waits_its_turn_behind_the_page_and_answers_503_when_the_line_is_full(keyed):
+    url, pool = keyed  # max_waiting=0: no request may queue
     auth = {"Authorization": "Bearer k-one"}
     body = {"prompt": "hi", "max_new_tokens": 2}
     with pool.gate.slot("ui"):  # a page run holds the model

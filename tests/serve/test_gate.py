@@ -32,30 +32,33 @@ def test_waiters_are_served_in_arrival_order_whatever_their_kind():
     for t in threads:
         t.join(5)
     assert order == ["page-1", "api-1", "api-2", "page-2"]
-    assert gate.status() == {"capacity": 1, "running": 0, "waiting": 0, "runs": []}
+    assert gate.status() == {"capacity": 1, "running": 0, "waiting": 0, "max_waiting": None, "runs": []}
 
 
-def test_a_full_line_for_one_kind_refuses_at_once_but_not_other_kinds():
-    gate = Gate(1)
-    assert not gate.would_refuse("api", 0)  # a free slot is always taken
+def test_a_full_line_refuses_every_door_at_once():
+    """One cap for the page and the API together: when it is full, neither door gets in ahead of
+    the other; a free slot is always taken."""
+    gate = Gate(1, max_waiting=1)
+    assert not gate.would_refuse()
     held = gate.acquire("ui")
 
     def queued_api_call():
-        with gate.slot("api", max_waiting=1):
+        with gate.slot("api"):
             pass
 
     waiter = threading.Thread(target=queued_api_call, daemon=True)
     waiter.start()
     _wait_for(lambda: gate.status()["waiting"] == 1)
-    assert gate.would_refuse("api", 1)
-    t0 = time.perf_counter()
-    with pytest.raises(Busy, match="busy"):
-        gate.acquire("api", max_waiting=1)
-    assert time.perf_counter() - t0 < 0.5
-    assert not gate.would_refuse("ui", None)
+    assert gate.would_refuse()
+    for kind in ("api", "ui"):
+        t0 = time.perf_counter()
+        with pytest.raises(Busy, match=r"busy \(1 running, 1 waiting, the most this server lets wait\); try again in 10 s") as exc:
+            gate.acquire(kind)
+        assert time.perf_counter() - t0 < 0.5 and exc.value.retry_after_s == 10
+    assert gate.status()["max_waiting"] == 1
     gate.release(held)
     waiter.join(5)
-    assert gate.status()["running"] == 0
+    assert gate.status()["running"] == 0 and not gate.would_refuse()
 
 
 def test_a_wait_that_times_out_leaves_the_line():
@@ -108,7 +111,7 @@ def test_leaving_the_line_lets_the_next_one_in_and_cancelled_acquire_gives_up():
     flag = threading.Event()
     result: list = []
     t = threading.Thread(target=lambda: result.append(
-        pytest.raises(Busy, gate.acquire, "api", None, None, "x", flag.is_set)))
+        pytest.raises(Busy, gate.acquire, "api", None, "x", flag.is_set)))
     t.start()
     _wait_for(lambda: gate.status()["waiting"] == 1)
     flag.set()  # the HTTP client hung up

@@ -30,7 +30,7 @@ def test_deepthink_endpoint_reports_both_sides(client):
 @pytest.mark.parametrize("args, message", [
     (("", "", "residual", 2, 2, "custom", 50, 4, 16, 0.8, 0.95, 0, "", False, False), "the question is empty"),
     (("q", "", "residual", 2, 2, "custom", 50, 4, 16, 0.8, 0.95, 0, "(bad", False, False), "does not compile"),
-    (("q", "", "residual", 40, 2, "custom", 50, 4, 16, 0.8, 0.95, 0, "", False, False), "greater than maximum"),
+    (("q", "", "residual", 40, 2, "custom", 50, 4, 16, 0.8, 0.95, 0, "", False, False), "traces per side must be between 1 and 16, got 40"),
 ])
 def test_deepthink_bad_input(client, args, message):
     with pytest.raises(AppError, match=message):

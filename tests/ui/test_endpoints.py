@@ -95,13 +95,18 @@ def test_a_copied_link_restores_the_same_run(client):
 def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(client):
     for kwargs, message in [
         (dict(prompt="   "), "prompt is empty"),
-        (dict(prompt="hi", max_new_tokens=10**7), "greater than maximum value 1024"),
+        (dict(prompt="hi", max_new_tokens=10**7), "max new tokens must be between 1 and 1024, got 10000000"),
+        (dict(prompt="hi", max_new_tokens="abc"), "max new tokens must be a number, got 'abc'"),
         (dict(prompt="hi", top_p=0.0), "top_p must be > 0"),
-        (dict(prompt="hi", temperature=-1), "less than minimum value 0"),
-        (dict(prompt="hi", model="evil/model"), "not in the list of choices"),
-        (dict(prompt="hi", c2_residual_alpha=5.0), "greater than maximum value 1.0"),  # said, not clamped to 1
-        (dict(prompt="hi", c2_strategy="nope"), "nope is not in the list of choices"),
-        (dict(prompt="hi", columns=5), "greater than maximum value 4"),
+        (dict(prompt="hi", temperature=-1), "temperature must be between 0 and 10, got -1"),
+        (dict(prompt="hi", temperature="NaN"), "temperature must be finite, got 'NaN'"),
+        (dict(prompt="hi", seed=-5), "seed must be at least 0, got -5"),
+        (dict(prompt="hi", model="evil/model"), "Model must be one of: embedded; got 'evil/model'"),
+        (dict(prompt="hi", c2_residual_alpha=5.0), r"column 2: alpha must be between -1 and 1, got 5"),  # not clamped
+        (dict(prompt="hi", c2_strategy="nope"), "column 2: Feedback strategy must be one of: none, .*; got 'nope'"),
+        (dict(prompt="hi", columns=5), "columns must be between 2 and 4, got 5"),
+        (dict(prompt={"nested": [1]}), r"Prompt must be text, got \{'nested': \[1\]\}"),
+        (dict(prompt="hi", chat_template="yes"), "Use the chat template must be true or false, got 'yes'"),
         (dict(prompt="hi", c2_temperature="warm"), "column 2: temperature must be a number"),
     ]:
         with pytest.raises(AppError, match=message):

@@ -15,6 +15,7 @@ import pytest
 from feedback.core.records import Alternative, RowResult, StepRecord
 from ui.render import (CONFIDENCE_BINS, best_marks, column_heading, confidence_legend, diff_legend, render_diff,
                        render_stats, render_tokens, render_turns, token_color)
+from ui.render import md_text
 from ui.theme import CSS, HEAD
 
 HOSTILE = ['<img src=x onerror=alert(1)>', '"><script>alert(1)</script>', "' onmouseover='x"]
@@ -149,10 +150,25 @@ def test_empty_steps_placeholder() -> None:
 
 
 def test_column_heading_names_strategy_and_parameters() -> None:
-    assert column_heading("Baseline", None, {}).startswith("### Baseline\n")
+    assert column_heading("Baseline", None, {}).startswith('<h3 class="fl-heading">Baseline</h3>')
     heading = column_heading("Feedback", "residual", {"alpha": 0.1, "source_layer": 21, "target_layer": 9})
-    assert heading.startswith("### Feedback · residual") and "alpha=0.1, source_layer=21, target_layer=9" in heading
+    assert heading.startswith('<h3 class="fl-heading">Feedback · residual')
+    assert "alpha=0.1, source_layer=21, target_layer=9" in heading
     assert "&lt;b&gt;" in column_heading("Feedback", "x", {"k": "<b>"})
+
+
+@pytest.mark.parametrize("name", ["[md](javascript:alert(1))", "<img src=x onerror=alert(1)>",
+                                  '"><svg onload=alert(1)>', "**bold** `code` # h1"])
+def test_a_column_name_is_text_in_its_heading(name: str) -> None:
+    """Headings are HTML with the name escaped: no Markdown reads it, so no link, tag or handler."""
+    heading = column_heading(name, "residual", {"alpha": 0.1})
+    assert "<a" not in heading and "<img" not in heading and "<svg" not in heading and "href" not in heading
+    assert escape(name, quote=True) in heading
+
+
+def test_md_text_makes_text_literal_inside_markdown() -> None:
+    assert md_text("[x](javascript:alert(1))") == r"\[x\]\(javascript:alert\(1\)\)"
+    assert md_text("`a` <b> & it's") == r"\`a\` &lt;b&gt; &amp; it's"
 
 
 def stats(html: str) -> dict[str, str]:
@@ -446,12 +462,14 @@ def test_best_marks_per_row_with_live_confidence() -> None:
 def test_column_heading_colour_dot_and_modified_badges() -> None:
     heading = column_heading("Feedback", "residual", {"alpha": 0.1}, color="#D55E00",
                              modified=["prompt", "system prompt"])
-    first, note = heading.split("\n")
-    assert first.startswith('### <span class="fl-dot" style="background:#D55E00" aria-hidden="true"></span>Feedback')
+    first, note = heading.split("</h3>")
+    assert first.startswith('<h3 class="fl-heading"><span class="fl-dot" style="background:#D55E00" '
+                            'aria-hidden="true"></span>Feedback')
     assert first.endswith('<span class="fl-badge">prompt modified</span> '
                           '<span class="fl-badge">system prompt modified</span>')
-    assert note == "<span class='fl-note'>alpha=0.1</span>"
-    assert column_heading("B", None, {}, "rgb(0, 114, 178)").startswith('### <span class="fl-dot" style="background:rgb')
+    assert note == '<span class="fl-note">alpha=0.1</span>'
+    assert column_heading("B", None, {}, "rgb(0, 114, 178)").startswith(
+        '<h3 class="fl-heading"><span class="fl-dot" style="background:rgb')
     assert column_heading("Baseline", None, {}) == column_heading("Baseline", None, {}, None, [])
 
 
@@ -463,7 +481,7 @@ def test_column_heading_refuses_unsafe_colours(color: str) -> None:
 def test_column_heading_escapes_hostile_names() -> None:
     heading = column_heading(HOSTILE[0], HOSTILE[1], {}, modified=[HOSTILE[2], "<b>x</b>"])
     assert "<img" not in heading and "<script" not in heading and "<b>" not in heading
-    assert {tag for tag, _ in parse(heading)} == {"span"}
+    assert {tag for tag, _ in parse(heading)} == {"h3", "span"}
 
 
 # ---- conversation bubbles ----

@@ -47,8 +47,9 @@ class Ticker(Work):
         return {"finish": outcome.kind}
 
 
-def make_runner(**kwargs) -> ModelRunner:
-    return ModelRunner(types.SimpleNamespace(gate=Gate(1, lease_s=0.6)), gpu=lambda fn, **_: fn, **kwargs)
+def make_runner(max_waiting: int | None = None, **kwargs) -> ModelRunner:
+    gate = Gate(1, lease_s=0.6, max_waiting=max_waiting)
+    return ModelRunner(types.SimpleNamespace(gate=gate), gpu=lambda fn, **_: fn, **kwargs)
 
 
 def _idle(runner: ModelRunner, timeout: float = 5.0) -> float:
@@ -138,7 +139,7 @@ def test_a_full_line_is_refused_at_once():
     gen = runner.drive("s1", "compare", Ticker())
     next(gen)
     assert next(gen) == {"finish": "failed"}  # the page is put back as it was ...
-    with pytest.raises(gr.Error, match="requests are already waiting"):  # ... and told why
+    with pytest.raises(gr.Error, match=r"the most this server lets wait\); try again in 10 s"):  # ... and told why
         next(gen)
     runner.pool.gate.release(held)
 

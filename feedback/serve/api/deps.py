@@ -22,7 +22,7 @@ from feedback.core.budget import Budget
 from feedback.core.session import RecentRuns
 from feedback.errors import FeedbackError
 from feedback.serve.api.errors import ApiError
-from feedback.serve.limits import API_MAX_WAITING, API_WAIT_S, MAX_BODY_BYTES
+from feedback.serve.limits import API_WAIT_S, MAX_BODY_BYTES
 from feedback.serve.pool import ModelPool
 
 KEY_REQUIRED = "a valid API key is required: Authorization: Bearer KEY"
@@ -37,7 +37,6 @@ class ApiSettings:
 
     keys: tuple[str, ...] = ()
     max_body_bytes: int = MAX_BODY_BYTES
-    max_waiting: int = API_MAX_WAITING
     wait_s: float = API_WAIT_S
     budget: Budget = field(default_factory=Budget)  # the same per-request budgets as the page
     gradio_keys: bool = False  # FEEDBACK_GRADIO_API=keys: the Gradio API's clients need a key too
@@ -53,7 +52,7 @@ class ApiSettings:
             raise FeedbackError("FEEDBACK_GRADIO_API=keys needs FEEDBACK_API_KEYS")
         try:
             return cls(keys, int(env("FEEDBACK_API_MAX_BODY", cls.max_body_bytes)),
-                       int(env("FEEDBACK_API_QUEUE", cls.max_waiting)), float(env("FEEDBACK_API_WAIT_S", cls.wait_s)),
+                       float(env("FEEDBACK_API_WAIT_S", cls.wait_s)),
                        Budget.from_env(), gradio == "keys")
         except ValueError as exc:
             raise FeedbackError(f"bad FEEDBACK_API_* setting: {exc}") from None

@@ -3,6 +3,8 @@ invalid-request answer adds `details`, one per field), and bodies over the size 
 while they are read."""
 from __future__ import annotations
 
+from typing import Callable
+
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
@@ -21,29 +23,46 @@ class BodyTooLarge(HTTPException):
 
 
 class BodyLimit:
-    """ASGI middleware: refuse bodies over `limit` bytes, declared or streamed (chunked)."""
+    """ASGI middleware: refuse bodies over `limit` bytes, declared or streamed (chunked), with 413.
+    `limit` is a number, or a function of the request's path giving its limit (None: not limited
+    here), for a server whose routes take different bodies."""
 
-    def __init__(self, app, limit: int):
+    def __init__(self, app, limit: int | Callable[[str], int | None]):
         self.app, self.limit = app, limit
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        limit = self.limit(scope["path"]) if callable(self.limit) and scope["type"] == "http" else self.limit
+        if scope["type"] != "http" or limit is None:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            response = JSONResponse({"error": f"request body is larger than {self.limit} bytes"}, 413)
-            return await response(scope, receive, send)
-        seen = 0
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            return await _too_large(limit, scope, receive, send)
+        seen, started = 0, False
 
         async def limited():
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise BodyTooLarge(self.limit)  # FastAPI passes HTTPExceptions from body reading through
+            if seen > limit:
+                raise BodyTooLarge(limit)  # FastAPI passes HTTPExceptions from body reading through
             return message
 
-        await self.app(scope, limited, send)
+        async def tracking(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited, tracking)
+        except BodyTooLarge:  # raised through a route that does not answer it itself
+            if started:
+                raise
+            await _too_large(limit, scope, receive, send)
+
+
+async def _too_large(limit: int, scope, receive, send) -> None:
+    response = JSONResponse({"error": f"request body is larger than {limit} bytes"}, 413)
+    await response(scope, receive, send)
 
 
 async def http_error(_request, exc: HTTPException) -> JSONResponse:

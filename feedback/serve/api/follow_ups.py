@@ -14,6 +14,7 @@ from feedback.errors import FeedbackError
 from feedback.serve.api.deps import ApiSettings, Pool, Recent, Settings, require_key
 from feedback.serve.api.schemas import ERRORS, BranchIn, ContinueIn, FollowUpIn, saved_result
 from feedback.serve.api.streaming import answer, stream_format
+from feedback.serve.limits import check_run
 from feedback.serve.pool import ModelPool
 
 router = APIRouter(dependencies=[Depends(require_key)], responses=ERRORS)
@@ -36,15 +37,16 @@ def forced_tokens(req: BranchIn, lm) -> list[int]:
 
 
 def start(req: ContinueIn | BranchIn, pool: ModelPool, settings: ApiSettings, recent: RecentRuns) -> Run:
-    """The follow-up's run on the model the earlier run used, validated and within budget before
-    it queues (a worker thread runs this)."""
+    """The follow-up's run on the model the earlier run used, validated like a new request and
+    within budget before it queues (a worker thread runs this)."""
     past = earlier(req, recent)
     lm = pool.get(past.config.get("model"))
     if isinstance(req, ContinueIn):
         config = continue_run(past, req.message)
     else:
         config = branch(past, req.row, req.step, forced_tokens(req, lm), req.all_rows)
-    return start_run(lm, config, budget=settings.budget)
+    # held to the same caps as a new request: a saved run is the client's word, not this server's
+    return start_run(lm, check_run(config, lm.num_layers), budget=settings.budget)
 
 
 async def follow_up(req: ContinueIn | BranchIn, request: Request, format: str | None, pool: ModelPool,

@@ -11,6 +11,7 @@ from feedback.core.engine import Run, start_run
 from feedback.serve.api.deps import ApiSettings, Pool, Recent, Settings, require_key
 from feedback.serve.api.schemas import ERRORS, GenerateIn, to_config
 from feedback.serve.api.streaming import answer, stream_format
+from feedback.serve.limits import check_run
 from feedback.serve.pool import ModelPool
 
 router = APIRouter(dependencies=[Depends(require_key)], responses=ERRORS)
@@ -20,7 +21,7 @@ def start(req: GenerateIn, pool: ModelPool, settings: ApiSettings) -> Run:
     """The request's run, validated, tokenised, within budget and with its strategies built: all
     before it queues for the model (a worker thread runs this)."""
     lm = pool.get(req.model)
-    return start_run(lm, to_config(req, lm.name), budget=settings.budget)
+    return start_run(lm, check_run(to_config(req, lm.name), lm.num_layers), budget=settings.budget)
 
 
 @router.post("/generate",

@@ -26,7 +26,7 @@ def prepare(req: PPLIn, pool: ModelPool,
     lm = pool.get(req.model)
     cfg = PPLConfig(req.strategy, dict(req.params), req.mode, passes=req.passes, window=req.window,
                     chunk=req.chunk, stride=req.stride, bootstrap=req.bootstrap,
-                    seed=req.seed).validate(lm.context_length)
+                    seed=req.seed).validate(lm.context_length, lm.num_layers)
     docs = [corpus.Document("text", req.text)]
     settings.budget.check_scoring(*scoring_work([len(ids) for ids in document_ids(lm, docs, cfg)], cfg))
     return lm, cfg, docs

@@ -1,8 +1,8 @@
 """How the API answers with model work: a place in the shared model line, decoding in a worker
 thread, the answer whole or as NDJSON / Server-Sent Events, and a client that hangs up stopping it.
 
-The page and the API share one first-come line to the model (`ModelPool.gate`); API requests may
-hold at most `ApiSettings.max_waiting` places in it, each waiting at most `wait_s`. Work runs in
+The page and the API share one first-come line to the model (`ModelPool.gate`), with one cap on
+how many requests may wait in it; an API request waits at most `ApiSettings.wait_s`. Work runs in
 worker threads so the event loop keeps watching the connection: a client that goes away while it
 waits leaves the line at once, and one that goes away while its run decodes (or its text is scored)
 stops it within a step, a prefill chunk or a scoring window.
@@ -69,7 +69,7 @@ async def turn(pool: ModelPool, settings: ApiSettings, label: str,
     gone, lock, held = threading.Event(), threading.Lock(), []
 
     def take() -> None:
-        ticket = pool.gate.acquire("api", settings.max_waiting, settings.wait_s, label=label, cancelled=gone.is_set)
+        ticket = pool.gate.acquire("api", settings.wait_s, label=label, cancelled=gone.is_set)
         with lock:  # the caller may have left between the slot and this line
             if gone.is_set():
                 pool.gate.leave(ticket)
@@ -181,8 +181,8 @@ async def answer(run: Run, request: Request, steps: bool, stream_as: str | None,
     """A started run's answer: the whole RunResult once it is done, or streamed (`stream_as`
     ndjson or sse). Either way the result is kept in `recent` for follow-ups by its run_id."""
     if stream_as is not None:
-        if pool.gate.would_refuse("api", settings.max_waiting):
-            raise Busy("the model is busy and the API waiting line is full; try again")
+        if pool.gate.would_refuse():
+            raise Busy("the model is busy and its waiting line is full; try again")
         sse = stream_as == "sse"
         return StreamingResponse(_events(run, steps, sse, pool, settings, recent),
                                  media_type="text/event-stream" if sse else "application/x-ndjson",
