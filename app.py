@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from feedback.serve.limits import queue_size_setting
     from feedback.serve.pool import ModelPool
     from ui.layout import FeedbackLensApp
-    from ui.server import app_kwargs
+    from ui.server import KEY_LOGIN_MESSAGE, app_kwargs, page_auth
     from ui.theme import launch_kwargs
 
     auth = None
@@ -81,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.queue(max_size=queue_size, default_concurrency_limit=1)
     # The HTTP API (/api) is its own app mounted in Gradio's server: same process, model pool and
     # model line as the page; Gradio's UI auth does not cover it, FEEDBACK_API_KEYS does.
+    login = page_auth(settings, auth)  # with FEEDBACK_GRADIO_API=keys the page takes an API key as a password
     try:
-        demo.launch(server_name=args.host, server_port=args.port, share=args.share, auth=auth,
+        demo.launch(server_name=args.host, server_port=args.port, share=args.share, auth=login,
+                    auth_message=KEY_LOGIN_MESSAGE if settings.gradio_keys else None,
                     footer_links=["api", "gradio"], app_kwargs=server, **launch_kwargs())
     finally:
         app.runner.jobs.stop_all(timeout=10)  # running jobs end within a step before the process exits

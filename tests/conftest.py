@@ -52,16 +52,17 @@ def _launched(pool, settings, page_budget=None):
     from types import SimpleNamespace
 
     from ui.layout import FeedbackLensApp
-    from ui.server import app_kwargs
+    from ui.server import KEY_LOGIN_MESSAGE, app_kwargs, page_auth
     from ui.theme import launch_kwargs
 
     app = FeedbackLensApp(pool, budget=page_budget)
     demo = app.build()
-    demo.queue(max_size=16, default_concurrency_limit=1)
+    demo.queue(max_size=pool.gate.max_waiting, default_concurrency_limit=1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                            auth=page_auth(settings, None), auth_message=KEY_LOGIN_MESSAGE if settings.gradio_keys else None,
                             app_kwargs=app_kwargs(pool, settings), **launch_kwargs())
     try:
         yield SimpleNamespace(url=url, pool=pool, app=app)

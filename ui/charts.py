@@ -5,6 +5,8 @@ through a constant `uirevision`.
 """
 from __future__ import annotations
 
+from html import escape
+
 import plotly.graph_objects as go
 
 from feedback.core.records import RowResult
@@ -22,6 +24,12 @@ MEMORY_SERIES = [
 MEMORY_MIN_SPAN_MB = 64.0  # idle noise of a few KB must not look like a steep climb
 
 
+def plot_text(text) -> str:
+    """A name or label from a user or the model as Plotly text: Plotly reads a subset of HTML in
+    names, labels and annotations (<a href>, <b>, <br>), so the tags are escaped and shown as typed."""
+    return escape(str(text), quote=False)
+
+
 def row_color(index: int) -> str:
     return ROW_COLORS[index % len(ROW_COLORS)]
 
@@ -31,12 +39,12 @@ def _scatter(**props) -> dict:
 
 
 def _row_traces(row: RowResult, color: str) -> list[dict]:
-    x = [s.step for s in row.steps]
+    x, name = [s.step for s in row.steps], plot_text(row.name)
     return [
-        _scatter(x=x, y=[s.confidence for s in row.steps], name=f"{row.name} token conf",
+        _scatter(x=x, y=[s.confidence for s in row.steps], name=f"{name} token conf",
                  mode="lines+markers", line=dict(color=color, width=1), marker=dict(size=3),
                  opacity=0.45, legendgroup=row.name),
-        _scatter(x=x, y=[s.group_confidence for s in row.steps], name=f"{row.name} group conf",
+        _scatter(x=x, y=[s.group_confidence for s in row.steps], name=f"{name} group conf",
                  mode="lines", line=dict(color=color, width=3), legendgroup=row.name),
     ]
 
@@ -47,7 +55,7 @@ def _early_stop_trace(row: RowResult, color: str) -> dict | None:
     step = next((s for s in row.steps if s.step == row.stop_step), None)
     if step is None:
         return None
-    return _scatter(x=[step.step], y=[step.group_confidence], name=f"{row.name} early stop",
+    return _scatter(x=[step.step], y=[step.group_confidence], name=f"{plot_text(row.name)} early stop",
                     mode="markers", marker=dict(symbol="x", size=12, color=color, line=dict(width=2)),
                     legendgroup=row.name)
 
@@ -81,7 +89,7 @@ def confidence_figure(rows: list[RowResult], threshold: float | None = None,
         shapes.append(dict(type="line", xref="x", yref="paper", x0=step, x1=step, y0=0, y1=1,
                            line=dict(color=color, width=1.5, dash="dot")))
         label = (f"first divergence: step {step}" if len(rows) <= 2 else
-                 f"{rows[0].name} ≠ {rows[j].name}: step {step}")
+                 f"{plot_text(rows[0].name)} ≠ {plot_text(rows[j].name)}: step {step}")
         annotations.append(dict(xref="x", yref="paper", x=step, y=1.0 + 0.07 * n, yanchor="bottom", text=label,
                                 showarrow=False, font=dict(size=11, color=None if len(rows) <= 2 else color)))
     if window is not None and window > 1:
@@ -118,7 +126,7 @@ def memory_figure(samples: list[dict], origin_label: str = "the run began") -> g
 def bar_figure(labels: list[str], values: list[float], x_title: str, y_title: str) -> go.Figure:
     """Signed bars: blue below zero = feedback better than the baseline, orange above = worse."""
     colors = [BETTER if v < 0 else WORSE for v in values]
-    trace = dict(type="bar", x=labels, y=values, marker=dict(color=colors), name=y_title,
+    trace = dict(type="bar", x=[plot_text(label) for label in labels], y=values, marker=dict(color=colors), name=y_title,
                  hovertemplate="%{x}<br>%{y:+.4f}<extra></extra>")
     return figure([trace], 300, x_title, y_title, hovermode="closest", showlegend=False,
                   margin=dict(l=70), xaxis=dict(showticklabels=len(labels) <= 40))
@@ -131,7 +139,7 @@ def vote_figure(sides: dict[str, dict]) -> go.Figure:
         tallies = rep["votes"]["lowest_group"]["tallies"]
         total = sum(tallies.values()) or 1.0
         answers = sorted(tallies, key=lambda a: -tallies[a])
-        traces.append(dict(type="bar", name=side, x=[str(a) for a in answers],
+        traces.append(dict(type="bar", name=side, x=[plot_text(a) for a in answers],
                            y=[tallies[a] / total for a in answers], marker=dict(color=row_color(i))))
     return figure(traces, 280, "answer", "weighted vote share", barmode="group", hovermode="closest",
                   xaxis=dict(type="category"))

@@ -30,7 +30,7 @@ from feedback.core.sampling import (MIN_P, MIN_TEMPERATURE, REPETITION_PENALTY, 
                                     SamplingConfig, check_temperature)
 from feedback.errors import FeedbackError
 from feedback.eval.voting import ETA
-from feedback.serve.limits import BOX_MAX_CHARS, MAX_NEW_TOKENS, WARMUP_TRACES
+from feedback.serve.limits import BOX_MAX_CHARS, MAX_NEW_TOKENS, NAME_MAX_CHARS, WARMUP_TRACES
 from feedback.strategies import REGISTRY
 from ui.controls import NONE, StrategyPanel, api_name, build_strategy_panel, first_preset, parse_number
 from ui.deepconf import ETA_CHOICES
@@ -43,7 +43,7 @@ COLUMNS = Bound("columns", MIN_COLUMNS, MAX_COLUMNS, integer=True)
 DEFAULT_COLUMNS = (("Baseline", NONE), ("Feedback", "residual"), ("Column 3", "deep_cache"), ("Column 4", "anchor"))
 DEFAULT_THRESHOLD = 4.5  # lowest group confidence (w = 32) of normal answers on the embedded model: 4.7–7.1
 FIRST_MAX_NEW_TOKENS = 160  # a new page's run: long enough to show a difference, short enough to wait for
-COLUMN_NAME_MAX_CHARS = 40  # short enough for a column's heading
+COLUMN_NAME_MAX_CHARS = NAME_MAX_CHARS  # a column is a row: its name is held as the API holds a row's
 
 
 class _Marker:

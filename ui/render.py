@@ -359,8 +359,12 @@ def column_heading(title: str, strategy: str | None, params: dict, color: str | 
     if strategy:
         head += f" · {escape(strategy, quote=True)}"
     note = escape(params_text(params), quote=True) if strategy else "no feedback: the model as it is"
-    return (f'<h3 class="fl-heading">{head}{modified_badges(modified)}{setting_badges(settings)}</h3>'
-            f'<span class="fl-note">{note}</span>')
+    # One line of heading and two of note, whatever the column: the texts below then start at the
+    # same height in every column (side by side on a phone too); the full text is the tooltip.
+    full = escape(" · ".join(x for x in (title, strategy) if x) + " — " + params_text(params) if strategy
+                  else title, quote=True)
+    return (f'<h3 class="fl-heading fl-colhead" title="{full}">{head}{modified_badges(modified)}'
+            f'{setting_badges(settings)}</h3><span class="fl-note fl-colnote" title="{note}">{note}</span>')
 
 
 _MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")

@@ -79,6 +79,10 @@ td.fl-best { font-weight: 700; }
 .fl-star { color: var(--color-accent); }
 .fl-heading { font-size: var(--text-xl); font-weight: 600; margin: 0 0 2px; line-height: 1.3;
   color: var(--body-text-color); overflow-wrap: anywhere; }
+.fl-heading.fl-colhead { white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+.fl-note.fl-colnote { display: -webkit-box; -webkit-box-orient: vertical; -webkit-line-clamp: 2; overflow: hidden;
+  line-height: 1.35; height: 2.7em; overflow-wrap: anywhere; }
+@media (max-width: 640px) { .fl-heading.fl-colhead { font-size: var(--text-lg); } }
 .fl-dot { display: inline-block; width: 0.7em; height: 0.7em; border-radius: 50%; margin-right: 0.35em;
   vertical-align: 0.05em; }
 .fl-badge { display: inline-block; font-size: 0.6em; font-weight: 500; padding: 1px 6px; margin-left: 4px;

@@ -631,6 +631,60 @@ def test_a_tampered_link_keeps_the_defaults_and_says_so(browser: Browser, app_ur
         context.close()
 
 
+# Names as a stranger's link could carry them: Markdown links, tags with handlers, broken-out attributes.
+HOSTILE_NAMES = ["[md](javascript:alert(1))", '<img src=x onerror="alert(2)">', '"><svg onload=alert(3)>',
+                 "**x** <a href='javascript:alert(4)'>y</a>"]
+# Every link to javascript: and every inline event handler in the document (Gradio's own markup has none).
+SCRIPT_SINKS = """
+() => {
+  const links = [...document.querySelectorAll('a[href]')].filter(a => /^\\s*javascript:/i.test(a.getAttribute('href')));
+  const handlers = [...document.querySelectorAll('*')].flatMap(e => [...e.attributes]
+      .filter(a => a.name.toLowerCase().startsWith('on')).map(a => e.tagName + ' ' + a.name));
+  return {links: links.map(a => a.outerHTML), handlers};
+}
+"""
+
+
+def test_names_from_a_link_are_text_everywhere_they_show(browser: Browser, app_url: str):
+    """Column names reach headings from a link a stranger made: each shows as the literal text, and
+    no javascript: link, event handler or dialog comes of them, restored or after a run."""
+    from feedback.core.records import RowSpec, RunConfig
+    from ui import link
+
+    cfg = RunConfig(prompt="Say hi.", max_new_tokens=4, rows=[RowSpec(n) for n in HOSTILE_NAMES])
+    context, pg = open_app(browser, f"{app_url.rstrip('/')}/?cfg={link.encode(cfg)}")
+    dialogs: list[str] = []
+    pg.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    try:
+        expect(pg.locator("#link-note")).to_contain_text("restored from the link")
+        for n, name in enumerate(HOSTILE_NAMES, start=1):
+            expect(pg.locator(f"#col{n}-heading h3")).to_have_text(name)
+        assert pg.evaluate(SCRIPT_SINKS) == {"links": [], "handlers": []}
+        pg.locator("#generate").click()
+        expect(pg.locator("#status")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
+        for n, name in enumerate(HOSTILE_NAMES, start=1):
+            expect(pg.locator(f"#col{n}-heading h3")).to_have_text(name)
+        assert pg.evaluate(SCRIPT_SINKS) == {"links": [], "handlers": []}
+        assert dialogs == [] and pg.errors == []
+        shot(pg, "hostile-names-restored-1440")
+    finally:
+        context.close()
+
+
+def test_a_link_over_a_limit_is_refused_on_open_naming_the_field(browser: Browser, app_url: str):
+    from feedback.core.records import RunConfig
+    from ui import link
+
+    data = link.encode(RunConfig(prompt="Say hi.", max_new_tokens=4096))
+    context, pg = open_app(browser, f"{app_url.rstrip('/')}/?cfg={data}")
+    try:
+        expect(pg.locator("#link-note")).to_contain_text("not applied")
+        expect(pg.locator("#link-note")).to_contain_text("max new tokens must be between 1 and 1024, got 4096")
+        expect(pg.locator("#prompt textarea")).to_have_value("")
+    finally:
+        context.close()
+
+
 def test_four_columns_stream_and_their_first_token_comes_soon(page: Page):
     page.locator("#add-column").click()
     page.locator("#add-column").click()

@@ -176,3 +176,15 @@ def test_deep_think_figures():
     assert list(stop.x) == [1] and list(stop.y) == [4.0]
     hist = histogram_figure({"baseline": [4.0, 5.0], "feedback": [6.0]}, {"baseline": 4.5, "feedback": 6.0})
     assert len(hist.data) == 2 and [s.x0 for s in hist.layout.shapes] == [4.5, 6.0]
+
+
+def test_names_and_labels_are_plain_text_in_plotly():
+    """Plotly reads <a href>, <b> and <br> in names, labels and annotations: a column name or a
+    token is shown as typed, never as markup."""
+    hostile = "<a href='javascript:alert(1)'>x</a>"
+    rows = [make_row(hostile, [1.0, 2.0]), make_row("<b>two</b>", [1.0, 3.0])]
+    fig = confidence_figure(rows, divergence={1: 1})
+    shown = [t.name for t in fig.data] + [a.text for a in fig.layout.annotations]
+    assert not any("<a" in s or "<b>" in s for s in shown)
+    assert "&lt;a href='javascript:alert(1)'&gt;x&lt;/a&gt; token conf" in shown
+    assert list(bar_figure(["<br>", "ok"], [0.1, -0.1], "t", "d").data[0].x) == ["&lt;br&gt;", "ok"]

@@ -5,7 +5,9 @@ each takes its declared bound)."""
 from __future__ import annotations
 
 import json
+import re
 import types
+from types import SimpleNamespace
 
 import gradio as gr
 import pytest
@@ -218,6 +220,39 @@ def test_a_link_round_trips_every_setting(tab, embedded_lm):
     s, four = tab.ui.settings, tab.ui.cols[3].settings
     assert out[s["columns"]] == 4 and out[four["name"]] == "Four" and out[four["prompt"]] == "hello there"
     assert out[tab.ui.cols[1].panel.component("anchor", "alpha")] == 0.3 and out[s["reference"]] == "Hi!"
+
+
+def _link_of(**config) -> str:
+    """Link data of a config as a stranger could make it: encoded without any check."""
+    rows = config.pop("rows", [RowSpec("a"), RowSpec("b", "residual", {"alpha": 0.1})])
+    return link.encode(RunConfig(**{"prompt": "hi", "max_new_tokens": 8, "rows": rows} | config))
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"rows": [RowSpec("a"), RowSpec("b", "bogus")]}, "row b: unknown strategy 'bogus'"),
+    ({"rows": [RowSpec(f"r{i}") for i in range(64)]}, "columns must be between 1 and 4, got 64"),
+    ({"max_new_tokens": 4096}, "max new tokens must be between 1 and 1024, got 4096"),
+    ({"reference": "ref " * 25_000}, "reference is 25001 tokens; .* exceeds the model context"),
+    ({"rows": [RowSpec("a"), RowSpec("b", "residual", {"alpha": 1e9})]}, r"row 'b': .*alpha=1000000000.0 is out of range"),
+])
+def test_a_link_over_any_limit_is_refused_on_open_naming_the_field(tab, embedded_lm, config, message):
+    """A link is a request a stranger wrote: opened, it is checked as Generate would check it, and
+    one over a limit restores nothing ("not applied", naming the field), not "Settings restored"."""
+    request = SimpleNamespace(query_params={link.PARAM: _link_of(model=embedded_lm.name, **config)},
+                              session_hash="s")
+    with pytest.warns(UserWarning, match="not applied"):  # the page's toast
+        out = tab.open_link(request)
+    assert set(out) == {tab.ui.link.note}
+    note = out[tab.ui.link.note]
+    assert note.startswith("⚠ This link's settings were not applied")
+    assert re.search(message, note.replace("\\", "")), note
+
+
+def test_a_link_note_shows_what_the_link_said_as_text(tab, embedded_lm):
+    request = SimpleNamespace(query_params={link.PARAM: _link_of(model="[x](javascript:alert(1))")},
+                              session_hash="s")
+    note = tab.open_link(request)[tab.ui.link.note]
+    assert "](javascript" not in note and r"\[x\]\(javascript:alert\(1\)\)" in note
 
 
 def test_bad_links_are_refused_with_a_message():

@@ -150,9 +150,12 @@ def test_empty_steps_placeholder() -> None:
 
 
 def test_column_heading_names_strategy_and_parameters() -> None:
-    assert column_heading("Baseline", None, {}).startswith('<h3 class="fl-heading">Baseline</h3>')
+    assert column_heading("Baseline", None, {}).startswith(
+        '<h3 class="fl-heading fl-colhead" title="Baseline">Baseline</h3>')
     heading = column_heading("Feedback", "residual", {"alpha": 0.1, "source_layer": 21, "target_layer": 9})
-    assert heading.startswith('<h3 class="fl-heading">Feedback · residual')
+    # one line of heading, two of note, each with its full text as the tooltip (cut short on a phone)
+    assert heading.startswith('<h3 class="fl-heading fl-colhead" title="Feedback · residual — alpha=0.1, '
+                              'source_layer=21, target_layer=9">Feedback · residual')
     assert "alpha=0.1, source_layer=21, target_layer=9" in heading
     assert "&lt;b&gt;" in column_heading("Feedback", "x", {"k": "<b>"})
 
@@ -463,13 +466,13 @@ def test_column_heading_colour_dot_and_modified_badges() -> None:
     heading = column_heading("Feedback", "residual", {"alpha": 0.1}, color="#D55E00",
                              modified=["prompt", "system prompt"])
     first, note = heading.split("</h3>")
-    assert first.startswith('<h3 class="fl-heading"><span class="fl-dot" style="background:#D55E00" '
-                            'aria-hidden="true"></span>Feedback')
+    assert first.startswith('<h3 class="fl-heading fl-colhead" title="Feedback · residual — alpha=0.1">'
+                            '<span class="fl-dot" style="background:#D55E00" aria-hidden="true"></span>Feedback')
     assert first.endswith('<span class="fl-badge">prompt modified</span> '
                           '<span class="fl-badge">system prompt modified</span>')
-    assert note == '<span class="fl-note">alpha=0.1</span>'
+    assert note == '<span class="fl-note fl-colnote" title="alpha=0.1">alpha=0.1</span>'
     assert column_heading("B", None, {}, "rgb(0, 114, 178)").startswith(
-        '<h3 class="fl-heading"><span class="fl-dot" style="background:rgb')
+        '<h3 class="fl-heading fl-colhead" title="B"><span class="fl-dot" style="background:rgb')
     assert column_heading("Baseline", None, {}) == column_heading("Baseline", None, {}, None, [])
 
 

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 from feedback.core.engine import Run, StepEvent
 from feedback.core.session import RecentRuns
 from feedback.core.strict_json import json_safe
-from feedback.errors import Stopped
+from feedback.errors import FeedbackError, Stopped
 from feedback.serve.api.deps import ApiSettings
 from feedback.serve.api.errors import ApiError
 from feedback.serve.gate import Busy
@@ -172,6 +172,8 @@ async def _events(run: Run, steps: bool, sse: bool, pool: ModelPool, settings: A
             yield event("done", {"result": result_json(run, steps)}, sse)
     except Busy as exc:  # the line filled up after the check in `answer`
         yield event("error", {"error": str(exc), "status": 503}, sse)
+    except FeedbackError as exc:  # refused once it ran (a request is sized before it waits, so rarely)
+        yield event("error", {"error": str(exc), "status": 422}, sse)
     except Exception as exc:  # the stream has started: report in-band, keep serving
         yield event("error", {"error": f"generation failed: {type(exc).__name__}: {exc}", "status": 500}, sse)
 
@@ -193,6 +195,8 @@ async def answer(run: Run, request: Request, steps: bool, stream_as: str | None,
             async with watching(request, run.stop_event), aclosing(decode(run)) as steps_seen:
                 async for _ in steps_seen:
                     pass
+        except FeedbackError:
+            raise  # a refusal: 422 naming the field
         except Exception as exc:  # out-of-memory, tokenizer or model errors: this request fails, the server stays
             raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
     recent.put(run.result)
