@@ -66,10 +66,13 @@ def _x_span(rows: list[RowResult]) -> tuple[float, float]:
 
 
 def confidence_figure(rows: list[RowResult], threshold: float | None = None,
-                      divergence: dict[int, int] | int | None = None, window: int | None = None) -> go.Figure:
+                      divergence: dict[int, int] | int | None = None, window: int | None = None,
+                      feed: str | None = None, span: tuple[float, float] | None = None) -> go.Figure:
     """Token and group confidence per row, with threshold, early stops and where each column first
     differs from column 1 (`divergence`: column index -> step; an int means column 2). Labels sit
-    apart: the divergence labels above the plot, the window label at its bottom."""
+    apart: the divergence labels above the plot, the window label at its bottom. Row i's curves
+    are traces 2i and 2i + 1, so a live chart can be extended in place: `feed` names the run whose
+    points the page appends (see `feed_lines`), `span` the steps the threshold line covers."""
     traces: list[dict] = []
     annotations: list[dict] = []
     shapes: list[dict] = []
@@ -80,7 +83,7 @@ def confidence_figure(rows: list[RowResult], threshold: float | None = None,
         if marker is not None:
             traces.append(marker)
     if threshold is not None:
-        x0, x1 = _x_span(rows)
+        x0, x1 = span or _x_span(rows)
         traces.append(_scatter(x=[x0, x1], y=[threshold, threshold], name=f"threshold {threshold:.2f}",
                                mode="lines", line=dict(color=MARK, width=1.5, dash="dash")))
     pairs = {1: divergence} if isinstance(divergence, int) else dict(divergence or {})
@@ -99,7 +102,20 @@ def confidence_figure(rows: list[RowResult], threshold: float | None = None,
         annotations.append(dict(xref="x", yref="paper", x=-0.5, y=0.0, xanchor="left", yanchor="bottom",
                                 text=f"window filling ({window} tokens)", showarrow=False, font=dict(size=10)))
     return figure(traces, 340, "decode step", "confidence (−mean top-k log p)", annotations=annotations,
-                  shapes=shapes, margin=dict(t=30 + 18 * max(0, len(pairs) - 1)))
+                  shapes=shapes, margin=dict(t=30 + 18 * max(0, len(pairs) - 1)),
+                  **({"meta": {"feed": feed}} if feed else {}))
+
+
+def feed_start(run_id: str) -> str:
+    """The live confidence chart's feed for one run: a hidden block of text that only grows, one
+    line per new token, so each streamed update carries just the new points (Gradio sends the
+    appended part) and the page extends the chart's traces in place instead of drawing it again."""
+    return f'<pre class="fl-feed" data-run="{escape(run_id, quote=True)}">'
+
+
+def feed_lines(index: int, steps) -> str:
+    """`row step confidence group_confidence` for each of row `index`'s new steps."""
+    return "".join(f"{index} {s.step} {s.confidence:.4f} {s.group_confidence:.4f}\n" for s in steps)
 
 
 def memory_figure(samples: list[dict], origin_label: str = "the run began") -> go.Figure:

@@ -68,8 +68,11 @@ class OutputControls:
     view: gr.Radio  # the token view: confidence, plain or diff
     diff_legend: gr.HTML
     conf_plot: gr.Plot
-    run_json: gr.JSON
+    run_json: gr.JSON  # the finished run, for program clients (hidden on the page)
     last: gr.State  # the last finished run: what Continue, branches and History go on from
+    chart_feed: gr.HTML  # a streaming run's new chart points, which the page script adds to the chart
+    json_box: gr.Accordion  # the run's JSON for a person: filled when opened
+    json_view: gr.JSON
 
 
 @dataclass
@@ -181,15 +184,20 @@ def build_controls(page: Page) -> CompareControls:
     follow = _follow_controls(branch_all)
     gr.Markdown("#### Confidence per decode step")
     conf_plot = gr.Plot(charts.confidence_figure([]), show_label=False, elem_id="conf-plot")
+    chart_feed = gr.HTML("", elem_id="chart-feed", elem_classes="fl-hidden", container=False)
     gr.Markdown("#### Memory")
     mem_plot = gr.Plot(charts.memory_figure([], "the page opened"), show_label=False, elem_id="mem-plot")
-    with gr.Accordion("Run result (JSON)", open=False):
-        run_json = gr.JSON(elem_id="run-json")
+    # The finished run goes to program clients as `run_json` (hidden: a JSON tree of every token
+    # record is tens of thousands of nodes a page would otherwise keep); a person sees it when
+    # opening the accordion, read from the server's copy then.
+    run_json = gr.JSON(visible=False, elem_id="run-json")
+    with gr.Accordion("Run result (JSON)", open=False, elem_id="run-json-box") as json_box:
+        json_view = gr.JSON(elem_id="run-json-view", show_label=False)
     memory = MemoryControls(mem_plot, gr.State({}), gr.Timer(IDLE_POLL_S),
                             gr.Checkbox(True, elem_id="fl-page-visible", elem_classes="fl-hidden", container=False,
                                         label="page visible"))
     return CompareControls(shared.done(), cols, add, remove, run, OutputControls(view, diff_legend, conf_plot, run_json,
-                                                                                 gr.State(None)),
+                                                                                 gr.State(None), chart_feed, json_box, json_view),
                            memory, follow, link, calibration)
 
 

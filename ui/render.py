@@ -31,7 +31,6 @@ CONFIDENCE_BINS = (  # (upper bound, label, background)
     (math.inf, "≥ 9 very confident", "transparent"),
 )
 _VISIBLE = {" ": "·", "\n": "↵", "\t": "⇥", "\r": "␍"}
-CARET = '<span class="fl-caret"></span>'
 DIVERGE = '<span class="fl-diverge" title="the columns differ from here on">differs from here</span>'
 FORCED_ROW = ("forced", "yes — chosen by you (branch)")
 # Parts of a prompt-level strategy's reply (restate): shown on the card and marked in the text.
@@ -112,24 +111,32 @@ def _row_attr(row: str | None) -> str:
     return "" if row is None else f' data-row="{escape(row, quote=True)}"'
 
 
+def _text_box(classes: str, row: str | None, body: str, live: bool) -> str:
+    """A column's text box. While it streams the box is left open, with its caret drawn by CSS
+    (`fl-live`): each update then begins with the previous one, so Gradio sends only the new
+    tokens (an "append"), not the whole text again at every step."""
+    if live:
+        return f'<div class="{classes} fl-live"{_row_attr(row)}>{body}'
+    return f'<div class="{classes}"{_row_attr(row)}>{body}</div>'
+
+
 def render_tokens(steps: list[StepRecord], mode: str = "confidence", live: bool = False,
                   cache: SpanCache | None = None, diverge_at: int | None = None, row: str | None = None) -> str:
     """One column's text: "plain", or "confidence" (coloured spans with detail cards). With
     `diverge_at`, a marker stands before the token of that step and what follows is underlined.
     With `row`, the container says which column it is, so a click on a token can name its column."""
-    caret = CARET if live else ""
     if not steps:
-        return f'<div class="fl-text fl-empty"{_row_attr(row)}>…{caret}</div>'
+        return _text_box("fl-text fl-empty", row, "…", live)
     cut = diverge_at if diverge_at is not None and 0 <= diverge_at < len(steps) else None
     if mode == "plain":
-        head = escape("".join(s.text for s in steps[:cut]), quote=True)
-        tail = "" if cut is None else f'{DIVERGE}<span class="fl-plain">' \
-                                      f'{escape("".join(s.text for s in steps[cut:]), quote=True)}</span>'
-        body = head + tail
+        body = escape("".join(s.text for s in steps[:cut]), quote=True)
+        if cut is not None:  # left open while live, as the box is: the parser closes both
+            body += (f'{DIVERGE}<span class="fl-plain">{escape("".join(s.text for s in steps[cut:]), quote=True)}'
+                     + ("" if live else "</span>"))
     else:
         spans = cache.spans_for(steps) if cache is not None else [_token_span(s, i == 0) for i, s in enumerate(steps)]
         body = "".join(spans) if cut is None else "".join(spans[:cut]) + DIVERGE + "".join(spans[cut:])
-    return f'<div class="fl-text"{_row_attr(row)}>{body}{caret}</div>'
+    return _text_box("fl-text", row, body, live)
 
 
 # ---- diff view: a column's words against column 1's ----
@@ -195,15 +202,14 @@ def render_diff(reference: list[StepRecord], steps: list[StepRecord], live: bool
     """A column's text with its word-level differences from the reference column (column 1),
     from the first token where the two differ; before it the text is plain. Passing the reference
     column itself (or one that chose the same tokens) gives plain text: the caller says why."""
-    caret = CARET if live else ""
     if not steps:
-        return f'<div class="fl-text fl-diff fl-empty">…{caret}</div>'
+        return _text_box("fl-text fl-diff fl-empty", None, "…", live)
     text = _joined(steps)
     cut = None if reference is steps else _diff_start(reference, steps)
     if cut is None:
-        return f'<div class="fl-text fl-diff">{escape(text, quote=True)}{caret}</div>'
+        return _text_box("fl-text fl-diff", None, escape(text, quote=True), live)
     body = escape(text[:cut], quote=True) + _word_diff(_joined(reference)[cut:], text[cut:], live)
-    return f'<div class="fl-text fl-diff">{body}{caret}</div>'
+    return _text_box("fl-text fl-diff", None, body, live)
 
 
 def diff_legend() -> str:

@@ -16,7 +16,8 @@ CSS = """
 .fl-tok { border-radius: 3px; padding: 0 1px; cursor: pointer; }
 .fl-tok:hover, .fl-tok:focus, .fl-tok.fl-active { outline: 2px solid var(--color-accent); outline-offset: 0; }
 .fl-tok.fl-first { color: var(--body-text-color-subdued); }
-.fl-caret { display: inline-block; width: 0.5em; height: 1.1em; vertical-align: text-bottom;
+/* a streaming text's cursor, after its last token (the box stays open while it streams) */
+.fl-text.fl-live::after { content: ""; display: inline-block; width: 0.5em; height: 1.1em; vertical-align: text-bottom;
   background: var(--body-text-color); animation: fl-blink 1s step-end infinite; }
 @keyframes fl-blink { 50% { opacity: 0; } }
 .fl-diverge { display: inline-block; font-size: 0.72em; font-family: var(--font); font-weight: 600;
@@ -163,7 +164,7 @@ HEAD = """
         line.append(t, bar, pct); c.appendChild(line);
       }
       const box = el.closest(".fl-text[data-row]");
-      const finished = box && !box.querySelector(".fl-caret") && el.dataset.step !== undefined;
+      const finished = box && !box.classList.contains("fl-live") && el.dataset.step !== undefined;
       if (where || finished) {
         const hint = document.createElement("div"); hint.className = "fl-card-hint";
         hint.textContent = where ? "click an alternative (or ↓ then Enter) to branch from here"
@@ -195,7 +196,7 @@ HEAD = """
   // A branch: only from a pinned card of a finished column (no caret) that names its column.
   const branchable = (el) => {
     const box = el.closest(".fl-text[data-row]");
-    if (!pinned || pinned !== el || !box || box.querySelector(".fl-caret") || el.dataset.step === undefined) return null;
+    if (!pinned || pinned !== el || !box || box.classList.contains("fl-live") || el.dataset.step === undefined) return null;
     return {row: box.dataset.row, step: parseInt(el.dataset.step, 10)};
   };
   const branchTo = (row, step, tokenId) => {
@@ -244,6 +245,37 @@ HEAD = """
     if (all[j]) { e.preventDefault(); all[j].focus(); }
   });
   window.addEventListener("scroll", () => { if (shown && document.contains(shown)) place(shown); }, true);
+  // A streaming run's confidence chart is extended in place from the feed (#chart-feed: one line
+  // "row step confidence group" per new token), not drawn again at every update. Lines are read
+  // once; the chart must be this run's (its layout names the feed), or they wait for it.
+  const fed = {run: null, lines: 0, queued: false};
+  const extendChart = () => {
+    fed.queued = false;
+    const pre = document.querySelector("#chart-feed pre.fl-feed");
+    const gd = document.querySelector("#conf-plot .js-plotly-plot");
+    if (!pre || !gd || !window.Plotly || !gd.data) return;
+    if (pre.dataset.run !== fed.run) { fed.run = pre.dataset.run; fed.lines = 0; }
+    if (!gd.layout || !gd.layout.meta || gd.layout.meta.feed !== fed.run) return;
+    const lines = pre.textContent.split("\\n");
+    const whole = lines.length - 1;  // the text ends with a newline: the last piece is empty
+    if (whole <= fed.lines) return;
+    const add = new Map();
+    for (let k = fed.lines; k < whole; k++) {
+      const [row, step, conf, group] = lines[k].split(" ").map(Number);
+      for (const [trace, y] of [[2 * row, conf], [2 * row + 1, group]]) {
+        if (trace >= gd.data.length) continue;
+        if (!add.has(trace)) add.set(trace, {x: [], y: []});
+        add.get(trace).x.push(step); add.get(trace).y.push(y);
+      }
+    }
+    fed.lines = whole;
+    const traces = Array.from(add.keys());
+    if (traces.length) window.Plotly.extendTraces(gd, {x: traces.map((t) => add.get(t).x),
+                                                        y: traces.map((t) => add.get(t).y)}, traces);
+  };
+  new MutationObserver(() => {
+    if (!fed.queued) { fed.queued = true; requestAnimationFrame(extendChart); }
+  }).observe(document.body, {childList: true, subtree: true, characterData: true});
   // Idle memory polling only while the page is visible: mirror visibility into a hidden checkbox.
   const sync = () => {
     const box = document.querySelector("#fl-page-visible input[type=checkbox]");

@@ -201,7 +201,7 @@ def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page
     expect(page.locator("#stop")).to_be_disabled()
     for column in ("col1", "col2"):
         expect(spans(page, column).first).to_be_visible()
-        expect(page.locator(f"#{column}-text .fl-caret")).to_have_count(0)  # finished: no cursor
+        expect(page.locator(f"#{column}-text .fl-live")).to_have_count(0)  # finished: no cursor
         expect(page.locator(f"#{column}-stats")).to_contain_text("tokens/s")
         expect(stop_cell(page, column)).not_to_have_text("running…")
     # The page starts on the preset that shows a difference, and the headings say what made each column.

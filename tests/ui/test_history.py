@@ -308,3 +308,61 @@ def test_llm_comparator_run_of_one_column_gives_no_example():
     doc = _strict_load(history.to_llm_comparator(history.add_run([], data)))
     _check_llm_comparator(doc)
     assert doc["examples"] == [] and "solo" in doc["metadata"]["source_path"]
+
+
+def _realistic(run_id: str, columns: int = 4, tokens: int = 64) -> dict:
+    """A run shaped like a real one: every token with its five alternatives and full-precision floats."""
+    import math
+    import random
+    rnd = random.Random(run_id)
+
+    def step(i: int) -> StepRecord:
+        lp = -rnd.random() * 3
+        top = [Alternative(rnd.randrange(49152), f" tok{rnd.randrange(999)}", rnd.random()) for _ in range(5)]
+        return StepRecord(i, top[0].token_id, top[0].text, lp, math.exp(lp), rnd.random() * 9, rnd.random() * 4,
+                          rnd.random() * 9, top, rnd.random() * 100, forced=i == 3)
+
+    rows = []
+    for c in range(columns):
+        steps = [step(i) for i in range(tokens)]
+        rows.append(RowResult(f"col{c}", None, {}, [s.token_id for s in steps], "".join(s.text for s in steps),
+                              "max_tokens", tokens - 1, steps, {"self_ppl": 1.5}))
+    config = RunConfig(prompt="Why is the sky blue?", rows=[RowSpec(f"col{c}") for c in range(columns)]).to_dict()
+    return RunResult(config, rows).to_dict() | {"run_id": run_id}
+
+
+def test_history_packs_token_records_and_reads_them_back():
+    """Stored runs are packed (a list per field, 4 decimals): several times smaller, read back as
+    the RunResult they were, within the rounding."""
+    data = _realistic("r1")
+    stored = history.add_run([], data)
+    assert len(json.dumps(stored)) < len(json.dumps(data)) / 2.5  # measured: 2.9x smaller
+    (entry,), skipped = history.valid(stored)
+    assert skipped == 0 and entry["id"] == "r1"
+    back = RunResult.from_dict(entry["result"])
+    orig = RunResult.from_dict(data)
+    for r0, r1 in zip(orig.rows, back.rows):
+        assert r1.token_ids == r0.token_ids and r1.text == r0.text and r1.metrics == r0.metrics
+        for a, b in zip(r0.steps, r1.steps):
+            assert (b.step, b.token_id, b.text, b.forced) == (a.step, a.token_id, a.text, a.forced)
+            assert abs(b.logprob - a.logprob) < 1e-5 and abs(b.prob - a.prob) < 1e-4
+            assert abs(b.confidence - a.confidence) < 1e-4 and abs(b.group_confidence - a.group_confidence) < 1e-4
+            assert [(x.token_id, x.text) for x in b.top] == [(x.token_id, x.text) for x in a.top]
+            assert all(abs(x.prob - y.prob) < 1e-4 for x, y in zip(a.top, b.top))
+    assert history.to_json(stored) == history.to_json([entry])  # exports read stored entries as they are
+
+
+def test_history_keeps_thirty_four_column_runs():
+    hist: list = []
+    for n in range(history.MAX_RUNS):
+        hist = history.add_run(hist, _realistic(f"r{n}", 4, 24))
+    assert len(hist) == history.MAX_RUNS and len(json.dumps(hist)) <= history.MAX_BYTES
+
+
+def test_a_malformed_packed_run_is_skipped_not_an_error():
+    stored = history.add_run([], _realistic("ok"))
+    broken = json.loads(json.dumps(stored[0]))
+    broken["id"] = "bad"
+    broken["result"]["rows"][0]["steps"]["logprob"] = broken["result"]["rows"][0]["steps"]["logprob"][:2]
+    runs, skipped = history.valid([broken, *stored])
+    assert [e["id"] for e in runs] == ["ok"] and skipped == 1

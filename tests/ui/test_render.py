@@ -16,6 +16,7 @@ from feedback.core.records import Alternative, RowResult, StepRecord
 from ui.render import (CONFIDENCE_BINS, best_marks, column_heading, confidence_legend, diff_legend, render_diff,
                        render_stats, render_tokens, render_turns, token_color)
 from ui.render import md_text
+from ui import render
 from ui.theme import CSS, HEAD
 
 HOSTILE = ['<img src=x onerror=alert(1)>', '"><script>alert(1)</script>', "' onmouseover='x"]
@@ -139,14 +140,27 @@ def test_plain_mode_preserves_newlines_and_spacing() -> None:
 def test_caret_only_when_live() -> None:
     steps = [make_step(0, "a")]
     for mode in ("plain", "confidence"):
-        assert render_tokens(steps, mode=mode, live=True).endswith('<span class="fl-caret"></span></div>')
-        assert "fl-caret" not in render_tokens(steps, mode=mode)
-    assert "@keyframes" in CSS and ".fl-caret" in CSS
+        assert render_tokens(steps, mode=mode, live=True).startswith('<div class="fl-text fl-live"')
+        assert "fl-live" not in render_tokens(steps, mode=mode) and render_tokens(steps, mode=mode).endswith("</div>")
+    assert "@keyframes" in CSS and ".fl-text.fl-live::after" in CSS
+
+
+@pytest.mark.parametrize("mode", ["confidence", "plain"])
+def test_a_streaming_text_only_grows(mode: str) -> None:
+    """Each live update begins with the one before (until the columns part, which marks the text
+    once), so Gradio's streaming diff sends only the new tokens, not the whole text each step."""
+    steps = [make_step(i, f" w{i}") for i in range(6)]
+    cache = render.SpanCache()
+    shown = [render_tokens(steps[:n], mode, live=True, cache=cache, row="B") for n in range(1, 7)]
+    assert all(later.startswith(earlier) for earlier, later in zip(shown, shown[1:]))
+    parted = [render_tokens(steps[:n], mode, live=True, diverge_at=2, row="B") for n in range(3, 7)]
+    assert all(later.startswith(earlier) for earlier, later in zip(parted, parted[1:]))
+    assert len(shown[-1]) - len(shown[-2]) < len(shown[-1]) / 3  # one token's worth, not the text again
 
 
 def test_empty_steps_placeholder() -> None:
     assert "fl-empty" in render_tokens([])
-    assert "fl-caret" in render_tokens([], live=True)
+    assert "fl-live" in render_tokens([], live=True)
 
 
 def test_column_heading_names_strategy_and_parameters() -> None:
@@ -315,7 +329,7 @@ def test_diff_of_the_reference_itself_or_an_identical_column_is_plain() -> None:
     assert render_diff(ref, ref) == '<div class="fl-text fl-diff">x &lt;y&gt;</div>'
     assert render_diff(ref, word_steps(["x", " <y>"], ids)) == render_diff(ref, ref)
     assert "fl-empty" in render_diff(ref, [])
-    assert render_diff(ref, ref, live=True).endswith('<span class="fl-caret"></span></div>')
+    assert render_diff(ref, ref, live=True).startswith('<div class="fl-text fl-diff fl-live">')
 
 
 def test_diff_of_a_prefix_and_while_streaming() -> None:
