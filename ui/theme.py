@@ -245,6 +245,16 @@ HEAD = """
     if (all[j]) { e.preventDefault(); all[j].focus(); }
   });
   window.addEventListener("scroll", () => { if (shown && document.contains(shown)) place(shown); }, true);
+  // In the Compare prompt Enter runs and Shift+Enter starts a new line, as in the follow-up box
+  // (Gradio's multi-line box does the reverse). Caught before Gradio's own key handler sees it.
+  window.addEventListener("keypress", (e) => {
+    if (e.key !== "Enter" || e.isComposing || !e.target.closest || !e.target.closest("#prompt textarea")) return;
+    e.stopImmediatePropagation();  // Gradio's handler would submit on Shift+Enter
+    if (e.shiftKey) return;  // the browser inserts the new line
+    e.preventDefault();
+    const run = document.querySelector("#generate");
+    if (run && !run.disabled) run.click();
+  }, true);
   // A streaming run's confidence chart is extended in place from the feed (#chart-feed: one line
   // "row step confidence group" per new token), not drawn again at every update. Lines are read
   // once; the chart must be this run's (its layout names the feed), or they wait for it.
@@ -291,6 +301,8 @@ UPLOAD_MAX = f"{UPLOAD_MAX_BYTES // 1_000_000}mb"  # Gradio refuses larger uploa
 
 
 def launch_kwargs() -> dict:
-    """What `Blocks.launch()` needs besides host and port: the page's CSS and script, and the upload
-    size limit."""
-    return {"css": CSS, "head": HEAD, "max_file_size": UPLOAD_MAX}
+    """What `Blocks.launch()` needs besides host and port: the page's CSS and script, the upload
+    size limit, and no Gradio run history: Gradio would keep every call's inputs and outputs in the
+    browser's storage (each run's JSON of every token, about 0.7 MB a 4-column, 64-token run,
+    measured), which the History tab already keeps, packed and capped."""
+    return {"css": CSS, "head": HEAD, "max_file_size": UPLOAD_MAX, "run_history": False}

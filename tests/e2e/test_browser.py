@@ -182,14 +182,30 @@ def generate(pg: Page, prompt: str, tokens: int = ANSWER_TOKENS) -> None:
     expect(pg.locator("#status")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
 
 
+def streamed_bytes(page: Page) -> dict:
+    """Bytes the page receives on Gradio's event stream (the streamed updates), counted by the browser."""
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Network.enable")
+    got, urls = {"bytes": 0}, {}
+    cdp.on("Network.responseReceived", lambda e: urls.__setitem__(e["requestId"], e["response"]["url"]))
+    cdp.on("Network.dataReceived", lambda e: got.__setitem__("bytes", got["bytes"] + e["dataLength"])
+           if "queue/data" in urls.get(e["requestId"], "") else None)
+    return got
+
+
 def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page, app_url: str):
     accordion(page, "Sampling")
     set_number(page, "max-new-tokens", ANSWER_TOKENS)
     page.locator("#prompt textarea").fill("Write a four-line poem about a lighthouse in winter.")
+    received = streamed_bytes(page)
     page.locator("#generate").click()
 
-    # Streaming: the first coloured token shows up while the run is still going.
+    # Streaming: the first coloured token shows up while the run is still going, and the chart's
+    # curves grow in place (extended from the feed, not drawn again).
     expect(spans(page, "col1").first).to_be_visible(timeout=RUN_TIMEOUT_MS)
+    page.wait_for_function("() => (document.querySelector('#conf-plot .js-plotly-plot')?.data?.[0]?.x?.length || 0) "
+                           "> 0 && !(document.querySelector('#status')?.textContent || '').includes('Done')",
+                           timeout=RUN_TIMEOUT_MS)
     page.wait_for_function("() => window.__fl.seen.first_token !== undefined")
     ttft = page.evaluate("() => (window.__fl.seen.first_token - window.__fl.clicks.generate) / 1000")
     assert 0 < ttft < 30, ttft
@@ -197,6 +213,11 @@ def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page
     expect(page.locator("#status")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
     status = page.locator("#status").inner_text()
     assert "UI build" not in status and "ms" not in status  # no developer timings for users
+    # Each update carries the new tokens, not every column's text and the whole chart again (4
+    # columns x 128 tokens: 285 kB a step when it did, 31 kB since; here ~11 kB for 2 x 48).
+    per_step = received["bytes"] / ANSWER_TOKENS
+    save_metrics(streamed_kb_per_step_2x48=per_step / 1000)
+    assert per_step < 20_000, per_step
     expect(page.locator("#generate")).to_be_enabled()
     expect(page.locator("#stop")).to_be_disabled()
     for column in ("col1", "col2"):
@@ -482,6 +503,23 @@ def test_touch_tap_and_keyboard_focus_open_the_card_and_columns_stay_side_by_sid
         expect(pg.locator("#col1-text .fl-tok").nth(1)).to_be_focused()
     finally:
         context.close()
+
+
+def test_enter_runs_and_shift_enter_starts_a_new_line(page: Page):
+    accordion(page, "Sampling")
+    set_number(page, "max-new-tokens", 4)
+    box = page.locator("#prompt textarea")
+    box.fill("Say hi.")
+    box.press("End")
+    box.press("Shift+Enter")
+    box.type("Briefly.")
+    expect(box).to_have_value("Say hi.\nBriefly.")
+    page.wait_for_timeout(500)
+    expect(page.locator("#status")).not_to_contain_text("Generating")  # Shift+Enter did not run
+    expect(page.locator("#stop")).to_be_disabled()
+    box.press("Enter")
+    expect(page.locator("#status")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
+    expect(box).to_have_value("Say hi.\nBriefly.")  # Enter ran it and added no line
 
 
 def test_dark_mode_charts_are_dark_at_both_widths(browser: Browser, app_url: str):
