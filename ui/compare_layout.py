@@ -16,7 +16,7 @@ from feedback.serve.limits import BOX_MAX_CHARS
 from ui import charts, render
 from ui.compare_settings import CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, Page, column_key, default_row
 from ui.compare_view import heading
-from ui.controls import StrategyPanel
+from ui.controls import LazyJSON, StrategyPanel, lazy_json
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 IDLE_POLL_S = 5.0  # memory chart while idle (and the page visible); inside a run it is sampled per step
@@ -68,11 +68,9 @@ class OutputControls:
     view: gr.Radio  # the token view: confidence, plain or diff
     diff_legend: gr.HTML
     conf_plot: gr.Plot
-    run_json: gr.JSON  # the finished run, for program clients (hidden on the page)
+    run_json: LazyJSON  # the finished run: whole for program clients, shown to a person on demand
     last: gr.State  # the last finished run: what Continue, branches and History go on from
     chart_feed: gr.HTML  # a streaming run's new chart points, which the page script adds to the chart
-    json_box: gr.Accordion  # the run's JSON for a person: filled when opened
-    json_view: gr.JSON
 
 
 @dataclass
@@ -187,17 +185,13 @@ def build_controls(page: Page) -> CompareControls:
     chart_feed = gr.HTML("", elem_id="chart-feed", elem_classes="fl-hidden", container=False)
     gr.Markdown("#### Memory")
     mem_plot = gr.Plot(charts.memory_figure([], "the page opened"), show_label=False, elem_id="mem-plot")
-    # The finished run goes to program clients as `run_json` (hidden: a JSON tree of every token
-    # record is tens of thousands of nodes a page would otherwise keep); a person sees it when
-    # opening the accordion, read from the server's copy then.
-    run_json = gr.JSON(visible=False, elem_id="run-json")
-    with gr.Accordion("Run result (JSON)", open=False, elem_id="run-json-box") as json_box:
-        json_view = gr.JSON(elem_id="run-json-view", show_label=False)
+    last = gr.State(None)
+    run_json = lazy_json("Run result (JSON)", "run-json", kept=last)
     memory = MemoryControls(mem_plot, gr.State({}), gr.Timer(IDLE_POLL_S),
                             gr.Checkbox(True, elem_id="fl-page-visible", elem_classes="fl-hidden", container=False,
                                         label="page visible"))
     return CompareControls(shared.done(), cols, add, remove, run, OutputControls(view, diff_legend, conf_plot, run_json,
-                                                                                 gr.State(None), chart_feed, json_box, json_view),
+                                                                                 last, chart_feed),
                            memory, follow, link, calibration)
 
 

@@ -127,8 +127,8 @@ class CompareTab:
         if v.mem_state is not None:
             out[ui.memory.state] = v.mem_state
         if v.result is not None:
-            out |= {ui.out.run_json: v.result, ui.out.last: v.result, ui.follow.row: gr.update(visible=True),
-                    ui.out.json_box: gr.update(open=False)}
+            out |= {ui.out.run_json.data: v.result, ui.out.last: v.result, ui.follow.row: gr.update(visible=True),
+                    ui.out.run_json.box: gr.update(open=False)}
         return out
 
     def show_calibration(self, v: CalibrationView) -> dict:
@@ -330,14 +330,14 @@ class CompareTab:
         shared = [x for s in SHARED for x in s.outputs(ui.settings[s.name])]
         cols = [x for c in ui.cols for x in (c.box, c.heading, *c.setting_outputs(), c.turns, c.text, c.stats)]
         return [*shared, ui.add_column, ui.remove_column, *cols, ui.out.diff_legend, ui.out.conf_plot, ui.out.last,
-                ui.out.run_json, ui.out.json_box, ui.follow.row, ui.run.status, ui.link.note]
+                ui.out.run_json.data, ui.out.run_json.box, ui.follow.row, ui.run.status, ui.link.note]
 
     def run_outputs(self) -> list:
         """Everything a Compare run (first turn, follow-up or branch) updates."""
         ui = self.ui
         cols = [x for c in ui.cols for x in (c.box, c.heading, c.turns, c.text, c.stats)]
         return [*cols, ui.settings["columns"], ui.add_column, ui.remove_column, ui.out.diff_legend, ui.out.chart_feed,
-                ui.out.conf_plot, ui.memory.plot, ui.run.status, ui.out.run_json, ui.out.json_box, ui.out.last,
+                ui.out.conf_plot, ui.memory.plot, ui.run.status, ui.out.run_json.data, ui.out.run_json.box, ui.out.last,
                 ui.memory.state, ui.follow.row, ui.run.generate, ui.run.stop]
 
     def calibration_outputs(self) -> list:
@@ -371,7 +371,7 @@ class CompareTab:
         for event in (run, follow, branching):
             event.then(record_run, [hist, ui.out.last], hist, api_name=False, show_progress="hidden")
             # the accordion closed with the new run; what it showed of the last one goes
-            event.then(None, None, ui.out.json_view, js="() => null", api_name=False, queue=False)
+            event.then(None, None, ui.out.run_json.view, js="() => null", api_name=False, queue=False)
         follow.then(lambda: "", None, ui.follow.message, api_name=False, show_progress="hidden", queue=False)
         calibrate_inputs = {name: ui.settings[name] for name in CALIBRATE_READS} | ui.calibration.settings | {
             name: component for name, component in settings.items() if name not in ui.settings}
@@ -402,10 +402,6 @@ class CompareTab:
         ui.link.button.click(by_name(self.make_link, list(settings)), inputs_kwargs=settings,
                              outputs=ui.link.data, api_name="link", queue=False, show_progress="hidden").then(
             None, ui.link.data, ui.link.note, js=COPY_LINK_JS, api_name=False, queue=False)
-        ui.out.json_box.expand(lambda last: last, ui.out.last, ui.out.json_view, api_name=False, queue=False,
-                               show_progress="hidden")
-        ui.out.json_box.collapse(lambda: None, None, ui.out.json_view, api_name=False, queue=False,
-                                 show_progress="hidden")
         ui.memory.timer.tick(self.tick, ui.memory.state, [ui.memory.state, ui.memory.plot], api_name="memory",
                              concurrency_limit=None, show_progress="hidden")
         ui.memory.page_visible.change(lambda visible: gr.Timer(active=bool(visible)), ui.memory.page_visible,

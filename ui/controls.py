@@ -245,3 +245,26 @@ def run_controls(prefix: str, label: str):
         stop = gr.Button("Stop", variant="stop", interactive=False, elem_id=f"{prefix}-stop")
     status = gr.HTML(elem_id=f"{prefix}-status")
     return run, stop, status
+
+
+@dataclass
+class LazyJSON:
+    """A result as JSON: sent to program clients whole (`data`, hidden on the page), shown to a
+    person only when the accordion opens, from the server's copy (`kept`). A JSON tree of a long
+    result is tens of thousands of nodes a page would otherwise build and keep after every run."""
+
+    data: gr.JSON
+    kept: gr.State
+    box: gr.Accordion
+    view: gr.JSON
+
+
+def lazy_json(label: str, elem_id: str, kept: gr.State | None = None) -> LazyJSON:
+    """`kept`: a State that already holds the result (else a new one)."""
+    data = gr.JSON(visible=False, elem_id=elem_id)
+    kept = kept if kept is not None else gr.State(None)
+    with gr.Accordion(label, open=False, elem_id=f"{elem_id}-box") as box:
+        view = gr.JSON(show_label=False, elem_id=f"{elem_id}-view")
+    box.expand(lambda value: value, kept, view, api_name=False, queue=False, show_progress="hidden")
+    box.collapse(lambda: None, None, view, api_name=False, queue=False, show_progress="hidden")
+    return LazyJSON(data, kept, box, view)

@@ -19,7 +19,7 @@ from feedback.eval.voting import ETA
 from feedback.serve.limits import TRACE_MAX_NEW_TOKENS, TRACES, WARMUP_TRACES
 from feedback.serve.pool import ModelPool
 from ui import charts, render
-from ui.controls import bound_number, build_strategy_panel, run_controls, to_components
+from ui.controls import bound_number, build_strategy_panel, lazy_json, run_controls, to_components
 from ui.deepconf import ETA_CHOICES, resolve_eta
 from ui.runner import ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
 
@@ -107,7 +107,7 @@ def report_view(rep: dict, traces: int) -> dict:
     return {"summary": summary, "votes": charts.vote_figure(sides),
             "baseline_curves": charts.trace_figure("baseline", sides["baseline"], 0),
             "feedback_curves": charts.trace_figure("feedback", sides["feedback"], 1),
-            "table": trace_rows(rep), "report": rep,
+            "table": trace_rows(rep), "report": rep, "report_kept": rep, "report_box": gr.update(open=False),
             "warmup_histogram": charts.histogram_figure({side: sides[side]["warmup_lowest_groups"] for side in SIDES},
                                                         rep["thresholds"])}
 
@@ -181,14 +181,14 @@ class DeepThinkTab:
             self.table = gr.Dataframe(headers=["side", "phase", "trace", "state", "tokens", "lowest group", "answer",
                                                "correct", "text"], interactive=False, wrap=True, elem_id="dt-table",
                                       column_widths=["7%", "7%", "9%", "7%", "6%", "7%", "8%", "6%", "43%"])
-            with gr.Accordion("Report (JSON)", open=False):
-                self.report = gr.JSON()
+            self.report = lazy_json("Report (JSON)", "dt-report")
             stop_ack = gr.Textbox(visible=False)
             cancel_trigger = gr.Button(visible=False)  # for program clients' Job.cancel()
         # What the work shows, by name, in the order API clients get it.
         self.outputs = {"summary": self.summary, "votes": self.votes, "baseline_curves": self.curves[0],
-                        "feedback_curves": self.curves[1], "table": self.table, "report": self.report,
-                        "warmup_histogram": self.warm_hist}
+                        "feedback_curves": self.curves[1], "table": self.table, "report": self.report.data,
+                        "warmup_histogram": self.warm_hist, "report_kept": self.report.kept,
+                        "report_box": self.report.box}
         # In the order positional API clients pass them.
         inputs = {"prompt": prompt, "expected": expected, "strategy": self.panel.strategy, "traces": traces,
                   "warmup": warmup, "eta_preset": eta_preset, "eta": eta, "window": window, "max_new": max_new,

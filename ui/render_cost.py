@@ -27,7 +27,7 @@ def measure(tokens: int, columns: int = 2) -> dict:
                    column_key(col.index, api_name("residual", "alpha")): 0.05 * col.index}
     compare = next(f.fn for f in demo.fns.values() if f.api_name == "compare")  # as the page wired it
     updates = list(compare(None, **values))
-    run = updates[-1][tab.ui.out.run_json]
+    run = updates[-1][tab.ui.out.run_json.data]
     steps = len(run["rows"][0]["steps"])
     return {"columns": columns, "tokens": steps, "updates": len(updates), "decode_s": run["wall_seconds"],
             "ui_s": run["ui_seconds"], "ui_share_of_decode": run["ui_seconds"] / run["wall_seconds"]}

@@ -248,6 +248,12 @@ def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page
         assert name in legend, legend
     expect(page.locator("#mem-plot")).to_contain_text("seconds since the run began")
 
+    # The run's JSON is built when its accordion opens (not kept as a tree after every run).
+    expect(page.locator("#run-json-view")).to_have_count(0)
+    page.locator("#run-json-box").get_by_text("Run result (JSON)").click()
+    expect(page.locator("#run-json-view")).to_contain_text("first_divergence_step")
+    page.locator("#run-json-box").get_by_text("Run result (JSON)").click()
+
     # Hover a token: a styled detail card with the numbers and the top-5 alternatives.
     token = spans(page, "col2").nth(2)
     token.hover()

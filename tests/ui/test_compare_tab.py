@@ -420,7 +420,7 @@ def test_a_column_at_temperature_0_in_a_sampled_run_gives_its_greedy_text(tiny_l
     def run(**change) -> tuple[dict, dict]:
         updates = list(handler(types.SimpleNamespace(session_hash=f"t{len(change)}"), **base | change))
         final = updates[-1]
-        return final[t.ui.out.run_json], final
+        return final[t.ui.out.run_json.data], final
 
     greedy, _ = run(temperature=0.0)
     sampled, page = run(temperature=1.0, c2_temperature="0")  # as the page's text box sends it
