@@ -139,7 +139,11 @@ def _add_generate(sub) -> None:
     f.add_argument("--step", type=int, default=None, help="the step to branch at (with --branch)")
     f.add_argument("--token", default=None, help="the token forced at --step: a token id, or text (its tokens)")
     f.add_argument("--only-row", action="store_true",
-                   help="branch only --row; the other rows decode afresh (default: every row is forced the same)")
+                   help="branch only --row; the other rows decode afresh (default: every row goes on from "
+                        "--row's text and the forced token)")
+    f.add_argument("--matching-only", action="store_true",
+                   help="branch only the rows whose answer matched --row's up to --step; the others are "
+                        "replayed as they were")
     p.add_argument("--out", default=None, help="also write the RunResult JSON to this file")
     p.add_argument("--json", action="store_true", help="print one RunResult JSON object")
 
@@ -167,8 +171,10 @@ def _generate(args) -> int:
 
     if args.continue_from or args.branch_from:
         return _follow_up(args)
-    if args.say is not None or args.step is not None or args.token is not None or args.only_row:
-        raise FeedbackError("--say goes with --continue; --step, --token and --only-row go with --branch")
+    if args.say is not None or args.step is not None or args.token is not None or args.only_row or \
+            args.matching_only:
+        raise FeedbackError("--say goes with --continue; --step, --token, --only-row and --matching-only go with "
+                            "--branch")
     if args.row and args.param:
         raise FeedbackError("--param sets the default feedback row; with --row give parameters as NAME:STRATEGY,K=V")
     for _, strategy, _ in args.row or [(None, args.strategy, None)]:
@@ -198,7 +204,8 @@ def _follow_up(args) -> int:
         raise FeedbackError(f"{fresh[0]} belongs to a new run; a follow-up takes the saved run's prompts and rows")
     saved = _read_run(args.continue_from or args.branch_from)
     if args.continue_from:
-        if args.say is None or args.row or args.step is not None or args.token is not None or args.only_row:
+        if args.say is None or args.row or args.step is not None or args.token is not None or args.only_row or \
+                args.matching_only:
             raise FeedbackError('--continue takes --say "the next message" (and no --row, --step, --token)')
         lm = _load(args, model=saved.config.get("model"), dtype=saved.config.get("dtype"))
         config = continue_run(saved, args.say)
@@ -206,7 +213,8 @@ def _follow_up(args) -> int:
         if len(args.row) != 1 or args.row[0][1] or args.row[0][2] or args.step is None or args.token is None:
             raise FeedbackError("--branch needs --row NAME, --step N and --token TEXT|ID")
         lm = _load(args, model=saved.config.get("model"), dtype=saved.config.get("dtype"))
-        config = branch(saved, args.row[0][0], args.step, _token_ids(lm, args.token), all_rows=not args.only_row)
+        config = branch(saved, args.row[0][0], args.step, _token_ids(lm, args.token), all_rows=not args.only_row,
+                        matching_only=args.matching_only)
     extra = {"quality": config.quality or args.quality}
     if args.reference is not None:
         extra["reference"] = args.reference

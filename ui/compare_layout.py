@@ -90,6 +90,7 @@ class FollowControls:
     send: gr.Button
     new: gr.Button
     branch_all: gr.Checkbox
+    branch_matching: gr.Checkbox  # with branch_all: only columns whose text matched up to the step
     branch_request: gr.Textbox  # the page script writes the chosen alternative here ...
     branch_go: gr.Button  # ... and clicks this
 
@@ -176,10 +177,14 @@ def build_controls(page: Page) -> CompareControls:
         add = gr.Button("+ Add column", size="sm", elem_id="add-column")
         remove = gr.Button("− Remove last column", size="sm", interactive=False, elem_id="remove-column")
         branch_all = gr.Checkbox(True, label="a branch applies to every column", elem_id="branch-all",
-                                 info="click an alternative in a token's card to force it and go on")
+                                 info="click an alternative in a token's card: every column goes on from that "
+                                      "column's text and the token you chose")
+        branch_matching = gr.Checkbox(False, label="only columns with the same text up to there",
+                                      elem_id="branch-matching",
+                                      info="the others are left as they were")
     with gr.Row(equal_height=False, elem_classes="fl-columns", elem_id="columns"):
         cols = [build_column(replace(page, column=i)) for i in range(MAX_COLUMNS)]
-    follow = _follow_controls(branch_all)
+    follow = _follow_controls(branch_all, branch_matching)
     gr.Markdown("#### Confidence per decode step")
     conf_plot = gr.Plot(charts.confidence_figure([]), show_label=False, elem_id="conf-plot")
     chart_feed = gr.HTML("", elem_id="chart-feed", elem_classes="fl-hidden", container=False)
@@ -248,7 +253,7 @@ def _link_controls() -> LinkControls:
     return LinkControls(button, note, data)
 
 
-def _follow_controls(branch_all: gr.Checkbox) -> FollowControls:
+def _follow_controls(branch_all: gr.Checkbox, branch_matching: gr.Checkbox) -> FollowControls:
     with gr.Row(visible=False, elem_id="follow-row") as row:
         message = gr.Textbox("", label="Continue the conversation", lines=1, max_length=BOX_MAX_CHARS, scale=4,
                              elem_id="follow-up", placeholder="A follow-up for every column (Enter sends)")
@@ -258,4 +263,4 @@ def _follow_controls(branch_all: gr.Checkbox) -> FollowControls:
     request = gr.Textbox("", elem_id="fl-branch-request", elem_classes="fl-hidden", container=False,
                          label="branch request")
     go = gr.Button("branch", elem_id="fl-branch-go", elem_classes="fl-hidden")
-    return FollowControls(row, message, send, new, branch_all, request, go)
+    return FollowControls(row, message, send, new, branch_all, branch_matching, request, go)

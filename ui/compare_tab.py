@@ -175,7 +175,8 @@ class CompareTab:
         if not values["last"]:
             raise FeedbackError("run a prompt first; then pick an alternative token in a token's card")
         row, step, token = parse_branch(values["choice"])
-        cfg = branch(RunResult.from_dict(values["last"]), row, step, token, all_rows=bool(values["all_columns"]))
+        cfg = branch(RunResult.from_dict(values["last"]), row, step, token, all_rows=bool(values["all_columns"]),
+                     matching_only=bool(values.get("matching_only")))
         return self._work(cfg, values["view"], f"Branching {row} at step {step}")
 
     def prepare_calibrate(self, values: dict) -> CalibrateWork:
@@ -367,7 +368,8 @@ class CompareTab:
                                    outputs, "continue")
         branching = self._model_event([ui.follow.branch_go.click], self.prepare_branch,
                                       {"last": ui.out.last, "choice": ui.follow.branch_request,
-                                       "all_columns": ui.follow.branch_all, "view": ui.out.view}, outputs, "branch")
+                                       "all_columns": ui.follow.branch_all, "view": ui.out.view,
+                                       "matching_only": ui.follow.branch_matching}, outputs, "branch")
         for event in (run, follow, branching):
             event.then(record_run, [hist, ui.out.last], hist, api_name=False, show_progress="hidden")
             # the accordion closed with the new run; what it showed of the last one goes

@@ -102,11 +102,27 @@ def done_text(result: RunResult) -> str:
     else:
         same = ("every column matches column 1" if not div else "vs column 1, first difference: " + ", ".join(
             f"{result.rows[j].name} at step {d}" for j, d in div.items()))
-    forced = sum(s.forced for r in result.rows for s in r.steps)
-    branch = f" · {forced} forced tokens" if forced else ""
+    return f"Done{stopped} in {result.wall_seconds:.1f} s · prompt {result.prompt_tokens} tokens · {same}" \
+           f"{branch_text(result.rows)}{fast_text(result)}"
+
+
+def branch_text(rows: list[RowResult]) -> str:
+    """What a branch did, counted in choices (not in the tokens replayed before them): which
+    columns took the chosen token, and which were left as they were."""
+    took = [r.name for r in rows if any(s.chosen for s in r.steps)]
+    if not took:
+        return ""
+    left = [r.name for r in rows if r.name not in took and any(s.forced for s in r.steps)]
+    where = "every column" if len(took) == len(rows) else ", ".join(took)
+    note = f" · branched: your token in {where}"
+    if left:
+        note += f"; {', '.join(left)} left as {'it was' if len(left) == 1 else 'they were'} (different text before it)"
+    return note
+
+
+def fast_text(result: RunResult) -> str:
     precision = result.config.get("precision") or ""
-    fast = f" · {precision}" if precision.startswith("fast") else ""
-    return f"Done{stopped} in {result.wall_seconds:.1f} s · prompt {result.prompt_tokens} tokens · {same}{branch}{fast}"
+    return f" · {precision}" if precision.startswith("fast") else ""
 
 
 def frame(cfg: RunConfig) -> RunView:

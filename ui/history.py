@@ -50,6 +50,7 @@ def _pack_steps(steps: list[dict]) -> dict:
     packed["top"] = [[[a["token_id"], a["text"], round(float(a["prob"]), 4)] for a in s.get("top") or []]
                      for s in steps]
     packed["forced"] = [i for i, s in enumerate(steps) if s.get("forced")]
+    packed["chosen"] = [i for i, s in enumerate(steps) if s.get("chosen")]
     if any(s.get("part") for s in steps):
         packed["part"] = [s.get("part") for s in steps]
     return packed
@@ -57,11 +58,12 @@ def _pack_steps(steps: list[dict]) -> dict:
 
 def _unpack_steps(packed: dict) -> list[dict]:
     n = len(packed["token_id"])
-    forced, parts = set(packed.get("forced") or []), packed.get("part") or [None] * n
+    forced, chosen = set(packed.get("forced") or []), set(packed.get("chosen") or [])
+    parts = packed.get("part") or [None] * n
     return [{"step": packed["step"][i], "token_id": packed["token_id"][i], "text": packed["text"][i],
              **{name: packed[name][i] for name in _FLOATS}, "prob": math.exp(packed["logprob"][i]),
              "top": [{"token_id": t, "text": x, "prob": p} for t, x, p in packed["top"][i]],
-             "forced": i in forced, "part": parts[i]} for i in range(n)]
+             "forced": i in forced, "chosen": i in chosen, "part": parts[i]} for i in range(n)]
 
 
 def pack(result: dict) -> dict:

@@ -32,7 +32,8 @@ CONFIDENCE_BINS = (  # (upper bound, label, background)
 )
 _VISIBLE = {" ": "·", "\n": "↵", "\t": "⇥", "\r": "␍"}
 DIVERGE = '<span class="fl-diverge" title="the columns differ from here on">differs from here</span>'
-FORCED_ROW = ("forced", "yes — chosen by you (branch)")
+CHOSEN_ROW = ("forced", "yes — chosen by you (branch)")
+REPLAYED_ROW = ("forced", "replayed: the text before the branch")
 # Parts of a prompt-level strategy's reply (restate): shown on the card and marked in the text.
 PART_ROWS = {"restate": ("part", "restatement of the key facts (before the answer)"),
              "transition": ("part", "marker forced by the strategy: the answer starts")}
@@ -75,17 +76,18 @@ def card_attr(title: str, rows: list[tuple[str, str]], top: list[tuple] | None =
 
 def _token_span(step: StepRecord, focusable: bool) -> str:
     """One token: coloured by confidence, carrying its step (`data-step`) and a card whose top-5
-    alternatives hold their token ids, so a click on one can branch the column there. A token the
-    user forced (a branch's replay) is marked, in its class and on its card."""
+    alternatives hold their token ids, so a click on one can branch the column there. The token a
+    person chose in a branch is marked plainly; the text replayed before it quietly (class and card)."""
     rows = [("probability", f"{step.prob:.1%}"), ("confidence", f"{step.confidence:.2f}"),
             ("entropy", f"{step.entropy:.2f} nats"), ("group confidence", f"{step.group_confidence:.2f}"),
             ("step", str(step.step))]
     if step.forced:
-        rows.append(FORCED_ROW)
+        rows.append(CHOSEN_ROW if step.chosen else REPLAYED_ROW)
     if step.part in PART_ROWS:
         rows.append(PART_ROWS[step.part])
     top = [(visible(a.text), a.prob, a.token_id == step.token_id, int(a.token_id)) for a in step.top[:5]]
-    classes = "fl-tok" + (" fl-forced" if step.forced else "") + (f" fl-part-{step.part}" if step.part in PART_ROWS else "")
+    forced = " fl-forced" if step.chosen else " fl-replayed" if step.forced else ""
+    classes = "fl-tok" + forced + (f" fl-part-{step.part}" if step.part in PART_ROWS else "")
     return (f'<span class="{classes}" data-step="{int(step.step)}" '
             f'tabindex="{0 if focusable else -1}" style="background-color: '
             f'{token_color(step.confidence)}" {card_attr(visible(step.text), rows, top)}>'

@@ -71,6 +71,7 @@ CSS = """
 #fl-card .fl-card-hint { margin-top: 4px; font-size: 12px; opacity: 0.8; }
 /* ---- forced tokens, diff marks, best values, column headings, conversations ---- */
 .fl-tok.fl-forced { box-shadow: inset 0 -2px 0 var(--color-accent); }
+.fl-tok.fl-replayed { box-shadow: inset 0 -1px 0 var(--body-text-color-subdued); }
 .fl-tok.fl-part-restate { font-style: italic; opacity: 0.8; }
 .fl-tok.fl-part-transition { font-weight: 600; text-decoration: underline dotted; }
 mark.fl-ins { background: rgba(0, 158, 115, 0.25); color: var(--body-text-color); border-radius: 2px; padding: 0 1px; }
@@ -155,7 +156,9 @@ HEAD = """
         if (canBranch) {
           line.type = "button";
           line.title = "force this token here and continue (a branch)";
-          line.addEventListener("click", (ev) => { ev.stopPropagation(); branchTo(where.row, where.step, tokenId); });
+          line.addEventListener("click", (ev) => {
+            ev.stopPropagation(); branchTo(where.row, where.step, tokenId, ev.detail === 0);  // 0: Enter or Space
+          });
         }
         const t = document.createElement("span"); t.className = "fl-alt-text"; t.textContent = text;
         const bar = document.createElement("span"); bar.className = "fl-alt-bar";
@@ -199,7 +202,21 @@ HEAD = """
     if (!pinned || pinned !== el || !box || box.classList.contains("fl-live") || el.dataset.step === undefined) return null;
     return {row: box.dataset.row, step: parseInt(el.dataset.step, 10)};
   };
-  const branchTo = (row, step, tokenId) => {
+  // After a branch made from the keyboard, focus goes back to the branched token once its column
+  // has streamed and finished (the text is drawn anew while it streams).
+  let refocus = null;
+  const restoreFocus = () => {
+    if (!refocus) return;
+    const box = Array.from(document.querySelectorAll(".fl-text[data-row]")).find((b) => b.dataset.row === refocus.row);
+    if (!box) return;
+    if (box.classList.contains("fl-live")) { refocus.streamed = true; return; }
+    if (!refocus.streamed) return;  // still the text from before the branch
+    const t = box.querySelector(`.fl-tok[data-step="${refocus.step}"]`);
+    refocus = null;
+    if (t) t.focus();
+  };
+  const branchTo = (row, step, tokenId, keyboard) => {
+    refocus = keyboard ? {row: row, step: step, streamed: false} : null;
     const box = document.querySelector("#fl-branch-request textarea, #fl-branch-request input");
     const go = document.querySelector("#fl-branch-go");
     if (!box || !go) return;
@@ -284,7 +301,7 @@ HEAD = """
                                                         y: traces.map((t) => add.get(t).y)}, traces);
   };
   new MutationObserver(() => {
-    if (!fed.queued) { fed.queued = true; requestAnimationFrame(extendChart); }
+    if (!fed.queued) { fed.queued = true; requestAnimationFrame(() => { extendChart(); restoreFocus(); }); }
   }).observe(document.body, {childList: true, subtree: true, characterData: true});
   // Idle memory polling only while the page is visible: mirror visibility into a hidden checkbox.
   const sync = () => {

@@ -350,7 +350,8 @@ class Run:
             tid, logprob, conf, ent = int(v[0]), v[1], v[2], v[3]
             alts = [Alternative(int(aid), self._alt(int(aid)), p) for p, aid in zip(v[4:4 + N_TOP], v[4 + N_TOP:])]
             rec = StepRecord(step, tid, row.decoder.push(tid), logprob, math.exp(logprob), conf, ent,
-                             row.window.push(conf), alts, step_ms, forced=step < len(row.prefix), part=row.part)
+                             row.window.push(conf), alts, step_ms, forced=step < len(row.prefix), part=row.part,
+                             chosen=len(row.prefix) - row.spec.chosen <= step < len(row.prefix))
             row.confs.append(conf)
             row.result.steps.append(rec)
             row.result.token_ids.append(tid)

@@ -49,6 +49,7 @@ class RowSpec:
     messages: list[dict[str, str]] | None = None  # earlier turns, [{role, content}], before the prompt
     prefix: list[int] | None = None  # token ids the reply is forced to start with (marked as forced)
     temperature: float | None = None  # this row's sampling temperature (0: greedy); None: the run's
+    chosen: int = 0  # how many of the prefix's last tokens a person chose (a branch); the rest replay text
 
     def validate(self, max_new_tokens: int) -> None:
         """Clear errors naming the row and the field."""
@@ -96,6 +97,10 @@ class RowSpec:
             if len(self.prefix) > max_new_tokens:
                 raise FeedbackError(f"{where}: prefix has {len(self.prefix)} tokens but max_new_tokens is "
                                     f"{max_new_tokens}")
+        if not isinstance(self.chosen, int) or isinstance(self.chosen, bool) or \
+                not 0 <= self.chosen <= len(self.prefix or []):
+            raise FeedbackError(f"{where}: chosen must be a whole number from 0 to the prefix's length "
+                                f"({len(self.prefix or [])}), got {self.chosen!r}")
 
 
 DEEPCONF_K = Bound("DeepConf k", 1, 1000, integer=True)  # top-k of the full distribution per token
@@ -221,8 +226,9 @@ class StepRecord:
     group_confidence: float  # mean confidence of the last `window` tokens so far
     top: list[Alternative]
     time_ms: float  # wall time of the batched step that produced it
-    forced: bool = False  # the token was given (a branch's replay), not chosen by the sampler
+    forced: bool = False  # the token was given (a branch's replay or choice), not chosen by the sampler
     part: str | None = None  # a prompt-level strategy's phase: "restate", "transition", "answer"
+    chosen: bool = False  # a forced token a person chose (a branch's token), not one replayed before it
 
 
 @dataclass

@@ -48,16 +48,21 @@ def continue_run(result: RunResult, user_message: str) -> RunConfig:
         raise FeedbackError("a conversation needs the chat template; this run had it off")
     if [r.name for r in result.rows] != [r.name for r in cfg.rows]:
         raise FeedbackError("the result's rows do not match its config's rows")
-    rows = [replace(spec, prompt=None, prefix=None, messages=conversation(cfg, spec, answer))
+    rows = [replace(spec, prompt=None, prefix=None, chosen=0, messages=conversation(cfg, spec, answer))
             for spec, answer in zip(cfg.rows, result.rows)]
     return replace(cfg, prompt=user_message, rows=rows).validate()
 
 
-def branch(result: RunResult, row: str | int, step: int, tokens: int | list[int], all_rows: bool = True) -> RunConfig:
-    """The run again, with `row` replaying its own tokens up to `step`, then forced to `tokens` (one
-    id or several) at `step`, then decoding on. With `all_rows` every row is replayed and forced the
-    same way after its own tokens, so the comparison stays paired; a row that had already ended
-    before `step` is replayed whole and ends where it ended. Without it, the other rows run afresh."""
+def branch(result: RunResult, row: str | int, step: int, tokens: int | list[int], all_rows: bool = True,
+           matching_only: bool = False) -> RunConfig:
+    """A branch is "this text so far, then this token": `row`'s answer up to `step` is replayed,
+    then `tokens` (one id or several, the person's choice) are forced, then decoding goes on.
+
+    With `all_rows` (the default) every row continues from that same text and choice, so the rows
+    compare what each does from one point. With `matching_only` only rows whose own answer matched
+    `row`'s up to `step` are branched; the others are replayed whole and end where they ended (left
+    as they were). Without `all_rows` only `row` is branched and the others run afresh. A branched
+    row's spec says how many of its forced tokens were chosen (`chosen`), the rest being replay."""
     cfg = _config_of(result)
     target = _row_index(result, row)
     ids = [tokens] if isinstance(tokens, int) and not isinstance(tokens, bool) else list(tokens)
@@ -67,15 +72,16 @@ def branch(result: RunResult, row: str | int, step: int, tokens: int | list[int]
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < len(own):
         raise FeedbackError(f"step {step!r} is outside row {result.rows[target].name}'s answer "
                             f"(steps 0 to {len(own) - 1})")
+    text = own[:step]
     rows = []
     for i, (spec, answer) in enumerate(zip(cfg.rows, result.rows)):
-        if i == target or (all_rows and len(answer.token_ids) > step):
-            prefix = answer.token_ids[:step] + ids
-        elif all_rows:
-            prefix = list(answer.token_ids)
+        branched = i == target or (all_rows and (not matching_only or answer.token_ids[:step] == text))
+        if branched:
+            rows.append(replace(spec, prefix=text + ids, chosen=len(ids)))
+        elif all_rows:  # left as it was: its own answer, replayed
+            rows.append(replace(spec, prefix=list(answer.token_ids), chosen=0))
         else:
-            prefix = None
-        rows.append(replace(spec, prefix=prefix))
+            rows.append(replace(spec, prefix=None, chosen=0))
     return replace(cfg, rows=rows).validate()
 
 

@@ -53,22 +53,40 @@ def test_continue_refuses(tiny_lm, message, kwargs, error):
         continue_run(first, message)
 
 
-def test_a_branch_replays_every_row_then_forces_the_token(embedded_lm, first_turn):
-    step = 3
-    alternative = first_turn.rows[1].steps[step].top[1].token_id
+def test_a_branch_is_this_text_then_this_token_in_every_row(embedded_lm, first_turn):
+    """Every row goes on from the clicked row's text up to the step and the chosen token, even rows
+    that had said something else by then (here the prompt variant, which parted at step 2): the rows
+    then compare what each does from one point. Only the chosen token is marked chosen."""
+    step, clicked = 3, first_turn.rows[1]
+    assert first_turn.rows[2].token_ids[:step] != clicked.token_ids[:step]  # a row that had parted
+    alternative = clicked.steps[step].top[1].token_id
     cfg = branch(first_turn, "feedback", step, alternative)
+    assert [r.chosen for r in cfg.rows] == [1, 1, 1]
     again = run_to_end(embedded_lm, cfg)
-    for old, new in zip(first_turn.rows, again.rows):
-        if len(old.token_ids) <= step:  # ended before the branch point: replayed whole
-            assert new.token_ids == old.token_ids and new.stop_reason == old.stop_reason
-            continue
-        assert new.token_ids[:step] == old.token_ids[:step] and new.token_ids[step] == alternative
+    for new in again.rows:
+        assert new.token_ids[:step] == clicked.token_ids[:step] and new.token_ids[step] == alternative
         assert [s.forced for s in new.steps[:step + 1]] == [True] * (step + 1)
-        assert not any(s.forced for s in new.steps[step + 1:])
-        for a, b in zip(old.steps[:step + 1], new.steps):  # the replay saw the same distributions
-            assert b.confidence == pytest.approx(a.confidence, abs=1e-4)
+        assert [s.chosen for s in new.steps[:step + 1]] == [False] * step + [True]  # replay, then the choice
+        assert not any(s.forced or s.chosen for s in new.steps[step + 1:])
+    for a, b in zip(clicked.steps[:step + 1], again.rows[1].steps):  # the clicked row's replay saw the same
+        assert b.confidence == pytest.approx(a.confidence, abs=1e-4)
     alone = branch(first_turn, "feedback", step, alternative, all_rows=False)
-    assert [r.prefix is None for r in alone.rows] == [True, False, True]
+    assert [r.prefix is None for r in alone.rows] == [True, False, True] and alone.rows[1].chosen == 1
+    follow = continue_run(again, "And then?")  # a branched run goes on as a conversation
+    assert [(r.prefix, r.chosen) for r in follow.rows] == [(None, 0)] * 3
+
+
+def test_a_branch_of_matching_rows_leaves_the_others_as_they_were(embedded_lm, first_turn):
+    step, clicked = first_turn.first_divergence_step, first_turn.rows[1]  # where the baseline parts
+    alternative = clicked.steps[step].top[1].token_id
+    matches = [r.token_ids[:step] == clicked.token_ids[:step] for r in first_turn.rows]
+    assert matches == [True, True, False]  # the baseline said the same so far; the variant did not
+    again = run_to_end(embedded_lm, branch(first_turn, "feedback", step, alternative, matching_only=True))
+    for old, new, branched in zip(first_turn.rows, again.rows, matches):
+        if branched:
+            assert new.token_ids[step] == alternative and sum(s.chosen for s in new.steps) == 1
+        else:  # left as it was: its own answer again, nothing chosen in it
+            assert new.token_ids == old.token_ids and not any(s.chosen for s in new.steps)
 
 
 def test_forced_steps_still_draw_so_a_sampled_replay_reproduces_the_run(tiny_lm):
@@ -102,10 +120,12 @@ def test_bad_branches_are_refused(tiny_lm, args, error):
         branch(first, *args)
 
 
-def test_a_row_that_ended_before_the_branch_point_is_replayed_whole(tiny_lm):
+def test_a_row_that_ended_before_the_branch_point_and_does_not_match_is_replayed_whole(tiny_lm):
     eos = tiny_lm.eos_token_ids[0]
     first = run_to_end(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=8,
                                           rows=[RowSpec("short", prefix=[5, eos]), RowSpec("long")]))
-    again = run_to_end(tiny_lm, branch(first, "long", 4, 9))
+    again = run_to_end(tiny_lm, branch(first, "long", 4, 9, matching_only=True))
     assert again.rows[0].token_ids == [5, eos] and again.rows[0].stop_reason == "eos"
+    shared = run_to_end(tiny_lm, branch(first, "long", 4, 9))  # by default it goes on from "long"'s text
+    assert shared.rows[0].token_ids[:5] == first.rows[1].token_ids[:4] + [9]
     assert again.rows[1].token_ids[:5] == first.rows[1].token_ids[:4] + [9]

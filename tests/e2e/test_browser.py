@@ -619,10 +619,15 @@ def test_a_prompt_session_variants_branch_follow_up_diff_and_link(page: Page, br
     expect(alternative).to_be_visible()
     expect(page.locator("#fl-card")).to_contain_text("click an alternative")
     shot(page, "branch-card", full=False)
-    alternative.click()
-    expect(page.locator("#status")).to_contain_text("forced tokens", timeout=RUN_TIMEOUT_MS)
-    for n in (1, 2, 3):  # a branch applies to every column by default: each is forced at the same step
-        expect(page.locator(f"#col{n}-text .fl-tok.fl-forced").first).to_be_visible()
+    alternative.press("Enter")  # from the keyboard: focus comes back to the branched token
+    expect(page.locator("#status")).to_contain_text("branched: your token in every column", timeout=RUN_TIMEOUT_MS)
+    for n in (1, 2, 3):  # every column goes on from column 2's text and the one chosen token
+        expect(page.locator(f"#col{n}-text .fl-tok.fl-forced")).to_have_count(1)
+        expect(page.locator(f"#col{n}-text .fl-tok.fl-replayed")).to_have_count(3)
+        assert "fl-forced" in page.locator(f"#col{n}-text .fl-tok").nth(3).get_attribute("class")
+    expect(page.locator("#col2-text .fl-tok[data-step='3']")).to_be_focused()
+    heads = [page.locator(f"#col{n}-text .fl-tok").all_inner_texts()[:4] for n in (1, 2, 3)]
+    assert heads[0] == heads[1] == heads[2], heads  # the same text and token up to the branch in every column
 
     # Continue the conversation: every column shows its own history as chat bubbles.
     page.locator("#follow-up textarea").fill("And the capital of Italy?")

@@ -249,9 +249,15 @@ def test_prompt_variants_with_quality_metrics_then_a_next_turn_and_a_branch(api,
         events = _ndjson(r)
     branched = events[-1]["result"]
     assert events[-1]["event"] == "done"
-    for old, new in zip(run1["rows"], branched["rows"]):
-        assert new["token_ids"][:step + 1] == old["token_ids"][:step] + [alt]
+    clicked = run1["rows"][1]["token_ids"][:step]
+    for new in branched["rows"]:  # every row goes on from the clicked row's text and the chosen token
+        assert new["token_ids"][:step + 1] == clicked + [alt]
         assert [s["forced"] for s in new["steps"][:step + 2]] == [True] * (step + 1) + [False]
+        assert [s["chosen"] for s in new["steps"][:step + 2]] == [False] * step + [True, False]
+    matching = client.post("/branch", json={"run_id": run1["run_id"], "row": "strong", "step": step, "token_id": alt,
+                                            "matching_only": True, "steps": False}).json()
+    for old, new in zip(run1["rows"], matching["rows"]):  # rows that had said something else stay as they were
+        assert new["token_ids"] == old["token_ids"] if old["token_ids"][:step] != clicked else new["token_ids"][step] == alt
     text = client.post("/branch", json={"run_id": run1["run_id"], "row": "plain", "step": 0, "token_text": " Paris",
                                         "all_rows": False, "steps": False})
     assert text.status_code == 200, text.text

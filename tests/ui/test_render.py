@@ -247,14 +247,15 @@ def test_card_alternatives_carry_token_ids_for_the_branch_buttons() -> None:
     assert "for (const [text, p, chosen, tokenId] of d.top)" in HEAD  # the id a branch button sends
 
 
-def test_forced_tokens_are_marked() -> None:
+def test_the_chosen_token_is_marked_and_the_replay_quietly() -> None:
     steps = [make_step(0, "a"), make_step(1, "b"), make_step(2, "c")]
-    steps[0].forced = steps[1].forced = True
+    steps[0].forced = steps[1].forced = steps[1].chosen = True  # step 0 replayed, step 1 the person's choice
     html = render_tokens(steps)
     classes = [a["class"] for tag, a in parse(html) if tag == "span"]
-    assert classes == ["fl-tok fl-forced", "fl-tok fl-forced", "fl-tok"]
+    assert classes == ["fl-tok fl-replayed", "fl-tok fl-forced", "fl-tok"]
     rows = [dict(c["rows"]) for c in cards(html)]
-    assert rows[0]["forced"] == "yes — chosen by you (branch)" and "forced" not in rows[2]
+    assert rows[0]["forced"] == "replayed: the text before the branch"
+    assert rows[1]["forced"] == "yes — chosen by you (branch)" and "forced" not in rows[2]
 
 
 # ---- diff view ----

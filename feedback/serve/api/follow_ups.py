@@ -44,7 +44,7 @@ def start(req: ContinueIn | BranchIn, pool: ModelPool, settings: ApiSettings, re
     if isinstance(req, ContinueIn):
         config = continue_run(past, req.message)
     else:
-        config = branch(past, req.row, req.step, forced_tokens(req, lm), req.all_rows)
+        config = branch(past, req.row, req.step, forced_tokens(req, lm), req.all_rows, req.matching_only)
     # held to the same caps as a new request: a saved run is the client's word, not this server's
     return start_run(lm, check_run(config, lm.num_layers), budget=settings.budget)
 
@@ -70,9 +70,11 @@ async def continue_(req: ContinueIn, request: Request, pool: Pool, settings: Set
 @router.post("/branch",
              summary="an earlier run again, replayed up to `step` and forced to another token there",
              description="`row` is replayed token for token up to `step`, then forced `token_id` (or "
-                         "`token_text`'s tokens), then decodes on; with `all_rows` (default) every row is "
-                         "forced the same way after its own tokens, keeping the comparison paired. Forced "
-                         "steps are marked `forced`. `format=ndjson|sse` streams it.")
+                         "`token_text`'s tokens), then decodes on; with `all_rows` (default) every row goes on "
+                         "from that same text and token, so the rows compare what each does from one point "
+                         "(`matching_only`: only rows whose answer matched up to `step`; the others are "
+                         "replayed as they were). Forced steps are marked `forced`, the token chosen here "
+                         "also `chosen`. `format=ndjson|sse` streams it.")
 async def branch_(req: BranchIn, request: Request, pool: Pool, settings: Settings, recent: Recent,
                   format: Literal["ndjson", "sse"] | None = Query(None)):
     return await follow_up(req, request, format, pool, settings, recent)

@@ -73,6 +73,9 @@ class RowIn(_Body):
     prefix: TokenIds | None = Field(
         None, max_length=SERVED_MAX_NEW_TOKENS,
         description="token ids the reply is forced to start with (a branch's replay); marked `forced` in the steps")
+    chosen: int = Field(0, ge=0, le=SERVED_MAX_NEW_TOKENS,
+                        description="how many of `prefix`'s last tokens a person chose (marked `chosen` in the "
+                                    "steps); the rest replay earlier text")
     temperature: float | None = Field(None, **within(TEMPERATURE),
                                       description=f"this row's sampling temperature (0 = greedy; otherwise at least "
                                                   f"{MIN_TEMPERATURE:g}); null: the run's")
@@ -150,8 +153,10 @@ class BranchIn(FollowUpIn):
     token_id: int | None = Field(None, ge=0, description="the token forced at `step` (or give token_text)")
     token_text: str | None = Field(None, min_length=1, max_length=SHORT_TEXT_MAX_CHARS,
                                    description="text forced at `step`, as its tokens (or give token_id)")
-    all_rows: bool = Field(True, description="force every row the same way after its own tokens (paired); "
-                                             "false: only `row`, the others decode afresh")
+    all_rows: bool = Field(True, description="every row continues from `row`'s text up to `step` and the "
+                                             "forced token (paired); false: only `row`, the others decode afresh")
+    matching_only: bool = Field(False, description="with `all_rows`: branch only the rows whose answer matched "
+                                                   "`row`'s up to `step`; the others are replayed as they were")
 
 
 class PPLIn(_Body):
