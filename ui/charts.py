@@ -10,6 +10,7 @@ from html import escape
 import plotly.graph_objects as go
 
 from feedback.core.records import RowResult
+from feedback.eval.voting import answer_matches
 from feedback.eval.figures import BETTER, WORSE, figure
 
 # Okabe–Ito colours (colour-blind safe), one per column/side, the same in every chart.
@@ -148,17 +149,28 @@ def bar_figure(labels: list[str], values: list[float], x_title: str, y_title: st
                   margin=dict(l=70), xaxis=dict(showticklabels=len(labels) <= 40))
 
 
-def vote_figure(sides: dict[str, dict]) -> go.Figure:
-    """DeepConf's weighted vote shares per answer, one bar group per side."""
-    traces = []
+def vote_figure(sides: dict[str, dict], expected: str | None = None) -> go.Figure:
+    """DeepConf's weighted vote shares per answer, one bar group per side; with `expected`, the
+    answers that match it are outlined and labelled "expected" (or the chart says none got a vote)."""
+    traces, right = [], set()
     for i, (side, rep) in enumerate(sides.items()):
         tallies = rep["votes"]["lowest_group"]["tallies"]
         total = sum(tallies.values()) or 1.0
         answers = sorted(tallies, key=lambda a: -tallies[a])
+        hits = [bool(answer_matches(a, expected)) for a in answers]
+        right |= {plot_text(a) for a, hit in zip(answers, hits) if hit}
         traces.append(dict(type="bar", name=side, x=[plot_text(a) for a in answers],
-                           y=[tallies[a] / total for a in answers], marker=dict(color=row_color(i))))
+                           y=[tallies[a] / total for a in answers],
+                           marker=dict(color=row_color(i), line=dict(color=[MARK if h else "rgba(0,0,0,0)" for h in hits],
+                                                                     width=[3 if h else 0 for h in hits]))))
+    notes = [dict(x=a, y=1.0, xref="x", yref="paper", yanchor="bottom", text="expected", showarrow=False,
+                  font=dict(size=11)) for a in sorted(right)]
+    if expected is not None and not right:
+        notes.append(dict(x=1.0, y=1.0, xref="paper", yref="paper", xanchor="right", yanchor="bottom",
+                          showarrow=False, font=dict(size=11),
+                          text=f"expected answer {plot_text(expected)!s}: no votes"))
     return figure(traces, 280, "answer", "weighted vote share", barmode="group", hovermode="closest",
-                  xaxis=dict(type="category"))
+                  xaxis=dict(type="category"), annotations=notes, margin=dict(t=40))
 
 
 def trace_figure(side: str, rep: dict, color_index: int = 0) -> go.Figure:

@@ -221,6 +221,10 @@ def _run_controls() -> RunControls:
         generate = gr.Button("Generate", variant="primary", elem_id="generate")
         stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop")
     status = gr.HTML(render.status_html("Ready. Pick an example or type a prompt, then Generate."), elem_id="status")
+    # From the keyboard, the answers are many stops away (examples, settings, columns' settings):
+    # this link, shown when it has focus, goes straight to column 1's first token.
+    gr.HTML('<a class="fl-skip" href="#columns">Skip to the answers (column 1\'s first token)</a>',
+            elem_id="skip-to-answers", container=False)
     return RunControls(generate, stop, status, gr.Textbox(visible=False), gr.Button(visible=False))
 
 

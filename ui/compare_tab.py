@@ -263,7 +263,8 @@ class CompareTab:
         """Forget the last run: the next Generate starts afresh, Continue has nothing to follow."""
         ui = self.ui
         out = {ui.out.last: None, ui.follow.message: "", ui.follow.row: gr.update(visible=False),
-               ui.run.status: render.status_html("New conversation: type a prompt and Generate.")}
+               ui.run.status: render.status_html("New conversation: type a prompt and Generate."),
+               ui.out.conf_plot: charts.confidence_figure([]), ui.out.chart_feed: ""}  # no chart of the old run
         for col in ui.cols:
             out |= {col.turns: "", col.text: render.render_tokens([]), col.stats: ""}
         return out
@@ -383,7 +384,8 @@ class CompareTab:
         ui.run.stop.click(self.stop_run, None, ui.run.stop_ack, api_name="stop", concurrency_limit=None,
                           show_progress="hidden")
         ui.follow.new.click(self.new_conversation, None,
-                            [ui.out.last, ui.follow.message, ui.follow.row, ui.run.status,
+                            [ui.out.last, ui.follow.message, ui.follow.row, ui.run.status, ui.out.conf_plot,
+                             ui.out.chart_feed,
                              *[x for c in ui.cols for x in (c.turns, c.text, c.stats)]],
                             api_name="new_conversation", show_progress="hidden")
         self._wire_page(settings)

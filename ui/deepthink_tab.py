@@ -104,7 +104,7 @@ def report_view(rep: dict, traces: int) -> dict:
     sides = rep["sides"]
     summary = (side_markdown("Baseline", sides["baseline"], traces) + "\n\n" +
                side_markdown("Feedback", sides["feedback"], traces))
-    return {"summary": summary, "votes": charts.vote_figure(sides),
+    return {"summary": summary, "votes": charts.vote_figure(sides, rep["config"].get("expected")),
             "baseline_curves": charts.trace_figure("baseline", sides["baseline"], 0),
             "feedback_curves": charts.trace_figure("feedback", sides["feedback"], 1),
             "table": trace_rows(rep), "report": rep, "report_kept": rep, "report_box": gr.update(open=False),

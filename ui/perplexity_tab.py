@@ -119,7 +119,7 @@ class PerplexityTab:
                     mode, passes = mode_inputs("ppl")
             self.run, self.stop, self.status = run_controls("ppl", "Measure perplexity")
             self.summary = gr.Markdown(elem_id="ppl-summary")
-            self.coloured = gr.HTML(elem_id="ppl-text")
+            self.coloured = gr.HTML(elem_id="ppl-coloured")
             gr.HTML(delta_legend())
             self.plot = gr.Plot(show_label=False, elem_id="ppl-plot")
             self.table = gr.Dataframe(headers=["document", "tokens", "baseline PPL", "feedback PPL", "ΔPPL %"],

@@ -78,7 +78,9 @@ def _token_span(step: StepRecord, focusable: bool) -> str:
     """One token: coloured by confidence, carrying its step (`data-step`) and a card whose top-5
     alternatives hold their token ids, so a click on one can branch the column there. The token a
     person chose in a branch is marked plainly; the text replayed before it quietly (class and card)."""
-    rows = [("probability", f"{step.prob:.1%}"), ("confidence", f"{step.confidence:.2f}"),
+    # the probability as the card's top-5 list shows it (4 decimals, then one of a percent), so the
+    # chosen token reads the same in both places
+    rows = [("probability", f"{100 * round(step.prob, 4):.1f}%"), ("confidence", f"{step.confidence:.2f}"),
             ("entropy", f"{step.entropy:.2f} nats"), ("group confidence", f"{step.group_confidence:.2f}"),
             ("step", str(step.step))]
     if step.forced:

@@ -107,6 +107,9 @@ td.fl-best { font-weight: 700; }
   .fl-stats th, .fl-stats td { padding: 1px 3px; }
 }
 .fl-hidden { display: none !important; }
+.fl-skip { position: absolute; left: -9999px; }
+.fl-skip:focus { position: static; display: inline-block; padding: 4px 8px; border: 2px solid var(--color-accent);
+  border-radius: 6px; color: var(--body-text-color); }
 /* ---- charts: transparent figures take the theme's text and grid colours ---- */
 .js-plotly-plot .main-svg .gtitle, .js-plotly-plot .main-svg .xtitle, .js-plotly-plot .main-svg .ytitle,
 .js-plotly-plot .main-svg .xtick text, .js-plotly-plot .main-svg .ytick text,
@@ -262,6 +265,14 @@ HEAD = """
     if (all[j]) { e.preventDefault(); all[j].focus(); }
   });
   window.addEventListener("scroll", () => { if (shown && document.contains(shown)) place(shown); }, true);
+  // The skip link: focus column 1's first token (which opens its card), or the columns if none yet.
+  document.addEventListener("click", (e) => {
+    const link = e.target.closest ? e.target.closest("a.fl-skip") : null;
+    if (!link) return;
+    e.preventDefault(); e.stopImmediatePropagation();  // a click off the tokens would close the card
+    const first = document.querySelector("#col1-text .fl-tok[tabindex='0']");
+    if (first) first.focus(); else document.querySelector("#columns")?.scrollIntoView();
+  }, true);
   // In the Compare prompt Enter runs and Shift+Enter starts a new line, as in the follow-up box
   // (Gradio's multi-line box does the reverse). Caught before Gradio's own key handler sees it.
   window.addEventListener("keypress", (e) => {

@@ -103,8 +103,10 @@ def history_figure(rows: list[dict], title: str = "") -> go.Figure:
                                                                                           shape="hv"),
              hovertemplate="best so far %{y:+.3f}%<extra></extra>"),
     ]
+    last = max((r["trial"] for r in rows), default=0)
+    ticks = dict(tick0=0, dtick=max(1, math.ceil((last + 1) / 10)), tickformat="d")  # whole trials only
     return figure(traces, 360, "trial", "ΔPPL % (lower is better)", title=dict(text=title, font=dict(size=13)),
-                  hovermode="closest", margin=dict(l=60, r=15, t=50, b=45))
+                  hovermode="closest", margin=dict(l=60, r=15, t=50, b=45), xaxis=ticks)
 
 
 def importance_figure(values: dict[str, float], title: str = "Parameter importance (PED-ANOVA)") -> go.Figure:

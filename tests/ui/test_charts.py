@@ -169,6 +169,12 @@ def test_deep_think_figures():
                         "group_confidence": [5.5, 4.0]}]}
     votes = vote_figure({"baseline": side})
     assert list(votes.data[0].x) == ["42", "41"] and list(votes.data[0].y) == [0.75, 0.25]
+    assert not votes.layout.annotations
+    marked = vote_figure({"baseline": side}, expected="41")  # the expected answer is marked where it stands
+    assert list(marked.data[0].marker.line.width) == [0, 3] and [a.text for a in marked.layout.annotations] == ["expected"]
+    assert marked.layout.annotations[0].x == "41"
+    missing = vote_figure({"baseline": side}, expected="7")
+    assert "expected answer 7: no votes" in missing.layout.annotations[0].text
     curves = trace_figure("baseline", side)
     names = [t.name for t in curves.data]
     assert "t1 stopped" in names and curves.data[-1].name == "threshold 5.00" and list(curves.data[-1].y) == [5.0, 5.0]
