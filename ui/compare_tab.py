@@ -355,7 +355,7 @@ class CompareTab:
 
     def _model_event(self, triggers, prepare, inputs: dict, outputs: list, api_name: str):
         """A model handler's event: `prepare` gets `inputs`' values by name (the API's parameters)."""
-        handler = self.runner.wrap(TAB, prepare, list(inputs))
+        handler = self.runner.wrap(TAB, prepare, list(inputs), status=self.ui.run.status)
         return gr.on(triggers, handler, inputs_kwargs=inputs, outputs=outputs, api_name=api_name,
                      concurrency_limit=None, show_progress="hidden")
 

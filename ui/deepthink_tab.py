@@ -194,7 +194,7 @@ class DeepThinkTab:
                   "warmup": warmup, "eta_preset": eta_preset, "eta": eta, "window": window, "max_new": max_new,
                   "temperature": temperature, "top_p": top_p, "seed": seed, "regex": regex, "shared": shared,
                   "check": check, **self.panel.named_inputs()}
-        handler = self.runner.wrap(TAB, self.prepare, list(inputs))
+        handler = self.runner.wrap(TAB, self.prepare, list(inputs), status=self.status)
         running = self.run.click(handler, inputs_kwargs=inputs,
                                  outputs=[*self.outputs.values(), self.status, self.run, self.stop],
                                  api_name="deepthink", concurrency_limit=None, show_progress="hidden")

@@ -134,7 +134,7 @@ class PerplexityTab:
         # In the order positional API clients pass them.
         inputs = {"source": source, "text": text, "upload": upload, "strategy": self.panel.strategy, "mode": mode,
                   "passes": passes, "max_docs": max_docs, **self.panel.named_inputs()}
-        handler = self.runner.wrap(TAB, self.prepare, list(inputs))
+        handler = self.runner.wrap(TAB, self.prepare, list(inputs), status=self.status)
         running = self.run.click(handler, inputs_kwargs=inputs,
                                  outputs=[*self.outputs.values(), self.status, self.run, self.stop],
                                  api_name="perplexity", concurrency_limit=None, show_progress="hidden")

@@ -272,10 +272,11 @@ class ModelRunner:
         self._on_gpu = decorate(_run_work, duration=lambda work, stop: work.gpu_seconds)
 
     # ---- the wrapper ----
-    def wrap(self, tab: str, prepare: Callable[[dict], Work], names: list[str]) -> Callable:
+    def wrap(self, tab: str, prepare: Callable[[dict], Work], names: list[str], status=None) -> Callable:
         """A Gradio generator handler for an event wired with `inputs_kwargs={name: component}`:
         Gradio passes one keyword per control (`names`, also the API's parameter names) and
-        `prepare(values)` gets them as one dict, validates and returns the `Work`."""
+        `prepare(values)` gets them as one dict, validates and returns the `Work`. A refused
+        request says why in the tab's `status` line too (a toast vanishes; the line stays)."""
         runner = self
 
         def handler(request: gr.Request = None, **values):
@@ -283,6 +284,8 @@ class ModelRunner:
             try:
                 work = prepare(values)
             except FeedbackError as exc:
+                if status is not None:
+                    yield {status: render.status_html(f"Not started: {exc}", "error")}
                 raise user_error(exc) from None
             yield from runner.drive(session, tab, work)
 

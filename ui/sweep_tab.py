@@ -274,7 +274,7 @@ class SweepTab:
         # In the order positional API clients pass them.
         inputs = {**texts, "grid_x": grid_x, "grid_y": grid_y, "mode": mode, "passes": passes, "max_docs": max_docs,
                   **strategy_controls}
-        handler = self.runner.wrap(TAB, self.prepare, list(inputs))
+        handler = self.runner.wrap(TAB, self.prepare, list(inputs), status=self.status)
         running = self.run.click(handler, inputs_kwargs=inputs,
                                  outputs=[self.heatmap, self.status, self.csv, self.run, self.stop], api_name="sweep",
                                  concurrency_limit=None, show_progress="hidden")
@@ -284,7 +284,7 @@ class SweepTab:
                                    outputs=search, api_name=False, queue=False, show_progress="hidden")
         tune_inputs = {**texts, "search": search, "mode": mode, "passes": passes, "max_docs": max_docs,
                        "trials": trials, "seed": seed, **strategy_controls}
-        tune_handler = self.runner.wrap(TUNE, self.prepare_tune, list(tune_inputs))
+        tune_handler = self.runner.wrap(TUNE, self.prepare_tune, list(tune_inputs), status=self.tune_status)
         tuning = self.tune_run.click(tune_handler, inputs_kwargs=tune_inputs,
                                      outputs=[self.tune_table, self.tune_plot, self.tune_status, self.tune_files,
                                               self.tune_run, self.tune_stop],

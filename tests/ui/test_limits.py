@@ -62,7 +62,7 @@ def test_each_box_shows_its_declared_bound_and_the_handler_refuses_one_past_it(h
     assert box.precision == (0 if bound.integer else None)
     values = {n: c.value for n, c in controls(event).items()} | extra | {name: bound.hi + 1}
     with pytest.raises(gr.Error, match=re.escape(f"{bound.name} must be between {bound.lo:g} and {bound.hi:g}")):
-        next(event.fn(types.SimpleNamespace(session_hash=f"limits-{endpoint}-{name}"), **values))
+        list(event.fn(types.SimpleNamespace(session_hash=f"limits-{endpoint}-{name}"), **values))
 
 
 def test_deep_think_refuses_a_top_p_of_zero_as_sampling_does(handlers):
@@ -70,7 +70,7 @@ def test_deep_think_refuses_a_top_p_of_zero_as_sampling_does(handlers):
     event = handlers["deepthink"]
     values = {n: c.value for n, c in controls(event).items()} | {"top_p": 0}
     with pytest.raises(gr.Error, match=re.escape("top_p must be > 0")):
-        next(event.fn(types.SimpleNamespace(session_hash="limits-top-p"), **values))
+        list(event.fn(types.SimpleNamespace(session_hash="limits-top-p"), **values))
 
 
 def test_handlers_take_every_value_by_name_in_the_order_positional_clients_pass_them(handlers):
@@ -89,3 +89,15 @@ def test_handlers_take_every_value_by_name_in_the_order_positional_clients_pass_
         params = inspect.signature(event.fn).parameters
         assert list(params) == ["request", *names]
         assert all(p.kind is p.KEYWORD_ONLY for p in list(params.values())[1:])
+
+
+def test_a_refusal_stays_in_the_status_line(handlers):
+    """The refusal's first update writes it into the tab's status line (a toast vanishes), then the
+    error ends the event."""
+    event = handlers["deepthink"]
+    values = {n: c.value for n, c in controls(event).items()} | {"top_p": 0}
+    updates = event.fn(types.SimpleNamespace(session_hash="limits-status"), **values)
+    (status_update,) = next(updates).values()
+    assert "Not started" in status_update and "top_p must be &gt; 0" in status_update
+    with pytest.raises(gr.Error, match=re.escape("top_p must be > 0")):
+        next(updates)
