@@ -212,6 +212,9 @@ def build_column(page: Page) -> ColumnControls:
             settings = {s.name: s.build(page) for s in COLUMN}
         turns = gr.HTML(elem_id=f"col{n}-turns")
         text = gr.HTML(render.render_tokens([]), elem_id=f"col{n}-text")
+        # copies the column's answer as plain text (the page script; nothing goes to the server)
+        gr.HTML(f'<button type="button" class="fl-copy" data-col="col{n}" title="copy this column\'s answer">'
+                'Copy answer</button>', elem_id=f"col{n}-copy", container=False)
         stats = gr.HTML(elem_id=f"col{n}-stats")
     return ColumnControls(index, box, title, settings, turns, text, stats)
 

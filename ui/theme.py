@@ -108,6 +108,9 @@ td.fl-best { font-weight: 700; }
 }
 .fl-hidden { display: none !important; }
 .fl-skip { position: absolute; left: -9999px; }
+.fl-copy { font-size: 0.8em; padding: 2px 10px; margin: 2px 0 4px; border-radius: 6px; cursor: pointer;
+  border: 1px solid var(--border-color-primary); background: var(--background-fill-secondary);
+  color: var(--body-text-color); }
 .fl-skip:focus { position: static; display: inline-block; padding: 4px 8px; border: 2px solid var(--color-accent);
   border-radius: 6px; color: var(--body-text-color); }
 /* ---- charts: transparent figures take the theme's text and grid colours ---- */
@@ -273,6 +276,20 @@ HEAD = """
     const first = document.querySelector("#col1-text .fl-tok[tabindex='0']");
     if (first) first.focus(); else document.querySelector("#columns")?.scrollIntoView();
   }, true);
+  // Copy answer: the column's text as plain text (the "differs from here" marker left out).
+  document.addEventListener("click", (e) => {
+    const button = e.target.closest ? e.target.closest("button.fl-copy") : null;
+    if (!button) return;
+    const box = document.querySelector(`#${button.dataset.col}-text .fl-text`);
+    if (!box) return;
+    const copy = box.cloneNode(true);
+    copy.querySelectorAll(".fl-diverge, del.fl-del").forEach((x) => x.remove());
+    const text = copy.textContent.replace(/^…$/, "");
+    const done = (label) => { button.textContent = label; setTimeout(() => { button.textContent = "Copy answer"; }, 1500); };
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(() => done("Copied"), () => done("Copy failed"));
+    } else { done("Copy needs https"); }
+  });
   // In the Compare prompt Enter runs and Shift+Enter starts a new line, as in the follow-up box
   // (Gradio's multi-line box does the reverse). Caught before Gradio's own key handler sees it.
   window.addEventListener("keypress", (e) => {

@@ -367,6 +367,12 @@ def test_enter_runs_and_an_input_error_leaves_the_previous_run_intact(page: Page
     expect(page.locator("#col1-text .fl-tok").first).to_be_focused()
     expect(page.locator("#fl-card.fl-open")).to_be_visible()
     page.keyboard.press("Escape")
+    # Copy answer: the column's text, as plain text, on the clipboard
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.locator("#col2-copy button.fl-copy").click()
+    expect(page.locator("#col2-copy button.fl-copy")).to_have_text("Copied")
+    tokens = "".join(page.locator("#col2-text .fl-tok").all_text_contents())
+    assert page.evaluate("() => navigator.clipboard.readText()") == tokens
     before = {c: page.locator(f"#{c}-text .fl-text").inner_html() for c in ("col1", "col2")}
     stats = page.locator("#col2-stats table").inner_text()
     page.locator("#prompt textarea").fill("   ")
