@@ -402,7 +402,8 @@ class CompareTab:
         for col in ui.cols:
             inputs = {"prompt": ui.settings["prompt"]} | col.inputs()
             gr.on([c.change for c in inputs.values()], by_name(self._previewer(col.index), list(inputs)),
-                  inputs_kwargs=inputs, outputs=col.heading, api_name=False, queue=False, show_progress="hidden")
+                  inputs_kwargs=inputs, outputs=col.heading, api_name=False, queue=False, show_progress="hidden",
+                  trigger_mode="always_last")  # changes in quick succession: the last one's heading wins
         ui.link.button.click(by_name(self.make_link, list(settings)), inputs_kwargs=settings,
                              outputs=ui.link.data, api_name="link", queue=False, show_progress="hidden").then(
             None, ui.link.data, ui.link.note, js=COPY_LINK_JS, api_name=False, queue=False)
