@@ -107,12 +107,17 @@ def _is_run(result) -> bool:
         return False
 
 
-def valid(history) -> tuple[list[dict], int]:
-    """(the well-formed entries, how many were skipped). A history larger than a browser could
-    have stored is refused whole: it did not come from this page."""
+def _check_size(history) -> None:
+    """A history larger than a browser could have stored did not come from this page: refused whole."""
     if history and len(json.dumps(history, default=str)) > 2 * MAX_BYTES:
         raise FeedbackError(f"a run history is at most {MAX_BYTES // 1_000_000} MB (this page stores no more); "
                             "this one is larger")
+
+
+def valid(history) -> tuple[list[dict], int]:
+    """(the well-formed entries, how many were skipped). A history larger than a browser could
+    have stored is refused whole: it did not come from this page."""
+    _check_size(history)
     if not isinstance(history, list):
         return [], 0 if history in (None, "", {}) else 1
     good = [e for e in map(_readable, history) if e is not None]
@@ -122,8 +127,8 @@ def valid(history) -> tuple[list[dict], int]:
 def add_run(history: list[dict] | None, result: dict) -> list[dict]:
     """A new history with `result` (a RunResult dict) first, oldest runs dropped past the caps.
     A result already present (same `run_id`) is not added twice."""
-    try:
-        valid(history)
+    try:  # the stored (packed) entries kept as they are; each is read once, to check it
+        _check_size(history)
         runs = [e for e in history if _readable(e) is not None] if isinstance(history, list) else []
     except FeedbackError:  # a store too large to be this page's: start again rather than fail the run
         runs = []
