@@ -2,7 +2,7 @@
 
 `SHARED` holds what every column shares (prompt, model, sampling, DeepConf, evaluation, how many
 columns), `COLUMN` what each column has of its own (name, strategy and parameters, its own prompt,
-system prompt and temperature), `CALIBRATION` Calibrate's own settings. An entry says
+system prompt, temperature, top-p and seed), `CALIBRATION` Calibrate's own settings. An entry says
 - its name: the Gradio API parameter (a column's is `c<n>_<name>`, e.g. `c2_temperature`) and the
   key the tab's handlers read its value by;
 - its control: kind, label, first value, hint, and the declared `Bound` it takes its range from;
@@ -93,6 +93,11 @@ def _same(value):
 
 def _blank_for_none(value):
     return "" if value is None else value
+
+
+def _whole_text(value) -> str:
+    """A whole number as a text box shows it, every digit ("" for none)."""
+    return "" if value is None else str(value)
 
 
 def _number_text(value) -> str:
@@ -243,6 +248,13 @@ def _temperature(raw, scope: Scope) -> float:
     return check_temperature(raw, TEMPERATURE.name)  # 0 (greedy) or at least the sampling floor
 
 
+def _top_p(raw, scope: Scope) -> float:
+    value = TOP_P.check(raw, TOP_P.name)
+    if value == 0.0:
+        raise FeedbackError("top_p must be above 0 (1 = off): top-p 0 keeps no token")
+    return value
+
+
 def parse_key_facts(text: str | None) -> list[str]:
     """One key fact per line (blank lines ignored); /…/ is a regular expression."""
     return [line.strip() for line in (text or "").splitlines() if line.strip()]
@@ -324,6 +336,14 @@ COLUMN: tuple[Field | StrategyChoice, ...] = (
           parse=_temperature, shown=_number_text, overrides="sampling.temperature",
           badge=lambda t: f"temperature {t:g}",
           options=dict(lines=1, max_lines=1, elem_id="temperature", placeholder="the shared temperature")),
+    Field("top_p", "top_p", gr.Textbox, "top-p", bound=TOP_P, optional=True,
+          info="empty: the shared top-p; above 0, up to 1 (1 = off)", parse=_top_p, shown=_number_text,
+          overrides="sampling.top_p", badge=lambda p: f"top-p {p:g}",
+          options=dict(lines=1, max_lines=1, elem_id="top-p", placeholder="the shared top-p")),
+    Field("seed", "seed", gr.Textbox, "seed", bound=SEED, optional=True,
+          info="empty: the shared seed; a whole number, 0 or more (another seed draws other tokens)", shown=_whole_text,
+          overrides="seed", badge=lambda seed: f"seed {seed}",
+          options=dict(lines=1, max_lines=1, elem_id="seed", placeholder="the shared seed")),
 )
 
 CALIBRATION: tuple[Field, ...] = (

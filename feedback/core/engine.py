@@ -7,7 +7,7 @@ forward for all rows. Row 0 is usually the baseline; other rows carry a feedback
 act on their own batch position only. A row may be forced to start its reply with given tokens (a
 branch replays its tokens up to a step, then the chosen alternative): forced steps are decoded like
 any other, so feedback state evolves exactly as it did, and are marked in the records. A row may
-sample at its own temperature. A row with a prompt-level strategy (`PromptStrategy`) runs the
+sample with its own temperature, top-p and seed. A row with a prompt-level strategy (`PromptStrategy`) runs the
 plain model: its strategy rewrites the row's prompt and may replace the tokens it takes. Rows that
 finish (EOS, max tokens, early stop) leave the batch and the KV cache. `start_run` builds a `Run`;
 iterating it yields a `StepEvent` per step and `Run.result` holds the `RunResult`; `run_to_end`
@@ -214,8 +214,8 @@ class Run:
     def _loop(self) -> Iterator[StepEvent]:
         cfg, lm = self.config, self.lm
         batch = BatchView(Phase.PREFILL, [r.index for r in self.rows])
-        sampler = Sampler(cfg.sampling, [cfg.seed + r.spec.seed_offset for r in self.rows], lm.device,
-                          [r.spec.temperature for r in self.rows])
+        sampler = Sampler(cfg.sampling, [r.spec.seed_for(cfg.seed) for r in self.rows], lm.device,
+                          [r.spec.sampling(cfg.sampling) for r in self.rows])
         t0 = time.perf_counter()
         self.result.memory.append(memory.sample(t0, lm.device).to_dict())
         completed, prefilled = False, None

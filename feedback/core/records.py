@@ -4,13 +4,13 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from feedback.core.bounds import Bound
 from feedback.core.confidence import DEFAULT_K, DEFAULT_WINDOW
 from feedback.core.patterns import key_fact_pattern
-from feedback.core.sampling import SamplingConfig, check_temperature
+from feedback.core.sampling import TOP_P, SamplingConfig, check_temperature
 from feedback.errors import FeedbackError
 from feedback.strategies import get_strategy
 
@@ -36,8 +36,8 @@ MAX_KEY_FACTS = 32
 class RowSpec:
     """One row of a run: the baseline (no strategy) or a strategy with parameters, and optionally
     its own prompt, system prompt and earlier conversation turns (otherwise the run's), its own
-    sampling temperature (the other sampling settings are the run's), and a forced start of its
-    reply (the replay of a branch)."""
+    sampling temperature, top-p and seed (the other sampling settings are the run's), and a forced
+    start of its reply (the replay of a branch)."""
 
     name: str = "baseline"
     strategy: str | None = None
@@ -50,6 +50,17 @@ class RowSpec:
     prefix: list[int] | None = None  # token ids the reply is forced to start with (marked as forced)
     temperature: float | None = None  # this row's sampling temperature (0: greedy); None: the run's
     chosen: int = 0  # how many of the prefix's last tokens a person chose (a branch); the rest replay text
+    top_p: float | None = None  # this row's top-p; None: the run's
+    seed: int | None = None  # this row's seed (its draws start from it, plus seed_offset); None: the run's
+
+    def sampling(self, shared: SamplingConfig) -> SamplingConfig:
+        """The run's sampling settings with this row's own temperature and top-p in place."""
+        own = {name: getattr(self, name) for name in ("temperature", "top_p") if getattr(self, name) is not None}
+        return replace(shared, **own)
+
+    def seed_for(self, run_seed: int) -> int:
+        """The seed of this row's generator: its own seed or the run's, plus its offset."""
+        return (run_seed if self.seed is None else self.seed) + self.seed_offset
 
     def validate(self, max_new_tokens: int) -> None:
         """Clear errors naming the row and the field."""
@@ -68,6 +79,16 @@ class RowSpec:
             if not isinstance(self.temperature, (int, float)):  # text is parsed by the door that takes it
                 raise FeedbackError(f"{where}: temperature must be a number, got {self.temperature!r}")
             check_temperature(self.temperature, f"{where}: temperature")
+        for name in ("top_p", "seed"):  # numbers only, as the library takes them (a door parses text first)
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise FeedbackError(f"{where}: {name} must be a number, got {value!r}")
+        if self.top_p is not None:
+            TOP_P.check(self.top_p, f"{where}: top_p")
+            if self.top_p == 0.0:
+                raise FeedbackError(f"{where}: top_p must be > 0 (1 = off)")
+        if self.seed is not None:
+            SEED.check(self.seed, f"{where}: seed")
         for name in ("prompt", "system_prompt"):
             value = getattr(self, name)
             if value is None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, astuple, dataclass
 
 import torch
 from transformers import (LogitsProcessorList, MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
@@ -21,7 +21,7 @@ TOP_K = Bound("top_k", 0, 1_000_000, integer=True)  # 0 = off
 
 @dataclass
 class SamplingConfig:
-    """Decoding settings shared by every row of a run. temperature 0 means greedy."""
+    """Decoding settings of a run (a row may have its own temperature and top-p). temperature 0 means greedy."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -86,20 +86,20 @@ class Sampler:
     """Picks one token per live row. Each row owns a seeded generator, so a row's draws do not depend
     on which other rows share its batch.
 
-    Rows may have their own temperature (`temperatures`, None for the shared one); every other
-    setting is shared. When every row has the same temperature, one set of processors acts on the
-    whole batch (a greedy run without overrides is an argmax, as fast as it was); otherwise each
-    group of rows with one temperature goes through its own processors, a greedy group by argmax."""
+    Rows may have sampling settings of their own (`row_configs`, one per row; a row's own temperature
+    or top-p). Rows with equal settings are picked together: when every row has the same settings one
+    set of processors acts on the whole batch (a greedy run without overrides is an argmax, as fast as
+    it was); otherwise each group goes through its own processors, a greedy group by argmax."""
 
     def __init__(self, cfg: SamplingConfig, seeds: list[int], device: torch.device,
-                 temperatures: list[float | None] | None = None):
+                 row_configs: list[SamplingConfig] | None = None):
         self.cfg = cfg
-        self.temperatures = [cfg.temperature if t is None else float(t)
-                             for t in (temperatures or [None] * len(seeds))]
-        self.by_temperature = {t: build_processors(replace(cfg, temperature=t)) for t in set(self.temperatures)}
-        self.needs_history = cfg.repetition_penalty != 1.0
+        configs = row_configs or [cfg] * len(seeds)
+        self.keys = [astuple(c) for c in configs]  # a row's settings, as a key its group is found by
+        self.groups = {key: (build_processors(c), c.greedy) for key, c in zip(self.keys, configs)}
+        self.needs_history = any(c.repetition_penalty != 1.0 for c in configs)
         self.generators: list[torch.Generator] = []
-        if any(self.temperatures):
+        if not all(c.greedy for c in configs):
             for seed in seeds:
                 gen = torch.Generator(device=device)
                 gen.manual_seed(int(seed))
@@ -108,31 +108,30 @@ class Sampler:
     @property
     def edits_logits(self) -> bool:
         """Whether any processor acts on the logits (the caller then hands in a copy)."""
-        return any(len(procs) for procs in self.by_temperature.values())
+        return any(len(procs) for procs, _ in self.groups.values())
 
     def select_rows(self, keep: list[int]) -> None:
-        """Keep the generators and temperatures of these batch positions (rows that left drop out)."""
-        self.temperatures = [self.temperatures[i] for i in keep]
+        """Keep the generators and settings of these batch positions (rows that left drop out)."""
+        self.keys = [self.keys[i] for i in keep]
         if self.generators:
             self.generators = [self.generators[i] for i in keep]
 
     def __call__(self, history: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:
         """Token ids [B] from fp32 logits [B, V]; `history` [B, T] is needed for repetition penalty."""
-        if len(set(self.temperatures)) == 1:
-            return self._pick(self.temperatures[0], list(range(logits.shape[0])), history, logits)
+        if len(set(self.keys)) == 1:
+            return self._pick(self.keys[0], list(range(logits.shape[0])), history, logits)
         tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-        for t in sorted(set(self.temperatures)):
-            rows = [i for i, ti in enumerate(self.temperatures) if ti == t]
+        for key in dict.fromkeys(self.keys):  # each group once, in row order
+            rows = [i for i, k in enumerate(self.keys) if k == key]
             idx = torch.tensor(rows, device=logits.device)
-            tokens[idx] = self._pick(t, rows, None if history is None else history[idx], logits[idx])
+            tokens[idx] = self._pick(key, rows, None if history is None else history[idx], logits[idx])
         return tokens
 
-    def _pick(self, temperature: float, rows: list[int], history: torch.Tensor | None,
-              logits: torch.Tensor) -> torch.Tensor:
-        """Tokens for the batch positions `rows` (their logits and history given), all at one temperature."""
-        procs = self.by_temperature[temperature]
+    def _pick(self, key: tuple, rows: list[int], history: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:
+        """Tokens for the batch positions `rows` (their logits and history given), all with one group's settings."""
+        procs, greedy = self.groups[key]
         scores = procs(history, logits) if len(procs) else logits
-        if temperature == 0.0:
+        if greedy:
             return scores.argmax(dim=-1)
         probs = torch.softmax(scores, dim=-1)
         return torch.cat([torch.multinomial(probs[j], 1, generator=self.generators[i]) for j, i in enumerate(rows)])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
@@ -640,6 +641,25 @@ def test_rows_leaving_the_batch_keep_their_own_temperature(tiny_lm):
     assert mixed["gone"] == [eos]
     assert mixed["cold"] == _tokens(tiny_lm, SamplingConfig(**SHARED), [RowSpec("cold")])["cold"]
     assert mixed["hot"] == _tokens(tiny_lm, SamplingConfig(temperature=0.8, **SHARED), [RowSpec("hot")])["hot"]
+
+
+def test_a_row_with_its_own_seed_and_top_p_draws_as_a_run_with_them(tiny_lm):
+    sampling = SamplingConfig(temperature=1.0, **SHARED)
+    rows = [RowSpec("run's"), RowSpec("own seed", seed=11, seed_offset=2), RowSpec("own top-p", top_p=0.5)]
+    mixed = _tokens(tiny_lm, sampling, rows)
+    assert mixed["own seed"] == _tokens(tiny_lm, sampling, [RowSpec("own seed", seed_offset=2)], seed=11)["own seed"]
+    assert mixed["own top-p"] == _tokens(tiny_lm, replace(sampling, top_p=0.5), [RowSpec("own top-p")])["own top-p"]
+    assert mixed["own seed"] != mixed["run's"]  # another seed draws other tokens (the test can fail)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("top_p", 0.0, "top_p must be > 0"), ("top_p", 1.5, "top_p must be between"), ("top_p", "0.5", "top_p must be a number"),
+    ("seed", -1, "seed must be at least 0"), ("seed", 1.5, "seed must be a whole number"), ("seed", True, "seed must be a number"),
+])
+def test_a_bad_row_top_p_or_seed_is_refused_naming_the_row_and_field(field, value, message):
+    cfg = RunConfig(prompt="hi", rows=[RowSpec("a"), RowSpec("b", **{field: value})])
+    with pytest.raises(FeedbackError, match=f"row b: {message}"):
+        cfg.validate()
 
 
 @pytest.mark.parametrize("temperature, message", [

@@ -61,7 +61,7 @@ CPU = torch.device("cpu")
 
 
 def test_a_greedy_run_without_row_temperatures_is_a_plain_argmax():
-    sampler = Sampler(SamplingConfig(), [0, 1], CPU, [None, None])
+    sampler = Sampler(SamplingConfig(), [0, 1], CPU, [SamplingConfig(), SamplingConfig()])
     assert sampler.generators == [] and not sampler.edits_logits  # no draws, no copy of the logits
     logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(1))
     assert torch.equal(sampler(None, logits), logits.argmax(dim=-1))
@@ -69,7 +69,8 @@ def test_a_greedy_run_without_row_temperatures_is_a_plain_argmax():
 
 def test_each_row_draws_at_its_own_temperature_with_its_own_generator():
     cfg = SamplingConfig(temperature=0.8, top_k=10, repetition_penalty=1.2)
-    mixed = Sampler(cfg, [5, 6, 7], CPU, [None, 0.0, 1.5])
+    mixed = Sampler(cfg, [5, 6, 7], CPU, [cfg, SamplingConfig(0.0, 10, repetition_penalty=1.2),
+                                          SamplingConfig(1.5, 10, repetition_penalty=1.2)])
     alone = [Sampler(cfg, [5], CPU), Sampler(SamplingConfig(0.0, 10, repetition_penalty=1.2), [6], CPU),
              Sampler(SamplingConfig(1.5, 10, repetition_penalty=1.2), [7], CPU)]
     gen = torch.Generator().manual_seed(2)
@@ -82,3 +83,18 @@ def test_each_row_draws_at_its_own_temperature_with_its_own_generator():
         assert got.tolist() == torch.cat(want).tolist()
         draws.append(got.tolist())
     assert len({d[0] for d in draws}) > 1 and len({d[2] for d in draws}) > 1  # the sampled rows really draw
+
+
+def test_rows_with_their_own_top_p_draw_as_they_would_alone():
+    cfg = SamplingConfig(temperature=1.0)
+    tight, loose = SamplingConfig(1.0, top_p=0.3), SamplingConfig(1.0, top_p=1.0)
+    mixed = Sampler(cfg, [3, 3], CPU, [tight, loose])
+    alone = [Sampler(tight, [3], CPU), Sampler(loose, [3], CPU)]
+    gen = torch.Generator().manual_seed(4)
+    kept = set()
+    for _ in range(20):
+        logits = torch.randn(2, 60, generator=gen)
+        got = mixed(None, logits.clone())
+        assert got.tolist() == [alone[i](None, logits[i:i + 1].clone()).item() for i in range(2)]
+        kept.add(got[0].item() in logits[0].topk(8).indices.tolist())
+    assert kept == {True}  # top-p 0.3 of a flat-ish distribution keeps only its head

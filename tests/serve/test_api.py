@@ -201,6 +201,8 @@ def test_health_models_strategies_and_openapi(api):
     (json.dumps({"prompt": "x" * (MAX_PROMPT_CHARS + 1)}), 422, "at most 100000 characters"),
     (json.dumps({"prompt": "word " * 9000}), 422, "exceeds the model context"),
     (json.dumps([1, 2]), 422, "invalid request"),
+    (json.dumps({"prompt": "hi", "rows": [{"name": "a", "top_p": 0}]}), 422, "rows.0.top_p"),
+    (json.dumps({"prompt": "hi", "rows": [{"name": "a", "seed": -1}]}), 422, "rows.0.seed"),
 ])
 def test_bad_requests_get_a_clear_json_error_and_the_server_keeps_serving(api, body, status, message):
     client, _ = api

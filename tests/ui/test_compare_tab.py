@@ -369,6 +369,7 @@ DECLARED_BOUNDS = {
     ("shared", "seed"): records.SEED, ("shared", "k"): records.DEEPCONF_K,
     ("shared", "window"): records.DEEPCONF_WINDOW,
     ("shared", "columns"): compare_settings.COLUMNS, ("column", "temperature"): sampling.TEMPERATURE,
+    ("column", "top_p"): sampling.TOP_P, ("column", "seed"): records.SEED,
     ("calibration", "eta"): deepconf.ETA, ("calibration", "warmup"): limits.WARMUP_TRACES,
 }
 ENTRIES = [("shared", s) for s in SHARED] + [("column", s) for s in COLUMN] + [("calibration", s) for s in CALIBRATION]
@@ -387,26 +388,45 @@ def test_the_controls_show_their_bounds(tab):
                    "calibration": tab.ui.calibration.settings}[table][s.name]
         if isinstance(control, gr.Number):
             assert (control.minimum, control.maximum) == (s.bound.lo, s.bound.hi), s.name
-        else:  # a text box (it may be empty) says its range
+        elif s.bound.integer:  # a text box (it may be empty) says its range
+            assert f"whole number, {s.bound.lo} or more" in control.info, s.name
+        else:
             assert f"{s.bound.hi:g}" in control.info, s.name
+
+
+EMPTY_COLUMN = {"name": "", "strategy": "none", "prompt": "", "system": "", "temperature": "", "top_p": "", "seed": ""}
 
 
 def test_a_column_temperature_is_read_checked_and_named():
     scope = compare_settings.Scope({"prompt": "hi"}, 1)
-    spec = compare_settings.row_spec({"name": "", "strategy": "none", "prompt": "", "system": "", "temperature": ""},
-                                     scope)
+    spec = compare_settings.row_spec(EMPTY_COLUMN, scope)
     assert spec.temperature is None and spec.name == "Feedback"  # empty: the shared temperature
-    assert compare_settings.row_spec({"name": "x", "strategy": "none", "prompt": "", "system": "", "temperature": "0"},
-                                     scope).temperature == 0
+    assert compare_settings.row_spec(EMPTY_COLUMN | {"name": "x", "temperature": "0"}, scope).temperature == 0
     for bad, message in [("11", "column 2: temperature must be between 0 and 10"),
                          ("warm", "column 2: temperature must be a number, got 'warm'"),
                          ("0.001", r"column 2: temperature must be 0 \(greedy\) or at least 0.01")]:
         with pytest.raises(FeedbackError, match=message):
-            compare_settings.row_spec({"name": "x", "strategy": "none", "prompt": "", "system": "",
-                                       "temperature": bad}, scope)
+            compare_settings.row_spec(EMPTY_COLUMN | {"name": "x", "temperature": bad}, scope)
     assert "temperature 0.5" in compare_settings.badges(RowSpec("a", temperature=0.5))
     assert compare_settings.badges(RowSpec("a")) == []
     assert "temperature" in link.ROW_FIELDS and ("temperature", "sampling.temperature") in compare_settings.OVERRIDES
+
+
+def test_a_column_top_p_and_seed_are_read_checked_and_named():
+    scope = compare_settings.Scope({"prompt": "hi"}, 2)
+    spec = compare_settings.row_spec(EMPTY_COLUMN, scope)
+    assert (spec.top_p, spec.seed) == (None, None)  # empty: the shared ones
+    spec = compare_settings.row_spec(EMPTY_COLUMN | {"top_p": "0.8", "seed": "42"}, scope)
+    assert (spec.top_p, spec.seed) == (0.8, 42)
+    for change, message in [({"top_p": "0"}, "column 3: top_p must be above 0"),
+                            ({"top_p": "1.2"}, "column 3: top_p must be between 0 and 1"),
+                            ({"seed": "-3"}, "column 3: seed must be at least 0"),
+                            ({"seed": "1.5"}, "column 3: seed must be a whole number")]:
+        with pytest.raises(FeedbackError, match=message):
+            compare_settings.row_spec(EMPTY_COLUMN | change, scope)
+    assert compare_settings.badges(RowSpec("a", top_p=0.8, seed=42)) == ["top-p 0.8", "seed 42"]
+    assert {("top_p", "sampling.top_p"), ("seed", "seed")} <= set(compare_settings.OVERRIDES)
+    assert {"top_p", "seed"} <= set(link.ROW_FIELDS)
 
 
 def test_a_column_at_temperature_0_in_a_sampled_run_gives_its_greedy_text(tiny_lm):

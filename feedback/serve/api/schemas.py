@@ -79,6 +79,8 @@ class RowIn(_Body):
     temperature: float | None = Field(None, **within(TEMPERATURE),
                                       description=f"this row's sampling temperature (0 = greedy; otherwise at least "
                                                   f"{MIN_TEMPERATURE:g}); null: the run's")
+    top_p: float | None = Field(None, gt=TOP_P.lo, le=TOP_P.hi, description="this row's top-p (1 = off); null: the run's")
+    seed: int | None = Field(None, **within(SEED), description="this row's seed; null: the run's")
 
 
 class _RunFields(_Body):
