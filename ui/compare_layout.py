@@ -14,7 +14,8 @@ import gradio as gr
 
 from feedback.serve.limits import BOX_MAX_CHARS
 from ui import charts, render
-from ui.compare_settings import CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, Page, column_key, default_row
+from ui.compare_settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, TOKEN_VIEWS, Page, column_key,
+                                 default_row)
 from ui.compare_view import heading
 from ui.controls import LazyJSON, StrategyPanel, lazy_json
 
@@ -168,8 +169,9 @@ def build_controls(page: Page) -> CompareControls:
             calibration = _deepconf_controls(shared, page)
             link = _link_controls()
     with gr.Row(equal_height=True):
-        view = gr.Radio(["confidence", "plain", "diff"], value="confidence", label="Token view", scale=1,
-                        min_width=220, elem_id="token-view", info="diff: each column's words against column 1")
+        view = gr.Radio(list(TOKEN_VIEWS), value=TOKEN_VIEWS[0], label="Token view", scale=1, min_width=220,
+                        elem_id="token-view", info="markdown: the answer formatted; diff: each column's words "
+                                                   "against column 1")
         gr.HTML(render.confidence_legend(), elem_id="legend")
     diff_legend = gr.HTML(render.diff_legend(), visible=False, elem_id="diff-legend-box")
     with gr.Row():

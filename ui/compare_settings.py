@@ -36,6 +36,7 @@ from ui.controls import NONE, StrategyPanel, api_name, build_strategy_panel, fir
 from ui.deepconf import ETA_CHOICES
 
 MIN_COLUMNS, MAX_COLUMNS = 2, 4
+TOKEN_VIEWS = ("confidence", "plain", "markdown", "diff")  # how the columns' text is shown; the first is a new page's
 COLUMNS = Bound("columns", MIN_COLUMNS, MAX_COLUMNS, integer=True)
 # (default name, default strategy) of each column slot; columns 3 and 4 appear on "Add column".
 # An added column starts on another strategy's "visible effect" preset, so it shows something new at

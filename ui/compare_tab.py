@@ -293,7 +293,9 @@ class CompareTab:
             raise FeedbackError("the run's columns and its settings' columns differ")
         chart = confidence_chart(result.rows, cfg.deepconf.threshold, cfg.deepconf.window)
         shown = frame(cfg) | outputs(result.rows, view, live=False) | RunView(confidence=chart, result=data)
-        return self.apply_config(cfg) | self.show_run(shown)
+        # the page now shows this run, not a link's setup: the link's note goes, and with the link
+        # data emptied the page script takes the link out of the address bar
+        return self.apply_config(cfg) | self.show_run(shown) | {self.ui.link.note: "", self.ui.link.data: ""}
 
     def make_link(self, values: dict) -> dict:
         """The link data of the controls as they stand (validated like a run); the page script
@@ -301,7 +303,7 @@ class CompareTab:
         try:
             cfg = run_config(values)
             self.served(cfg)
-            return {self.ui.link.data: link.encode(cfg)}
+            return {self.ui.link.data: link.encode(cfg, values["view"])}
         except FeedbackError as exc:
             raise gr.Error(str(exc), print_exception=False) from None
 
@@ -313,7 +315,7 @@ class CompareTab:
         if not data:
             return {ui.link.note: ""}
         try:
-            cfg = link.decode(data)
+            cfg, view = link.opened(data)
             self.served(cfg)
         except FeedbackError as exc:  # the message may quote the link's own values: literal text in the note
             log.info("link refused: %s", exc)
@@ -323,7 +325,8 @@ class CompareTab:
         note = "Settings restored from the link: press Generate to run them."
         if cfg.model not in self.pool.allowlist:
             note += f" (Its model {cfg.model!r} is not served here; {self.pool.default!r} is selected.)"
-        return self.apply_config(cfg) | {ui.link.note: render.md_text(note), ui.run.status: render.status_html(note)}
+        return self.apply_config(cfg) | {ui.link.note: render.md_text(note), ui.run.status: render.status_html(note),
+                                         ui.out.view: view, ui.link.data: data}
 
     # ---- what events update ----
     def restore_outputs(self) -> list:
@@ -332,7 +335,8 @@ class CompareTab:
         shared = [x for s in SHARED for x in s.outputs(ui.settings[s.name])]
         cols = [x for c in ui.cols for x in (c.box, c.heading, *c.setting_outputs(), c.turns, c.text, c.stats)]
         return [*shared, ui.add_column, ui.remove_column, *cols, ui.out.diff_legend, ui.out.conf_plot, ui.out.last,
-                ui.out.run_json.data, ui.out.run_json.box, ui.follow.row, ui.run.status, ui.link.note]
+                ui.out.run_json.data, ui.out.run_json.box, ui.follow.row, ui.run.status, ui.link.note, ui.link.data,
+                ui.out.view]
 
     def run_outputs(self) -> list:
         """Everything a Compare run (first turn, follow-up or branch) updates."""
@@ -404,9 +408,11 @@ class CompareTab:
             gr.on([c.change for c in inputs.values()], by_name(self._previewer(col.index), list(inputs)),
                   inputs_kwargs=inputs, outputs=col.heading, api_name=False, queue=False, show_progress="hidden",
                   trigger_mode="always_last")  # changes in quick succession: the last one's heading wins
-        ui.link.button.click(by_name(self.make_link, list(settings)), inputs_kwargs=settings,
+        linked = settings | {"view": ui.out.view}
+        ui.link.button.click(by_name(self.make_link, list(linked)), inputs_kwargs=linked,
                              outputs=ui.link.data, api_name="link", queue=False, show_progress="hidden").then(
             None, ui.link.data, ui.link.note, js=COPY_LINK_JS, api_name=False, queue=False)
+        ui.link.data.change(None, ui.link.data, None, js=DROP_LINK_JS, api_name=False, queue=False)
         ui.memory.timer.tick(self.tick, ui.memory.state, [ui.memory.state, ui.memory.plot], api_name="memory",
                              concurrency_limit=None, show_progress="hidden")
         ui.memory.page_visible.change(lambda visible: gr.Timer(active=bool(visible)), ui.memory.page_visible,
@@ -436,6 +442,17 @@ COPY_LINK_JS = """
   return "The address bar now holds the link (copy it from there): " + link;
 }
 """
+
+
+# A run reloaded from History empties the link data: the address bar then stops holding a link to
+# a setup the page no longer shows (a reload of the page would bring that setup back).
+DROP_LINK_JS = f"""(data) => {{
+  if (data) return;
+  const url = new URL(window.location.href);
+  if (!url.searchParams.has("{link.PARAM}")) return;
+  url.searchParams.delete("{link.PARAM}");
+  window.history.replaceState(null, "", url.toString());
+}}"""
 
 
 def record_run(hist: list | None, last: dict | None) -> list:

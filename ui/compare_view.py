@@ -135,7 +135,7 @@ def frame(cfg: RunConfig) -> RunView:
 
 
 def outputs(rows: list[RowResult], view: str, live: bool, caches: list | None = None) -> RunView:
-    """Every column's text (in the token `view`: "confidence", "plain" or "diff") and stats."""
+    """Every column's text (in the token `view`: "confidence", "plain", "markdown" or "diff") and stats."""
     div = divergences(rows, live)
     caches = caches or [None] * len(rows)
     texts, stats = [], []
@@ -144,6 +144,8 @@ def outputs(rows: list[RowResult], view: str, live: bool, caches: list | None = 
         at = div.get(index) if index else min(div.values(), default=None)
         if view == "diff":
             texts.append(render.render_diff(rows[0].steps, row.steps, live=running))
+        elif view == "markdown":
+            texts.append(render.render_markdown(row.steps, live=running, row=row.name))
         else:
             texts.append(render.render_tokens(row.steps, view, live=running, cache=cache, diverge_at=at, row=row.name))
         stats.append(render.render_stats(row, live=running, best=best))

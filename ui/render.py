@@ -1,5 +1,5 @@
-"""HTML for generated text (plain, confidence-coloured with detail cards, or a word diff against
-column 1), conversation bubbles, stats tables, column headings and legends.
+"""HTML for generated text (plain, confidence-coloured with detail cards, formatted as Markdown, or
+a word diff against column 1), conversation bubbles, stats tables, column headings and legends.
 
 Everything that comes from the model or the user is HTML-escaped, in element content and in
 attributes; the detail card's data is JSON in an attribute, and the page script puts it on screen as
@@ -14,6 +14,8 @@ import os
 import re
 from difflib import SequenceMatcher
 from html import escape
+
+from markdown_it import MarkdownIt
 
 from feedback.core import quality
 from feedback.core.records import RowResult, StepRecord, confidence_summary, first_divergence, tokens_per_second
@@ -141,6 +143,27 @@ def render_tokens(steps: list[StepRecord], mode: str = "confidence", live: bool 
         spans = cache.spans_for(steps) if cache is not None else [_token_span(s, i == 0) for i, s in enumerate(steps)]
         body = "".join(spans) if cut is None else "".join(spans[:cut]) + DIVERGE + "".join(spans[cut:])
     return _text_box("fl-text", row, body, live)
+
+
+# ---- markdown view: the answer as formatted text ----
+
+def _markdown_parser() -> MarkdownIt:
+    """CommonMark with tables and strikethrough, as chat UIs render answers. Raw HTML in the text
+    stays text (`html` off) and images are not drawn (a generated image link would make the page
+    fetch an address the model wrote); markdown-it refuses javascript:/data: links itself."""
+    return MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"]).disable("image")
+
+
+_MARKDOWN = _markdown_parser()
+
+
+def render_markdown(steps: list[StepRecord], live: bool = False, row: str | None = None) -> str:
+    """One column's answer rendered as Markdown (code fences, lists, tables). While the column
+    streams it is shown as plain text, appended token by token; it is formatted once it finishes
+    (formatting a half-written answer would redraw the whole box at every step)."""
+    if live or not steps:
+        return render_tokens(steps, "plain", live=live, row=row)
+    return f'<div class="fl-text fl-markdown"{_row_attr(row)}>{_MARKDOWN.render(_joined(steps))}</div>'
 
 
 # ---- diff view: a column's words against column 1's ----

@@ -13,6 +13,16 @@ CSS = """
 .fl-text { white-space: pre-wrap; word-break: break-word; line-height: 1.65; min-height: 3em;
   color: var(--body-text-color); font-family: var(--font-mono, ui-monospace, monospace); font-size: 0.92em; }
 .fl-empty { color: var(--body-text-color-subdued); font-style: italic; }
+/* the markdown view: prose in the body font; code and tables scroll inside the column on a phone */
+.fl-text.fl-markdown { white-space: normal; font-family: var(--font); font-size: 0.95em; }
+.fl-markdown p, .fl-markdown ul, .fl-markdown ol, .fl-markdown pre, .fl-markdown table { margin: 0 0 0.6em; }
+.fl-markdown ul, .fl-markdown ol { padding-left: 1.4em; }
+.fl-markdown code { font-family: var(--font-mono, ui-monospace, monospace); font-size: 0.92em;
+  background: var(--background-fill-secondary); border-radius: 3px; padding: 0 3px; }
+.fl-markdown pre { overflow-x: auto; background: var(--background-fill-secondary); border-radius: 6px; padding: 8px; }
+.fl-markdown pre code { padding: 0; background: none; white-space: pre; }
+.fl-markdown table { display: block; overflow-x: auto; border-collapse: collapse; }
+.fl-markdown th, .fl-markdown td { border: 1px solid var(--border-color-primary); padding: 2px 6px; }
 .fl-tok { border-radius: 3px; padding: 0 1px; cursor: pointer; }
 .fl-tok:hover, .fl-tok:focus, .fl-tok.fl-active { outline: 2px solid var(--color-accent); outline-offset: 0; }
 .fl-tok.fl-first { color: var(--body-text-color-subdued); }

@@ -213,9 +213,9 @@ def test_restore_sets_every_control_and_column_from_a_stored_run(tab, embedded_l
 def test_a_link_round_trips_every_setting(tab, embedded_lm):
     changes = {1: {"strategy": "anchor", "anchor.alpha": 0.3}, 3: {"name": "Four", "strategy": "none",
                                                                   "prompt": "hello there"}}
-    data = tab.make_link(values(tab, 4, changes, model=embedded_lm.name, reference="Hi!"))
-    cfg = link.decode(data[tab.ui.link.data])
-    assert cfg == config(tab, columns=4, changes=changes, model=embedded_lm.name, reference="Hi!")
+    data = tab.make_link(values(tab, 4, changes, model=embedded_lm.name, reference="Hi!") | {"view": "diff"})
+    cfg, view = link.opened(data[tab.ui.link.data])
+    assert cfg == config(tab, columns=4, changes=changes, model=embedded_lm.name, reference="Hi!") and view == "diff"
     out = tab.apply_config(cfg)
     s, four = tab.ui.settings, tab.ui.cols[3].settings
     assert out[s["columns"]] == 4 and out[four["name"]] == "Four" and out[four["prompt"]] == "hello there"
@@ -246,6 +246,20 @@ def test_a_link_over_any_limit_is_refused_on_open_naming_the_field(tab, embedded
     note = out[tab.ui.link.note]
     assert note.startswith("⚠ This link's settings were not applied")
     assert re.search(message, note.replace("\\", "")), note
+
+
+def test_a_link_opens_in_its_token_view_and_a_history_reload_lets_go_of_it(tab, embedded_lm):
+    cfg = RunConfig(prompt="hi", model=embedded_lm.name, max_new_tokens=8,
+                    rows=[RowSpec("a"), RowSpec("b", "residual", {"alpha": 0.1})])
+    data = link.encode(cfg, "diff")
+    out = tab.open_link(SimpleNamespace(query_params={link.PARAM: data}, session_hash="s"))
+    assert out[tab.ui.out.view] == "diff" and out[tab.ui.link.data] == data and "restored" in out[tab.ui.link.note]
+    assert link.opened(link.encode(cfg)) == (cfg, "confidence")  # the usual view: nothing added to the link
+    stored = RunResult(config=cfg.to_dict(), rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows])
+    reloaded = tab.restore(stored.to_dict(), "diff")
+    assert reloaded[tab.ui.link.note] == "" and reloaded[tab.ui.link.data] == ""  # the page script drops ?cfg=
+    with pytest.raises(FeedbackError, match="token view must be one of"):
+        link.encode(cfg, "fancy")
 
 
 def test_a_link_note_shows_what_the_link_said_as_text(tab, embedded_lm):
@@ -342,7 +356,7 @@ def test_every_setting_round_trips_through_a_config_a_stored_run_and_a_link(tab)
     stored = RunResult(config=cfg.to_dict(), rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows])
     entry = history.valid(history.add_run(None, stored.to_dict()))[0][0]  # as History reads it back
     reloaded = tab.restore(entry["result"], "plain")
-    opened = tab.apply_config(link.decode(tab.make_link(changed)[tab.ui.link.data]))
+    opened = tab.apply_config(link.decode(tab.make_link(changed | {"view": "plain"})[tab.ui.link.data]))
     for control, value in expected.items():
         for out in (restored, reloaded, opened):
             assert out[control] == value, (control.label, control.elem_id)

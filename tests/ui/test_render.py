@@ -521,3 +521,30 @@ def test_turns_escape_hostile_text() -> None:
     assert "<img" not in html and "<script" not in html
     assert {tag for tag, _ in parse(html)} == {"div"}
     assert all(set(attrs) <= {"class", "aria-label"} for _, attrs in parse(html))
+
+
+# ---- markdown view ----
+
+def test_markdown_view_formats_a_finished_answer() -> None:
+    text = ["Use ", "`ls`", ":\n\n", "```python\n", "print(1 < 2)\n", "```\n", "\n- one\n- **two**\n"]
+    html = render.render_markdown([make_step(i, t) for i, t in enumerate(text)], row="col")
+    tags = [tag for tag, _ in parse(html)]
+    assert {"code", "pre", "ul", "li", "strong"} <= set(tags)
+    assert "```" not in html and "print(1 &lt; 2)" in html
+    assert html.startswith('<div class="fl-text fl-markdown" data-row="col">')
+
+
+def test_markdown_view_streams_as_plain_text_until_the_column_finishes() -> None:
+    steps = [make_step(0, "**bold"), make_step(1, "**")]
+    assert render.render_markdown(steps, live=True) == render_tokens(steps, "plain", live=True)
+    assert "<strong>" in render.render_markdown(steps)
+
+
+@pytest.mark.parametrize("hostile", HOSTILE + ["[x](javascript:alert(1))", "![t](https://evil.example/p.png)",
+                                               "<iframe src=//evil>"])
+def test_markdown_view_keeps_html_links_and_images_harmless(hostile: str) -> None:
+    html = render.render_markdown([make_step(0, hostile)])
+    tags = parse(html)
+    assert {tag for tag, _ in tags} <= {"div", "p", "a", "em", "strong", "code"}
+    assert not any(name.startswith("on") for _, attrs in tags for name in attrs)
+    assert not any((attrs.get("href") or "").startswith("javascript") for _, attrs in tags)
