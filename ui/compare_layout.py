@@ -31,7 +31,7 @@ def load_examples() -> list[str]:
 @dataclass
 class ColumnControls:
     """One output column: its box, heading, settings (by setting name; the strategy's is its panel)
-    and outputs (conversation, text, stats)."""
+    and outputs (conversation, text)."""
 
     index: int
     box: gr.Column
@@ -39,7 +39,6 @@ class ColumnControls:
     settings: dict
     turns: gr.HTML
     text: gr.HTML
-    stats: gr.HTML
 
     @property
     def panel(self) -> StrategyPanel:
@@ -72,6 +71,7 @@ class OutputControls:
     run_json: LazyJSON  # the finished run: whole for program clients, shown to a person on demand
     last: gr.State  # the last finished run: what Continue, branches and History go on from
     chart_feed: gr.HTML  # a streaming run's new chart points, which the page script adds to the chart
+    metrics: gr.HTML  # one table of every column's metrics
 
 
 @dataclass
@@ -186,6 +186,7 @@ def build_controls(page: Page) -> CompareControls:
                                       info="the others are left as they were")
     with gr.Row(equal_height=False, elem_classes="fl-columns", elem_id="columns"):
         cols = [build_column(replace(page, column=i)) for i in range(MAX_COLUMNS)]
+    metrics = gr.HTML(elem_id="metrics")
     follow = _follow_controls(branch_all, branch_matching)
     gr.Markdown("#### Confidence per decode step")
     conf_plot = gr.Plot(charts.confidence_figure([]), show_label=False, elem_id="conf-plot")
@@ -198,13 +199,13 @@ def build_controls(page: Page) -> CompareControls:
                             gr.Checkbox(True, elem_id="fl-page-visible", elem_classes="fl-hidden", container=False,
                                         label="page visible"))
     return CompareControls(shared.done(), cols, add, remove, run, OutputControls(view, diff_legend, conf_plot, run_json,
-                                                                                 last, chart_feed),
+                                                                                 last, chart_feed, metrics),
                            memory, follow, link, calibration)
 
 
 def build_column(page: Page) -> ColumnControls:
     """Column slot `page.column`: heading, settings (collapsed: every column setting, in the
-    table's order), conversation, text and stats."""
+    table's order), conversation and text."""
     index = page.column
     n = index + 1
     with gr.Column(min_width=0, visible=index < MIN_COLUMNS, elem_id=f"col{n}") as box:
@@ -217,8 +218,7 @@ def build_column(page: Page) -> ColumnControls:
         # copies the column's answer as plain text (the page script; nothing goes to the server)
         gr.HTML(f'<button type="button" class="fl-copy" data-col="col{n}" title="copy this column\'s answer">'
                 'Copy answer</button>', elem_id=f"col{n}-copy", container=False)
-        stats = gr.HTML(elem_id=f"col{n}-stats")
-    return ColumnControls(index, box, title, settings, turns, text, stats)
+    return ColumnControls(index, box, title, settings, turns, text)
 
 
 def _run_controls() -> RunControls:

@@ -114,8 +114,8 @@ class CompareTab:
             out[col.turns] = html
         for col, html in zip(ui.cols, v.texts or []):
             out[col.text] = html
-        for col, html in zip(ui.cols, v.stats or []):
-            out[col.stats] = html
+        if v.metrics is not None:
+            out[ui.out.metrics] = v.metrics
         if v.diff is not None:
             out[ui.out.diff_legend] = gr.update(visible=v.diff)
         if v.confidence is not None:
@@ -266,7 +266,8 @@ class CompareTab:
                ui.run.status: render.status_html("New conversation: type a prompt and Generate."),
                ui.out.conf_plot: charts.confidence_figure([]), ui.out.chart_feed: ""}  # no chart of the old run
         for col in ui.cols:
-            out |= {col.turns: "", col.text: render.render_tokens([]), col.stats: ""}
+            out |= {col.turns: "", col.text: render.render_tokens([])}
+        out[ui.out.metrics] = ""
         return out
 
     # ---- settings in, settings out (History reload, shared links) ----
@@ -285,7 +286,7 @@ class CompareTab:
         return out
 
     def restore(self, data: dict, view: str) -> dict:
-        """Every control as the run had it, and the run's columns, conversations, stats and chart."""
+        """Every control as the run had it, and the run's columns, conversations, metrics and chart."""
         result = RunResult.from_dict(data)
         cfg = RunConfig.from_dict(result.config)
         self.served(cfg)
@@ -333,16 +334,16 @@ class CompareTab:
         """Every component `restore` and `open_link` may update."""
         ui = self.ui
         shared = [x for s in SHARED for x in s.outputs(ui.settings[s.name])]
-        cols = [x for c in ui.cols for x in (c.box, c.heading, *c.setting_outputs(), c.turns, c.text, c.stats)]
-        return [*shared, ui.add_column, ui.remove_column, *cols, ui.out.diff_legend, ui.out.conf_plot, ui.out.last,
+        cols = [x for c in ui.cols for x in (c.box, c.heading, *c.setting_outputs(), c.turns, c.text)]
+        return [*shared, ui.add_column, ui.remove_column, *cols, ui.out.metrics, ui.out.diff_legend, ui.out.conf_plot, ui.out.last,
                 ui.out.run_json.data, ui.out.run_json.box, ui.follow.row, ui.run.status, ui.link.note, ui.link.data,
                 ui.out.view]
 
     def run_outputs(self) -> list:
         """Everything a Compare run (first turn, follow-up or branch) updates."""
         ui = self.ui
-        cols = [x for c in ui.cols for x in (c.box, c.heading, c.turns, c.text, c.stats)]
-        return [*cols, ui.settings["columns"], ui.add_column, ui.remove_column, ui.out.diff_legend, ui.out.chart_feed,
+        cols = [x for c in ui.cols for x in (c.box, c.heading, c.turns, c.text)]
+        return [*cols, ui.out.metrics, ui.settings["columns"], ui.add_column, ui.remove_column, ui.out.diff_legend, ui.out.chart_feed,
                 ui.out.conf_plot, ui.memory.plot, ui.run.status, ui.out.run_json.data, ui.out.run_json.box, ui.out.last,
                 ui.memory.state, ui.follow.row, ui.run.generate, ui.run.stop]
 
@@ -390,7 +391,7 @@ class CompareTab:
         ui.follow.new.click(self.new_conversation, None,
                             [ui.out.last, ui.follow.message, ui.follow.row, ui.run.status, ui.out.conf_plot,
                              ui.out.chart_feed,
-                             *[x for c in ui.cols for x in (c.turns, c.text, c.stats)]],
+                             ui.out.metrics, *[x for c in ui.cols for x in (c.turns, c.text)]],
                             api_name="new_conversation", show_progress="hidden")
         self._wire_page(settings)
 
@@ -419,7 +420,7 @@ class CompareTab:
                                       ui.memory.timer, api_name=False, queue=False, show_progress="hidden")
         shown = {"last": ui.out.last, "view": ui.out.view}
         ui.out.view.change(by_name(self.rerender, list(shown)), inputs_kwargs=shown,
-                           outputs=[ui.out.diff_legend, *[x for c in ui.cols for x in (c.text, c.stats)]],
+                           outputs=[ui.out.diff_legend, ui.out.metrics, *[c.text for c in ui.cols]],
                            api_name="rerender", show_progress="hidden")
         ui.settings["model"].change(self.change_model, ui.settings["model"],
                                     [x for c in ui.cols for x in c.panel.components], api_name="select_model",

@@ -1,5 +1,5 @@
 """What the Compare tab shows, as plain data: views that say what to put on the page (column texts,
-stats and headings, charts, the status line, the finished run), built from engine records and
+the metrics table and headings, charts, the status line, the finished run), built from engine records and
 configs. The works (`ui.compare_work`) and the tab's handlers build views; only the tab turns a view
 into updates of its components.
 """
@@ -43,7 +43,7 @@ class RunView(PageView):
     headings: list[str] | None = None
     turns: list[str] | None = None  # each column's conversation so far
     texts: list[str] | None = None
-    stats: list[str] | None = None
+    metrics: str | None = None  # one table: a row per metric, a column per column
     diff: bool | None = None  # whether the diff view's legend shows
     confidence: Any = None  # the confidence chart
     feed: str | None = None  # while streaming, the chart's new points (charts.feed_start / feed_lines)
@@ -135,21 +135,23 @@ def frame(cfg: RunConfig) -> RunView:
 
 
 def outputs(rows: list[RowResult], view: str, live: bool, caches: list | None = None) -> RunView:
-    """Every column's text (in the token `view`: "confidence", "plain", "markdown" or "diff") and stats."""
+    """Every column's text (in the token `view`: "confidence", "plain", "markdown" or "diff") and the
+    metrics table."""
     div = divergences(rows, live)
     caches = caches or [None] * len(rows)
-    texts, stats = [], []
-    for index, (row, cache, best) in enumerate(zip(rows, caches, render.best_marks(rows))):
-        running = live and row.stop_reason is None
+    texts, running = [], [live and row.stop_reason is None for row in rows]
+    for index, (row, cache, streaming) in enumerate(zip(rows, caches, running)):
         at = div.get(index) if index else min(div.values(), default=None)
         if view == "diff":
-            texts.append(render.render_diff(rows[0].steps, row.steps, live=running))
+            texts.append(render.render_diff(rows[0].steps, row.steps, live=streaming))
         elif view == "markdown":
-            texts.append(render.render_markdown(row.steps, live=running, row=row.name))
+            texts.append(render.render_markdown(row.steps, live=streaming, row=row.name))
         else:
-            texts.append(render.render_tokens(row.steps, view, live=running, cache=cache, diverge_at=at, row=row.name))
-        stats.append(render.render_stats(row, live=running, best=best))
-    return RunView(texts=texts, stats=stats, diff=view == "diff")
+            texts.append(render.render_tokens(row.steps, view, live=streaming, cache=cache, diverge_at=at,
+                                              row=row.name))
+    metrics = render.render_metrics(rows, running, render.best_marks(rows),
+                                    [charts.row_color(i) for i in range(len(rows))])
+    return RunView(texts=texts, metrics=metrics, diff=view == "diff")
 
 
 def confidence_chart(rows: list[RowResult], threshold: float | None, window: int, live: bool = False):
@@ -158,7 +160,7 @@ def confidence_chart(rows: list[RowResult], threshold: float | None, window: int
 
 def finished(data: dict, view: str) -> RunView:
     """A stored run (a RunResult dict) as it showed when it finished: columns, conversations,
-    texts in the token `view`, stats and confidence chart."""
+    texts in the token `view`, metrics and confidence chart."""
     result = RunResult.from_dict(data)
     cfg = RunConfig.from_dict(result.config)
     chart = confidence_chart(result.rows, cfg.deepconf.threshold, cfg.deepconf.window)

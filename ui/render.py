@@ -1,5 +1,5 @@
 """HTML for generated text (plain, confidence-coloured with detail cards, formatted as Markdown, or
-a word diff against column 1), conversation bubbles, stats tables, column headings and legends.
+a word diff against column 1), conversation bubbles, the metrics table, column headings and legends.
 
 Everything that comes from the model or the user is HTML-escaped, in element content and in
 attributes; the detail card's data is JSON in an attribute, and the page script puts it on screen as
@@ -309,10 +309,10 @@ def _quality_items(row: RowResult, best: set[str]) -> list[tuple]:
     return items
 
 
-def render_stats(row: RowResult, live: bool = False, best: set[str] | None = None) -> str:
-    """Compact table: tokens, tokens/s, mean confidence, lowest group confidence, stop reason, then
-    the quality metrics the row has. Metric keys in `best` (see `best_marks`) are marked as the best
-    of the columns."""
+def stat_items(row: RowResult, live: bool = False, best: set[str] | None = None) -> list[tuple]:
+    """A column's metrics as (label, value[, best[, note]]): tokens, tokens/s, mean confidence,
+    lowest group confidence, stop reason, then the quality metrics the row has. Metric keys in
+    `best` (see `best_marks`) are marked as the best of the columns."""
     best = best or set()
     tps = tokens_per_second(row.steps) if live else row.tokens_per_s
     mean, lowest = confidence_summary(row)
@@ -328,30 +328,43 @@ def render_stats(row: RowResult, live: bool = False, best: set[str] | None = Non
         items.append(("extra layer passes / token", str(m["extra_layer_passes"])))
     if m.get("restatement_tokens") is not None:
         items.append(("restatement tokens", str(m["restatement_tokens"])))
-    return table(items + _quality_items(row, best))
+    return items + _quality_items(row, best)
+
+
+def render_metrics(rows: list[RowResult], running: list[bool] | None = None, best: list[set[str]] | None = None,
+                   colors: list[str | None] | None = None) -> str:
+    """One table for every column: a row per metric, a column per column (headed by its name and
+    chart colour), so a metric reads across the columns. A metric a column lacks shows "—".
+    `running`: which columns still stream; `best`: each column's best marks."""
+    running = running or [False] * len(rows)
+    best = best or [set()] * len(rows)
+    colors = colors or [None] * len(rows)
+    per = [{item[0]: item[1:] for item in stat_items(r, live, b)} for r, live, b in zip(rows, running, best)]
+    labels = list(dict.fromkeys(label for items in per for label in items))
+    head = "".join(f'<th scope="col">{color_dot(c)}{escape(r.name)}</th>' for r, c in zip(rows, colors))
+    body = "".join(f'<tr><th scope="row">{escape(label)}</th>'
+                   + "".join(_stat_cell(*items.get(label, (MISSING,))) for items in per) + "</tr>"
+                   for label in labels)
+    return (f'<div class="fl-metrics"><table class="fl-stats"><thead><tr><th scope="col">metric</th>{head}</tr>'
+            f'</thead><tbody>{body}</tbody></table></div>')
 
 
 def best_marks(rows: list[RowResult]) -> list[set[str]]:
-    """Per row, the metric keys where it is the best of the columns: `render_stats`'s `best`.
+    """Per row, the metric keys where it is the best of the columns: `render_metrics`'s `best`.
     Confidence comes from the steps while a row streams, like the table shows it."""
     summaries = [row.metrics | dict(zip(("mean", "lowest_group"), confidence_summary(row))) for row in rows]
     winners = quality.best_rows(summaries)
     return [{key for key, indexes in winners.items() if i in indexes} for i in range(len(rows))]
 
 
-def _stat_row(label: str, value: str, best: bool = False, note: str | None = None) -> str:
-    """One table row; a best value gets a class, a star and a title saying so, a note a title."""
+def _stat_cell(value: str, best: bool = False, note: str | None = None) -> str:
+    """One value cell; a best value gets a class, a star and a title saying so, a note a title."""
     if best:
         note = f"{note}; {BEST_TITLE}" if note else BEST_TITLE
     cls = ' class="fl-best"' if best else ""
     title = f' title="{escape(note, quote=True)}"' if note else ""
     star = ' <span class="fl-star" aria-hidden="true">★</span>' if best else ""
-    return f"<tr><th>{escape(label)}</th><td{cls}{title}>{escape(value, quote=True)}{star}</td></tr>"
-
-
-def table(items: list[tuple]) -> str:
-    """Items are (label, value) or (label, value, best) or (label, value, best, note)."""
-    return f'<table class="fl-stats">{"".join(_stat_row(*item) for item in items)}</table>'
+    return f"<td{cls}{title}>{escape(value, quote=True)}{star}</td>"
 
 
 def params_text(params: dict) -> str:

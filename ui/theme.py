@@ -35,13 +35,17 @@ CSS = """
   color: var(--body-text-color); border: 1px dashed var(--body-text-color-subdued); }
 .fl-diverge ~ .fl-tok, .fl-diverge ~ .fl-plain { text-decoration: underline dotted var(--body-text-color-subdued);
   text-underline-offset: 3px; }
-/* ---- stats tables ---- */
+/* ---- the metrics table ---- */
 .fl-stats { border-collapse: collapse; width: 100%; font-size: 0.88em; border: none !important; margin: 0; }
 .fl-stats tr, .fl-stats th, .fl-stats td { border: none !important; background: transparent !important; }
 .fl-stats th, .fl-stats td { padding: 2px 6px; text-align: left;
   border-bottom: 1px solid var(--border-color-primary) !important; }
-.fl-stats th { font-weight: 500; color: var(--body-text-color); opacity: 0.8; width: 48%; }
+.fl-stats th { font-weight: 500; color: var(--body-text-color); opacity: 0.8; }
 .fl-stats td { font-variant-numeric: tabular-nums; color: var(--body-text-color); }
+/* the metrics table: a metric per row, a column per column; on a phone it scrolls sideways */
+.fl-metrics { overflow-x: auto; }
+.fl-metrics thead th { font-weight: 600; opacity: 1; white-space: nowrap; }
+.fl-metrics tbody th { white-space: nowrap; }
 .fl-ok { color: var(--color-green-600, #1a7f37); font-weight: 600; }
 .fl-bad { color: var(--color-red-600, #c4320a); font-weight: 600; }
 .dark .fl-ok { color: #5cc77a; } .dark .fl-bad { color: #ff8a65; }

@@ -184,11 +184,8 @@ def test_accelerate_launch_two_processes_shards_then_merge_joins_in_order(tmp_pa
     assert [r["id"] for r in _lines(parts[0])] == ["t0", "t2", "t4"]
     assert [r["id"] for r in _lines(parts[1])] == ["t1", "t3", "t5"]
     assert "[rank 1/2]" in run.stdout
-    again = _accelerate(["--multi_gpu", "--num_processes", "2", "--main_process_port", "0"], inp, out)
-    assert again.returncode == 0 and again.stdout.count("3 already done") == 2  # resume: nothing rerun
-    merged = subprocess.run([sys.executable, "-m", "feedback", "merge", str(out)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
-    assert merged.returncode == 0 and "merged 2 part files" in merged.stdout
+    # resuming across process counts is tested in-process above; the merge command in a process below
+    assert merge(out) == {"records": 6, "parts": 2, "duplicates": 0, "output": str(out)}
     rows = _lines(out)
     assert [r["id"] for r in rows] == [f"t{i}" for i in range(6)] and all(r["status"] == "ok" for r in rows)
 

@@ -14,7 +14,7 @@ import pytest
 
 from feedback.core.records import Alternative, RowResult, StepRecord
 from ui.render import (CONFIDENCE_BINS, best_marks, column_heading, confidence_legend, diff_legend, render_diff,
-                       render_stats, render_tokens, render_turns, token_color)
+                       render_metrics, render_tokens, render_turns, token_color)
 from ui.render import md_text
 from ui import render
 from ui.theme import CSS, HEAD
@@ -189,7 +189,12 @@ def test_md_text_makes_text_literal_inside_markdown() -> None:
 
 
 def stats(html: str) -> dict[str, str]:
-    return dict(re.findall(r"<tr><th>(.*?)</th><td>(.*?)</td></tr>", html))
+    return dict(re.findall(r'<tr><th scope="row">(.*?)</th><td>(.*?)</td></tr>', html))
+
+
+def render_stats(row: RowResult, live: bool = False, best: set[str] | None = None) -> str:
+    """The metrics table of one column."""
+    return render_metrics([row], [live], [best or set()])
 
 
 def test_stats_final_row_uses_metrics() -> None:
@@ -548,3 +553,18 @@ def test_markdown_view_keeps_html_links_and_images_harmless(hostile: str) -> Non
     assert {tag for tag, _ in tags} <= {"div", "p", "a", "em", "strong", "code"}
     assert not any(name.startswith("on") for _, attrs in tags for name in attrs)
     assert not any((attrs.get("href") or "").startswith("javascript") for _, attrs in tags)
+
+
+def test_the_metrics_table_has_a_column_per_column_and_a_row_per_metric() -> None:
+    plain = make_row([make_step(0, "a", 1.0)], stop_reason="eos", metrics={"self_ppl": 3.0})
+    fb = make_row([make_step(0, "a", 2.0), make_step(1, "b", 3.0)], metrics={"self_ppl": 2.0, "extra_layer_passes": 4})
+    fb.name = '<b>fb</b>'
+    html = render_metrics([plain, fb], [False, True], render.best_marks([plain, fb]), ["#1f77b4", "red;x:y"])
+    heads = re.findall(r'<th scope="col">(.*?)</th>', html)
+    assert heads[0] == "metric" and heads[1].endswith("baseline") and heads[2] == "&lt;b&gt;fb&lt;/b&gt;"
+    assert 'background:#1f77b4' in heads[1] and "fl-dot" not in heads[2]  # an unsafe colour draws no dot
+    rows = {label: re.findall(r"<td[^>]*>(.*?)</td>", cells_html)
+            for label, cells_html in re.findall(r'<tr><th scope="row">(.*?)</th>(.*?)</tr>', html)}
+    assert rows["tokens"] == ["1", "2"] and rows["stop"] == ["eos", "running…"]
+    assert rows["extra layer passes / token"] == ["—", "4"]  # only column 2 has it
+    assert rows["self-PPL"][1].startswith("2.00") and "★" in rows["self-PPL"][1]  # the lower self-PPL is best
