@@ -310,8 +310,10 @@ def _quality_line(m: dict) -> str:
 
 
 def _ppl_config(args, params: dict | None = None):
-    from feedback.eval.perplexity import PPLConfig
+    from feedback.eval.perplexity import TOKENS_PER_DOC, PPLConfig
 
+    if args.max_tokens is not None:  # refused before the model loads, as the config would refuse it after
+        TOKENS_PER_DOC.check(args.max_tokens)
     return PPLConfig(strategy=args.strategy, params=dict(args.param) if params is None else params, mode=args.mode,
                      **_given(args, "passes", "window", "stride", "chunk", "max_docs", "bootstrap", "seed",
                               max_tokens_per_doc="max_tokens"))

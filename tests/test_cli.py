@@ -107,12 +107,12 @@ def test_generate_text_output_labels_both_rows():
 
 
 def test_prompt_variants_a_next_turn_and_a_branch(tmp_path, capsys):
-    """Three rows with their own prompts and quality metrics (a real process, as a user runs it),
-    then the saved run's next turn and a branch from an alternative token (in-process)."""
+    """Three rows with their own prompts and quality metrics, then the saved run's next turn and a
+    branch from an alternative token (in-process: the real-process path is tested on its own)."""
     from feedback.cli import main
 
     first = tmp_path / "run1.json"
-    out = cli("generate", "--row", "plain", "--row", "strong:residual,alpha=0.2", "--row", "restate:anchor,alpha=0.2",
+    out = in_process("generate", "--row", "plain", "--row", "strong:residual,alpha=0.2", "--row", "restate:anchor,alpha=0.2",
               "--row-prompt", "plain=What is the capital of France?",
               "--row-prompt", "strong=What is the capital of France? Answer precisely, in one sentence.",
               "--row-prompt", "restate=Question: what is the capital of France? Restate it, then answer.",
@@ -213,7 +213,7 @@ def test_prepare_prints_the_cache_folder():
 @pytest.mark.slow
 def test_bench_json_reports_every_ratio():
     # --quick: every measurement, the scaling and Deep Think ones on small shapes named by those shapes
-    out = cli("bench", "--tokens", "4", "--repeats", "1", "--api", "--quick", "--json", timeout=600)
+    out = in_process("bench", "--tokens", "4", "--repeats", "1", "--api", "--quick", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     for key in ("baseline_vs_generate", "side_by_side_overhead", "feedback_row_overhead", "cold_start_s",
@@ -254,6 +254,8 @@ def test_ppl_text_output_and_bad_jsonl_lines(tmp_path):
     (["ppl", "--strategy", "anchor", "--param", "alpha=nan", "--max-docs", "1"], "alpha must be finite"),
     (["sweep", "--strategy", "deep_cache", "--grid", "lam", "--max-docs", "1"], "--grid expects NAME=V1"),
     (["sweep", "--strategy", "deep_cache", "--grid", "zeta=1", "--max-docs", "1"], "unknown parameter"),
+    (["sweep", "--strategy", "deep_cache", "--grid", "lam=0.1", "--max-tokens", "1"],
+     "max tokens per document must be at least 2"),  # 0 or 1 would leave nothing to score
 ])
 def test_ppl_and_sweep_bad_input(args, message, capsys):
     assert message in refused(capsys, *args)

@@ -2,7 +2,12 @@
 95% CI, and per-token surprise. The work goes through `ModelRunner`; this module formats numbers.
 
 The handler takes its controls' values by name (the strategy controls as `<strategy>_<param>`),
-the names API clients may pass them by."""
+the names API clients may pass them by.
+
+Every corpus job (this tab's, the Sweep's and the Tune's) says before it starts what it will score and
+about how long that takes (`JobClock`, from the library's `Estimate` and the model's measured speed),
+then where it stands within a point, and a request over the scoring budget is refused naming the
+fields that would make it fit (`check_budget`)."""
 from __future__ import annotations
 
 import math
@@ -10,14 +15,122 @@ import threading
 
 import gradio as gr
 
-from feedback.eval.perplexity import PPLConfig, document_ids, evaluate, scoring_work, surprise_diff
+from feedback.core.budget import Budget
+from feedback.errors import FeedbackError
+from feedback.eval.perplexity import (Estimate, PPLConfig, ScoringProgress, Tally, document_ids, estimate, evaluate,
+                                      fitting_cap, fitting_docs, measured_rate, scoring_rate, seconds_left,
+                                      surprise_diff)
+from feedback.serve.limits import MAX_DOCS, MAX_TOKENS_PER_DOC, SERVED_MAX_TOKENS_PER_DOC
 from feedback.serve.pool import ModelPool
 from ui import charts, render
-from ui.controls import build_strategy_panel, run_controls, to_components
-from ui.runner import ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
+from ui.controls import bound_number, build_strategy_panel, run_controls, to_components
+from ui.runner import Finished, ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
 from ui.text_inputs import delta_legend, load_named, mode_inputs, scoring_config, source_inputs, surprise_html
 
 TAB = "perplexity"
+
+
+# ---- what every corpus job shares: the per-document limit, the estimate, progress, refusals ----
+def max_tokens_input(prefix: str) -> gr.Number:
+    """The per-document token limit; it starts at the served cap, which cuts nothing the default
+    budget could score, so a person lowers it for a shorter job."""
+    return bound_number(MAX_TOKENS_PER_DOC, SERVED_MAX_TOKENS_PER_DOC, elem_id=f"{prefix}-max-tokens",
+                        info=f"each document cut to its first N tokens ({MAX_TOKENS_PER_DOC.info})")
+
+
+def doc_limits(values: dict) -> dict:
+    """The `PPLConfig` settings of the per-document limit box, checked against its bound."""
+    return {"max_tokens_per_doc": MAX_TOKENS_PER_DOC.check(values["max_tokens_per_doc"])}
+
+
+def token_counts(lm, docs, cfg: PPLConfig) -> list[int]:
+    return [len(ids) for ids in document_ids(lm, docs, cfg)]
+
+
+def check_budget(budget: Budget, est: Estimate, counts: list[int], cfg: PPLConfig) -> None:
+    """The scoring budget's refusal, and what would fit: the largest per-document limit, or the
+    most documents, by the names of the page's fields (the budget's own message names only its
+    setting, which a visitor cannot change)."""
+    try:
+        budget.check_scoring(est.forwards, est.how)
+    except FeedbackError as exc:
+        raise FeedbackError(f"{exc}{fit_hint(counts, cfg, est.points or 1, budget.scored_tokens)}") from None
+
+
+def fit_hint(counts: list[int], cfg: PPLConfig, points: int, limit: int) -> str:
+    cap, docs = fitting_cap(counts, cfg, points, limit), fitting_docs(counts, cfg, points, limit)
+    options = ([f"{MAX_TOKENS_PER_DOC.name} {cap:,}"] if cap else []) + (
+        [f"{MAX_DOCS.name} {docs}"] if 0 < docs < len(counts) else [])
+    return f". It fits with {' or '.join(options)}." if options else ""
+
+
+def duration(seconds: float) -> str:
+    """"about 40 s", "about 700 s (12 min)"."""
+    return f"about {seconds:,.0f} s" + (f" ({seconds / 60:.0f} min)" if seconds >= 120 else "")
+
+
+def part_text(est: Estimate, label: str = "", noun: str = "points") -> str:
+    """"3 documents, 5,989 tokens, fed as 11,200 window tokens × (baseline + 6 points × 3 passes) =
+    246,400 token-forwards": tokens × points × passes, the sum the budget checks."""
+    if est.mode is None:
+        each = "baseline only"
+    else:
+        passes = (f"{est.passes} (token by token)" if est.mode == "exact" else
+                  f"{est.passes} pass{'es' if est.passes != 1 else ''}")
+        each = f"(baseline + {est.points} {noun} × {passes})" if noun else f"(baseline + feedback × {passes})"
+    return (f"{label}{est.documents:,} document{'s' if est.documents != 1 else ''}, {est.tokens:,} tokens, fed as "
+            f"{est.window_tokens:,} window tokens × {each} = {est.forwards:,} token-forwards")
+
+
+def scored_text(at: ScoringProgress) -> str:
+    """"point 2 of 6: 1,024 of 3,000 tokens scored (document 2 of 3)"."""
+    where = {"point": f"point {at.point} of {at.points}: ",
+             "trial": f"trial {at.point}" + (f" of {at.points}" if at.points else "") + ": ",
+             "test": "test: "}.get(at.stage, "")
+    return f"{where}{at.tokens:,} of {at.total:,} tokens scored (document {at.document} of {at.documents})"
+
+
+class JobClock:
+    """A corpus job's estimate (one or more parts: the Tune's search, then its test) and where it
+    stands, as status text. The rate is the model's measured one (`scoring_rate`), known at once
+    when this model has been measured, else once the job has measured it as it starts."""
+
+    def __init__(self, lm, *parts: tuple[str, str, Estimate | None]):
+        self.parts = [(label, noun, est) for label, noun, est in parts if est is not None]
+        self.rate, self.at, self.at_s = measured_rate(lm), None, 0.0
+
+    @property
+    def forwards(self) -> int:
+        return sum(est.forwards for _, _, est in self.parts)
+
+    def measure(self, lm, stop) -> Estimate:
+        """On the worker, holding the model: the rate, as a report the page's clock `take`s."""
+        return self.parts[0][2].at(scoring_rate(lm, stop))
+
+    def take(self, item, elapsed: float) -> bool:
+        """Whether `item` was one of the clock's reports: the measured rate, or where the job stands
+        (heard `elapsed` seconds into the job)."""
+        if isinstance(item, Estimate):
+            self.rate = item.rate
+        elif isinstance(item, ScoringProgress):
+            self.at, self.at_s = item, elapsed
+        return isinstance(item, (Estimate, ScoringProgress))
+
+    def estimate_text(self) -> str:
+        parts = "; then ".join(part_text(est, label, noun) for label, noun, est in self.parts)
+        when = (f"{duration(self.forwards / self.rate)} at {self.rate:,.0f} token-forwards/s measured on this model"
+                if self.rate else "the time follows once this model's speed is measured")
+        return f"Estimate: {parts}; {when}."
+
+    def where_text(self, elapsed: float) -> str:
+        """Where the job stands and the time left, at its pace so far."""
+        if self.at is None:
+            return "starting" if self.rate else "measuring this model's speed"
+        left = seconds_left(self.forwards, self.at.forwards, self.at_s, self.rate)
+        if left is None:
+            return scored_text(self.at)
+        # between reports (a window can take seconds) the time left counts down from the last one
+        return f"{scored_text(self.at)}; {duration(max(0.0, left - (elapsed - self.at_s)))} left"
 
 
 def summary_markdown(res: dict) -> str:
@@ -46,26 +159,29 @@ def surprise_figure(detail: dict):
 class PerplexityWork(TabWork):
     label = "a Perplexity measurement"
 
-    def __init__(self, tab: "PerplexityTab", lm, docs, cfg: PPLConfig, pasted: bool):
+    def __init__(self, tab: "PerplexityTab", lm, docs, cfg: PPLConfig, pasted: bool, est: Estimate):
         super().__init__(tab.run, tab.stop, tab.status)
         self.outputs, self.lm, self.docs, self.cfg, self.pasted = tab.outputs, lm, docs, cfg, pasted
+        self.clock = JobClock(lm, ("", "", est))
         self.result = None
         self.gpu_seconds = 60 + 2 * len(docs)
 
+    def starting(self) -> dict:
+        return self.busy() | self.say(f"Starting. {self.clock.estimate_text()}")
+
     def run(self, stop: threading.Event):
-        yield from reporting(lambda report, halt: evaluate(
-            self.lm, self.docs, self.cfg, progress=lambda i, n, name: report((i, n, name)),
-            token_detail=self.pasted, stop=halt), stop)
+        def score(report, halt):
+            report(self.clock.measure(self.lm, halt))
+            return evaluate(self.lm, self.docs, self.cfg, token_detail=self.pasted, stop=halt, tally=Tally(report))
+
+        yield from reporting(score, stop)
 
     def progress(self, items: list, elapsed: float) -> dict:
-        text = f"Scoring… {len(self.docs)} document(s) ({elapsed:.0f} s)"
         for item in items:
-            if isinstance(item, tuple):
-                done, total, name = item
-                text = f"Scoring… {done} of {total} documents done, last: {name} ({elapsed:.0f} s)"
-            else:
+            if not self.clock.take(item, elapsed) and isinstance(item, Finished):
                 self.result = item.result
-        return self.busy() | self.say(text)
+        return self.busy() | self.say(f"Scoring… {self.clock.where_text(elapsed)} ({elapsed:.0f} s). "
+                                      f"{self.clock.estimate_text()}")
 
     def finish(self, outcome: Outcome) -> dict:
         res = self.result
@@ -97,11 +213,13 @@ class PerplexityTab:
         """Both perplexities of the chosen text, ΔPPL with a paired 95% CI, per-token detail."""
         lm = self.pool.get()
         strategy = values["strategy"]
-        cfg = scoring_config(values, strategy, self.panel.params_named(strategy, values))
+        cfg = scoring_config(values, strategy, self.panel.params_named(strategy, values), **doc_limits(values))
         cfg.validate(lm.context_length, lm.num_layers)
         docs = load_named(values)
-        self.runner.budget.check_scoring(*scoring_work([len(ids) for ids in document_ids(lm, docs, cfg)], cfg))
-        return PerplexityWork(self, lm, docs, cfg, values["source"] == "pasted text")
+        counts = token_counts(lm, docs, cfg)
+        est = estimate(counts, cfg)
+        check_budget(self.runner.budget, est, counts, cfg)
+        return PerplexityWork(self, lm, docs, cfg, values["source"] == "pasted text", est)
 
     def stop_run(self, request: gr.Request = None) -> str:
         return self.runner.stop(TAB, request)
@@ -117,6 +235,7 @@ class PerplexityTab:
                     self.panel = build_strategy_panel(num_layers, "deep_cache", prefix="ppl", context="perplexity")
                 with gr.Column(min_width=280):
                     mode, passes = mode_inputs("ppl")
+                    max_tokens = max_tokens_input("ppl")
             self.run, self.stop, self.status = run_controls("ppl", "Measure perplexity")
             self.summary = gr.Markdown(elem_id="ppl-summary")
             self.coloured = gr.HTML(elem_id="ppl-coloured")
@@ -133,7 +252,8 @@ class PerplexityTab:
                         "result": self.result}
         # In the order positional API clients pass them.
         inputs = {"source": source, "text": text, "upload": upload, "strategy": self.panel.strategy, "mode": mode,
-                  "passes": passes, "max_docs": max_docs, **self.panel.named_inputs()}
+                  "passes": passes, "max_docs": max_docs, "max_tokens_per_doc": max_tokens,
+                  **self.panel.named_inputs()}
         handler = self.runner.wrap(TAB, self.prepare, list(inputs), status=self.status)
         running = self.run.click(handler, inputs_kwargs=inputs,
                                  outputs=[*self.outputs.values(), self.status, self.run, self.stop],

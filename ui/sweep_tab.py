@@ -17,14 +17,16 @@ from feedback.core.records import SEED
 from feedback.errors import FeedbackError
 from feedback.eval import corpus
 from feedback.eval.figures import format_params, history_figure, sweep_heatmap, table_row
-from feedback.eval.perplexity import PPLConfig, document_ids, scoring_work
+from feedback.eval.perplexity import Estimate, PPLConfig, estimate
 from feedback.eval.sweep import best_point, parse_grid, run_sweep, to_csv
 from feedback.eval.tune import TuneSettings, jsonl_text, parse_fixed, run_tune, search_space
+from feedback.eval.tune import prepare as tune_data
 from feedback.serve.limits import MAX_DOCS, SERVED_MAX_POINTS, SERVED_MAX_TRIALS, TRIALS
 from feedback.serve.pool import ModelPool
 from feedback.strategies import REGISTRY
 from ui.controls import bound_number, build_strategy_panel, run_controls, to_components
 from ui.exports import export_file, stamp
+from ui.perplexity_tab import JobClock, check_budget, doc_limits, max_tokens_input, token_counts
 from ui.runner import Finished, ModelRunner, Outcome, TabWork, by_name, cancellable_by_clients, reporting
 from ui.text_inputs import delta_legend, load_named, mode_inputs, scoring_config, source_inputs
 
@@ -45,16 +47,17 @@ def searchable(values: dict) -> dict:
     return gr.update(choices=names, value=names)
 
 
-def take_reports(work, items: list) -> bool:
-    """A long job's reports: result rows (dicts) join `work.rows`, a message becomes `work.where`, a
-    `Finished` result becomes `work.result`. True when a new row came."""
+def take_reports(work, items: list, elapsed: float) -> bool:
+    """A long job's reports, `elapsed` seconds into it: the measured rate and where the job stands
+    go to `work.clock`, result rows (dicts) join `work.rows`, a `Finished` result becomes
+    `work.result`. True when a new row came."""
     new = False
     for item in items:
+        if work.clock.take(item, elapsed):
+            continue
         if isinstance(item, dict):
             work.rows.append(item)
             new = True
-        elif isinstance(item, str):
-            work.where = item
         elif isinstance(item, Finished):
             work.result = item.result
     return new
@@ -63,21 +66,27 @@ def take_reports(work, items: list) -> bool:
 class SweepWork(TabWork):
     label = "a Sweep"
 
-    def __init__(self, tab: "SweepTab", lm, docs, strategy: str, grid: dict, base: PPLConfig, fixed: dict):
+    def __init__(self, tab: "SweepTab", lm, docs, strategy: str, grid: dict, base: PPLConfig, fixed: dict,
+                 est: Estimate):
         super().__init__(tab.run, tab.stop, tab.status)
         self.outputs, self.lm, self.docs, self.strategy, self.grid, self.base, self.fixed = (
             tab.outputs, lm, docs, strategy, grid, base, fixed)
         self.names = list(grid)
         self.total = math.prod(len(v) for v in grid.values())
         self.rows: list[dict] = []
-        self.where = "starting"
+        self.clock = JobClock(lm, ("", "points", est))
         self.gpu_seconds = 60 + 10 * self.total
 
+    def starting(self) -> dict:
+        return self.busy() | self.say(f"Starting. {self.clock.estimate_text()}")
+
     def run(self, stop: threading.Event):
-        yield from reporting(lambda report, halt: run_sweep(
-            self.lm, self.docs, self.strategy, self.grid, self.base, self.fixed,
-            on_point=lambda row, i, n: report(row), stop=halt,
-            progress=lambda p, n, d, m: report(f"point {p} of {n}: document {d} of {m} done")), stop)
+        def sweep(report, halt):
+            report(self.clock.measure(self.lm, halt))
+            return run_sweep(self.lm, self.docs, self.strategy, self.grid, self.base, self.fixed,
+                             on_point=lambda row, i, n: report(row), stop=halt, progress=report)
+
+        yield from reporting(sweep, stop)
 
     def _heatmap(self, title: str):
         x, y = self.names[0], self.names[1] if len(self.names) > 1 else None
@@ -85,11 +94,11 @@ class SweepWork(TabWork):
 
     def progress(self, items: list, elapsed: float) -> dict:
         out = self.busy()
-        if take_reports(self, items):
+        if take_reports(self, items, elapsed):
             out |= to_components(self.outputs, {"heatmap": self._heatmap(
                 f"{self.strategy}: ΔPPL % vs baseline ({len(self.rows)} of {self.total} points)")})
-        return out | self.say(f"Sweeping… {len(self.rows)} of {self.total} points done; {self.where} "
-                              f"({elapsed:.0f} s)")
+        return out | self.say(f"Sweeping… {len(self.rows)} of {self.total} points done; "
+                              f"{self.clock.where_text(elapsed)} ({elapsed:.0f} s). {self.clock.estimate_text()}")
 
     def finish(self, outcome: Outcome) -> dict:
         if not self.rows:
@@ -112,22 +121,31 @@ class TuneWork(TabWork):
     label = "a Tune"
 
     def __init__(self, tab: "SweepTab", lm, docs, strategy: str, base: PPLConfig, fixed: dict, trials: int,
-                 seed: int, test_docs, data: str, test: str):
+                 seed: int, test_docs, data: str, test: str, ests: tuple[Estimate, Estimate | None]):
         super().__init__(tab.tune_run, tab.tune_stop, tab.tune_status)
         self.outputs, self.lm, self.docs, self.strategy, self.base, self.fixed = (
             tab.tune_outputs, lm, docs, strategy, base, fixed)
         self.trials, self.seed, self.test_docs, self.data, self.test = trials, seed, test_docs, data, test
         self.rows: list[dict] = []
         self.result: dict | None = None
-        self.where = "starting"
+        # at most: a pruned trial scores only the first third of the documents
+        self.clock = JobClock(lm, ("search, every trial in full: ", "trials", ests[0]),
+                              (f"{test} once: ", "", ests[1]))
         self.gpu_seconds = 60 + 10 * trials
+
+    def starting(self) -> dict:
+        return self.busy() | self.say(f"Starting. {self.clock.estimate_text()}")
 
     def run(self, stop: threading.Event):
         settings = TuneSettings(trials=self.trials, seed=self.seed, startup_trials=TUNE_STARTUP,
                                 max_trials=SERVED_MAX_TRIALS, data=self.data, test=self.test)
-        yield from reporting(lambda report, halt: run_tune(
-            self.lm, self.docs, self.strategy, self.base, self.fixed, settings, test_docs=self.test_docs,
-            on_trial=report, stop=halt, progress=report), stop)
+
+        def tune(report, halt):
+            report(self.clock.measure(self.lm, halt))
+            return run_tune(self.lm, self.docs, self.strategy, self.base, self.fixed, settings,
+                            test_docs=self.test_docs, on_trial=report, stop=halt, progress=report)
+
+        yield from reporting(tune, stop)
 
     def _trials_view(self) -> dict:
         """The trials so far: the table and the history chart."""
@@ -137,10 +155,10 @@ class TuneWork(TabWork):
 
     def progress(self, items: list, elapsed: float) -> dict:
         out = self.busy()
-        if take_reports(self, items):
+        if take_reports(self, items, elapsed):
             out |= to_components(self.outputs, self._trials_view())
-        return out | self.say(f"Tuning… {len(self.rows)} of {self.trials} trials done; {self.where} "
-                              f"({elapsed:.0f} s)")
+        return out | self.say(f"Tuning… {len(self.rows)} of {self.trials} trials done; "
+                              f"{self.clock.where_text(elapsed)} ({elapsed:.0f} s). {self.clock.estimate_text()}")
 
     def finish(self, outcome: Outcome) -> dict:
         if not self.rows:
@@ -189,12 +207,13 @@ class SweepTab:
             raise FeedbackError(f"the grid has {points} points; the page runs at most {SERVED_MAX_POINTS} "
                                 "(use `python -m feedback sweep` for larger grids)")
         fixed = {k: v for k, v in self.panel.params_named(strategy, values).items() if k not in grid}
-        base = scoring_config(values, strategy, fixed)
+        base = scoring_config(values, strategy, fixed, **doc_limits(values))
         base.validate(lm.context_length)
         docs = load_named(values)
-        self.runner.budget.check_scoring(*scoring_work([len(ids) for ids in document_ids(lm, docs, base)], base,
-                                                       points))
-        return SweepWork(self, lm, docs, strategy, grid, base, fixed)
+        counts = token_counts(lm, docs, base)
+        est = estimate(counts, base, points)
+        check_budget(self.runner.budget, est, counts, base)
+        return SweepWork(self, lm, docs, strategy, grid, base, fixed, est)
 
     def stop_run(self, request: gr.Request = None) -> str:
         return self.runner.stop(TAB, request)
@@ -211,18 +230,30 @@ class SweepTab:
         fixed = {k: v for k, v in self.panel.params_named(strategy, values).items() if k not in searched}
         fixed = parse_fixed(fixed, strategy, lm.num_layers)
         search_space(strategy, lm.num_layers, fixed)
-        base = scoring_config(values, strategy, fixed)
+        base = scoring_config(values, strategy, fixed, **doc_limits(values))
         base.validate(lm.context_length)
         docs = load_named(values)
         test_docs = None
         if source == "builtin:dev":  # the best point is then confirmed once on as many test documents
             test_docs = corpus.load("builtin:test")[:MAX_DOCS.check(values["max_docs"])]
-        self.runner.budget.check_scoring(*scoring_work([len(ids) for ids in document_ids(lm, docs, base)], base,
-                                                       trials))
-        if test_docs is not None:
-            self.runner.budget.check_scoring(*scoring_work([len(i) for i in document_ids(lm, test_docs, base)], base))
+        ests = self._tune_estimates(lm, docs, test_docs, strategy, base, fixed, trials)
         return TuneWork(self, lm, docs, strategy, base, fixed, trials, seed, test_docs, source,
-                        "builtin:test" if test_docs is not None else "")
+                        "builtin:test" if test_docs is not None else "", ests)
+
+    def _tune_estimates(self, lm, docs, test_docs, strategy: str, base: PPLConfig, fixed: dict,
+                        trials: int) -> tuple[Estimate, Estimate | None]:
+        """What a search will score at most (every trial in full) and its test once, each refused
+        over the budget naming the fields that would make it fit."""
+        data = tune_data(lm, docs, test_docs, strategy, base, fixed)  # the documents the library will score
+        counts = [len(ids) for _, ids in data.items]
+        dev = estimate(counts, data.cfg, trials)
+        check_budget(self.runner.budget, dev, counts, data.cfg)
+        if test_docs is None:
+            return dev, None
+        test_counts = token_counts(lm, data.test_docs, data.cfg)
+        test = estimate(test_counts, data.cfg)
+        check_budget(self.runner.budget, test, test_counts, data.cfg)
+        return dev, test
 
     def stop_tune(self, request: gr.Request = None) -> str:
         return self.runner.stop(TUNE, request)
@@ -242,6 +273,7 @@ class SweepTab:
                     self.panel = build_strategy_panel(num_layers, "deep_cache", prefix="sweep", context="perplexity")
                 with gr.Column(min_width=280):
                     mode, passes = mode_inputs("sweep")
+                    max_tokens = max_tokens_input("sweep")
             self.run, self.stop, self.status = run_controls("sweep", "Run sweep")
             gr.HTML(delta_legend())
             self.heatmap = gr.Plot(show_label=False, elem_id="sweep-plot")
@@ -273,7 +305,7 @@ class SweepTab:
         strategy_controls = self.panel.named_inputs()
         # In the order positional API clients pass them.
         inputs = {**texts, "grid_x": grid_x, "grid_y": grid_y, "mode": mode, "passes": passes, "max_docs": max_docs,
-                  **strategy_controls}
+                  "max_tokens_per_doc": max_tokens, **strategy_controls}
         handler = self.runner.wrap(TAB, self.prepare, list(inputs), status=self.status)
         running = self.run.click(handler, inputs_kwargs=inputs,
                                  outputs=[self.heatmap, self.status, self.csv, self.run, self.stop], api_name="sweep",
@@ -283,7 +315,7 @@ class SweepTab:
         self.panel.strategy.change(by_name(searchable, ["strategy"]), inputs_kwargs={"strategy": self.panel.strategy},
                                    outputs=search, api_name=False, queue=False, show_progress="hidden")
         tune_inputs = {**texts, "search": search, "mode": mode, "passes": passes, "max_docs": max_docs,
-                       "trials": trials, "seed": seed, **strategy_controls}
+                       "max_tokens_per_doc": max_tokens, "trials": trials, "seed": seed, **strategy_controls}
         tune_handler = self.runner.wrap(TUNE, self.prepare_tune, list(tune_inputs), status=self.tune_status)
         tuning = self.tune_run.click(tune_handler, inputs_kwargs=tune_inputs,
                                      outputs=[self.tune_table, self.tune_plot, self.tune_status, self.tune_files,

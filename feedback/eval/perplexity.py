@@ -13,9 +13,11 @@ window is prefilled in chunks on a KV cache, bounding the memory its logits take
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -34,6 +36,9 @@ MODES = ("exact", "parallel", "jacobi")
 PASSES = Bound("jacobi passes", 2, 32, integer=True)  # the first pass is clean, so one alone feeds nothing back
 MIN_WINDOW = 2  # tokens per scoring window: a scored token needs one before it
 BOOTSTRAP = Bound("bootstrap resamples", 0, 100_000, integer=True)  # 0: no confidence interval
+# Each document cut to its first N tokens (None: whole): a scored token needs one before it.
+TOKENS_PER_DOC = Bound("max tokens per document", MIN_WINDOW, None, integer=True)
+RATE_PROBE_TOKENS = 128  # the timed forward of `scoring_rate`: long enough that per-call overhead is small
 
 
 @dataclass
@@ -83,6 +88,8 @@ class PPLConfig:
             raise FeedbackError(f"chunk must be at least 1 token, got {self.chunk}")
         if not BOOTSTRAP.lo <= self.bootstrap <= BOOTSTRAP.hi:
             raise FeedbackError(f"{BOOTSTRAP.name} must be in [{BOOTSTRAP.lo}, {BOOTSTRAP.hi}], got {self.bootstrap}")
+        if self.max_tokens_per_doc is not None:  # 0 would otherwise read as "no limit" where it is cut
+            TOKENS_PER_DOC.check(self.max_tokens_per_doc)
         return self
 
 
@@ -103,11 +110,15 @@ def windows(n: int, size: int, stride: int) -> list[tuple[int, int, int]]:
 
 
 def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig, baseline_cache: dict | None = None,
-               stop: threading.Event | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+               stop: threading.Event | None = None,
+               on_window: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-token NLL (targets 1..n-1) for the baseline and, when a strategy is set, the feedback.
     `baseline_cache` (keyed by the window's tokens) lets sweeps compute each baseline once; `stop`
-    is checked before every forward (every token in exact mode)."""
+    is checked before every forward (every token in exact mode). `on_window(tokens, forwards)`
+    hears after each window how many targets it scored and the token-forwards that took (counted
+    as `scoring_work` counts them; a cached baseline costs none)."""
     mode = cfg.resolved_mode()
+    per_pass = pass_cost(mode if cfg.strategy else None, cfg.passes)
     ids_t = torch.tensor(ids, device=lm.device)
     base, fb = [], []
     for start, end, scored in windows(len(ids), cfg.window, cfg.stride):
@@ -115,10 +126,12 @@ def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig, baseline_cache: 
         w = ids_t[start:end]
         keep = slice(scored - start - 1, None)  # NLL index i is the target at start + i + 1
         key = (tuple(ids[start:end]), scored - start)
+        forwards = (end - start) * per_pass
         if baseline_cache is not None and key in baseline_cache:
             base.append(baseline_cache[key])
         else:
             base.append(window_nll_chunked(lm, w, cfg.chunk, stop)[keep])
+            forwards += end - start
             if baseline_cache is not None:
                 baseline_cache[key] = base[-1]
         if cfg.strategy:
@@ -127,6 +140,8 @@ def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig, baseline_cache: 
                 fb.append(window_nll_exact(lm, w, strategy, stop)[keep])
             else:
                 fb.append(window_nll_parallel(lm, w, strategy, cfg.passes if mode == "jacobi" else 1, stop)[keep])
+        if on_window:
+            on_window(end - scored, forwards)
     to_np = lambda parts: torch.cat(parts).double().cpu().numpy()  # noqa: E731
     return to_np(base), (to_np(fb) if fb else None)
 
@@ -220,28 +235,172 @@ def document_ids(lm: LoadedModel, docs: list[Document], cfg: PPLConfig) -> list[
     return out
 
 
-def scoring_work(token_counts: list[int], cfg: PPLConfig, feedback_points: int = 1) -> tuple[int, str]:
-    """(token-forwards, how) of scoring documents of these lengths: the baseline once and the
-    strategy at `feedback_points` settings, every window in full (`cfg` validated)."""
-    if not any(n >= 2 for n in token_counts):  # refused with the cost, before the request waits
+# ---- what a corpus job will cost, and how far it has come ----
+def pass_cost(mode: str | None, passes: int) -> int:
+    """Token-forwards per window token of one feedback evaluation in `mode` (None: no feedback):
+    1 parallel, `passes` for Jacobi, EXACT_COST token by token; as `scoring_cost` counts them."""
+    return scoring_cost(1, mode, passes, 1) - 1
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What scoring some documents will take, known before any forward: the tokens (after the
+    document and per-document limits), the tokens fed to the model (overlapping windows feed some
+    twice), and the token-forwards in all, `window_tokens x (1 + passes x points)`: the baseline
+    once, then each feedback point. With `rate` (token-forwards per second measured on this
+    model, `scoring_rate`) also the time."""
+
+    documents: int  # documents scored (those of at least 2 tokens)
+    tokens: int  # tokens scored per evaluation (a document's first token is context only)
+    window_tokens: int  # tokens fed per pass over every window
+    points: int  # feedback evaluations (sweep points, tune trials); 0: the baseline only
+    passes: int  # token-forwards per window token of one feedback evaluation (`pass_cost`)
+    mode: str | None  # the feedback's scoring mode; None: the baseline only
+    forwards: int  # what the scoring budget counts
+    how: str
+    rate: float | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        return self.forwards / self.rate if self.rate else None
+
+    def at(self, rate: float) -> "Estimate":
+        return dataclasses.replace(self, rate=rate)
+
+
+def estimate(token_counts: list[int], cfg: PPLConfig, points: int = 1) -> Estimate:
+    """The `Estimate` of scoring documents of these lengths (as `document_ids` cut them): the
+    baseline once and the strategy at `points` settings, every window in full (`cfg` validated)."""
+    scored = [n for n in token_counts if n >= 2]
+    if not scored:  # refused with the cost, before the request waits
         raise FeedbackError("no document has at least 2 tokens")
-    window_tokens = sum(end - start for n in token_counts if n >= 2 for start, end, _ in windows(n, cfg.window,
-                                                                                             cfg.stride))
+    window_tokens = sum(end - start for n in scored for start, end, _ in windows(n, cfg.window, cfg.stride))
     mode = cfg.resolved_mode() if cfg.strategy else None
-    cost = scoring_cost(window_tokens, mode, cfg.passes, feedback_points if cfg.strategy else 0)
+    points = points if mode else 0
     how = f"{window_tokens:,} window tokens, baseline" + (
-        f" + {feedback_points} x {mode}" + (f" ({cfg.passes} passes)" if mode == "jacobi" else "")
+        f" + {points} x {mode}" + (f" ({cfg.passes} passes)" if mode == "jacobi" else "")
         + (f" (x{EXACT_COST}: token by token)" if mode == "exact" else "") if mode else " only")
-    return cost, how
+    return Estimate(len(scored), sum(n - 1 for n in scored), window_tokens, points, pass_cost(mode, cfg.passes), mode,
+                    scoring_cost(window_tokens, mode, cfg.passes, points), how)
+
+
+def scoring_work(token_counts: list[int], cfg: PPLConfig, feedback_points: int = 1) -> tuple[int, str]:
+    """(token-forwards, how) of scoring documents of these lengths, as a budget checks them
+    (`estimate`)."""
+    est = estimate(token_counts, cfg, feedback_points)
+    return est.forwards, est.how
+
+
+def fitting_docs(token_counts: list[int], cfg: PPLConfig, points: int, limit: int) -> int:
+    """How many of these documents (the first ones) can be scored within `limit` token-forwards
+    (0: not even the first): what a refusal over the budget offers instead."""
+    fit = 0
+    for k in range(1, len(token_counts) + 1):
+        if any(n >= 2 for n in token_counts[:k]):
+            if estimate(token_counts[:k], cfg, points).forwards > limit:
+                break
+            fit = k
+    return fit
+
+
+def fitting_cap(token_counts: list[int], cfg: PPLConfig, points: int, limit: int) -> int | None:
+    """The largest per-document token limit at which these documents can be scored within
+    `limit` token-forwards (None: not even MIN_WINDOW tokens each). The cost grows with the
+    limit, so a bisection finds it in some 20 estimates, no forward."""
+    def fits(cap: int) -> bool:
+        return estimate([min(n, cap) for n in token_counts], cfg, points).forwards <= limit
+
+    lo, hi = MIN_WINDOW, max(token_counts, default=0)
+    if hi < MIN_WINDOW or not fits(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def seconds_left(forwards: int, done: int, elapsed: float, rate: float | None) -> float | None:
+    """Seconds a job of `forwards` token-forwards has left with `done` of them done in `elapsed`
+    seconds: at the pace so far once some work is done (it has the machine's load and the real
+    windows in it), before that at the measured `rate`; None when neither is known."""
+    pace = done / elapsed if done > 0 and elapsed > 0 else rate
+    return max(0.0, forwards - done) / pace if pace else None
+
+
+_RATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> token-forwards per second
+
+
+def measured_rate(lm: LoadedModel) -> float | None:
+    """This model's `scoring_rate` if it has been measured, else None (measuring needs the model)."""
+    return _RATES.get(lm.model)
+
+
+def scoring_rate(lm: LoadedModel, stop: threading.Event | None = None) -> float:
+    """Token-forwards per second of a baseline scoring forward on this model, measured once per
+    model (a short warm-up, then one timed window of RATE_PROBE_TOKENS tokens: well under a
+    second on a small CPU model) and kept while the model lives: the clock of an `Estimate`."""
+    rate = _RATES.get(lm.model)
+    if rate is None:
+        n = min(RATE_PROBE_TOKENS, lm.context_length)
+        ids = torch.arange(n, device=lm.device)  # any ids time alike; these are in every vocabulary
+        window_nll_chunked(lm, ids[:8], n, stop).sum().item()  # first-call costs stay out of the timing
+        started = time.perf_counter()
+        window_nll_chunked(lm, ids, n, stop).sum().item()  # .item(): waits for an accelerator to finish
+        rate = _RATES[lm.model] = n / max(time.perf_counter() - started, 1e-6)
+    return rate
+
+
+@dataclass(frozen=True)
+class ScoringProgress:
+    """Where a corpus job stands, reported after every window scored (one to a few forwards:
+    often enough to show movement within a point, rarely enough to cost nothing)."""
+
+    document: int  # the document being scored, from 1, of `documents` in this evaluation
+    documents: int
+    tokens: int  # tokens scored so far in this evaluation, of `total`
+    total: int
+    forwards: int  # token-forwards done so far in the whole job (an `Estimate`'s unit)
+    point: int = 1  # the evaluation under way (a sweep point, a tune trial), from 1, of `points`
+    points: int = 1
+    stage: str = ""  # what an evaluation is in this job: "point", "trial", "test"; "" for one alone
+
+
+@dataclass
+class Tally:
+    """Counts a job's scoring as it goes and reports a `ScoringProgress` to `report` after every
+    window. One tally runs through a whole job (a sweep's points, a tune's trials and its test),
+    so token-forwards count from the job's start; the caller sets `point` (and `stage`) between
+    evaluations, `begin` starts one."""
+
+    report: Callable[[ScoringProgress], None]
+    points: int = 1
+    stage: str = ""
+    point: int = 1
+    forwards: int = 0
+    document: int = 0
+    documents: int = 0
+    tokens: int = 0
+    total: int = 0
+
+    def begin(self, documents: int, total: int) -> None:
+        self.documents, self.total, self.tokens, self.document = documents, total, 0, 0
+
+    def window(self, tokens: int, forwards: int) -> None:
+        self.tokens += tokens
+        self.forwards += forwards
+        self.report(ScoringProgress(self.document, self.documents, self.tokens, self.total, self.forwards,
+                                    self.point, self.points, self.stage))
 
 
 def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
              progress: Callable[[int, int, str], None] | None = None, baseline_cache: dict | None = None,
-             token_detail: bool = False, stop: threading.Event | None = None, budget: Budget | None = None) -> dict:
+             token_detail: bool = False, stop: threading.Event | None = None, budget: Budget | None = None,
+             tally: Tally | None = None) -> dict:
     """Baseline and feedback perplexity over documents, with ΔPPL % and its paired 95% CI.
     With `token_detail`, each per-document entry also holds its tokens and both per-token NLLs.
     Setting `stop` ends the evaluation (raising `Stopped`) within one forward. With `budget`, a
-    request that would score more than it allows is refused before any forward pass."""
+    request that would score more than it allows is refused before any forward pass. `progress`
+    hears of every document scored, `tally` of every window (progress within a document)."""
     cfg.validate(lm.context_length, lm.num_layers)
     mode = cfg.resolved_mode()
     if cfg.strategy:
@@ -251,11 +410,15 @@ def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
     if budget is not None:
         budget.check_scoring(*scoring_work([len(ids) for ids in all_ids], cfg))
     started = time.perf_counter()
+    if tally is not None:
+        tally.begin(len(docs), sum(len(ids) - 1 for ids in all_ids if len(ids) >= 2))
     per_doc, base_all, fb_all = [], [], []
     for i, (doc, ids) in enumerate(zip(docs, all_ids)):
         if len(ids) < 2:
             continue
-        base, fb = token_nlls(lm, ids, cfg, baseline_cache, stop)
+        if tally is not None:
+            tally.document = i + 1
+        base, fb = token_nlls(lm, ids, cfg, baseline_cache, stop, tally.window if tally is not None else None)
         entry = {"name": doc.name, "tokens": int(base.size), "baseline_ppl": float(np.exp(base.mean()))}
         if token_detail:
             # the first token has no prediction to score (no BOS is added); it is kept for display

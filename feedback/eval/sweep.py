@@ -12,7 +12,7 @@ from feedback.core.budget import Budget
 from feedback.core.model import LoadedModel
 from feedback.errors import FeedbackError
 from feedback.eval.corpus import Document
-from feedback.eval.perplexity import PPLConfig, document_ids, evaluate, scoring_work
+from feedback.eval.perplexity import PPLConfig, ScoringProgress, Tally, document_ids, evaluate, scoring_work
 from feedback.strategies import get_strategy
 
 MAX_POINTS = 400
@@ -48,11 +48,11 @@ def parse_grid(items: list[str], strategy: str, num_layers: int) -> dict[str, li
 def run_sweep(lm: LoadedModel, docs: list[Document], strategy: str, grid: dict[str, list], base: PPLConfig,
               fixed: dict | None = None, on_point: Callable[[dict, int, int], None] | None = None,
               stop: threading.Event | None = None,
-              progress: Callable[[int, int, int, int], None] | None = None, budget: Budget | None = None) -> list[dict]:
+              progress: Callable[[ScoringProgress], None] | None = None, budget: Budget | None = None) -> list[dict]:
     """One perplexity evaluation per grid point; rows carry the point's parameters and the results.
     Setting `stop` ends the sweep (raising `Stopped`) within one forward pass; the points already
-    finished have been handed to `on_point`. `progress(point, points, document, documents)` hears
-    of every document scored."""
+    finished have been handed to `on_point`. `progress` hears after every window where the sweep
+    stands: the point, the document and tokens within it, the token-forwards since the start."""
     names = list(grid)
     points = list(itertools.product(*grid.values()))
     if budget is not None:  # the whole grid, checked before the first point
@@ -61,12 +61,14 @@ def run_sweep(lm: LoadedModel, docs: list[Document], strategy: str, grid: dict[s
         counts = [len(ids) for ids in document_ids(lm, docs, cfg)]
         budget.check_scoring(*scoring_work(counts, cfg, len(points)))
     baseline_cache: dict = {}
+    tally = Tally(progress, len(points), "point") if progress else None  # one through the sweep: forwards add up
     rows = []
     for i, values in enumerate(points):
         params = {**(fixed or {}), **dict(zip(names, values))}
         cfg = dataclasses.replace(base, strategy=strategy, params=params)
-        doc_progress = (lambda d, n, _name, i=i: progress(i + 1, len(points), d, n)) if progress else None
-        res = evaluate(lm, docs, cfg, progress=doc_progress, baseline_cache=baseline_cache, stop=stop)
+        if tally is not None:
+            tally.point = i + 1
+        res = evaluate(lm, docs, cfg, baseline_cache=baseline_cache, stop=stop, tally=tally)
         lo, hi = res["ci95"]
         row = {**dict(zip(names, values)), "delta_pct": res["delta_pct"], "ci95_low": lo, "ci95_high": hi,
                "ci95_width": hi - lo, "baseline_ppl": res["baseline_ppl"], "feedback_ppl": res["feedback_ppl"],

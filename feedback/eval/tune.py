@@ -69,7 +69,8 @@ from feedback.core.strict_json import json_safe
 from feedback.errors import FeedbackError, check_stop
 from feedback.eval.corpus import Document, fingerprint
 from feedback.eval.figures import write_html
-from feedback.eval.perplexity import PPLConfig, document_ids, evaluate, paired_bootstrap, scoring_work, token_nlls
+from feedback.eval.perplexity import (Estimate, PPLConfig, ScoringProgress, Tally, document_ids, estimate, evaluate,
+                                      paired_bootstrap, token_nlls)
 from feedback.eval.sweep import is_noop
 from feedback.strategies import build_strategy, get_strategy
 
@@ -205,12 +206,18 @@ class TuneData:
     def subset(self) -> int:
         return subset_size(len(self.items))
 
+    def estimates(self, lm: LoadedModel, trials: int) -> tuple[Estimate, Estimate | None]:
+        """What the search will score at most (every trial in full; a pruned one scores a third),
+        and the test scored once (None: no test)."""
+        dev = estimate([len(ids) for _, ids in self.items], self.cfg, trials)
+        if self.test_docs is None:
+            return dev, None
+        return dev, estimate([len(ids) for ids in document_ids(lm, self.test_docs, self.cfg)], self.cfg)
+
     def check_work(self, lm: LoadedModel, budget: Budget, trials: int) -> None:
         """Refuse a search whose scoring (`trials` dev passes, then the test once) the budget cannot pay."""
-        budget.check_scoring(*scoring_work([len(ids) for _, ids in self.items], self.cfg, trials))
-        if self.test_docs is not None:
-            counts = [len(ids) for ids in document_ids(lm, self.test_docs, self.cfg)]
-            budget.check_scoring(*scoring_work(counts, self.cfg))
+        for est in filter(None, self.estimates(lm, trials)):
+            budget.check_scoring(est.forwards, est.how)
 
 
 def _capped(docs: list[Document], cfg: PPLConfig) -> list[Document]:
@@ -401,10 +408,10 @@ class Search:
 
     def __init__(self, lm: LoadedModel, strategy: str, fixed: dict, space: dict[str, BaseDistribution],
                  data: TuneData, settings: TuneSettings, stop: threading.Event | None = None,
-                 progress: Callable[[str], None] | None = None):
+                 tally: Tally | None = None):
         self.lm, self.strategy, self.fixed, self.space, self.data = lm, strategy, fixed, space, data
         self.seed, self.startup = settings.seed, settings.startup_trials
-        self.stop, self.progress = stop, progress
+        self.stop, self.tally = stop, tally
         self.cache: dict = {}
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.study = optuna.create_study(direction="minimize", sampler=_sampler(self.seed, 0, self.startup),
@@ -443,25 +450,29 @@ class Search:
     def _score(self, trial: optuna.Trial, cfg: PPLConfig) -> dict:
         """The first documents, the pruner's decision on them, then (unless pruned) the rest."""
         k, n = self.data.subset, len(self.data.items)
-        pairs = self._nlls(trial.number, cfg, 0, k)
+        if self.tally is not None:  # a trial's tokens are all its documents'; a pruned one stops short
+            self.tally.point = trial.number + 1
+            self.tally.begin(n, sum(len(ids) - 1 for _, ids in self.data.items))
+        pairs = self._nlls(cfg, 0, k)
         sub = _summary(pairs, cfg)
         trial.set_user_attr("subset_ci95", json_safe(sub["ci95"]))
         trial.report(sub["delta_pct"], k)
         pruned = k < n and trial.should_prune()
         if not pruned:
-            pairs += self._nlls(trial.number, cfg, k, n)
+            pairs += self._nlls(cfg, k, n)
         full = sub if pruned else _summary(pairs, cfg)
         return {"state": "pruned" if pruned else "complete", "delta_pct": full["delta_pct"],
                 "ci95": json_safe(full["ci95"]), "subset_delta_pct": sub["delta_pct"], "subset_ci95": json_safe(sub["ci95"]),
                 "docs_scored": len(pairs), "documents": n, "tokens": full["tokens"]}
 
-    def _nlls(self, number: int, cfg: PPLConfig, start: int, end: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(baseline, strategy) per-token NLLs of dev documents start..end-1, each reported as scored."""
+    def _nlls(self, cfg: PPLConfig, start: int, end: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(baseline, strategy) per-token NLLs of dev documents start..end-1, every window tallied."""
         out = []
         for i in range(start, end):
-            out.append(token_nlls(self.lm, self.data.items[i][1], cfg, self.cache, self.stop))
-            if self.progress:
-                self.progress(f"trial {number}: document {i + 1} of {len(self.data.items)} scored")
+            if self.tally is not None:
+                self.tally.document = i + 1
+            out.append(token_nlls(self.lm, self.data.items[i][1], cfg, self.cache, self.stop,
+                                  self.tally.window if self.tally is not None else None))
         return out
 
 
@@ -494,8 +505,7 @@ def _previous(out_dir: str | Path | None) -> dict:
 
 
 def score_test_once(lm: LoadedModel, data: TuneData, best: dict, previous: dict, header: dict, name: str,
-                    cache: dict | None = None, stop: threading.Event | None = None,
-                    progress: Callable[[str], None] | None = None) -> dict:
+                    cache: dict | None = None, stop: threading.Event | None = None, tally: Tally | None = None) -> dict:
     """{"test", "test_evaluations", "test_fingerprint"}: `best` (with its "strategy_params") scored
     on the test documents with `evaluate`, unless `previous` (the folder's best.json) already holds
     this trial's result on the same test text under the same header: then that result, not scored
@@ -507,8 +517,9 @@ def score_test_once(lm: LoadedModel, data: TuneData, best: dict, previous: dict,
         return {"test": previous["test"], "test_evaluations": done, "test_fingerprint": test_print}
     check_stop(stop, "the tuning")
     cfg = dataclasses.replace(data.cfg, params=best["strategy_params"])
-    shown = (lambda d, n, _name: progress(f"test: document {d} of {n} scored")) if progress else None
-    res = evaluate(lm, data.test_docs, cfg, progress=shown, baseline_cache=cache, stop=stop)
+    if tally is not None:
+        tally.stage, tally.point, tally.points = "test", 1, 1
+    res = evaluate(lm, data.test_docs, cfg, baseline_cache=cache, stop=stop, tally=tally)
     res["data"] = name
     return {"test": res, "test_evaluations": done + 1, "test_fingerprint": test_print}
 
@@ -524,14 +535,15 @@ def write_results(out_dir: str | Path, result: dict, title: str) -> None:
 def run_tune(lm: LoadedModel, docs: list[Document], strategy: str, base: PPLConfig, fixed: dict | None,
              settings: TuneSettings, *, test_docs: list[Document] | None = None,
              on_trial: Callable[[dict], None] | None = None, stop: threading.Event | None = None,
-             progress: Callable[[str], None] | None = None, budget: Budget | None = None) -> dict:
+             progress: Callable[[ScoringProgress], None] | None = None, budget: Budget | None = None) -> dict:
     """Search `strategy`'s parameters on `docs` (dev) and score the best point once on `test_docs`.
 
     `base` holds the scoring settings (mode, passes, window, stride, bootstrap, seed...); `fixed`
     the parameters not searched; `settings` the budget, sampler, pruner and out-dir (a log there is
     resumed). `on_trial(row)` hears of every new trial; setting `stop` ends the search within one
-    forward (raising `Stopped`), the trials finished so far being logged; `budget` refuses a search
-    it cannot pay for before any scoring. Returns {"header", "trials", "best", "test",
+    forward (raising `Stopped`), the trials finished so far being logged; `progress` hears after
+    every window where the search stands (trial, document, tokens; then the test); `budget` refuses
+    a search it cannot pay for before any scoring. Returns {"header", "trials", "best", "test",
     "test_evaluations", "importances"} (and "test_fingerprint" once a test result exists); with an
     out-dir, also writes trials.jsonl (as it goes), best.json and tune.html there."""
     settings.check()
@@ -542,7 +554,8 @@ def run_tune(lm: LoadedModel, docs: list[Document], strategy: str, base: PPLConf
         data.check_work(lm, budget, settings.trials or settings.max_trials)
     header = run_header(lm, strategy, fixed, space, data, settings)
     log = TrialLog.open(settings.out_dir, header)
-    search = Search(lm, strategy, fixed, space, data, settings, stop, progress)
+    tally = Tally(progress, settings.trials or 0, "trial") if progress else None  # trials: 0 when only timed
+    search = Search(lm, strategy, fixed, space, data, settings, stop, tally)
     search.resume(log.rows)
     started = time.monotonic()
     while settings.more(len(log.rows), time.monotonic() - started):
@@ -559,7 +572,7 @@ def run_tune(lm: LoadedModel, docs: list[Document], strategy: str, base: PPLConf
     result = {"header": header, "trials": log.rows, "best": best, "test": None,
               "test_evaluations": previous.get("test_evaluations", 0), "importances": importances(search.study)}
     if best is not None and data.test_docs is not None:
-        result |= score_test_once(lm, data, best, previous, header, settings.test, search.cache, stop, progress)
+        result |= score_test_once(lm, data, best, previous, header, settings.test, search.cache, stop, tally)
     if settings.out_dir is not None:
         write_results(settings.out_dir, result, f"{strategy} on {settings.data or 'dev'}: ΔPPL % vs baseline per "
                                                 f"trial ({data.mode})")

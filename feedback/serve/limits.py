@@ -12,7 +12,7 @@ import os
 from feedback.core.bounds import Bound
 from feedback.core.records import MAX_PROMPT_CHARS, RunConfig
 from feedback.errors import FeedbackError
-from feedback.eval.perplexity import BOOTSTRAP, MIN_WINDOW
+from feedback.eval.perplexity import BOOTSTRAP, MIN_WINDOW, TOKENS_PER_DOC
 from feedback.strategies import build_strategy
 
 # A run's length: shared servers bound how long one visitor holds the model.
@@ -29,6 +29,11 @@ TRACE_MAX_NEW_TOKENS = Bound("max new tokens", 1, SERVED_TRACE_MAX_NEW_TOKENS, i
 SERVED_TEXT_MAX_CHARS = 200_000  # pasted text (page) and request text (API)
 SERVED_MAX_DOCS = 40  # documents per request: a whole built-in split is 39-40
 MAX_DOCS = Bound("max documents", 1, SERVED_MAX_DOCS, integer=True)
+# Tokens scored per document (the rest is cut off). The cap, also the page's default, cuts nothing
+# the default scoring budget could score: every token is fed in about two windows, so a document of
+# over 75,000 tokens is refused by the budget anyway; a person lowers it for a shorter job.
+SERVED_MAX_TOKENS_PER_DOC = 100_000
+MAX_TOKENS_PER_DOC = TOKENS_PER_DOC.with_hi(SERVED_MAX_TOKENS_PER_DOC)
 SERVED_MAX_POINTS = 24  # sweep grid points per request
 SERVED_MAX_TRIALS = 24  # tuning trials per request
 TRIALS = Bound("trials", 1, SERVED_MAX_TRIALS, integer=True)

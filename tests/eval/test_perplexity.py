@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from feedback.errors import FeedbackError, Stopped
 from feedback.eval import corpus
-from feedback.eval.perplexity import (PPLConfig, block_length, evaluate, paired_bootstrap, surprise_diff, token_nlls,
-                                      windows)
+from feedback.core.budget import EXACT_COST
+from feedback.eval.perplexity import (PPLConfig, ScoringProgress, Tally, block_length, document_ids, estimate, evaluate,
+                                      fitting_cap, fitting_docs, measured_rate, paired_bootstrap, scoring_rate,
+                                      scoring_work, seconds_left, surprise_diff, token_nlls, windows)
 from feedback.eval.sweep import best_point, is_noop, parse_grid, run_sweep, to_csv
 
 TEXT = "The river flows to the sea. The sea rises as clouds, and the clouds rain on the hills again."
@@ -324,3 +326,101 @@ def test_the_scoring_convention_is_stated_and_reproduces_the_number(tiny_lm):
                 scored += 1
     assert scored == res["tokens"] == len(ids) - 1
     assert res["baseline_ppl"] == pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-4)
+
+
+# ---- corpus jobs: the estimate, the per-document limit, progress within a point ----
+def window_tokens(n: int, size: int, stride: int) -> int:
+    return sum(end - start for start, end, _ in windows(n, size, stride))
+
+
+@pytest.mark.parametrize("strategy, mode, per_pass", [
+    (None, None, 0), ("deep_cache", "parallel", 1), ("residual", "jacobi", 3), ("residual", "exact", EXACT_COST)])
+def test_the_estimate_is_tokens_times_points_times_passes(strategy, mode, per_pass):
+    """Window tokens x (the baseline once + points x passes), the documents under 2 tokens left out
+    (nothing to score), and the time at a measured rate; the budget counts the same number."""
+    cfg = PPLConfig(strategy, {}, mode, passes=3, window=16, stride=8)
+    counts = [40, 1, 10]
+    est = estimate(counts, cfg, points=6)
+    fed = window_tokens(40, 16, 8) + 10
+    assert (est.documents, est.tokens, est.window_tokens) == (2, 39 + 9, fed)
+    assert (est.points, est.passes) == ((6, per_pass) if strategy else (0, 0))
+    assert est.forwards == fed * (1 + per_pass * est.points) == scoring_work(counts, cfg, 6)[0]
+    assert est.seconds is None and est.at(50.0).seconds == pytest.approx(est.forwards / 50.0)
+    with pytest.raises(FeedbackError, match="at least 2 tokens"):
+        estimate([1, 0], cfg)
+
+
+def test_time_left_goes_at_the_pace_so_far_else_at_the_measured_rate():
+    assert seconds_left(1000, 0, 0.0, 50.0) == pytest.approx(20.0)  # nothing done yet: the measured rate
+    assert seconds_left(1000, 250, 10.0, 50.0) == pytest.approx(30.0)  # 25 per second so far
+    assert seconds_left(1000, 1000, 10.0, 50.0) == 0.0 and seconds_left(1000, 0, 0.0, None) is None
+
+
+def test_a_refusal_can_say_what_would_fit():
+    """The largest per-document limit, and the most documents, whose scoring stays within a limit:
+    the next one up does not fit."""
+    cfg = PPLConfig("deep_cache", {}, "parallel", window=16, stride=8)
+    counts = [100, 60, 30]
+    cost = lambda cs: estimate(cs, cfg, 4).forwards  # noqa: E731
+    limit = cost([50, 50, 30])
+    cap = fitting_cap(counts, cfg, 4, limit)
+    assert cost([min(n, cap) for n in counts]) <= limit < cost([min(n, cap + 1) for n in counts])
+    assert fitting_docs(counts, cfg, 4, cost(counts[:2])) == 2 and fitting_docs(counts, cfg, 4, cost(counts[:1]) - 1) == 0
+    assert fitting_cap(counts, cfg, 4, cost([2, 2, 2]) - 1) is None
+
+
+def test_each_document_is_cut_to_the_per_document_limit(tiny_lm):
+    docs = [corpus.Document("long", TEXT * 2), corpus.Document("short", "a b")]
+    whole = [len(ids) for ids in document_ids(tiny_lm, docs, PPLConfig())]
+    cut = document_ids(tiny_lm, docs, PPLConfig(max_tokens_per_doc=12))
+    assert [len(ids) for ids in cut] == [12, whole[1]] and whole[0] > 12
+    assert cut[0] == tiny_lm.tokenizer(TEXT * 2)["input_ids"][:12]  # the first tokens, as scored
+    res = evaluate(tiny_lm, docs, PPLConfig(max_tokens_per_doc=12, bootstrap=0))
+    assert [d["tokens"] for d in res["per_doc"]] == [11, whole[1] - 1]
+    for bad in (0, 1):  # 0 would otherwise read as "no limit"
+        with pytest.raises(FeedbackError, match="max tokens per document must be at least 2"):
+            evaluate(tiny_lm, docs, PPLConfig(max_tokens_per_doc=bad))
+
+
+def test_progress_comes_within_a_point_and_adds_up_to_the_estimate(embedded_lm):
+    """On the real model: a sweep reports after every window, so several times within each point
+    before the point ends, tokens rising to the point's total; its token-forwards end at exactly
+    what the estimate (and the budget) counted, the baseline once."""
+    docs = [corpus.Document("a", TEXT)]
+    base = PPLConfig(window=12, stride=6, bootstrap=0)  # the text is ~22 tokens: a few windows
+    seen: list[ScoringProgress] = []
+    ends: list[int] = []
+    run_sweep(embedded_lm, docs, "deep_cache", {"lam": [0.05, 0.1]}, base, {},
+              on_point=lambda row, i, n: ends.append(len(seen)), progress=seen.append)
+    first = seen[:ends[0]]
+    assert len(first) >= 2 and all(e.point == 1 and e.points == 2 and e.stage == "point" for e in first)
+    assert [e.tokens for e in first] == sorted(e.tokens for e in first) and first[-1].tokens == first[-1].total
+    assert first[0].tokens < first[0].total  # the first report came before the point's end
+    counts = [len(ids) for ids in document_ids(embedded_lm, docs, base)]
+    est = estimate(counts, PPLConfig("deep_cache", window=12, stride=6), points=2)
+    assert seen[-1].forwards == est.forwards and seen[-1].point == 2 and seen[-1].tokens == est.tokens
+
+
+def test_the_scoring_rate_is_measured_once_per_model(tiny_lm):
+    rate = scoring_rate(tiny_lm)
+    assert rate > 0 and measured_rate(tiny_lm) == rate
+    forwards: list[int] = []
+    handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        assert scoring_rate(tiny_lm) == rate and forwards == []  # kept: no forward the second time
+    finally:
+        handle.remove()
+
+
+def test_one_tally_counts_a_whole_job(tiny_lm):
+    """A tally runs through several evaluations: token-forwards add up, tokens restart each time."""
+    seen: list[ScoringProgress] = []
+    tally = Tally(seen.append, points=2, stage="point")
+    cfg = PPLConfig("deep_cache", {}, window=16, stride=8, bootstrap=0)
+    cache: dict = {}
+    for point in (1, 2):
+        tally.point = point
+        evaluate(tiny_lm, [corpus.Document("a", TEXT)], cfg, baseline_cache=cache, tally=tally)
+    two = [e for e in seen if e.point == 2]
+    assert two[0].tokens < two[-1].tokens == two[-1].total  # tokens count within the point
+    assert two[-1].forwards == estimate([len(tiny_lm.tokenizer(TEXT)["input_ids"])], cfg, 2).forwards

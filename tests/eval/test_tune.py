@@ -185,6 +185,21 @@ def test_stop_between_and_within_trials(tiny_lm, tmp_path):
     assert table_row(one["trials"][0])[3] == "complete"
 
 
+def test_progress_within_trials_then_the_test_within_the_estimate(tiny_lm):
+    """The search reports after every window: each trial's tokens within it, then the test once;
+    its token-forwards never pass what the estimate (every trial in full) allows."""
+    seen = []
+    run(tiny_lm, trials=2, test_docs=TEST, progress=seen.append)
+    stages = [(e.stage, e.point) for e in seen]
+    assert stages == sorted(stages, key=stages.index)  # each trial's reports together, in order
+    assert list(dict.fromkeys(stages)) == [("trial", 1), ("trial", 2), ("test", 1)] and seen[0].points == 2
+    trial_one = [e for e in seen if e.point == 1 and e.stage == "trial"]
+    assert len(trial_one) >= 2 and trial_one[-1].tokens == trial_one[-1].total  # within the trial, to its end
+    data = tune.prepare(tiny_lm, DOCS, TEST, "deep_cache", BASE, {})
+    dev, test = data.estimates(tiny_lm, 2)
+    assert seen[-1].forwards <= dev.forwards + test.forwards and seen[-1].tokens == test.tokens
+
+
 def test_a_combination_the_strategy_refuses_is_a_failed_trial_and_the_search_goes_on(tiny_lm, tmp_path, monkeypatch):
     class Picky(DeepCacheStrategy):
         name = "picky"

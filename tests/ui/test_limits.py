@@ -13,7 +13,7 @@ from feedback.core.bounds import Bound
 from feedback.core.records import DEEPCONF_WINDOW, SEED
 from feedback.core.sampling import MIN_TEMPERATURE, TEMPERATURE, TOP_P
 from feedback.eval.perplexity import PASSES
-from feedback.serve.limits import MAX_DOCS, TRACE_MAX_NEW_TOKENS, TRACES, TRIALS, WARMUP_TRACES
+from feedback.serve.limits import MAX_DOCS, MAX_TOKENS_PER_DOC, TRACE_MAX_NEW_TOKENS, TRACES, TRIALS, WARMUP_TRACES
 from ui.deepconf import ETA
 
 # Deep Think samples, so its temperature box starts at the sampling floor instead of 0 (greedy).
@@ -29,10 +29,13 @@ LIMITS = [  # (endpoint, input name, its bound, other values the check needs)
     ("deepthink", "eta", ETA, {"eta_preset": "custom"}),  # the box is read only for a custom η
     ("perplexity", "passes", PASSES, {}),
     ("perplexity", "max_docs", MAX_DOCS, {}),
+    ("perplexity", "max_tokens_per_doc", MAX_TOKENS_PER_DOC, {}),
     ("sweep", "passes", PASSES, {}),
     ("sweep", "max_docs", MAX_DOCS, {}),
+    ("sweep", "max_tokens_per_doc", MAX_TOKENS_PER_DOC, {}),
     ("tune", "passes", PASSES, {}),
     ("tune", "max_docs", MAX_DOCS, {}),
+    ("tune", "max_tokens_per_doc", MAX_TOKENS_PER_DOC, {}),
     ("tune", "trials", TRIALS, {}),
     ("tune", "seed", SEED, {}),
 ]
@@ -77,10 +80,12 @@ def test_handlers_take_every_value_by_name_in_the_order_positional_clients_pass_
     """The API's parameter names are the handlers' names: the tab's own, then `<strategy>_<param>`."""
     heads = {"deepthink": ["prompt", "expected", "strategy", "traces", "warmup", "eta_preset", "eta", "window",
                            "max_new", "temperature", "top_p", "seed", "regex", "shared", "check"],
-             "perplexity": ["source", "text", "upload", "strategy", "mode", "passes", "max_docs"],
-             "sweep": ["source", "text", "upload", "strategy", "grid_x", "grid_y", "mode", "passes", "max_docs"],
-             "tune": ["source", "text", "upload", "strategy", "search", "mode", "passes", "max_docs", "trials",
-                      "seed"]}
+             "perplexity": ["source", "text", "upload", "strategy", "mode", "passes", "max_docs",
+                            "max_tokens_per_doc"],
+             "sweep": ["source", "text", "upload", "strategy", "grid_x", "grid_y", "mode", "passes", "max_docs",
+                       "max_tokens_per_doc"],
+             "tune": ["source", "text", "upload", "strategy", "search", "mode", "passes", "max_docs",
+                      "max_tokens_per_doc", "trials", "seed"]}
     for endpoint, head in heads.items():
         event = handlers[endpoint]
         names = event.input_keyword_names
@@ -101,3 +106,26 @@ def test_a_refusal_stays_in_the_status_line(handlers):
     assert "Not started" in status_update and "top_p must be &gt; 0" in status_update
     with pytest.raises(gr.Error, match=re.escape("top_p must be > 0")):
         next(updates)
+
+
+@pytest.mark.parametrize("endpoint", ["sweep", "tune"])
+def test_a_job_over_the_budget_is_refused_naming_the_fields_that_fit_and_one_that_fits_starts_with_its_estimate(
+        handlers, endpoint):
+    """40 built-in documents for 12 points (or trials) is over the default budget: the status line
+    keeps the reason and the per-document limit (or document count) that would fit; with that limit
+    the job starts, and its first update is the estimate (the request is closed there, before it
+    waits for the model)."""
+    event = handlers[endpoint]
+    values = {n: c.value for n, c in controls(event).items()} | {"source": "builtin:dev", "max_docs": 40,
+                                                                 "trials": 12}
+    values = {k: v for k, v in values.items() if k in controls(event)}
+    updates = event.fn(types.SimpleNamespace(session_hash=f"budget-{endpoint}"), **values)
+    (status,) = next(updates).values()
+    assert "Not started" in status and "FEEDBACK_BUDGET_SCORED_TOKENS" in status
+    cap = int(re.search(r"It fits with max tokens per document ([\d,]+)", status).group(1).replace(",", ""))
+    with pytest.raises(gr.Error):
+        next(updates)
+    starting = event.fn(types.SimpleNamespace(session_hash=f"fits-{endpoint}"), **values | {"max_tokens_per_doc": cap})
+    text = " ".join(str(v) for v in next(starting).values())
+    starting.close()  # leaves before it joins the line: nothing runs
+    assert "Starting. Estimate: " in text and "token-forwards" in text
