@@ -115,6 +115,7 @@ class Run:
         if config.model not in (lm.name, None, ""):
             raise FeedbackError(f"this run asks for model {config.model!r} but the engine holds {lm.name!r}")
         self.stop_event = stop_event or threading.Event()
+        self.stopped_rows: set[int] = set()  # rows asked to stop on their own (`stop_row`); the others go on
         self.observer = observer
         # Build (and so validate) every strategy before any hook touches the model.
         self.strategies: dict[int, Strategy] = {
@@ -203,6 +204,13 @@ class Run:
 
     def stop(self) -> None:
         self.stop_event.set()
+
+    def stop_row(self, index: int) -> None:
+        """Stop one row at its next step (it leaves the batch, stop reason "stopped"); the other rows
+        go on. Safe from another thread."""
+        if not 0 <= index < len(self.rows):
+            raise FeedbackError(f"row {index} is not in this run (it has {len(self.rows)} rows)")
+        self.stopped_rows.add(index)
 
     def __iter__(self) -> Iterator[StepEvent]:
         if self._started:
@@ -365,6 +373,8 @@ class Run:
                 reason = "early_stop"
             elif len(row.result.token_ids) >= cfg.max_new_tokens:
                 reason = "max_tokens"
+            elif row.index in self.stopped_rows:
+                reason = "stopped"
             if reason:
                 event.finished[row.index] = reason
                 row.result.stop_reason, row.result.stop_step = reason, step

@@ -681,3 +681,22 @@ def test_a_row_temperature_is_saved_and_a_saved_run_without_it_loads():
         del row["temperature"]  # a run saved before rows had a temperature
     old = RunConfig.from_dict(data).validate()
     assert [r.temperature for r in old.rows] == [None, None]
+
+
+def test_one_row_stopped_mid_run_ends_at_that_step_and_the_others_go_on(tiny_lm):
+    rows = [RowSpec("a"), RowSpec("b", "residual", {"alpha": 0.2}), RowSpec("c", prompt=PROMPTS[1])]
+    cfg = RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=12, rows=rows)
+    whole = run_to_end(tiny_lm, cfg)
+    run = start_run(tiny_lm, cfg)
+    for event in run:
+        if event.step == 3:
+            run.stop_row(1)
+    got = {r.name: r for r in run.result.rows}
+    # asked after step 3 was shown, it ends with the step in flight: within one step of the click
+    assert (got["b"].stop_reason, got["b"].stop_step, len(got["b"].token_ids)) == ("stopped", 4, 5)
+    assert got["b"].token_ids == whole.rows[1].token_ids[:5]
+    for i in (0, 2):  # the others run on exactly as they would have
+        assert run.result.rows[i].token_ids == whole.rows[i].token_ids
+        assert run.result.rows[i].stop_reason == whole.rows[i].stop_reason != "stopped"
+    with pytest.raises(FeedbackError, match="row 5 is not in this run"):
+        run.stop_row(5)
