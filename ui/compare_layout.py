@@ -97,6 +97,16 @@ class FollowControls:
 
 
 @dataclass
+class ColumnActions:
+    """Re-run or stop one column: the page script writes the column's number here and clicks one
+    of the buttons."""
+
+    request: gr.Textbox
+    rerun: gr.Button
+    stop: gr.Button
+
+
+@dataclass
 class LinkControls:
     button: gr.Button
     note: gr.Markdown
@@ -125,6 +135,7 @@ class CompareControls:
     follow: FollowControls
     link: LinkControls
     calibration: CalibrationControls
+    actions: ColumnActions
 
 
 class Placed:
@@ -188,6 +199,7 @@ def build_controls(page: Page) -> CompareControls:
         cols = [build_column(replace(page, column=i)) for i in range(MAX_COLUMNS)]
     metrics = gr.HTML(elem_id="metrics")
     follow = _follow_controls(branch_all, branch_matching)
+    actions = _column_action_controls()
     gr.Markdown("#### Confidence per decode step")
     conf_plot = gr.Plot(charts.confidence_figure([]), show_label=False, elem_id="conf-plot")
     chart_feed = gr.HTML("", elem_id="chart-feed", elem_classes="fl-hidden", container=False)
@@ -200,7 +212,7 @@ def build_controls(page: Page) -> CompareControls:
                                         label="page visible"))
     return CompareControls(shared.done(), cols, add, remove, run, OutputControls(view, diff_legend, conf_plot, run_json,
                                                                                  last, chart_feed, metrics),
-                           memory, follow, link, calibration)
+                           memory, follow, link, calibration, actions)
 
 
 def build_column(page: Page) -> ColumnControls:
@@ -215,10 +227,30 @@ def build_column(page: Page) -> ColumnControls:
             settings = {s.name: s.build(page) for s in COLUMN}
         turns = gr.HTML(elem_id=f"col{n}-turns")
         text = gr.HTML(render.render_tokens([]), elem_id=f"col{n}-text")
-        # copies the column's answer as plain text (the page script; nothing goes to the server)
-        gr.HTML(f'<button type="button" class="fl-copy" data-col="col{n}" title="copy this column\'s answer">'
-                'Copy answer</button>', elem_id=f"col{n}-copy", container=False)
+        gr.HTML(_column_actions(n), elem_id=f"col{n}-actions", container=False)
     return ColumnControls(index, box, title, settings, turns, text)
+
+
+def _column_actions(n: int) -> str:
+    """Under a column: Copy answer (the page script copies the text; nothing goes to the server),
+    Re-run (this column alone with its settings as they are now; shown while idle) and Stop (this
+    column alone; shown while a run streams). The page script sends the last two through the hidden
+    column request (`ColumnActions`)."""
+    return (f'<div class="fl-col-actions">'
+            f'<button type="button" class="fl-copy" data-col="col{n}" title="copy this column\'s answer">'
+            'Copy answer</button>'
+            f'<button type="button" class="fl-col-act fl-rerun" data-column="{n}" data-act="rerun" '
+            'title="run this column again with its settings as they are now; the other columns stay">Re-run</button>'
+            f'<button type="button" class="fl-col-act fl-col-stop" data-column="{n}" data-act="stop" '
+            'title="stop this column; the others go on">Stop column</button></div>')
+
+
+def _column_action_controls() -> ColumnActions:
+    request = gr.Textbox("", elem_id="fl-column-request", elem_classes="fl-hidden", container=False,
+                         label="column request")
+    rerun = gr.Button("re-run column", elem_id="fl-rerun-go", elem_classes="fl-hidden")
+    stop = gr.Button("stop column", elem_id="fl-stop-go", elem_classes="fl-hidden")
+    return ColumnActions(request, rerun, stop)
 
 
 def _run_controls() -> RunControls:

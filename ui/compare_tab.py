@@ -1,8 +1,9 @@
 """Compare tab, the prompt workbench: 2 to 4 columns streamed side by side from one engine run, each
-with its own name, strategy and parameters and optionally its own prompt, system prompt and
-temperature; the other sampling settings and DeepConf are shared (common random numbers). After a
-run: Continue the conversation in every column, branch from any alternative token, switch to a word
-diff, copy a link that restores the setup. Live confidence and memory charts; Calibrate sets the
+with its own name, strategy and parameters and optionally its own prompt, system prompt,
+temperature, top-p and seed; the other sampling settings and DeepConf are shared (common random
+numbers). Stop one column while the others go on. After a run: re-run one column with changed
+settings, Continue the conversation in every column, branch from any alternative token, switch to
+a word diff or formatted Markdown, copy a link that restores the setup. Live confidence and memory charts; Calibrate sets the
 early-stop threshold.
 
 Where things are: the settings are declared once in `ui.compare_settings` (controls, checks, their
@@ -24,7 +25,7 @@ from feedback.core import memory
 from feedback.core.engine import start_run
 from feedback.core.records import RunConfig, RunResult
 from feedback.core.sampling import SamplingConfig
-from feedback.core.session import branch, continue_run
+from feedback.core.session import branch, continue_run, rerun
 from feedback.errors import FeedbackError
 from feedback.eval.deepthink import DeepThinkConfig, check_budget
 from feedback.serve.limits import check_run
@@ -34,7 +35,7 @@ from ui.compare_layout import CompareControls, build_controls
 from ui.compare_settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, SHARED_BY_NAME, Page, Scope,
                                  column_specs, column_values, read_all, row_spec, run_config)
 from ui.compare_view import CalibrationView, PageView, RunView, confidence_chart, frame, heading, outputs
-from ui.compare_work import MEMORY_POINTS, CalibrateWork, CompareWork, memory_entry
+from ui.compare_work import MEMORY_POINTS, CalibrateWork, CompareWork, RerunWork, memory_entry
 from ui.deepconf import resolve_eta
 from ui.runner import ModelRunner, by_name, cancellable_by_clients
 
@@ -62,6 +63,14 @@ def parse_branch(text: str | None) -> tuple[str, int, int]:
     if not isinstance(row, str) or not all(isinstance(v, int) and not isinstance(v, bool) for v in (step, token)):
         raise FeedbackError("a branch names a column, a step and a token id")
     return row, step, token
+
+
+def parse_column(text: str | None) -> int:
+    """The column (0-based) of the page's column request: its number, 1 to MAX_COLUMNS."""
+    value = (text or "").strip() if isinstance(text, str) else ""
+    if not value.isdigit() or not 1 <= int(value) <= MAX_COLUMNS:
+        raise FeedbackError(f"choose a column (1 to {MAX_COLUMNS}) to re-run or stop, got {value[:20]!r}")
+    return int(value) - 1
 
 
 def calibration_sampling(temperature: float, top_p: float) -> tuple[float, float, str]:
@@ -178,6 +187,31 @@ class CompareTab:
         cfg = branch(RunResult.from_dict(values["last"]), row, step, token, all_rows=bool(values["all_columns"]),
                      matching_only=bool(values.get("matching_only")))
         return self._work(cfg, values["view"], f"Branching {row} at step {step}")
+
+    def prepare_rerun(self, values: dict) -> RerunWork:
+        """One column of the last run again, alone, with its settings as its controls have them now
+        (the run's shared settings and the column's conversation as they were); the other columns
+        keep their answers."""
+        if not values["last"]:
+            raise FeedbackError("nothing to re-run yet: Generate first, then change a column's settings and "
+                                "re-run it")
+        column = parse_column(values["column"])
+        before = RunResult.from_dict(values["last"])
+        if column >= len(before.rows):
+            raise FeedbackError(f"column {column + 1} was not in the last run (it had {len(before.rows)} columns)")
+        spec = row_spec(column_values(values, column), Scope(values, column))
+        cfg = rerun(before, column, spec)
+        self.pool.get(cfg.model)
+        return RerunWork(self.served(cfg), values["view"], self.show_run, before, column)
+
+    def stop_column(self, column: str, request: gr.Request = None) -> str:
+        """Stop one column of this session's running Compare run; the others go on."""
+        index = parse_column(column)
+        session = getattr(request, "session_hash", None) or "local"
+        works = [w for w in self.runner.jobs.works(session, TAB) if isinstance(w, CompareWork)]
+        if not any(w.stop_column(index) for w in works):
+            return f"Column {index + 1} is not running."
+        return f"Stopping column {index + 1}…"
 
     def prepare_calibrate(self, values: dict) -> CalibrateWork:
         """Warm-up traces of the shared prompt with the baseline and the first column that has a
@@ -376,7 +410,11 @@ class CompareTab:
                                       {"last": ui.out.last, "choice": ui.follow.branch_request,
                                        "all_columns": ui.follow.branch_all, "view": ui.out.view,
                                        "matching_only": ui.follow.branch_matching}, outputs, "branch")
-        for event in (run, follow, branching):
+        actions = ui.actions
+        again = self._model_event([actions.rerun.click], self.prepare_rerun,
+                                  settings | {"last": ui.out.last, "column": actions.request, "view": ui.out.view},
+                                  outputs, "rerun")
+        for event in (run, follow, branching, again):
             event.then(record_run, [hist, ui.out.last], hist, api_name=False, show_progress="hidden")
             # the accordion closed with the new run; what it showed of the last one goes
             event.then(None, None, ui.out.run_json.view, js="() => null", api_name=False, queue=False)
@@ -385,7 +423,9 @@ class CompareTab:
             name: component for name, component in settings.items() if name not in ui.settings}
         calibrating = self._model_event([ui.calibration.button.click], self.prepare_calibrate, calibrate_inputs,
                                         self.calibration_outputs(), "calibrate")
-        cancellable_by_clients(ui.run.cancel_trigger, run, follow, branching, calibrating)
+        cancellable_by_clients(ui.run.cancel_trigger, run, follow, branching, again, calibrating)
+        actions.stop.click(self.stop_column, actions.request, ui.run.stop_ack, api_name="stop_column",
+                           concurrency_limit=None, show_progress="hidden")
         ui.run.stop.click(self.stop_run, None, ui.run.stop_ack, api_name="stop", concurrency_limit=None,
                           show_progress="hidden")
         ui.follow.new.click(self.new_conversation, None,

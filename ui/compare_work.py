@@ -1,5 +1,5 @@
-"""The Compare tab's model work: a run (a first turn, a follow-up or a branch) streamed from the
-engine, and Calibrate's warm-up traces. Each says what to show as a view (`ui.compare_view`); the
+"""The Compare tab's model work: a run (a first turn, a follow-up, a branch or one column run
+again) streamed from the engine, and Calibrate's warm-up traces. Each says what to show as a view (`ui.compare_view`); the
 tab's `show` function, given to the work, turns a view into its components' updates, so a work
 never touches a component.
 """
@@ -8,11 +8,13 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import Callable
 
 from feedback.core import memory
 from feedback.core.engine import Run, StepEvent
-from feedback.core.records import RowResult, RunResult
+from feedback.core.records import RowResult, RunConfig, RunResult
+from feedback.core.session import merge_rerun
 from feedback.eval.deepthink import DeepThinkConfig, warm_up
 from feedback.serve.gate import Place
 from ui import charts, render
@@ -69,8 +71,9 @@ class CompareWork(ViewWork):
     def __init__(self, run: Run, view: str, show: Callable[[PageView], dict], what: str = "Generating"):
         super().__init__(show)
         self.engine_run, self.view, self.what = run, view, what
-        cfg = run.config
+        self.config = cfg = run.config  # what the page shows: its columns
         self.rows = [RowResult(r.name, r.strategy, dict(r.params)) for r in run.result.rows]
+        self.slots = list(range(len(self.rows)))  # the page column of each engine row
         self.caches = [render.SpanCache() for _ in self.rows]  # each column's rendered tokens, reused
         self.mem = {"origin": time.time(), "samples": [], "label": "the run began"}
         self.result: RunResult | None = None
@@ -89,12 +92,19 @@ class CompareWork(ViewWork):
             yield event
         yield self.engine_run.result
 
+    def stop_column(self, column: int) -> bool:
+        """Stop one column (0-based) at its next step, the others going on; False if it is not running."""
+        if column not in self.slots or self.rows[column].stop_reason is not None:
+            return False
+        self.engine_run.stop_row(self.slots.index(column))
+        return True
+
     def _apply(self, event: StepEvent) -> None:
         for i, rec in event.records.items():
-            self.rows[i].steps.append(rec)
-            self.rows[i].token_ids.append(rec.token_id)
+            self.rows[self.slots[i]].steps.append(rec)
+            self.rows[self.slots[i]].token_ids.append(rec.token_id)
         for i, why in event.finished.items():
-            self.rows[i].stop_reason, self.rows[i].stop_step = why, event.step
+            self.rows[self.slots[i]].stop_reason, self.rows[self.slots[i]].stop_step = why, event.step
         if event.memory is not None:
             entry = event.memory.to_dict()  # t: seconds since the run began
             self.mem["samples"] = [*self.mem["samples"], entry][-MEMORY_POINTS:]
@@ -105,7 +115,7 @@ class CompareWork(ViewWork):
 
     def _live_chart(self) -> RunView:
         """The confidence chart a run starts from: every row's curves, empty, named for the feed."""
-        span = (0, self.engine_run.config.max_new_tokens - 1)
+        span = (0, self.config.max_new_tokens - 1)
         return RunView(confidence=charts.confidence_figure(self.rows, self.threshold, None, self.window,
                                                            feed=self.feed_id, span=span))
 
@@ -123,7 +133,7 @@ class CompareWork(ViewWork):
             self.started = True
             self.mem["origin"] = time.time() - elapsed
             self.last_chart = t  # the first tokens go out alone; drawing charts would hold them back
-            out = RunView(busy=True) | frame(self.engine_run.config) | self._live_chart()
+            out = RunView(busy=True) | frame(self.config) | self._live_chart()
         for item in items:
             if isinstance(item, StepEvent):
                 self._apply(item)
@@ -133,7 +143,7 @@ class CompareWork(ViewWork):
             out |= outputs(self.rows, self.view, live=True, caches=self.caches)
             step = max((len(r.steps) for r in self.rows), default=0)
             out |= RunView(status=Status(
-                f"{self.what}… step {step} of {self.engine_run.config.max_new_tokens} ({elapsed:.0f} s)"))
+                f"{self.what}… step {step} of {self.config.max_new_tokens} ({elapsed:.0f} s)"))
             out |= self._fed()
             if t - self.last_chart >= MEMORY_CHART_INTERVAL_S:
                 self.last_chart = t
@@ -150,13 +160,46 @@ class CompareWork(ViewWork):
         t = time.perf_counter()
         result = self.result
         self.mem["samples"] = [*self.mem["samples"], memory_entry(self.mem, memory.sample())][-MEMORY_POINTS:]
-        out = RunView(busy=False) | frame(self.engine_run.config)  # the final update stands on its own
+        out = RunView(busy=False) | frame(self.config)  # the final update stands on its own
         out |= outputs(result.rows, self.view, live=False, caches=self.caches) | self._charts(result.rows, live=False)
         out |= RunView(feed="")  # the finished chart is drawn whole; the feed is done with
         self.ui_seconds += time.perf_counter() - t
         data = result.to_dict() | {"ui_seconds": self.ui_seconds}
-        return out | RunView(result=data, status=Status(done_text(result),
+        return out | RunView(result=data, status=Status(self.done_text(result),
                                                         "stopped" if outcome.kind == "stopped" else "info"))
+
+    def done_text(self, result: RunResult) -> str:
+        return done_text(result)
+
+
+class RerunWork(CompareWork):
+    """One column run again alone (`feedback.core.session.rerun`), streamed into its place while
+    the other columns keep the answers of the run before; the result is that run with the column's
+    answer and settings replaced (`merge_rerun`), so Continue, branches and History go on from it."""
+
+    label = "a column's re-run"
+
+    def __init__(self, run: Run, view: str, show: Callable[[PageView], dict], before: RunResult, column: int):
+        name = run.config.rows[0].name
+        super().__init__(run, view, show, what=f"Re-running {name}")
+        self.before, self.column = before, column
+        rows = RunConfig.from_dict(before.config).rows
+        rows[column] = run.config.rows[0]
+        self.config = replace(run.config, rows=rows)
+        fresh = self.rows[0]
+        self.rows = list(before.rows)
+        self.rows[column] = fresh
+        self.slots = [column]
+        self.caches = [render.SpanCache() for _ in self.rows]
+        self.fed = [0] * len(self.rows)
+
+    def run(self, stop: threading.Event):
+        for item in super().run(stop):
+            yield merge_rerun(self.before, self.column, item) if isinstance(item, RunResult) else item
+
+    def done_text(self, result: RunResult) -> str:
+        return (f"Re-ran {result.rows[self.column].name} alone; the other columns are as they were. "
+                f"{done_text(result)}")
 
 
 class CalibrateWork(ViewWork):

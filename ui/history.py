@@ -1,7 +1,12 @@
-"""This browser's run history: compact entries, a table summary, JSON, CSV and LLM Comparator exports.
+"""This browser's run history: compact entries, a table summary, JSON, CSV and LLM Comparator exports,
+and what a person does with stored runs: name them, search them, delete them (and undo that), rate
+their columns (better / worse / tie, with a note).
 
 The history lives in the browser (local storage) and comes back with every request, so nothing in
-it is trusted: entries that do not have the shape of a stored run are skipped and counted.
+it is trusted: entries that do not have the shape of a stored run are skipped and counted, and a
+name or rating that this page could not have written is dropped as the entry is read. The editing
+functions (`rename`, `rate`, `delete`, `undelete`) are pure: they take the stored history and return
+a new one for the page to store, runs still packed.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import uuid
 
 from feedback.core.records import first_divergence
 from feedback.errors import FeedbackError
-from feedback.serve.limits import HISTORY_MAX_BYTES
+from feedback.serve.limits import HISTORY_MAX_BYTES, NAME_MAX_CHARS
 from ui.compare_settings import OVERRIDES
 
 MAX_RUNS = 30
@@ -26,12 +31,21 @@ OUTPUT_PREVIEW = 80
 ROW_SETTING_COLUMNS = [f"row_{name}" for name, _ in OVERRIDES]
 CSV_COLUMNS = ["run_id", "created", "prompt", "system_prompt", "model", "chat_template", "temperature", "top_p",
                "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens", "deepconf_k", "deepconf_window",
-               "threshold", "row", "strategy", "params", *ROW_SETTING_COLUMNS, "row_messages", "row_metrics", "step",
-               "token_id", "forced", "text", "logprob", "prob", "confidence", "entropy", "group_confidence", "top5"]
-TABLE_HEADERS = ["id", "time", "prompt", "columns", "first column output", "other columns' output", "tokens",
-                 "differ at", "stop"]
+               "threshold", "run_name", "row", "strategy", "params", *ROW_SETTING_COLUMNS, "row_messages",
+               "row_metrics", "rating", "rating_note", "step", "token_id", "forced", "text", "logprob", "prob",
+               "confidence", "entropy", "group_confidence", "top5"]
+TABLE_HEADERS = ["name", "id", "time", "prompt", "columns", "first column output", "other columns' output", "tokens",
+                 "differ at", "stop", "ratings"]
 TABLE_OTHERS_SHOWN = 3  # other columns listed per table cell (the UI's runs have at most 3); the rest are counted
 LABEL_PREVIEW = 40
+NOTE_PREVIEW = 40  # of a rating's note in the table; the exports carry it whole
+BRANCH_PREVIEW = 24  # of the chosen token(s) in a branch's label
+VERDICTS = ("better", "worse", "tie")
+NOTE_MAX_CHARS = 500
+# Names and notes may take a full history a little past MAX_BYTES (a browser holds ~5 MB and the
+# page server's body limit has room), rather than refusing them whenever History is full; the next
+# recorded run trims it back.
+EDIT_SLACK_BYTES = 100_000
 
 
 # A stored run keeps every token record, packed: one list per field instead of one object per
@@ -88,7 +102,48 @@ def _readable(entry) -> dict | None:
         result = unpack(entry["result"])
     except (KeyError, TypeError, IndexError, ValueError, AttributeError, OverflowError):
         return None
-    return entry | {"result": result} if _is_run(result) else None
+    if not _is_run(result):
+        return None
+    # only the keys this page writes, so nothing else a browser sends reaches a table or an export
+    return {"id": entry["id"], "created": entry["created"], "result": result, **_read_meta(entry, result)}
+
+
+def _read_meta(entry: dict, result: dict) -> dict:
+    """The entry's name and ratings, those this page could have written (others dropped, the run kept)."""
+    meta: dict = {}
+    try:
+        if name := _check_name(entry.get("name")):
+            meta["name"] = name
+    except FeedbackError:
+        pass
+    if ratings := _read_ratings(entry.get("ratings"), [r["name"] for r in result["rows"]]):
+        meta["ratings"] = ratings
+    return meta
+
+
+def _read_ratings(ratings, columns: list[str]) -> dict:
+    """The well-formed ratings of the run's own columns, in column order."""
+    if not isinstance(ratings, dict):
+        return {}
+    good = {}
+    for column in columns:
+        rating = ratings.get(column)
+        try:
+            if isinstance(rating, dict):
+                good[column] = _check_rating(rating.get("verdict"), rating.get("note"))
+        except FeedbackError:
+            pass
+    return good
+
+
+def _stored(history) -> list[dict]:
+    """The readable entries as this page stores them (runs still packed), for an edit to write back.
+    A history larger than a browser could have stored is refused, as by `valid`."""
+    _check_size(history)
+    if not isinstance(history, list):
+        return []
+    read = [(e, _readable(e)) for e in history]
+    return [r | {"result": e["result"]} for e, r in read if r is not None]
 
 
 def _unpacked(entries: list[dict]) -> list[dict]:
@@ -128,18 +183,110 @@ def add_run(history: list[dict] | None, result: dict) -> list[dict]:
     """A new history with `result` (a RunResult dict) first, oldest runs dropped past the caps.
     A result already present (same `run_id`) is not added twice."""
     try:  # the stored (packed) entries kept as they are; each is read once, to check it
-        _check_size(history)
-        runs = [e for e in history if _readable(e) is not None] if isinstance(history, list) else []
+        runs = _stored(history)
     except FeedbackError:  # a store too large to be this page's: start again rather than fail the run
         runs = []
     run_id = result.get("run_id") or uuid.uuid4().hex[:8]
     if any(e["id"] == run_id for e in runs):
         return runs
     entry = {"id": run_id, "created": time.strftime("%Y-%m-%d %H:%M:%S"), "result": pack(result)}
-    runs = [entry, *runs][:MAX_RUNS]
-    while len(runs) > 1 and len(json.dumps(runs)) > MAX_BYTES:
+    return _capped([entry, *runs])
+
+
+def _capped(runs: list[dict], max_bytes: int | None = None) -> list[dict]:
+    """At most MAX_RUNS runs and `max_bytes` (MAX_BYTES) of JSON, the oldest (last) dropped first."""
+    runs = runs[:MAX_RUNS]
+    while len(runs) > 1 and len(json.dumps(runs)) > (MAX_BYTES if max_bytes is None else max_bytes):
         runs.pop()
     return runs
+
+
+# --- names, ratings, deletion -----------------------------------------------------------------------
+
+def _check_name(name) -> str:
+    """A run's name on one line ("" for none); refused unless text of at most NAME_MAX_CHARS characters."""
+    if name is None:
+        return ""
+    if not isinstance(name, str):
+        raise FeedbackError(f"name must be text, got {type(name).__name__}")
+    name = " ".join(name.split())  # one line, so a table row and a picker label stay one line
+    if len(name) > NAME_MAX_CHARS:
+        raise FeedbackError(f"name: a run's name is at most {NAME_MAX_CHARS} characters, got {len(name)}")
+    return name
+
+
+def _check_rating(verdict, note) -> dict:
+    """{"verdict", "note"}, refused unless the verdict is one of VERDICTS and the note text of at most
+    NOTE_MAX_CHARS characters (None: no note)."""
+    if not isinstance(verdict, str) or verdict not in VERDICTS:
+        raise FeedbackError(f"verdict must be one of {', '.join(VERDICTS)}, got {str(verdict)[:40]!r}")
+    note = "" if note is None else note
+    if not isinstance(note, str):
+        raise FeedbackError(f"note must be text, got {type(note).__name__}")
+    if len(note.strip()) > NOTE_MAX_CHARS:
+        raise FeedbackError(f"note: a rating's note is at most {NOTE_MAX_CHARS} characters, got {len(note.strip())}")
+    return {"verdict": verdict, "note": note.strip()}
+
+
+def _find(runs: list[dict], run_id) -> int:
+    for i, e in enumerate(runs):
+        if e["id"] == run_id:
+            return i
+    raise FeedbackError(f"run_id: no run {str(run_id)[:NAME_MAX_CHARS]!r} in this browser's history")
+
+
+def _edited(runs: list[dict], index: int, entry: dict) -> list[dict]:
+    """`runs` with entry `index` replaced, refused when that takes History past what the page stores."""
+    runs = [*runs[:index], entry, *runs[index + 1:]]
+    if len(json.dumps(runs)) > MAX_BYTES + EDIT_SLACK_BYTES:
+        raise FeedbackError("this browser's History is full: delete or export runs before naming or rating more")
+    return runs
+
+
+def rename(history, run_id: str, name: str | None) -> list[dict]:
+    """A new history in which run `run_id` is called `name` (whitespace folded to one line, at most
+    NAME_MAX_CHARS characters; empty: no name, so a branch shows its own label again)."""
+    name = _check_name(name)
+    runs = _stored(history)
+    i = _find(runs, run_id)
+    entry = {k: v for k, v in runs[i].items() if k != "name"}
+    return _edited(runs, i, entry | {"name": name} if name else entry)
+
+
+def rate(history, run_id: str, column: str, verdict: str, note: str | None = "") -> list[dict]:
+    """A new history in which column `column` of run `run_id` is rated `verdict` ("better", "worse"
+    or "tie") with `note` (at most NOTE_MAX_CHARS characters), replacing that column's rating.
+    Refused, naming the field, for an unknown run or column, another verdict or a note too long."""
+    rating = _check_rating(verdict, note)
+    runs = _stored(history)
+    i = _find(runs, run_id)
+    columns = [r["name"] for r in runs[i]["result"]["rows"]]
+    if not isinstance(column, str) or column not in columns:
+        raise FeedbackError(f"column: run {run_id} has no column {str(column)[:NAME_MAX_CHARS]!r} "
+                            f"(it has {', '.join(columns)})")
+    ratings = runs[i].get("ratings", {}) | {column: rating}
+    return _edited(runs, i, runs[i] | {"ratings": {c: ratings[c] for c in columns if c in ratings}})
+
+
+def delete(history, run_ids: list[str]) -> tuple[list[dict], list[tuple[int, dict]]]:
+    """(a new history without these runs, the removed entries with their places, for `undelete`).
+    Refused when none of them is stored."""
+    ids = {i for i in run_ids or [] if isinstance(i, str)}
+    runs = _stored(history)
+    removed = [(i, e) for i, e in enumerate(runs) if e["id"] in ids]
+    if not removed:
+        raise FeedbackError("run_ids: none of these runs is in this browser's history")
+    return [e for e in runs if e["id"] not in ids], removed
+
+
+def undelete(history, removed: list[tuple[int, dict]]) -> list[dict]:
+    """A new history with what `delete` removed back in its places; a run stored again since is not
+    doubled, and the caps hold (runs recorded since come first, so the oldest go)."""
+    runs = _stored(history)
+    for index, entry in sorted(removed, key=lambda pair: pair[0]):
+        if all(e["id"] != entry["id"] for e in runs):
+            runs.insert(index, entry)
+    return _capped(runs, MAX_BYTES + EDIT_SLACK_BYTES)
 
 
 def _preview(text, limit: int = OUTPUT_PREVIEW) -> str:
@@ -197,8 +344,54 @@ def run_prompt(result: dict) -> str:
 
 
 def label(entry: dict) -> str:
-    """The run picker's label, "id · prompt preview" (entry assumed valid)."""
-    return f"{entry['id']} · {_preview(run_prompt(entry['result']), LABEL_PREVIEW)}"
+    """The run picker's label, "id · prompt preview", or "id · name · prompt preview" for a named or
+    branched run (entry assumed valid; stored or read)."""
+    parts = [entry["id"], title(entry), _preview(run_prompt(unpack(entry["result"])), LABEL_PREVIEW)]
+    return " · ".join(p for p in parts if p)
+
+
+def branch_label(entry: dict) -> str:
+    """"branch at step 27: ' resulting'" for a run that came from a branch (the step and the text of
+    the token(s) a person chose, from the first column that took them), else "" (entry assumed valid)."""
+    for row in unpack(entry["result"])["rows"]:
+        chosen = [s for s in row["steps"] if s.get("chosen")]
+        if chosen:
+            text = "".join(str(s["text"]) for s in chosen)
+            text = text if len(text) <= BRANCH_PREVIEW else text[:BRANCH_PREVIEW - 1] + "…"
+            return f"branch at step {chosen[0]['step']}: {text!r}"  # repr: a leading space or a newline shows
+    return ""
+
+
+def title(entry: dict) -> str:
+    """What names a run in the table and the picker: the name a person gave it, the branch label, or
+    both ("name (branch at …)"), "" for neither."""
+    name, branch = entry.get("name") or "", branch_label(entry)
+    return f"{name} ({branch})" if name and branch else name or branch
+
+
+def search_text(entry: dict) -> str:
+    """What a search looks in, folded to one case-less line: the run's id, name and branch label, its
+    prompt and the columns' own prompts, the column names and their outputs (entry assumed valid)."""
+    res = unpack(entry["result"])
+    own = [p for spec in _specs(res).values() if (p := _own_prompt(spec)) is not None]
+    parts = [entry["id"], title(entry), res["config"]["prompt"], *own,
+             *(f"{r['name']} {r.get('text', '')}" for r in res["rows"])]
+    return _folded(" ".join(str(p) for p in parts))
+
+
+def _folded(text) -> str:
+    return " ".join(str(text or "").split()).casefold()
+
+
+def matches(text: str, query: str | None) -> bool:
+    """Whether `search_text`'s `text` holds `query` (any case, any run of whitespace as one space;
+    an empty query matches every run)."""
+    return _folded(query) in text
+
+
+def search(entries: list[dict], query: str | None) -> list[dict]:
+    """The entries whose name, prompt, column names or outputs hold `query` (see `matches`)."""
+    return [e for e in entries if matches(search_text(e), query)]
 
 
 def _params(row: dict) -> dict:
@@ -237,19 +430,38 @@ def _divergences(rows: list[dict]) -> list[int | None]:
 
 def table(history: list[dict]) -> list[list]:
     """One row per run for the History tab's table (entries assumed valid), for runs of any number
-    of columns: every column described, the first column's output, the others' outputs, and per
-    column the token count, where it first differs from the first column, and why it stopped."""
-    out = []
-    for e in _unpacked(history):
-        res = e["result"]
-        rows, specs = res["rows"], _specs(res)
-        columns = _listed([_column_label(r, specs.get(r["name"], {})) for r in rows], TABLE_OTHERS_SHOWN + 1)
-        others = [f"{r['name']}: {_preview(r.get('text', ''))}" for r in rows[1:]]
-        div = " / ".join("—" if d is None else str(d) for d in _divergences(rows)) or "—"
-        out.append([e["id"], e["created"], _preview(run_prompt(res)), columns, _preview(rows[0].get("text", "")),
-                    _listed(others), " / ".join(str(len(r["token_ids"])) for r in rows), div,
-                    " / ".join(str(r.get("stop_reason")) for r in rows)])
-    return out
+    of columns: its name (or branch label), every column described, the first column's output, the
+    others' outputs, per column the token count, where it first differs from the first column and
+    why it stopped, and the columns' ratings."""
+    return [table_row(e) for e in _unpacked(history)]
+
+
+def table_row(entry: dict) -> list:
+    """The table's row of one valid entry (see `table`)."""
+    res = unpack(entry["result"])
+    rows, specs = res["rows"], _specs(res)
+    columns = _listed([_column_label(r, specs.get(r["name"], {})) for r in rows], TABLE_OTHERS_SHOWN + 1)
+    others = [f"{r['name']}: {_preview(r.get('text', ''))}" for r in rows[1:]]
+    div = " / ".join("—" if d is None else str(d) for d in _divergences(rows)) or "—"
+    return [title(entry), entry["id"], entry["created"], _preview(run_prompt(res)), columns,
+            _preview(rows[0].get("text", "")), _listed(others), " / ".join(str(len(r["token_ids"])) for r in rows),
+            div, " / ".join(str(r.get("stop_reason")) for r in rows), ratings_text(entry)]
+
+
+def ratings_text(entry: dict) -> str:
+    """The run's ratings in one table cell, "baseline: better | feedback: worse (too terse)", the
+    notes shortened; "—" for none."""
+    return _listed([f"{c}: {r['verdict']}" + (f" ({_preview(r['note'], NOTE_PREVIEW)})" if r["note"] else "")
+                    for c, r in (entry.get("ratings") or {}).items()], TABLE_OTHERS_SHOWN + 1)
+
+
+def overview(entries: list[dict]) -> list[dict]:
+    """What the History tab keeps of each valid entry between requests, so a search or a change of
+    the chosen run needs no second copy of the history from the browser: its id, picker label, table
+    row, search text, column names, name and ratings."""
+    return [{"id": e["id"], "label": label(e), "row": table_row(e), "text": search_text(e),
+             "columns": [r["name"] for r in e["result"]["rows"]], "name": e.get("name", ""),
+             "ratings": e.get("ratings", {})} for e in _unpacked(entries)]
 
 
 def select(history: list[dict], ids: list[str] | None) -> list[dict]:
@@ -258,16 +470,19 @@ def select(history: list[dict], ids: list[str] | None) -> list[dict]:
 
 
 def to_json(entries: list[dict]) -> str:
-    """The selected runs as a JSON list of RunResult dicts (each with its history id and time), the
-    form `RunResult.from_dict` reads back, whatever the number of columns."""
-    return json.dumps([{"id": e["id"], "created": e["created"], **e["result"]} for e in _unpacked(entries)], indent=1)
+    """The selected runs as a JSON list of RunResult dicts (each with its history id, time, name —
+    null for none — and ratings by column name), the form `RunResult.from_dict` reads back (it
+    ignores the extra keys), whatever the number of columns."""
+    return json.dumps([{"id": e["id"], "created": e["created"], "name": e.get("name"),
+                        "ratings": e.get("ratings", {}), **e["result"]} for e in _unpacked(entries)], indent=1)
 
 
 def to_csv(entries: list[dict]) -> str:
     """One line per generated token of every row of every selected run, each with the run's
-    prompt and settings, the prompt, system prompt and temperature the row ran with (its own or the
-    run's: `ROW_SETTING_COLUMNS`), its earlier turns (JSON, empty when none) and its metrics (JSON);
-    the top-5 alternatives as a JSON list (so ':' and '|' in tokens are safe)."""
+    prompt, settings and name, the prompt, system prompt and temperature the row ran with (its own or the
+    run's: `ROW_SETTING_COLUMNS`), its earlier turns (JSON, empty when none), its metrics (JSON) and
+    its rating and note (empty when unrated); the top-5 alternatives as a JSON list (so ':' and '|'
+    in tokens are safe)."""
     entries = _unpacked(entries)
     buf = io.StringIO()
     writer = csv.writer(buf)
@@ -279,8 +494,9 @@ def to_csv(entries: list[dict]) -> str:
         run = [e["id"], e["created"], cfg["prompt"], cfg.get("system_prompt") or "", cfg.get("model", ""),
                cfg.get("chat_template", ""), s.get("temperature"), s.get("top_p"), s.get("top_k"), s.get("min_p"),
                s.get("repetition_penalty"), cfg.get("seed"), cfg.get("max_new_tokens"), dc.get("k"),
-               dc.get("window"), "" if dc.get("threshold") is None else dc["threshold"]]
+               dc.get("window"), "" if dc.get("threshold") is None else dc["threshold"], e.get("name", "")]
         specs = _specs(res)
+        ratings = e.get("ratings", {})
         for row in res["rows"]:
             params = json.dumps(row.get("params", {}), sort_keys=True)
             spec = specs.get(row["name"], {})
@@ -288,11 +504,13 @@ def to_csv(entries: list[dict]) -> str:
             turns = _turns(spec)
             turns = json.dumps(turns, ensure_ascii=False) if turns else ""
             metrics = json.dumps(row.get("metrics", {}), sort_keys=True, ensure_ascii=False)
+            rating = ratings.get(row["name"], {})
             for st in row["steps"]:
                 top = json.dumps([{"token_id": a["token_id"], "text": a["text"], "prob": round(a["prob"], 6)}
                                   for a in st.get("top", [])], ensure_ascii=False)
                 writer.writerow([*run, row["name"], row.get("strategy") or "", params, *seen, turns, metrics,
-                                 st["step"], st["token_id"], int(bool(st.get("forced"))), st["text"],
+                                 rating.get("verdict", ""), rating.get("note", ""), st["step"], st["token_id"],
+                                 int(bool(st.get("forced"))), st["text"],
                                  f"{st['logprob']:.6f}", f"{st['prob']:.6f}", f"{st['confidence']:.6f}",
                                  f"{st['entropy']:.6f}", f"{st['group_confidence']:.6f}", top])
     return buf.getvalue()
@@ -311,11 +529,12 @@ def to_csv(entries: list[dict]) -> str:
 # column lacks it). JSON.parse rejects NaN and Infinity: non-finite numbers are written as null.
 
 COMPARATOR_MODELS = ("reference column", "other column")  # model names when the selection's column names differ
-COMPARATOR_RUN_FIELDS = [("run_id", "string"), ("created", "string"), ("pair", "category"),
+COMPARATOR_RUN_FIELDS = [("run_id", "string"), ("created", "string"), ("run_name", "string"), ("pair", "category"),
                          ("language_model", "category"), ("first_divergence_step", "number")]
 COMPARATOR_COLUMN_FIELDS = {"column": "per_model_category", "feedback": "per_model_category",
                             "strategy": "per_model_category", "own_prompt": "per_model_boolean",
-                            "stop_reason": "per_model_category", "generated_tokens": "per_model_number"}
+                            "stop_reason": "per_model_category", "generated_tokens": "per_model_number",
+                            "rating": "per_model_category"}
 _RESERVED = {name for name, _ in COMPARATOR_RUN_FIELDS} | set(COMPARATOR_COLUMN_FIELDS)
 
 
@@ -348,12 +567,13 @@ def _pair_input(config: dict, specs: dict, a: dict, b: dict) -> str:
     return f"A ({a['name']}) saw:\n{seen_a}\n\nB ({b['name']}) saw:\n{seen_b}"
 
 
-def _column_values(row: dict, spec: dict) -> dict:
-    """A column's per-model values by field name: what it is, how it ended, its parameters (as
-    "param <name>") and its metrics (a metric whose name is taken is written as "metric <name>")."""
+def _column_values(row: dict, spec: dict, rating: dict | None) -> dict:
+    """A column's per-model values by field name: what it is, how it ended, a person's verdict on it,
+    its parameters (as "param <name>") and its metrics (a metric whose name is taken is written as
+    "metric <name>")."""
     values = {"column": row["name"], "feedback": _strategy_label(row), "strategy": row.get("strategy") or "none",
               "own_prompt": _own_prompt(spec) is not None, "stop_reason": row.get("stop_reason"),
-              "generated_tokens": len(row["token_ids"])}
+              "generated_tokens": len(row["token_ids"]), "rating": (rating or {}).get("verdict")}
     values |= {f"param {k}": v for k, v in _params(row).items()}
     metrics = row.get("metrics")
     for k, v in (metrics.items() if isinstance(metrics, dict) else ()):
@@ -422,19 +642,22 @@ def to_llm_comparator(entries: list[dict]) -> str:
     "[role]" blocks; both inputs, labelled, when the two columns saw different ones). The only tag is
     column B's strategy name ("no feedback" for none), so the tool's by-category panel slices by it.
 
-    `score` is null: the format's score is an LLM judge's preference (positive: A better), and no
-    judge has rated these outputs; the tool shows null as "Null" and counts it as unknown in win
-    rates, where 0 would claim a tie. `individual_rater_scores` and `rationale_list` are empty.
+    `score` comes from a person's ratings of the two columns (`rate`), as the format's score is a
+    preference (positive: A better): +1 when A is better or B worse, -1 when B is better or A worse,
+    0 for a tie (both rated better, or both worse, is a tie too: see `_pair_score`); each rating is
+    one of `individual_rater_scores`, its note the rationale. A pair neither of whose columns is
+    rated has score null (the tool shows "Null" and counts it as unknown in win rates, where 0 would
+    claim a tie) and no rater scores. `rationale_list` (the tool's clustered rationale bullets) is empty.
 
-    Custom fields: run_id and created (string), pair and language_model (category), the pair's
+    Custom fields: run_id, created and run_name (string), pair and language_model (category), the pair's
     first_divergence_step (number, null when the two outputs are identical); per model: column,
-    feedback ("strategy params"), strategy, stop_reason (category), own_prompt (boolean),
+    feedback ("strategy params"), strategy, stop_reason and rating (category), own_prompt (boolean),
     generated_tokens, every parameter as "param <name>" and every metric of RowResult.metrics, typed
     from their values (numbers as per_model_number, etc.; see `_per_model_type`)."""
     entries = _unpacked(entries)
     pairs = _pairs(entries)
-    columns = [(_column_values(a, _specs(e["result"]).get(a["name"], {})),
-                _column_values(b, _specs(e["result"]).get(b["name"], {}))) for e, a, b in pairs]
+    columns = [tuple(_column_values(r, _specs(e["result"]).get(r["name"], {}), e.get("ratings", {}).get(r["name"]))
+                     for r in (a, b)) for e, a, b in pairs]
     per_model = _column_schema([values for pair in columns for values in pair])
     schema = [{"name": n, "type": t} for n, t in [*COMPARATOR_RUN_FIELDS, *per_model]]
     doc = {"metadata": {"source_path": "Feedback Lens history: runs " + ", ".join(e["id"] for e in entries),
@@ -449,11 +672,37 @@ def _example(pair: tuple[dict, dict, dict], values: tuple[dict, dict], per_model
     fields and every per-model field of the export (null where a column lacks it)."""
     e, a, b = pair
     cfg = e["result"]["config"]
-    fields = {"run_id": e["id"], "created": e["created"], "pair": f"{a['name']} vs {b['name']}",
+    raters = _raters(e.get("ratings", {}), a, b)
+    fields = {"run_id": e["id"], "created": e["created"], "run_name": e.get("name"),
+              "pair": f"{a['name']} vs {b['name']}",
               "language_model": str(cfg.get("model", "")),
               "first_divergence_step": _typed(first_divergence(a["token_ids"], b["token_ids"]), "number")}
     fields |= {n: [_typed(v.get(n), t) for v in values] for n, t in per_model}
     return {"input_text": _pair_input(cfg, _specs(e["result"]), a, b),
             "tags": [str(b.get("strategy") or "no feedback")],
             "output_text_a": str(a.get("text", "")), "output_text_b": str(b.get("text", "")),
-            "score": None, "individual_rater_scores": [], "rationale_list": [], "custom_fields": fields}
+            "score": _pair_score(raters), "individual_rater_scores": raters, "rationale_list": [],
+            "custom_fields": fields}
+
+
+# A rating's vote for column A: positive when A is better. A rating of column B votes the other way.
+_VOTE = {"better": 1, "worse": -1, "tie": 0}
+
+
+def _raters(ratings: dict, a: dict, b: dict) -> list[dict]:
+    """The pair's ratings as LLM Comparator's individual ratings (client/lib/types.ts IndividualRating):
+    each its vote for A as the score, "A (name) better" as the label, its note as the rationale. Not
+    flipped: A and B are the columns as the person saw them."""
+    out = []
+    for side, row, sign in (("A", a, 1), ("B", b, -1)):
+        if rating := ratings.get(row["name"]):
+            out.append({"index": len(out), "score": sign * _VOTE[rating["verdict"]],
+                        "rating_label": f"{side} ({row['name']}) {rating['verdict']}", "is_flipped": False,
+                        "rationale": rating["note"], "custom_fields": {}})
+    return out
+
+
+def _pair_score(raters: list[dict]) -> int | None:
+    """+1, 0 or -1: the sum of the two votes for A, held to one vote (A better and B worse say the
+    same thing once; both better or both worse cancel to a tie); None when neither column is rated."""
+    return max(-1, min(1, sum(r["score"] for r in raters))) if raters else None

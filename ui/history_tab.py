@@ -1,14 +1,24 @@
-"""History tab: this browser's Compare runs — list, reload into Compare with every setting, export."""
+"""History tab: this browser's Compare runs — list, search, name, rate, delete (and undo), reload into
+Compare with every setting, export.
+
+The history lives in the browser (`gr.BrowserState`) and is sent only with this tab's own events:
+opening the tab, an edit (name, rating, delete, undo), a reload, an export. Opening the tab keeps a
+light overview of the runs on the server (`history.overview`: table rows, search text, column
+names), so searching and choosing a run, which happen often, send no history at all. An edit
+writes the new history back to the browser and redraws the table from it.
+"""
 from __future__ import annotations
 
 import gradio as gr
 
 from feedback.errors import FeedbackError
+from feedback.serve.limits import NAME_MAX_CHARS
 from ui import history, render
 from ui.compare_tab import CompareTab
 from ui.exports import export_file, stamp
 
 TAB = "history"
+SEARCH_MAX_CHARS = 200
 
 
 def _entries(hist) -> list[dict]:
@@ -31,18 +41,119 @@ def _run_ids(ids) -> list[str]:
     return ids
 
 
+def _first(ids, what: str) -> str:
+    """The run an edit acts on: the first chosen, as Reload takes it."""
+    ids = _run_ids(ids)
+    if not ids:
+        raise FeedbackError(f"choose a run to {what}")
+    return ids[0]
+
+
+def _item(catalog, ids) -> dict | None:
+    """The overview of the first chosen run, None when none is chosen or it is not listed."""
+    ids = ids if isinstance(ids, list) else []
+    return next((c for c in catalog or [] if ids and c["id"] == ids[0]), None)
+
+
+def _note(total: int, shown: int, query: str | None) -> str:
+    note = (f"{total} run(s) stored in this browser. It keeps the last {history.MAX_RUNS} runs (at most "
+            f"{history.MAX_BYTES // 1_000_000} MB); older ones are dropped first — export what you want to keep.")
+    return f"{shown} of {total} run(s) match the search. " + note if (query or "").strip() else note
+
+
+def _plural(n: int) -> str:
+    return f"{n} run{'s' if n != 1 else ''}"
+
+
 class HistoryTab:
     def __init__(self, compare: CompareTab):
         self.compare = compare
 
-    def view(self, hist: list | None):
-        """The table of runs, the run picker, and how many are kept."""
-        runs = _entries(hist)
-        choices = [(history.label(e), e["id"]) for e in runs]
-        note = (f"{len(runs)} run(s) stored in this browser. It keeps the last {history.MAX_RUNS} runs (at most "
-                f"{history.MAX_BYTES // 1_000_000} MB); older ones are dropped first — export what you want to keep.")
-        table, ids, shown = self.view_outputs
-        return {table: history.table(runs), ids: gr.update(choices=choices, value=[]), shown: note}
+    def view(self, hist: list | None, query: str | None = "") -> dict:
+        """The table of runs (those matching the search), the run picker, and how many are kept."""
+        return self._listing(history.overview(_entries(hist)), query, [])
+
+    def _listing(self, catalog: list[dict], query: str | None, chosen: list[str]) -> dict:
+        """The runs of `catalog` that match `query`, in the table and the picker; chosen runs stay
+        chosen (by id, not by row) while they are listed."""
+        shown = [c for c in catalog if history.matches(c["text"], query)]
+        listed = {c["id"] for c in shown}
+        return {self.table: [c["row"] for c in shown], self.catalog: catalog,
+                self.ids: gr.update(choices=[(c["label"], c["id"]) for c in shown],
+                                    value=[i for i in chosen if i in listed]),
+                self.note: _note(len(catalog), len(shown), query)}
+
+    def search(self, query: str | None, catalog: list[dict] | None, ids) -> dict:
+        return self._listing(catalog or [], query, _run_ids(ids))
+
+    def pick(self, ids, column: str | None, catalog: list[dict] | None, picked: str | None) -> dict:
+        """When another run comes first among the chosen: its name, its columns to rate (the column
+        rated last kept when this run has it) and that column's rating. An edit sends the choice back
+        unchanged; leaving the fields alone then keeps what the person is typing there."""
+        item = _item(catalog, ids)
+        if (item and item["id"]) == picked:
+            return {self.picked: picked}  # Gradio reads an empty dict as one value, not as no updates
+        if item is None:
+            return {self.name: "", self.column: gr.update(choices=[], value=None), self.verdict: None,
+                    self.rate_note: "", self.picked: None}
+        column = column if column in item["columns"] else item["columns"][0]
+        return {self.name: item["name"], self.column: gr.update(choices=item["columns"], value=column),
+                **self.rating_of(ids, column, catalog), self.picked: item["id"]}
+
+    def rating_of(self, ids, column: str | None, catalog: list[dict] | None) -> dict:
+        """The chosen run's rating of `column`, for the person to see or change."""
+        rating = ((_item(catalog, ids) or {}).get("ratings") or {}).get(column) or {}
+        return {self.verdict: rating.get("verdict"), self.rate_note: rating.get("note", "")}
+
+    def rename(self, hist, ids, name: str | None, query: str | None) -> dict:
+        try:
+            run_id = _first(ids, "name")
+            new = history.rename(hist, run_id, name)
+        except FeedbackError as exc:
+            return self._refused(exc)
+        name = " ".join((name or "").split())
+        return self._save(new, query, ids, f"Run {run_id} is named “{name}”." if name else
+                          f"Run {run_id} has no name now.")
+
+    def rate(self, hist, ids, column: str | None, verdict: str | None, note: str | None, query: str | None) -> dict:
+        try:
+            run_id = _first(ids, "rate")
+            new = history.rate(hist, run_id, column, verdict, note)
+        except FeedbackError as exc:
+            return self._refused(exc)
+        return self._save(new, query, ids, f"Rated column {column} of run {run_id}: {verdict}.")
+
+    def delete(self, hist, ids, query: str | None) -> dict:
+        """Delete the chosen runs; the status line says how many and which, and Undo brings them back."""
+        try:
+            chosen = _run_ids(ids)
+            if not chosen:
+                raise FeedbackError("choose the runs to delete")
+            new, removed = history.delete(hist, chosen)
+        except FeedbackError as exc:
+            return self._refused(exc)
+        which = ", ".join(e["id"] for _, e in removed)
+        return self._save(new, query, [], f"Deleted {_plural(len(removed))}: {which}. Undo brings "
+                          f"{'it' if len(removed) == 1 else 'them'} back.") | {self.removed: removed}
+
+    def undo(self, hist, removed, query: str | None) -> dict:
+        if not removed:
+            return {self.status: render.status_html("Nothing to undo.")}
+        try:
+            new = history.undelete(hist, removed)
+        except FeedbackError as exc:
+            return self._refused(exc)
+        return self._save(new, query, [], f"Restored {_plural(len(removed))}.") | {self.removed: None}
+
+    def _save(self, new: list[dict], query: str | None, ids, message: str) -> dict:
+        """Store the edited history in the browser and show it, the search and the chosen runs kept."""
+        listing = self._listing(history.overview(history.valid(new)[0]), query, _run_ids(ids))
+        return listing | {self.hist: new, self.status: render.status_html(message)}
+
+    def _refused(self, exc: FeedbackError) -> dict:
+        # on the page, a refusal stays in the status line after the toast fades (as on the model tabs)
+        gr.Warning(str(exc))
+        return {self.status: render.status_html(f"Not done: {exc}", "error")}
 
     def reload(self, hist: list | None, ids: list[str] | None, view: str) -> dict:
         """Put a stored run back into Compare: its prompt, model, columns with their strategies,
@@ -60,51 +171,99 @@ class HistoryTab:
             f"Reloaded run {entries[0]['id']} from History: every control is as that run had it."),
             self.tabs: gr.update(selected="compare")}
 
-    def export_json(self, hist: list | None, ids: list[str] | None) -> str:
-        """Selected runs (all when none is selected) as a JSON list of RunResult objects."""
-        return self._export(hist, ids, "json")
+    def export_json(self, hist: list | None, ids: list[str] | None, query: str | None = "") -> str:
+        """Selected runs (all matching the search when none is selected) as a JSON list of RunResult
+        objects, each with its name and ratings."""
+        return self._export(hist, ids, query, "json")
 
-    def export_comparator(self, hist: list | None, ids: list[str] | None) -> str:
-        """Selected runs (all when none is selected) in LLM Comparator's JSON format: column 1
-        against each other column, with our metrics as per-model fields."""
-        return self._export(hist, ids, "comparator")
+    def export_comparator(self, hist: list | None, ids: list[str] | None, query: str | None = "") -> str:
+        """Selected runs (all matching the search when none is selected) in LLM Comparator's JSON
+        format: column 1 against each other column, with our metrics as per-model fields and the
+        columns' ratings as each pair's score."""
+        return self._export(hist, ids, query, "comparator")
 
-    def export_csv(self, hist: list | None, ids: list[str] | None) -> str:
-        """Selected runs (all when none is selected) as per-token CSV rows with each run's settings."""
-        return self._export(hist, ids, "csv")
+    def export_csv(self, hist: list | None, ids: list[str] | None, query: str | None = "") -> str:
+        """Selected runs (all matching the search when none is selected) as per-token CSV rows with
+        each run's settings, name and ratings."""
+        return self._export(hist, ids, query, "csv")
 
-    def _export(self, hist, ids, kind: str) -> str:
-        entries = history.select(_entries(hist), _run_ids(ids))
+    def _export(self, hist, ids, query, kind: str) -> str:
+        ids = _run_ids(ids)
+        runs = _entries(hist)
+        entries = history.select(runs, ids) if ids else history.search(runs, query)
         if not entries:
-            raise gr.Error("no runs in this browser's history yet", print_exception=False)
+            why = ("no runs in this browser's history yet" if not runs else
+                   "none of the chosen runs is in this browser's history" if ids else "no run matches the search")
+            raise gr.Error(why, print_exception=False)
         name = entries[0]["id"] if len(entries) == 1 else f"{len(entries)}-runs"
         if kind == "comparator":
-            return export_file(f"feedback-lens-{name}-{stamp()}.llm-comparator.json", history.to_llm_comparator(entries))
+            return export_file(f"feedback-lens-{name}-{stamp()}.llm-comparator.json",
+                               history.to_llm_comparator(entries))
         text = history.to_json(entries) if kind == "json" else history.to_csv(entries)
         return export_file(f"feedback-lens-{name}-{stamp()}.{kind}", text)
 
     def build(self, hist: gr.BrowserState, tabs: gr.Tabs) -> None:
-        self.tabs = tabs
+        self.tabs, self.hist = tabs, hist
         with gr.Tab("History", id=TAB) as tab:
-            note = gr.Markdown(elem_id="history-note")
-            table = gr.Dataframe(headers=history.TABLE_HEADERS, interactive=False, wrap=True, elem_id="history-table")
-            ids = gr.Dropdown([], multiselect=True, label="Runs (reload takes the first; export takes all chosen, "
-                                                          "or every run when none is chosen)",
-                              allow_custom_value=True, elem_id="history-runs")
+            self.note = gr.Markdown(elem_id="history-note")
+            # value "": an API client may leave the query out (every run)
+            query = gr.Textbox("", label="Search", placeholder="a name, prompt, column name or output", lines=1,
+                               max_lines=1, max_length=SEARCH_MAX_CHARS, elem_id="history-search")
+            self.table = gr.Dataframe(headers=history.TABLE_HEADERS, interactive=False, wrap=True,
+                                      elem_id="history-table")
+            self.ids = gr.Dropdown([], multiselect=True, label="Runs (reload, name and rate take the first; "
+                                   "delete takes all chosen; export takes all chosen, or every run listed when none "
+                                   "is chosen)",
+                                   allow_custom_value=True, elem_id="history-runs")
             with gr.Row():
                 reload_btn = gr.Button("Reload into Compare", elem_id="history-reload")
                 json_btn = gr.Button("Export JSON", elem_id="history-json")
                 csv_btn = gr.Button("Export CSV", elem_id="history-csv")
                 comparator_btn = gr.Button("Export for LLM Comparator", elem_id="history-comparator")
+                delete_btn = gr.Button("Delete chosen runs", variant="stop", elem_id="history-delete")
+                undo_btn = gr.Button("Undo delete", elem_id="history-undo")
+            self.status = gr.HTML(elem_id="history-status")
+            with gr.Row(equal_height=True):
+                self.name = gr.Textbox(label="Name of the chosen run (empty: none)", lines=1, max_lines=1,
+                                       max_length=NAME_MAX_CHARS, scale=3, elem_id="history-name")
+                name_btn = gr.Button("Name run", scale=1, elem_id="history-name-save")
+            with gr.Row(equal_height=True):
+                self.column = gr.Dropdown([], label="Rate column", scale=1, elem_id="history-rate-column")
+                self.verdict = gr.Radio(list(history.VERDICTS), label="Verdict", scale=1, elem_id="history-verdict")
+                self.rate_note = gr.Textbox(label="Note", lines=1, max_lines=3, max_length=history.NOTE_MAX_CHARS,
+                                            scale=2, elem_id="history-rate-note")
+                rate_btn = gr.Button("Save rating", scale=1, elem_id="history-rate")
             export = gr.File(label="Export", interactive=False, elem_id="history-file")
+            self.catalog, self.removed, self.picked = gr.State([]), gr.State(None), gr.State(None)
+        self._wire(tab, hist, query, [reload_btn, json_btn, csv_btn, comparator_btn], export)
+        self._wire_edits(hist, query, name_btn, rate_btn, delete_btn, undo_btn)
+
+    def _wire(self, tab, hist, query, buttons, export) -> None:
+        reload_btn, json_btn, csv_btn, comparator_btn = buttons
         c = self.compare
-        restore_outputs = [*c.restore_outputs(), tabs]
-        self.view_outputs = [table, ids, note]
+        self.view_outputs = [self.table, self.ids, self.note, self.catalog]
         # Only opening this tab reads the history: it is up to 3 MB, sent from the browser with each
         # event that takes it, so switching between the other tabs must not carry it.
-        tab.select(self.view, hist, self.view_outputs, api_name="history", show_progress="hidden")
-        json_btn.click(self.export_json, [hist, ids], export, api_name="export_json")
-        csv_btn.click(self.export_csv, [hist, ids], export, api_name="export_csv")
-        comparator_btn.click(self.export_comparator, [hist, ids], export, api_name="export_llm_comparator")
-        reload_btn.click(self.reload, [hist, ids, c.ui.out.view], restore_outputs, api_name="reload",
-                         show_progress="hidden")
+        tab.select(self.view, [hist, query], self.view_outputs, api_name="history", show_progress="hidden")
+        # change, not input: a paste or an autofill changes the query too (and nothing else sets it)
+        query.change(self.search, [query, self.catalog, self.ids], self.view_outputs, api_name=False,
+                     trigger_mode="always_last", show_progress="hidden")
+        self.ids.change(self.pick, [self.ids, self.column, self.catalog, self.picked],
+                        [self.name, self.column, self.verdict, self.rate_note, self.picked], api_name=False,
+                        show_progress="hidden")
+        self.column.input(self.rating_of, [self.ids, self.column, self.catalog], [self.verdict, self.rate_note],
+                          api_name=False, show_progress="hidden")
+        json_btn.click(self.export_json, [hist, self.ids, query], export, api_name="export_json")
+        csv_btn.click(self.export_csv, [hist, self.ids, query], export, api_name="export_csv")
+        comparator_btn.click(self.export_comparator, [hist, self.ids, query], export, api_name="export_llm_comparator")
+        reload_btn.click(self.reload, [hist, self.ids, c.ui.out.view], [*c.restore_outputs(), self.tabs],
+                         api_name="reload", show_progress="hidden")
+
+    def _wire_edits(self, hist, query, name_btn, rate_btn, delete_btn, undo_btn) -> None:
+        edited = [hist, *self.view_outputs, self.status]
+        quiet = dict(api_name=False, show_progress="hidden")
+        for trigger in (name_btn.click, self.name.submit):
+            trigger(self.rename, [hist, self.ids, self.name, query], edited, **quiet)
+        rate_btn.click(self.rate, [hist, self.ids, self.column, self.verdict, self.rate_note, query], edited, **quiet)
+        delete_btn.click(self.delete, [hist, self.ids, query], [*edited, self.removed], **quiet)
+        undo_btn.click(self.undo, [hist, self.removed, query], [*edited, self.removed], **quiet)

@@ -39,6 +39,7 @@ log = logging.getLogger("feedback_lens.ui")
 
 ON_ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true")  # set by Hugging Face on ZeroGPU
 HEARTBEAT_S = 0.5  # the page hears from a waiting or running job at least this often
+UPDATE_EVERY_S = 0.2  # ... and at most this often while it streams
 ABANDON_S = 6.0  # a job whose page took no update for this long is stopped (closed tab, lost client)
 WATCH_EVERY_S = 0.5
 
@@ -153,6 +154,7 @@ class PageJob:
     last_pull: float = field(default_factory=time.monotonic)
     worker: threading.Thread | None = None
     abandoned: bool = False
+    work: Any = None  # what it runs (a Work): a page handler may reach into it (stop one column)
 
     def pulled(self) -> None:
         self.last_pull = time.monotonic()
@@ -201,6 +203,11 @@ class Jobs:
         for job in jobs:
             if job.worker is not None:
                 job.worker.join(max(0.0, deadline - time.monotonic()))
+
+    def works(self, session: str, tab: str) -> list:
+        """The works this session's running (not stopping) jobs of `tab` run."""
+        with self._lock:
+            return [j.work for j in self._jobs if j.session == session and j.tab == tab and not j.stop.is_set()]
 
     def active(self, session: str, tab: str | None = None) -> bool:
         with self._lock:
@@ -302,6 +309,7 @@ class ModelRunner:
     def drive(self, session: str, tab: str, work: Work) -> Iterator[dict]:
         """Wait in line, run, stream; see the module docstring."""
         job = self.jobs.begin(session, tab)
+        job.work = work
         outcome: list[Outcome] = []  # set once the job has ended one way or another
         try:
             # Yield at once: Gradio keeps (and closes on cancel) only a generator that has yielded,
@@ -347,11 +355,17 @@ class ModelRunner:
                                       name=f"feedback-lens-{job.tab}", daemon=True)
         job.worker.start()
         started = time.monotonic()
+        last = started - UPDATE_EVERY_S  # the first update goes at once
         while True:
+            # at most UPDATE_EVERY_S apart: what arrives meanwhile goes out in one update, so a fast
+            # decode on a busy machine does not queue updates the page has no time to draw (it then
+            # shows tokens seconds late, and a Stop keeps tokens it never showed)
+            time.sleep(max(0.0, last + UPDATE_EVERY_S - time.monotonic()))
             batch, end = _drain(items, HEARTBEAT_S)
             if batch or end is None:
                 yield _updates(work.progress(batch, time.monotonic() - started))
                 job.pulled()
+                last = time.monotonic()
             if end is not None:
                 break
         end.seconds = time.monotonic() - started

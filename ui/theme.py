@@ -122,9 +122,13 @@ td.fl-best { font-weight: 700; }
 }
 .fl-hidden { display: none !important; }
 .fl-skip { position: absolute; left: -9999px; }
-.fl-copy { font-size: 0.8em; padding: 2px 10px; margin: 2px 0 4px; border-radius: 6px; cursor: pointer;
+.fl-col-actions { display: flex; flex-wrap: wrap; gap: 6px; }
+.fl-copy, .fl-col-act { font-size: 0.8em; padding: 2px 10px; margin: 2px 0 4px; border-radius: 6px; cursor: pointer;
   border: 1px solid var(--border-color-primary); background: var(--background-fill-secondary);
   color: var(--body-text-color); }
+/* Re-run while the Compare tab is idle, Stop column while it runs (its Generate/Stop buttons say which) */
+body:has(#generate:disabled) .fl-rerun, body:has(#stop:enabled) .fl-rerun { display: none; }
+body:has(#stop:disabled) .fl-col-stop { display: none; }
 .fl-skip:focus { position: static; display: inline-block; padding: 4px 8px; border: 2px solid var(--color-accent);
   border-radius: 6px; color: var(--body-text-color); }
 /* ---- charts: transparent figures take the theme's text and grid colours ---- */
@@ -290,6 +294,18 @@ HEAD = """
     const first = document.querySelector("#col1-text .fl-tok[tabindex='0']");
     if (first) first.focus(); else document.querySelector("#columns")?.scrollIntoView();
   }, true);
+  // Re-run or stop one column: its number goes into the hidden column request, then the hidden
+  // button of that action is clicked (the server reads the request with the column's settings).
+  document.addEventListener("click", (e) => {
+    const button = e.target.closest ? e.target.closest("button.fl-col-act") : null;
+    if (!button) return;
+    const box = document.querySelector("#fl-column-request textarea, #fl-column-request input");
+    const go = document.querySelector(button.dataset.act === "stop" ? "#fl-stop-go" : "#fl-rerun-go");
+    if (!box || !go) return;
+    box.value = button.dataset.column;
+    box.dispatchEvent(new Event("input", {bubbles: true}));
+    setTimeout(() => go.click(), 60);
+  });
   // Copy answer: the column's text as plain text (the "differs from here" marker left out).
   document.addEventListener("click", (e) => {
     const button = e.target.closest ? e.target.closest("button.fl-copy") : null;

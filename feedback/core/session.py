@@ -1,7 +1,7 @@
-"""A prompt-engineering session on top of runs: the next turn of a conversation, and a branch from
-any token ("what if it had picked that one?").
+"""A prompt-engineering session on top of runs: the next turn of a conversation, a branch from
+any token ("what if it had picked that one?"), and one row run again (after its settings changed).
 
-Both build a new `RunConfig` from a finished `RunResult`; the engine runs it like any other, so the
+Each builds a new `RunConfig` from a finished `RunResult`; the engine runs it like any other, so the
 UI, CLI, API and batch runner share them.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import replace
 
-from feedback.core.records import RowResult, RowSpec, RunConfig, RunResult
+from feedback.core.records import RowResult, RowSpec, RunConfig, RunResult, first_divergence
 from feedback.errors import FeedbackError
 
 
@@ -83,6 +83,36 @@ def branch(result: RunResult, row: str | int, step: int, tokens: int | list[int]
         else:
             rows.append(replace(spec, prefix=None, chosen=0))
     return replace(cfg, rows=rows).validate()
+
+
+def rerun(result: RunResult, row: str | int, spec: RowSpec | None = None) -> RunConfig:
+    """One row of a finished run, run again alone: the run's shared settings, that row's own
+    conversation and forced start, and its settings as `spec` has them (name, strategy, parameters,
+    prompt, sampling; None: as it was). A row's tokens do not depend on the rows beside it, so the
+    new row can stand beside the others' answers (`merge_rerun`); its name must stay unique."""
+    cfg = _config_of(result)
+    index = _row_index(result, row)
+    old = cfg.rows[index]
+    new = old if spec is None else replace(spec, messages=old.messages, prefix=old.prefix, chosen=old.chosen,
+                                           seed_offset=old.seed_offset, threshold=old.threshold)
+    others = [r.name for i, r in enumerate(cfg.rows) if i != index]
+    if new.name in others:
+        raise FeedbackError(f"row names must be different: another row is already called {new.name!r}")
+    return replace(cfg, rows=[new]).validate()
+
+
+def merge_rerun(result: RunResult, row: str | int, again: RunResult) -> RunResult:
+    """`result` with one row replaced by the row of `again` (a `rerun` of it): its answer and its
+    settings in the config. The run's time and memory are the rerun's; the others' rows as they were."""
+    index = _row_index(result, row)
+    if len(again.rows) != 1 or len(again.config.get("rows") or []) != 1:
+        raise FeedbackError("a rerun holds exactly one row")
+    rows = list(result.rows)
+    rows[index] = again.rows[0]
+    config = dict(result.config)
+    config["rows"] = [again.config["rows"][0] if i == index else r for i, r in enumerate(result.config["rows"])]
+    div = first_divergence(rows[0].token_ids, rows[1].token_ids) if len(rows) > 1 else None
+    return replace(again, config=config, rows=rows, prompt_tokens=result.prompt_tokens, first_divergence_step=div)
 
 
 def answers_only(result: RunResult) -> RunResult:

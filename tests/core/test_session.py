@@ -6,7 +6,7 @@ import pytest
 from feedback.core.engine import run_to_end
 from feedback.core.records import RowSpec, RunConfig
 from feedback.core.sampling import SamplingConfig
-from feedback.core.session import branch, continue_run
+from feedback.core.session import branch, continue_run, merge_rerun, rerun
 from feedback.errors import FeedbackError
 
 QUESTION = "Name a large animal that lives in the sea."
@@ -129,3 +129,33 @@ def test_a_row_that_ended_before_the_branch_point_and_does_not_match_is_replayed
     shared = run_to_end(tiny_lm, branch(first, "long", 4, 9))  # by default it goes on from "long"'s text
     assert shared.rows[0].token_ids[:5] == first.rows[1].token_ids[:4] + [9]
     assert again.rows[1].token_ids[:5] == first.rows[1].token_ids[:4] + [9]
+
+
+def test_one_row_rerun_with_new_settings_stands_beside_the_others(tiny_lm):
+    rows = [RowSpec("base"), RowSpec("fb", "residual", {"alpha": 0.1}), RowSpec("hot", temperature=0.9)]
+    first = run_to_end(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=8, seed=3, rows=rows))
+    changed = RowSpec("fb strong", "residual", {"alpha": 0.4})
+    cfg = rerun(first, "fb", changed)
+    assert [r.name for r in cfg.rows] == ["fb strong"] and cfg.seed == 3 and cfg.max_new_tokens == 8
+    merged = merge_rerun(first, "fb", run_to_end(tiny_lm, cfg))
+    # the new row is what a whole run with its settings gives it; the others are untouched
+    whole = run_to_end(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=8, seed=3,
+                                          rows=[rows[0], changed, rows[2]]))
+    assert [r.token_ids for r in merged.rows] == [r.token_ids for r in whole.rows]
+    assert [r.name for r in merged.rows] == ["base", "fb strong", "hot"]
+    assert merged.config["rows"][1]["params"] == {"alpha": 0.4} and merged.rows[0] is first.rows[0]
+    assert merged.run_id != first.run_id and merged.prompt_tokens == first.prompt_tokens
+    assert rerun(first, 2).rows == [first_spec(first, 2)]  # no spec: the row as it was
+
+
+def first_spec(result, index: int) -> RowSpec:
+    return RunConfig.from_dict(result.config).rows[index]
+
+
+def test_a_rerun_keeps_names_unique_and_its_row_must_exist(tiny_lm):
+    first = run_to_end(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=2,
+                                          rows=[RowSpec("a"), RowSpec("b")]))
+    with pytest.raises(FeedbackError, match="another row is already called 'a'"):
+        rerun(first, "b", RowSpec("a"))
+    with pytest.raises(FeedbackError, match="row 5 does not exist"):
+        rerun(first, 5)

@@ -463,3 +463,39 @@ def test_a_column_at_temperature_0_in_a_sampled_run_gives_its_greedy_text(tiny_l
     assert sampled["rows"][1]["text"] == greedy["rows"][1]["text"]
     assert sampled["rows"][0]["token_ids"] != greedy["rows"][0]["token_ids"]  # column 1 did sample
     assert "temperature 0" in page[t.ui.cols[1].heading] and "temperature" not in page[t.ui.cols[0].heading]
+
+
+def test_one_column_rerun_with_new_settings_and_one_column_stopped_while_the_others_go_on(tiny_lm):
+    """Through the page's own handlers: re-run column 2 alone with a changed strategy (column 1
+    keeps its answer; column 2 equals a whole run with the new settings), then stop column 2 of a
+    streaming run while column 1 runs on."""
+    t, demo = built_with_page(tiny_lm)
+    fns = {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name}
+    base = t.initial_values() | {"prompt": "Say hi.", "model": tiny_lm.name, "max_new_tokens": 10, "view": "plain",
+                                 "c2_strategy": "residual", "c2_residual_alpha": 0.1}
+    request = types.SimpleNamespace(session_hash="rerun")
+    first = list(fns["compare"](request, **base))[-1][t.ui.out.run_json.data]
+    stronger = base | {"c2_residual_alpha": 0.5, "prompt": "Something else."}  # the shared prompt is the run's
+    updates = list(fns["rerun"](request, **stronger | {"last": first, "column": "2"}))
+    again = updates[-1][t.ui.out.run_json.data]
+    assert again["rows"][0] == first["rows"][0] and again["config"]["rows"][1]["params"]["alpha"] == 0.5
+    whole = list(fns["compare"](request, **base | {"c2_residual_alpha": 0.5}))[-1][t.ui.out.run_json.data]
+    assert again["rows"][1]["token_ids"] == whole["rows"][1]["token_ids"] != first["rows"][1]["token_ids"]
+    assert "Re-ran Feedback alone" in updates[-1][t.ui.run.status]
+    with pytest.raises(gr.Error, match="nothing to re-run yet"):
+        list(fns["rerun"](request, **base | {"last": None, "column": "2"}))
+    with pytest.raises(gr.Error, match="column 3 was not in the last run"):
+        list(fns["rerun"](request, **base | {"last": first, "column": "3"}))
+
+    assert t.stop_column("2", request) == "Column 2 is not running."
+    long = base | {"max_new_tokens": 40, "threshold_mode": "off"}
+    stream = fns["compare"](request, **long)
+    said, last = None, None
+    for update in stream:
+        if said is None and "step" in str(update.get(t.ui.run.status, "")):
+            said = t.stop_column("2", request)
+        last = update.get(t.ui.out.run_json.data) or last
+    assert said == "Stopping column 2…"
+    rows = last["rows"]
+    assert rows[1]["stop_reason"] == "stopped" and rows[0]["stop_reason"] != "stopped"
+    assert len(rows[1]["token_ids"]) < len(rows[0]["token_ids"])

@@ -24,10 +24,14 @@ def test_every_handler_has_a_named_endpoint(client):
 
 
 def columns_of(outputs: tuple, n: int) -> list[dict]:
-    """Compare's outputs as the API returns them: per column slot (4) its heading, conversation,
-    text and stats, then the column count, the diff legend, both charts, the status and the run."""
-    cols = [dict(zip(("heading", "turns", "text", "stats"), outputs[4 * i:4 * i + 4])) for i in range(4)]
+    """Compare's outputs as the API returns them: per column slot (4) its heading, conversation and
+    text, then the metrics table, the column count, the diff legend, both charts, the status and the run."""
+    cols = [dict(zip(("heading", "turns", "text"), outputs[3 * i:3 * i + 3])) for i in range(4)]
     return cols[:n]
+
+
+def metrics_of(outputs: tuple) -> str:
+    return outputs[12]
 
 
 def test_compare_streams_both_rows_with_records(client):
@@ -39,7 +43,8 @@ def test_compare_streams_both_rows_with_records(client):
     (base, fb), (conf_plot, status, run) = columns_of(out, 2), (out[-4], out[-2], out[-1])
     assert "fl-tok" in base["text"] and "fl-tok" in fb["text"] and "Paris" in base["text"]
     assert "Baseline" in base["heading"] and "residual" in fb["heading"] and "alpha=0.3" in fb["heading"]
-    assert "tokens" in base["stats"] and "self-PPL" in base["stats"] and "Done in" in status
+    metrics = metrics_of(out)
+    assert "<th scope=\"col\">" in metrics and "tokens" in metrics and "self-PPL" in metrics and "Done in" in status
     assert conf_plot["type"] == "plotly" and "group conf" in conf_plot["plot"]
     rows = run["rows"]
     assert [r["name"] for r in rows] == ["Baseline", "Feedback"]
@@ -64,7 +69,7 @@ def test_three_columns_with_their_own_prompts_then_continue_and_branch(client):
     assert [r["prompt"] for r in run["config"]["rows"]] == [
         None, "What is the capital of France? Answer in one precise sentence.", "Capital of France?"]
     assert "prompt modified" in cols[1]["heading"] and "prompt modified" not in cols[0]["heading"]
-    assert all("key facts" in c["stats"] and "fl-tok" in c["text"] for c in cols)
+    assert "key facts" in metrics_of(out) and all("fl-tok" in c["text"] for c in cols)
     follow = client.predict("And of Italy?", "confidence", api_name="/continue")[-1]
     assert [r["name"] for r in follow["rows"]] == ["Baseline", "Precise", "Anchor"]
     history = follow["config"]["rows"][1]["messages"]

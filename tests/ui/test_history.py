@@ -156,7 +156,7 @@ def test_csv_gives_each_row_the_temperature_it_sampled_at():
     data["config"]["rows"][2]["temperature"] = {"not": "a number"}
     parsed = [dict(zip(history.CSV_COLUMNS, line)) for line in csv.reader(io.StringIO(history.to_csv(
         history.add_run([], data))))][1:]
-    assert history.ROW_SETTING_COLUMNS == ["row_prompt", "row_system_prompt", "row_temperature"]
+    assert history.ROW_SETTING_COLUMNS == ["row_prompt", "row_system_prompt", "row_temperature", "row_top_p", "row_seed"]
     assert [p["row_temperature"] for p in parsed] == ["0.7"] * 3 + ["0.0"] * 2 + ["0.7"] * 3
     assert [p["temperature"] for p in parsed] == ["0.7"] * 8  # the run's, as before
 
@@ -366,3 +366,202 @@ def test_a_malformed_packed_run_is_skipped_not_an_error():
     broken["result"]["rows"][0]["steps"]["logprob"] = broken["result"]["rows"][0]["steps"]["logprob"][:2]
     runs, skipped = history.valid([broken, *stored])
     assert [e["id"] for e in runs] == ["ok"] and skipped == 1
+
+
+# ---- names, search, deletion, branch labels, ratings ----------------------------------------------
+
+def _two() -> list:
+    return history.add_run(history.add_run([], _result("a")), _result("b"))
+
+
+def _by_id(hist: list, run_id: str) -> dict:
+    return next(e for e in history.valid(hist)[0] if e["id"] == run_id)
+
+
+def _row(hist: list, run_id: str) -> dict:
+    return dict(zip(history.TABLE_HEADERS, next(r for r in history.table(hist) if r[1] == run_id)))
+
+
+def test_rename_names_a_run_on_one_line_and_keeps_it_packed():
+    hist = _two()
+    named = history.rename(hist, "a", "  planet\n <b>run</b> ")
+    assert "name" not in hist[1] and named[1]["name"] == "planet <b>run</b>"  # the given history is not changed
+    assert named[1]["result"]["rows"][0]["steps"][history.PACKED] == 1  # written back as stored: still packed
+    assert _row(named, "a")["name"] == "planet <b>run</b>" and _row(named, "b")["name"] == ""
+    assert history.label(named[1]).startswith("a · planet <b>run</b> · ")
+    assert "name" not in history.rename(named, "a", " ")[1]  # empty: no name
+    assert history.rename(hist, "a", "n" * history.NAME_MAX_CHARS)[1]["name"] == "n" * history.NAME_MAX_CHARS
+
+
+@pytest.mark.parametrize("run_id, name, field", [
+    ("a", "n" * (history.NAME_MAX_CHARS + 1), "name"), ("a", 5, "name"), ("zz", "fine", "run_id"),
+])
+def test_rename_refuses_a_long_name_or_an_unknown_run(run_id, name, field):
+    with pytest.raises(history.FeedbackError, match=f"^{field}"):
+        history.rename(_two(), run_id, name)
+
+
+def test_a_stored_name_or_rating_this_page_could_not_write_is_dropped_the_run_kept():
+    hist = history.rate(history.rename(_two(), "a", "ok"), "a", "baseline", "better", "fine")
+    bad = json.loads(json.dumps(hist))
+    bad[1]["name"] = "n" * 500
+    bad[1]["ratings"] |= {"feedback": {"verdict": "best", "note": ""}, "ghost": {"verdict": "tie", "note": ""}}
+    bad[1]["extra"] = "<script>"
+    bad[0]["ratings"] = "not a dict"
+    runs, skipped = history.valid(bad)
+    assert skipped == 0 and [set(e) for e in runs] == [{"id", "created", "result"},
+                                                      {"id", "created", "result", "ratings"}]
+    assert runs[1]["ratings"] == {"baseline": {"verdict": "better", "note": "fine"}}
+    assert history.rename(bad, "b", "x")[1] == {k: v for k, v in bad[1].items() if k not in ("name", "extra")} | {
+        "ratings": {"baseline": {"verdict": "better", "note": "fine"}}}  # an edit writes back only what is good
+
+
+def test_search_finds_runs_by_name_prompt_column_or_output_in_any_case():
+    hist = history.rename(history.add_run(_two(), _three("t", prompt="Name a PLANET")), "a", "My Favourite")
+    runs, _ = history.valid(hist)
+    found = lambda query: [e["id"] for e in history.search(runs, query)]  # noqa: E731
+    assert found("") == found(None) == ["t", "b", "a"]
+    assert found("favourite") == ["a"] and found("name a  planet") == ["t"]  # any case, any whitespace
+    assert found("CHAT") == ["t"] and found("own out") == ["t"] and found("feedback text") == ["b", "a"]
+    assert found('OWN say "hi"') == ["t"]  # a column's own prompt
+    assert found("nowhere") == []
+
+
+def test_delete_removes_the_chosen_runs_and_undelete_puts_them_back_in_place():
+    hist = history.add_run(_two(), _result("c"))
+    kept, removed = history.delete(hist, ["b", "nope"])
+    assert [e["id"] for e in kept] == ["c", "a"] and [(i, e["id"]) for i, e in removed] == [(1, "b")]
+    assert [e["id"] for e in history.undelete(kept, removed)] == ["c", "b", "a"]
+    again = history.add_run(kept, _result("b"))  # recorded again since: not doubled
+    assert [e["id"] for e in history.undelete(again, removed)] == ["b", "c", "a"]
+    with pytest.raises(history.FeedbackError, match="^run_ids"):
+        history.delete(hist, ["nope"])
+
+
+def _branched(run_id: str = "br") -> dict:
+    """Column 2 replayed step 0 and took a person's token at step 1; column 1 was left as it was."""
+    data = _result(run_id)
+    data["rows"][1]["steps"] = [dict(s) for s in data["rows"][1]["steps"]]
+    data["rows"][1]["steps"][0] |= {"forced": True}
+    data["rows"][1]["steps"][1] |= {"forced": True, "chosen": True, "text": " resulting"}
+    return data
+
+
+def test_a_branched_run_is_labelled_with_its_step_and_token_and_a_name_extends_it():
+    hist = history.add_run(history.add_run([], _result("plain")), _branched())
+    assert history.branch_label(hist[0]) == "branch at step 1: ' resulting'"
+    assert history.branch_label(hist[1]) == ""
+    assert _row(hist, "br")["name"] == "branch at step 1: ' resulting'" and _row(hist, "plain")["name"] == ""
+    named = history.rename(hist, "br", "mine")
+    assert _row(named, "br")["name"] == "mine (branch at step 1: ' resulting')"
+    assert [e["id"] for e in history.search(history.valid(named)[0], "branch at step 1")] == ["br"]
+
+
+def test_rate_stores_a_verdict_and_note_per_column_and_the_table_shows_them():
+    hist = _two()
+    rated = history.rate(hist, "a", "feedback", "worse", "  rambles " + "x" * 60)
+    rated = history.rate(rated, "a", "baseline", "better")
+    assert "ratings" not in hist[1]  # pure: the given history is not changed
+    assert list(rated[1]["ratings"]) == ["baseline", "feedback"]  # in column order
+    assert rated[1]["ratings"]["feedback"]["note"] == "rambles " + "x" * 60
+    cell = _row(rated, "a")["ratings"]
+    assert cell.startswith("baseline: better | feedback: worse (rambles x") and cell.endswith("…)")
+    assert _row(rated, "b")["ratings"] == "—"
+    assert history.rate(rated, "a", "baseline", "tie", None)[1]["ratings"]["baseline"] == {"verdict": "tie", "note": ""}
+
+
+@pytest.mark.parametrize("args, field", [
+    (("zz", "baseline", "better", ""), "run_id"), (("a", "ghost", "better", ""), "column"),
+    (("a", "baseline", "best", ""), "verdict"), (("a", "baseline", None, ""), "verdict"),
+    (("a", "baseline", "better", "n" * (history.NOTE_MAX_CHARS + 1)), "note"),
+    (("a", "baseline", "better", ["a note"]), "note"),
+])
+def test_rate_refuses_naming_the_field(args, field):
+    with pytest.raises(history.FeedbackError, match=f"^{field}"):
+        history.rate(_two(), *args)
+
+
+def test_an_edit_that_would_overfill_history_is_refused(monkeypatch):
+    hist = _two()
+    monkeypatch.setattr(history, "EDIT_SLACK_BYTES", 0)
+    monkeypatch.setattr(history, "MAX_BYTES", len(json.dumps(hist)) + 10)
+    with pytest.raises(history.FeedbackError, match="History is full"):
+        history.rate(hist, "a", "baseline", "better", "n" * history.NOTE_MAX_CHARS)
+
+
+def test_json_and_csv_exports_carry_names_and_ratings():
+    hist = history.rate(history.rename(_two(), "a", "mine"), "a", "feedback", "better", 'says "why", briefly')
+    data = json.loads(history.to_json(hist))
+    assert [(d["id"], d["name"], d["ratings"]) for d in data] == [
+        ("b", None, {}), ("a", "mine", {"feedback": {"verdict": "better", "note": 'says "why", briefly'}})]
+    assert RunResult.from_dict(data[1]).rows[1].name == "feedback"  # the extra keys do not stop a read
+    parsed = [dict(zip(history.CSV_COLUMNS, line)) for line in csv.reader(io.StringIO(history.to_csv(hist)))][1:]
+    a = [p for p in parsed if p["run_id"] == "a"]
+    assert {p["run_name"] for p in a} == {"mine"} and {p["run_name"] for p in parsed if p["run_id"] == "b"} == {""}
+    assert [(p["row"], p["rating"], p["rating_note"]) for p in a] == [("baseline", "", "")] * 3 + [
+        ("feedback", "better", 'says "why", briefly')] * 3
+
+
+@pytest.mark.parametrize("ratings, score", [
+    ({}, None), ({"baseline": "better"}, 1), ({"feedback": "worse"}, 1), ({"feedback": "better"}, -1),
+    ({"baseline": "worse"}, -1), ({"baseline": "tie"}, 0), ({"feedback": "tie"}, 0),
+    ({"baseline": "better", "feedback": "worse"}, 1), ({"baseline": "better", "feedback": "better"}, 0),
+    ({"baseline": "worse", "feedback": "tie"}, -1),
+])
+def test_llm_comparator_score_comes_from_the_pairs_ratings(ratings, score):
+    hist = history.add_run([], _result("a"))
+    for column, verdict in ratings.items():
+        hist = history.rate(hist, "a", column, verdict, f"{column} note")
+    doc = _strict_load(history.to_llm_comparator(hist))
+    _check_llm_comparator(doc)
+    (ex,) = doc["examples"]
+    assert ex["score"] == score
+    assert [(r["score"], r["rationale"]) for r in ex["individual_rater_scores"]] == [
+        (history._VOTE[v] * (1 if c == "baseline" else -1), f"{c} note") for c, v in ratings.items()]
+    assert ex["custom_fields"]["rating"] == [ratings.get("baseline"), ratings.get("feedback")]
+
+
+def test_llm_comparator_scores_each_pair_of_a_three_column_run_from_its_own_two_columns():
+    hist = history.rate(history.rename(history.add_run([], _three("t")), "t", "three"), "t", "chat", "better", "")
+    doc = _strict_load(history.to_llm_comparator(hist))
+    _check_llm_comparator(doc)
+    assert [(ex["custom_fields"]["pair"], ex["score"]) for ex in doc["examples"]] == [
+        ("baseline vs own", None), ("baseline vs chat", -1)]
+    rater = doc["examples"][1]["individual_rater_scores"][0]
+    assert rater | {"score": 0} == {"index": 0, "score": 0, "rating_label": "B (chat) better", "is_flipped": False,
+                                    "rationale": "", "custom_fields": {}}
+    assert {ex["custom_fields"]["run_name"] for ex in doc["examples"]} == {"three"}
+
+
+def _tab():
+    """The History tab's handlers, with names standing in for its components."""
+    from ui.history_tab import HistoryTab
+    tab = HistoryTab(compare=None)
+    for part in ("table", "catalog", "ids", "note", "name", "column", "verdict", "rate_note", "status", "hist",
+                 "removed", "picked"):
+        setattr(tab, part, part)
+    return tab
+
+
+def test_history_tab_searches_picks_and_edits_by_run_id():
+    tab, hist = _tab(), history.add_run(_two(), _three("t", prompt="Name a planet"))
+    listing = tab.view(hist)
+    assert [r[1] for r in listing["table"]] == ["t", "b", "a"] and "3 run(s) stored" in listing["note"]
+    found = tab.search("PLANET", listing["catalog"], ["a", "t"])
+    assert [r[1] for r in found["table"]] == ["t"] and found["ids"]["value"] == ["t"]  # the choice kept by id
+    assert found["note"].startswith("1 of 3 run(s) match the search.")
+    picked = tab.pick(["t"], "feedback", listing["catalog"], None)
+    assert picked["column"]["choices"] == ["baseline", "own", "chat"] and picked["column"]["value"] == "baseline"
+    assert tab.pick(["t", "a"], "own", listing["catalog"], "t") == {"picked": "t"}  # same run: typing stays
+    with pytest.warns(UserWarning):
+        assert "Not done: choose a run to name" in tab.rename(hist, [], "x", "")["status"]
+    out = tab.rename(hist, ["t"], "<b>mine</b>", "planet")
+    assert "&lt;b&gt;mine&lt;/b&gt;" in out["status"] and "<b>" not in out["status"]  # escaped where shown
+    assert _by_id(out["hist"], "t")["name"] == "<b>mine</b>" and [r[1] for r in out["table"]] == ["t"]
+    out = tab.rate(out["hist"], ["t"], "own", "better", "crisp", "")
+    assert tab.pick(["t"], "own", out["catalog"], None)["verdict"] == "better"
+    out = tab.delete(out["hist"], ["t", "a"], "")
+    assert "Deleted 2 runs: t, a." in out["status"] and [e["id"] for e in out["hist"]] == ["b"]
+    back = tab.undo(out["hist"], out["removed"], "")
+    assert [e["id"] for e in back["hist"]] == ["t", "b", "a"] and back["removed"] is None
+    assert _by_id(back["hist"], "t")["ratings"] == {"own": {"verdict": "better", "note": "crisp"}}
