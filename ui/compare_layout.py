@@ -20,6 +20,7 @@ from ui.compare_view import heading
 from ui.controls import LazyJSON, StrategyPanel, lazy_json
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
+RATE_BUTTONS = (("better", "▲ better"), ("worse", "▼ worse"), ("tie", "= tie"))  # (verdict, label)
 IDLE_POLL_S = 5.0  # memory chart while idle (and the page visible); inside a run it is sampled per step
 
 
@@ -101,9 +102,10 @@ class ColumnActions:
     """Re-run or stop one column: the page script writes the column's number here and clicks one
     of the buttons."""
 
-    request: gr.Textbox
+    request: gr.Textbox  # "2" (re-run, stop) or "2 better" (rate)
     rerun: gr.Button
     stop: gr.Button
+    rate: gr.Button
 
 
 @dataclass
@@ -233,16 +235,20 @@ def build_column(page: Page) -> ColumnControls:
 
 def _column_actions(n: int) -> str:
     """Under a column: Copy answer (the page script copies the text; nothing goes to the server),
-    Re-run (this column alone with its settings as they are now; shown while idle) and Stop (this
-    column alone; shown while a run streams). The page script sends the last two through the hidden
-    column request (`ColumnActions`)."""
+    Re-run (this column alone with its settings as they are now) and the rating buttons (shown
+    while idle), Stop (this column alone; shown while a run streams). The page script sends all but
+    Copy through the hidden column request (`ColumnActions`)."""
     return (f'<div class="fl-col-actions">'
             f'<button type="button" class="fl-copy" data-col="col{n}" title="copy this column\'s answer">'
             'Copy answer</button>'
             f'<button type="button" class="fl-col-act fl-rerun" data-column="{n}" data-act="rerun" '
             'title="run this column again with its settings as they are now; the other columns stay">Re-run</button>'
             f'<button type="button" class="fl-col-act fl-col-stop" data-column="{n}" data-act="stop" '
-            'title="stop this column; the others go on">Stop column</button></div>')
+            'title="stop this column; the others go on">Stop column</button>'
+            + "".join(f'<button type="button" class="fl-col-act fl-rate" data-column="{n}" data-act="rate" '
+                      f'data-verdict="{verdict}" title="rate this column {verdict}; saved with the run in History '
+                      f'(add a note there)">{label}</button>' for verdict, label in RATE_BUTTONS)
+            + '</div>')
 
 
 def _column_action_controls() -> ColumnActions:
@@ -250,7 +256,8 @@ def _column_action_controls() -> ColumnActions:
                          label="column request")
     rerun = gr.Button("re-run column", elem_id="fl-rerun-go", elem_classes="fl-hidden")
     stop = gr.Button("stop column", elem_id="fl-stop-go", elem_classes="fl-hidden")
-    return ColumnActions(request, rerun, stop)
+    rate = gr.Button("rate column", elem_id="fl-rate-go", elem_classes="fl-hidden")
+    return ColumnActions(request, rerun, stop, rate)
 
 
 def _run_controls() -> RunControls:

@@ -66,8 +66,9 @@ def parse_branch(text: str | None) -> tuple[str, int, int]:
 
 
 def parse_column(text: str | None) -> int:
-    """The column (0-based) of the page's column request: its number, 1 to MAX_COLUMNS."""
-    value = (text or "").strip() if isinstance(text, str) else ""
+    """The column (0-based) of the page's column request: its number, 1 to MAX_COLUMNS (a rating's
+    verdict may follow it)."""
+    value = ((text or "").split() or [""])[0] if isinstance(text, str) else ""
     if not value.isdigit() or not 1 <= int(value) <= MAX_COLUMNS:
         raise FeedbackError(f"choose a column (1 to {MAX_COLUMNS}) to re-run or stop, got {value[:20]!r}")
     return int(value) - 1
@@ -212,6 +213,25 @@ class CompareTab:
         if not any(w.stop_column(index) for w in works):
             return f"Column {index + 1} is not running."
         return f"Stopping column {index + 1}…"
+
+    def rate_column(self, hist: list | None, last: dict | None, request: str | None) -> dict:
+        """Rate a column of the last run ("2 better"): stored with that run in History (a note can
+        be added there), for its table and the LLM Comparator export."""
+        ui = self.ui
+        try:
+            index = parse_column(request)
+            verdict = (request or "").split()[1:2] or [""]
+            if not last or not last.get("rows"):
+                raise FeedbackError("run a prompt first, then rate its columns")
+            if index >= len(last["rows"]):
+                raise FeedbackError(f"column {index + 1} was not in the last run")
+            name = last["rows"][index]["name"]
+            new = history.rate(hist, last.get("run_id"), name, verdict[0])
+        except FeedbackError as exc:
+            gr.Warning(str(exc))
+            return {ui.run.status: render.status_html(f"Not rated: {exc}", "error")}
+        return {self.hist: new, ui.run.status: render.status_html(
+            f"Rated {name}: {verdict[0]} (saved with the run in History, where a note can be added).")}
 
     def prepare_calibrate(self, values: dict) -> CalibrateWork:
         """Warm-up traces of the shared prompt with the baseline and the first column that has a
@@ -426,6 +446,9 @@ class CompareTab:
         cancellable_by_clients(ui.run.cancel_trigger, run, follow, branching, again, calibrating)
         actions.stop.click(self.stop_column, actions.request, ui.run.stop_ack, api_name="stop_column",
                            concurrency_limit=None, show_progress="hidden")
+        self.hist = hist
+        actions.rate.click(self.rate_column, [hist, ui.out.last, actions.request], [hist, ui.run.status],
+                           api_name=False, queue=False, show_progress="hidden")
         ui.run.stop.click(self.stop_run, None, ui.run.stop_ack, api_name="stop", concurrency_limit=None,
                           show_progress="hidden")
         ui.follow.new.click(self.new_conversation, None,

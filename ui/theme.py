@@ -127,7 +127,8 @@ td.fl-best { font-weight: 700; }
   border: 1px solid var(--border-color-primary); background: var(--background-fill-secondary);
   color: var(--body-text-color); }
 /* Re-run while the Compare tab is idle, Stop column while it runs (its Generate/Stop buttons say which) */
-body:has(#generate:disabled) .fl-rerun, body:has(#stop:enabled) .fl-rerun { display: none; }
+body:has(#generate:disabled) :is(.fl-rerun, .fl-rate), body:has(#stop:enabled) :is(.fl-rerun, .fl-rate) {
+  display: none; }
 body:has(#stop:disabled) .fl-col-stop { display: none; }
 .fl-skip:focus { position: static; display: inline-block; padding: 4px 8px; border: 2px solid var(--color-accent);
   border-radius: 6px; color: var(--body-text-color); }
@@ -294,15 +295,16 @@ HEAD = """
     const first = document.querySelector("#col1-text .fl-tok[tabindex='0']");
     if (first) first.focus(); else document.querySelector("#columns")?.scrollIntoView();
   }, true);
-  // Re-run or stop one column: its number goes into the hidden column request, then the hidden
-  // button of that action is clicked (the server reads the request with the column's settings).
+  // Re-run, stop or rate one column: its number (and verdict) goes into the hidden column request,
+  // then the hidden button of that action is clicked (the server reads the request).
   document.addEventListener("click", (e) => {
     const button = e.target.closest ? e.target.closest("button.fl-col-act") : null;
     if (!button) return;
     const box = document.querySelector("#fl-column-request textarea, #fl-column-request input");
-    const go = document.querySelector(button.dataset.act === "stop" ? "#fl-stop-go" : "#fl-rerun-go");
+    const go = document.querySelector({stop: "#fl-stop-go", rate: "#fl-rate-go"}[button.dataset.act] || "#fl-rerun-go");
     if (!box || !go) return;
-    box.value = button.dataset.column;
+    box.value = button.dataset.act === "rate" ? `${button.dataset.column} ${button.dataset.verdict}`
+                                              : button.dataset.column;
     box.dispatchEvent(new Event("input", {bubbles: true}));
     setTimeout(() => go.click(), 60);
   });

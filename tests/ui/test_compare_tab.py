@@ -499,3 +499,19 @@ def test_one_column_rerun_with_new_settings_and_one_column_stopped_while_the_oth
     rows = last["rows"]
     assert rows[1]["stop_reason"] == "stopped" and rows[0]["stop_reason"] != "stopped"
     assert len(rows[1]["token_ids"]) < len(rows[0]["token_ids"])
+
+
+def test_rating_a_column_stores_it_with_the_run_in_history(tab):
+    cfg = RunConfig(prompt="hi", rows=[RowSpec("Baseline"), RowSpec("Feedback", "residual", {"alpha": 0.1})])
+    last = RunResult(config=cfg.to_dict(), rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows],
+                     run_id="r9").to_dict()
+    hist = history.add_run(None, last)
+    out = tab.rate_column(hist, last, "2 better")
+    entry = history.valid(out[tab.hist])[0][0]
+    assert entry["ratings"] == {"Feedback": {"verdict": "better", "note": ""}}
+    assert "Rated Feedback: better" in out[tab.ui.run.status]
+    for request, given, message in [("2 great", last, "verdict"), ("3 tie", last, "column 3 was not in the last run"),
+                                    ("1 tie", None, "run a prompt first"), ("x", last, "choose a column")]:
+        with pytest.warns(UserWarning, match=message):
+            refused = tab.rate_column(hist, given, request)
+        assert tab.hist not in refused and "Not rated" in refused[tab.ui.run.status]
