@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Callable
 
 from feedback.core import memory
-from feedback.core.engine import Run, StepEvent
+from feedback.core.engine import PrefillEvent, Run, StepEvent
 from feedback.core.records import RowResult, RunConfig, RunResult
 from feedback.core.session import merge_rerun
 from feedback.eval.deepthink import DeepThinkConfig, warm_up
@@ -84,10 +84,12 @@ class CompareWork(ViewWork):
         self.ui_seconds = 0.0
         self.threshold, self.window = cfg.deepconf.threshold, cfg.deepconf.window
         self.started = False
+        self.prefill: PrefillEvent | None = None  # how far a long prompt has been read
         self.gpu_seconds = 30 + cfg.max_new_tokens  # generous: ~0.1 s a step on a CPU, far less on a GPU
 
     def run(self, stop: threading.Event):
         self.engine_run.stop_event = stop  # the job's stop: Stop, cancel, or a page that went away
+        self.engine_run.prefill_events = True  # a long prompt's reading shows in the status line
         for event in self.engine_run:
             yield event
         yield self.engine_run.result
@@ -137,13 +139,13 @@ class CompareWork(ViewWork):
         for item in items:
             if isinstance(item, StepEvent):
                 self._apply(item)
+            elif isinstance(item, PrefillEvent):
+                self.prefill = item
             elif isinstance(item, RunResult):
                 self.result = item
         if self.result is None:
             out |= outputs(self.rows, self.view, live=True, caches=self.caches)
-            step = max((len(r.steps) for r in self.rows), default=0)
-            out |= RunView(status=Status(
-                f"{self.what}… step {step} of {self.config.max_new_tokens} ({elapsed:.0f} s)"))
+            out |= RunView(status=Status(f"{self._where()} ({elapsed:.0f} s)"))
             out |= self._fed()
             if t - self.last_chart >= MEMORY_CHART_INTERVAL_S:
                 self.last_chart = t
@@ -151,9 +153,22 @@ class CompareWork(ViewWork):
         self.ui_seconds += time.perf_counter() - t
         return out
 
+    def _where(self) -> str:
+        """How far the run is: reading a long prompt (its chunks), then the decode step."""
+        step = max((len(r.steps) for r in self.fresh_rows()), default=0)
+        if step == 0 and self.prefill is not None:
+            p = self.prefill
+            return (f"{self.what}… reading the prompt: {p.tokens:,} of {p.total:,} tokens "
+                    f"(chunk {p.chunk} of {p.chunks})")
+        return f"{self.what}… step {step} of {self.config.max_new_tokens}"
+
+    def fresh_rows(self) -> list[RowResult]:
+        """The columns this run decodes (a re-run decodes one; the others show the run before)."""
+        return [self.rows[i] for i in self.slots]
+
     def finish_view(self, outcome: Outcome) -> RunView:
         if self.result is None:  # the run ended without its final result: keep what streamed, say why
-            steps = max((len(r.steps) for r in self.rows), default=0)
+            steps = max((len(r.steps) for r in self.fresh_rows()), default=0)
             kept = outputs(self.rows, self.view, live=False, caches=self.caches) if steps else RunView()
             return kept | RunView(feed="") | self.ended_early(outcome, f"Stopped after {steps} steps." if steps
                                            else "Stopped before the first token.")

@@ -10,7 +10,8 @@ any other, so feedback state evolves exactly as it did, and are marked in the re
 sample with its own temperature, top-p and seed. A row with a prompt-level strategy (`PromptStrategy`) runs the
 plain model: its strategy rewrites the row's prompt and may replace the tokens it takes. Rows that
 finish (EOS, max tokens, early stop) leave the batch and the KV cache. `start_run` builds a `Run`;
-iterating it yields a `StepEvent` per step and `Run.result` holds the `RunResult`; `run_to_end`
+iterating it yields a `StepEvent` per step (with `prefill_events` set, first a `PrefillEvent`
+per chunk of a long prompt) and `Run.result` holds the `RunResult`; `run_to_end`
 runs one to its end.
 """
 from __future__ import annotations
@@ -52,6 +53,17 @@ class StepEvent:
     records: dict[int, StepRecord]
     finished: dict[int, str] = field(default_factory=dict)  # row index -> stop reason
     memory: memory.MemorySample | None = None
+
+
+@dataclass
+class PrefillEvent:
+    """Progress of a long prompt's prefill (yielded only when `Run.prefill_events` is set): chunks
+    of PREFILL_CHUNK tokens done of the total, and prompt tokens read of the longest prompt."""
+
+    chunk: int
+    chunks: int
+    tokens: int
+    total: int
 
 
 @dataclass(eq=False)
@@ -116,6 +128,7 @@ class Run:
             raise FeedbackError(f"this run asks for model {config.model!r} but the engine holds {lm.name!r}")
         self.stop_event = stop_event or threading.Event()
         self.stopped_rows: set[int] = set()  # rows asked to stop on their own (`stop_row`); the others go on
+        self.prefill_events = False  # also yield a PrefillEvent per chunk of a long prompt (a door showing progress)
         self.observer = observer
         # Build (and so validate) every strategy before any hook touches the model.
         self.strategies: dict[int, Strategy] = {
@@ -234,7 +247,7 @@ class Run:
                 strategy.begin(lm.tokenizer, lm.eos_token_ids)
             # inference_mode is thread-local and a generator may resume on another thread (Gradio
             # workers do), so it is entered per block (the helpers below), never held across a yield.
-            prefilled = self._prefill(batch, sampler.needs_history)
+            prefilled = yield from self._prefill(batch, sampler.needs_history)
             if prefilled is None:  # stopped while prefilling a long prompt
                 for row in self.rows:
                     row.result.stop_reason = "stopped"
@@ -275,12 +288,33 @@ class Run:
             step, step_start = step + 1, time.perf_counter()
             logits = self._step_forward(batch, state)
 
-    @torch.inference_mode()
-    def _prefill(self, batch: BatchView, needs_history: bool) -> tuple[DecodeState, torch.Tensor] | None:
+    def _prefill(self, batch: BatchView, needs_history: bool):
         """Every distinct prompt once, left-padded into one batch, PREFILL_CHUNK tokens per forward on
         the cache (a long prompt's attention scratch stays bounded, and Stop is seen between chunks
-        and, inside a chunk's forward, between decoder layers; None when stopped). Then each row takes its sequence's cache and last logits. One prompt
-        shared by all rows takes one unpadded forward, exactly as before rows had prompts."""
+        and, inside a chunk's forward, between decoder layers). Then each row takes its sequence's
+        cache and last logits. One prompt shared by all rows takes one unpadded forward, exactly as
+        before rows had prompts. A generator: with `prefill_events` it yields a `PrefillEvent` after
+        each chunk of a prompt longer than one chunk; it returns (state, logits), or None when stopped."""
+        setup = self._prefill_inputs()
+        ids, mask, positions, cache = setup
+        width = ids.shape[1]
+        chunks = -(-width // PREFILL_CHUNK)
+        # A chunk of 512 tokens takes seconds on a CPU: its forward looks at Stop between layers. A
+        # decode step is short, so decoding looks only between steps (no per-layer hooks there).
+        out = None
+        for n, start in enumerate(range(0, width, PREFILL_CHUNK), start=1):
+            if start and self.stop_event.is_set():
+                return None
+            out = self._prefill_chunk(batch, setup, start)
+            if out is None:
+                return None
+            if self.prefill_events and chunks > 1:
+                yield PrefillEvent(n, chunks, min(start + PREFILL_CHUNK, width), width)
+        return self._prefill_done(batch, out, cache, mask, needs_history)
+
+    @torch.inference_mode()
+    def _prefill_inputs(self):
+        """(ids, mask, positions, cache) of the prefill batch: every distinct prompt, left-padded."""
         device = self.lm.device
         lengths = [len(ids) for ids in self.groups]
         width = max(lengths)
@@ -289,36 +323,42 @@ class Run:
         padded = len(set(lengths)) > 1
         mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=device) if padded else None
         positions = (mask.cumsum(dim=1) - 1).clamp_min(0) if padded else None
-        batch.pads = {g: width - n for g, n in enumerate(lengths)}
-        batch.groups = {r.index: r.group for r in self.rows}
         # sized once for the whole run: a step writes in place instead of copying the cache
         cache = run_cache(self.lm.model.config, width + self.config.max_new_tokens)
-        out = None
-        # A chunk of 512 tokens takes seconds on a CPU: its forward looks at Stop between layers. A
-        # decode step is short, so decoding looks only between steps (no per-layer hooks there).
-        batch.stop = self.stop_event
+        return ids, mask, positions, cache
+
+    @torch.inference_mode()
+    def _prefill_chunk(self, batch: BatchView, setup, start: int):
+        """One chunk's forward on the cache; None when Stop came inside it."""
+        ids, mask, positions, cache = setup
+        batch.pads = {g: ids.shape[1] - len(group) for g, group in enumerate(self.groups)}
+        batch.groups = {r.index: r.group for r in self.rows}
+        batch.stop, batch.offset = self.stop_event, start
+        end = start + PREFILL_CHUNK
+        inputs = dict(input_ids=ids[:, start:end], cache=cache, use_cache=True, logits_to_keep=1)
+        if mask is not None:
+            inputs |= dict(attention_mask=mask[:, :end], position_ids=positions[:, start:end])
         try:
-            for start in range(0, width, PREFILL_CHUNK):
-                if start and self.stop_event.is_set():
-                    return None
-                end = start + PREFILL_CHUNK
-                batch.offset = start
-                inputs = dict(input_ids=ids[:, start:end], cache=cache, use_cache=True, logits_to_keep=1)
-                if padded:
-                    inputs |= dict(attention_mask=mask[:, :end], position_ids=positions[:, start:end])
-                out = self._forward(batch, **inputs)
+            return self._forward(batch, **inputs)
         except Stopped:
             return None
         finally:
             batch.stop = None
+
+    @torch.inference_mode()
+    def _prefill_done(self, batch: BatchView, out, cache, mask, needs_history: bool) -> tuple[DecodeState, torch.Tensor]:
+        """Each row takes its prompt's cache (copied per row) and last logits."""
+        device = self.lm.device
+        lengths = [len(ids) for ids in self.groups]
+        width = max(lengths)
         batch.offset, batch.pads, batch.groups = 0, {}, {}
         take = torch.tensor([r.group for r in self.rows], device=device)
         cache.batch_select_indices(take)  # rows sharing a prompt share its cache (copied per row)
         history = None
         if needs_history:  # padding repeats the row's first token: penalising it twice is the same penalty
             history = torch.tensor([[g[0]] * (width - len(g)) + g for g in self.groups], device=device)[take]
-        state = DecodeState(list(self.rows), cache, mask[take] if padded else None,
-                            torch.tensor(lengths, device=device)[take] if padded else None, history)
+        state = DecodeState(list(self.rows), cache, mask[take] if mask is not None else None,
+                            torch.tensor(lengths, device=device)[take] if mask is not None else None, history)
         return state, out.logits[:, -1, :].float()[take]
 
     @torch.inference_mode()

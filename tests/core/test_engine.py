@@ -320,6 +320,25 @@ def test_a_prompt_prefilled_in_chunks_gives_every_strategy_the_same_state(tiny_l
         assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max(dim=1).values  # per row
 
 
+def test_a_long_prompt_reports_its_prefill_chunk_by_chunk_when_asked(tiny_lm, monkeypatch):
+    import feedback.core.engine as engine
+
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 8)
+    cfg = RunConfig(prompt="The river runs to the sea and the sea rises. " * 3, model="tiny", max_new_tokens=3,
+                    rows=[RowSpec("a"), RowSpec("b", prompt="Short.")], chat_template=False)
+    quiet = list(start_run(tiny_lm, cfg))
+    assert all(isinstance(e, engine.StepEvent) for e in quiet)  # not asked: steps only, as every door expects
+    run = start_run(tiny_lm, cfg)
+    run.prefill_events = True
+    events = list(run)
+    prefill = [e for e in events if isinstance(e, engine.PrefillEvent)]
+    width = len(run.prompt_ids)
+    assert [e.chunk for e in prefill] == list(range(1, -(-width // 8) + 1)) and prefill[-1].tokens == width
+    assert all(e.chunks == len(prefill) and e.total == width for e in prefill)
+    assert events[:len(prefill)] == prefill  # all before the first step
+    assert [e.records[0].token_id for e in events[len(prefill):]] == [e.records[0].token_id for e in quiet]
+
+
 def test_stop_during_a_chunked_prefill_ends_the_run_before_any_token(tiny_lm, monkeypatch, hook_count):
     import feedback.core.engine as engine
 

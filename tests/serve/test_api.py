@@ -112,6 +112,21 @@ def test_stream_ndjson_carries_every_step_and_the_final_result(api):
     assert refused.status_code == 422 and "unknown strategy" in refused.json()["error"]  # before any stream starts
 
 
+def test_a_long_prompt_streams_its_prefill_progress_before_the_steps(api, monkeypatch):
+    import feedback.core.engine as engine
+
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 8)  # a short prompt read in several chunks
+    client, _ = api
+    with client.stream("POST", "/generate/stream", json={"prompt": "Count to five, slowly, one by one.",
+                                                         "max_new_tokens": 2}) as r:
+        events = _ndjson(r)
+    kinds = [e["event"] for e in events]
+    prefill = [e for e in events if e["event"] == "prefill"]
+    assert kinds[0] == "start" and kinds[1:1 + len(prefill)] == ["prefill"] * len(prefill) and len(prefill) >= 2
+    assert [e["chunk"] for e in prefill] == list(range(1, len(prefill) + 1))
+    assert prefill[-1]["tokens"] == prefill[-1]["total"] == events[0]["prompt_tokens"]
+
+
 def test_stream_as_server_sent_events(api):
     client, _ = api
     with client.stream("POST", "/generate/stream", json={"prompt": "Hi", "max_new_tokens": 3},

@@ -515,3 +515,14 @@ def test_rating_a_column_stores_it_with_the_run_in_history(tab):
         with pytest.warns(UserWarning, match=message):
             refused = tab.rate_column(hist, given, request)
         assert tab.hist not in refused and "Not rated" in refused[tab.ui.run.status]
+
+
+def test_a_long_prompt_shows_its_reading_in_the_status_line(tab, embedded_lm):
+    from feedback.core.engine import PrefillEvent
+    from ui.compare_work import CompareWork
+
+    cfg = config(tab, model=embedded_lm.name)
+    work = CompareWork(tab.served(cfg), "plain", tab.show_run)
+    view = work.progress_view([PrefillEvent(3, 9, 1536, 4475)], 12.0)
+    assert view.status.text == "Generating… reading the prompt: 1,536 of 4,475 tokens (chunk 3 of 9) (12 s)"
+    assert work.progress_view([], 13.0).status.text.startswith("Generating… reading the prompt")

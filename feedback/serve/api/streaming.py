@@ -22,7 +22,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from feedback.core.engine import Run, StepEvent
+from feedback.core.engine import PrefillEvent, Run, StepEvent
 from feedback.core.session import RecentRuns
 from feedback.core.strict_json import json_safe
 from feedback.errors import FeedbackError, Stopped
@@ -153,7 +153,8 @@ def stream_format(request: Request, format: str | None, default: str | None) -> 
 
 async def _events(run: Run, steps: bool, sse: bool, pool: ModelPool, settings: ApiSettings,
                   recent: RecentRuns) -> AsyncIterator[str]:
-    """A streamed run: `start`, one `step` per decode step, then `done` or `error` (in-band: the
+    """A streamed run: `start`, a `prefill` per chunk of a prompt longer than one chunk (chunk,
+    chunks, tokens, total), one `step` per decode step, then `done` or `error` (in-band: the
     response has started, so its status can no longer say it)."""
     names = [r.name for r in run.config.rows]
     try:
@@ -161,8 +162,12 @@ async def _events(run: Run, steps: bool, sse: bool, pool: ModelPool, settings: A
             yield event("start", {"rows": [{"name": r.name, "strategy": r.strategy, "params": r.params}
                                            for r in run.result.rows],
                                   "prompt_tokens": run.result.prompt_tokens, "config": run.result.config}, sse)
+            run.prefill_events = True  # a long prompt's reading is reported as it goes
             async with aclosing(decode(run)) as steps_seen:
                 async for step in steps_seen:
+                    if isinstance(step, PrefillEvent):
+                        yield event("prefill", asdict(step), sse)
+                        continue
                     yield event("step", {
                         "step": step.step,
                         "rows": {names[i]: asdict(rec) for i, rec in step.records.items()},
