@@ -20,7 +20,9 @@ from ui.compare_view import heading
 from ui.controls import LazyJSON, StrategyPanel, lazy_json
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-RATE_BUTTONS = (("better", "▲ better"), ("worse", "▼ worse"), ("tie", "= tie"))  # (verdict, label)
+# (verdict, label): on a phone only the sign shows (the word is `fl-word`); the title says it whole
+RATE_BUTTONS = (("better", '▲<span class="fl-word"> better</span>'), ("worse", '▼<span class="fl-word"> worse</span>'),
+                ("tie", '=<span class="fl-word"> tie</span>'))
 IDLE_POLL_S = 5.0  # memory chart while idle (and the page visible); inside a run it is sampled per step
 
 
@@ -240,11 +242,11 @@ def _column_actions(n: int) -> str:
     Copy through the hidden column request (`ColumnActions`)."""
     return (f'<div class="fl-col-actions">'
             f'<button type="button" class="fl-copy" data-col="col{n}" title="copy this column\'s answer">'
-            'Copy answer</button>'
+            'Copy<span class="fl-word"> answer</span></button>'
             f'<button type="button" class="fl-col-act fl-rerun" data-column="{n}" data-act="rerun" '
             'title="run this column again with its settings as they are now; the other columns stay">Re-run</button>'
             f'<button type="button" class="fl-col-act fl-col-stop" data-column="{n}" data-act="stop" '
-            'title="stop this column; the others go on">Stop column</button>'
+            'title="stop this column; the others go on">Stop<span class="fl-word"> column</span></button>'
             + "".join(f'<button type="button" class="fl-col-act fl-rate" data-column="{n}" data-act="rate" '
                       f'data-verdict="{verdict}" title="rate this column {verdict}; saved with the run in History '
                       f'(add a note there)">{label}</button>' for verdict, label in RATE_BUTTONS)

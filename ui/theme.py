@@ -118,6 +118,9 @@ td.fl-best { font-weight: 700; }
   .fl-columns > .column { flex: 1 1 45% !important; }
   .fl-text { font-size: 0.8em; line-height: 1.5; }
   .fl-stats { font-size: 0.78em; }
+  .fl-word { display: none; }  /* the column buttons keep their sign or first word on a phone */
+  .fl-col-actions { gap: 4px; }
+  .fl-copy, .fl-col-act { padding: 2px 7px; }
   .fl-stats th, .fl-stats td { padding: 1px 3px; }
 }
 .fl-hidden { display: none !important; }
@@ -317,7 +320,8 @@ HEAD = """
     const copy = box.cloneNode(true);
     copy.querySelectorAll(".fl-diverge, del.fl-del").forEach((x) => x.remove());
     const text = copy.textContent.replace(/^…$/, "");
-    const done = (label) => { button.textContent = label; setTimeout(() => { button.textContent = "Copy answer"; }, 1500); };
+    button.dataset.label = button.dataset.label || button.innerHTML;  // a second click meanwhile keeps it
+    const done = (said) => { button.textContent = said; setTimeout(() => { button.innerHTML = button.dataset.label; }, 1500); };
     if (navigator.clipboard && window.isSecureContext) {
       navigator.clipboard.writeText(text).then(() => done("Copied"), () => done("Copy failed"));
     } else { done("Copy needs https"); }
