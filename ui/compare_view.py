@@ -128,8 +128,8 @@ def fast_text(result: RunResult) -> str:
 def frame(cfg: RunConfig) -> RunView:
     """What a run shows before its first token: its columns, their headings and each column's
     conversation so far."""
-    turns = [render.render_turns(spec.messages or [], spec.prompt if spec.prompt is not None else cfg.prompt)
-             for spec in cfg.rows]
+    turns = [render.render_turns(spec.messages or [], spec.prompt if spec.prompt is not None else cfg.prompt,
+                                 own_prompt=spec.prompt is not None) for spec in cfg.rows]
     return RunView(columns=len(cfg.rows), headings=[heading(i, spec, cfg.rows[0]) for i, spec in enumerate(cfg.rows)],
                    turns=turns)
 

@@ -435,10 +435,12 @@ def _turn(role: str, content: str, current: bool = False) -> str:
     return f'<div class="fl-turn-note fl-system">{escape(str(role), quote=True)}: {text}</div>'
 
 
-def render_turns(messages: list[dict], prompt: str) -> str:
+def render_turns(messages: list[dict], prompt: str, own_prompt: bool = False) -> str:
     """A column's earlier conversation, then its current prompt, as chat bubbles; the caller puts
-    the answer's tokens after it. Empty for a single-turn run: no bubbles for a plain question."""
-    if not messages:
+    the answer's tokens after it. Empty for a single-turn run on the shared prompt (no bubble for a
+    plain question); a column with its `own_prompt` shows it from the first turn, so what it was
+    asked is on screen beside its answer."""
+    if not messages and not own_prompt:
         return ""
     bubbles = "".join(_turn(m.get("role", ""), m.get("content", "")) for m in messages)
     return f'<div class="fl-turns">{bubbles}{_turn("user", prompt, current=True)}</div>'

@@ -520,6 +520,16 @@ def test_turns_show_earlier_messages_then_the_prompt() -> None:
     assert render_turns([], "What is 2 + 2?") == "" and render_turns(None, "x") == ""
 
 
+def test_a_column_with_its_own_prompt_shows_it_from_the_first_turn() -> None:
+    from feedback.core.records import RowSpec, RunConfig
+    from ui.compare_view import frame
+
+    assert render_turns([], "In one word?", own_prompt=True) == (
+        '<div class="fl-turns"><div class="fl-turn fl-user fl-current" aria-label="you">In one word?</div></div>')
+    turns = frame(RunConfig(prompt="Shared?", rows=[RowSpec("a"), RowSpec("b", prompt="<b>Own</b>?")])).turns
+    assert turns[0] == "" and "&lt;b&gt;Own&lt;/b&gt;?" in turns[1]
+
+
 def test_turns_escape_hostile_text() -> None:
     messages = [{"role": "user", "content": HOSTILE[0]}, {"role": "assistant", "content": HOSTILE[1]}]
     html = render_turns(messages, HOSTILE[2])
