@@ -23,7 +23,7 @@ import gradio as gr
 
 from feedback.core import memory
 from feedback.core.engine import start_run
-from feedback.core.records import RunConfig, RunResult
+from feedback.core.records import RowSpec, RunConfig, RunResult
 from feedback.core.sampling import SamplingConfig
 from feedback.core.session import branch, continue_run, rerun
 from feedback.errors import FeedbackError
@@ -338,6 +338,14 @@ class CompareTab:
                 out |= s.show(spec, col.settings[s.name])
             out[col.heading] = heading(col.index, spec)
         return out
+
+    def show_strategy(self, column: int, strategy: str, params: dict, name: str) -> dict:
+        """Column `column` (0-based) named `name` with `strategy` and `params` in its panel, and its
+        heading (a Sweep's or Tune's best point sent here); every other setting stays as it is, and a
+        column override shows in the heading once its preview runs on the change."""
+        col = self.ui.cols[column]
+        return ({col.settings["name"]: name} | col.panel.show(strategy, params=params)
+                | {col.heading: heading(column, RowSpec(name=name, strategy=strategy, params=params))})
 
     def restore(self, data: dict, view: str) -> dict:
         """Every control as the run had it, and the run's columns, conversations, metrics and chart."""

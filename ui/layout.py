@@ -33,7 +33,7 @@ class FeedbackLensApp:
         self.runner = ModelRunner(pool, gpu=gpu, budget=budget)
         self.compare = CompareTab(pool, self.runner)
         self.perplexity = PerplexityTab(pool, self.runner)
-        self.sweep = SweepTab(pool, self.runner)
+        self.sweep = SweepTab(pool, self.runner, self.compare)  # its best points go to Compare
         self.deepthink = DeepThinkTab(pool, self.runner)
         self.history = HistoryTab(self.compare)
 
@@ -52,7 +52,7 @@ class FeedbackLensApp:
             with gr.Tabs(overflow_behavior="wrap") as tabs:  # every tab reachable on a phone
                 self.compare.build(layers, hist)
                 self.perplexity.build(layers)
-                self.sweep.build(layers)
+                self.sweep.build(layers, tabs)
                 self.deepthink.build(layers)
                 self.history.build(hist, tabs)
             demo.load(self.history.view, hist, self.history.view_outputs, api_name=False, show_progress="hidden")

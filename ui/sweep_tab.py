@@ -1,12 +1,14 @@
 """Sweep tab: ΔPPL over a grid of one or two strategy parameters, drawn as a heatmap while it runs;
 and its Tune companion: a search of the strategy's parameters (`feedback.eval.tune`) with a small trial
 budget, each trial streamed into a table and the history chart. The work goes through
-`ModelRunner`; this module formats numbers.
+`ModelRunner`; this module formats numbers. When a Sweep or a Tune has a best point, the tab keeps
+it (strategy and every parameter) and "Send best to Compare" puts it into a Compare column.
 
 Both handlers take their controls' values by name (the strategy controls as `<strategy>_<param>`),
 the names API clients may pass them by; every number is checked against the `Bound` its box shows."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -24,6 +26,10 @@ from feedback.eval.tune import prepare as tune_data
 from feedback.serve.limits import MAX_DOCS, SERVED_MAX_POINTS, SERVED_MAX_TRIALS, TRIALS
 from feedback.serve.pool import ModelPool
 from feedback.strategies import REGISTRY
+from ui import render
+from ui.compare_settings import DEFAULT_COLUMNS, MIN_COLUMNS, column_key
+from ui.compare_tab import TAB as COMPARE_TAB
+from ui.compare_tab import CompareTab
 from ui.controls import bound_number, build_strategy_panel, run_controls, to_components
 from ui.exports import export_file, stamp
 from ui.perplexity_tab import JobClock, check_budget, doc_limits, max_tokens_input, token_counts
@@ -34,6 +40,8 @@ TAB = "sweep"
 TUNE = "tune"  # the companion's own jobs, so each Stop ends its own run
 TUNE_HEADERS = ["trial", "params", "ΔPPL % dev", "state"]
 TUNE_STARTUP = 4  # random trials before TPE models the results (a page run is short)
+FEEDBACK_COLUMN = 1  # Compare's column 2, the page's default feedback column (column 1 is the baseline)
+SEND_LABEL = "Send best to Compare"
 
 
 def tunable(strategy: str) -> list[str]:
@@ -63,6 +71,32 @@ def take_reports(work, items: list, elapsed: float) -> bool:
     return new
 
 
+def kept_best(source: str, strategy: str, params: dict, num_layers: int, delta_pct: float) -> dict:
+    """A job's best point as the tab keeps it for "Send best to Compare": the job that found it
+    ("Sweep", "Tune"), the strategy, every parameter with defaults filled in (a Compare column takes
+    a whole set: one left out would keep whatever the column had) and its ΔPPL."""
+    return {"source": source, "strategy": strategy, "params": REGISTRY[strategy].validate(params, num_layers),
+            "delta_pct": delta_pct}
+
+
+def offer(best: dict | None) -> dict:
+    """The kept best point (by output name) and its send button, which is on only when there is one."""
+    return {"best": best, "send": gr.update(interactive=best is not None)}
+
+
+def target_column(strategy: str, strategies: list, shown: int) -> int:
+    """The Compare column (0-based) a best point goes to: the first shown column already on its
+    strategy (that column is the one meant to try it), else column 2, the page's feedback column."""
+    return next((i for i, s in enumerate(strategies[:shown]) if s == strategy), FEEDBACK_COLUMN)
+
+
+def unique_name(base: str, names: list[str], column: int) -> str:
+    """`base` ("Sweep best"), numbered ("Sweep best 2") while another column has that name: a run
+    refuses two columns of one name."""
+    others = set(names[:column] + names[column + 1:])
+    return next(name for k in itertools.count(1) if (name := base if k == 1 else f"{base} {k}") not in others)
+
+
 class SweepWork(TabWork):
     label = "a Sweep"
 
@@ -78,7 +112,9 @@ class SweepWork(TabWork):
         self.gpu_seconds = 60 + 10 * self.total
 
     def starting(self) -> dict:
-        return self.busy() | self.say(f"Starting. {self.clock.estimate_text()}")
+        # the last job's best point goes: the button sends what the status line reports
+        return (self.busy() | self.say(f"Starting. {self.clock.estimate_text()}")
+                | to_components(self.outputs, offer(None)))
 
     def run(self, stop: threading.Event):
         def sweep(report, halt):
@@ -105,6 +141,9 @@ class SweepWork(TabWork):
             return self.ended_early(outcome, "Stopped before the first point.", "Left the line; nothing was measured.")
         csv_path = export_file(f"sweep-{self.strategy}-{stamp()}.csv", to_csv(self.rows, self.names))
         best = best_point(self.rows, self.strategy, self.fixed)
+        kept = None if best is None else kept_best(  # the grid's values over the fixed ones: the whole point
+            "Sweep", self.strategy, {**self.fixed, **{k: best[k] for k in self.names}}, self.lm.num_layers,
+            best["delta_pct"])
         if best is None:
             best_text = "every point has strength 0 (the baseline itself), so there is no best setting"
         else:
@@ -112,7 +151,7 @@ class SweepWork(TabWork):
                          f", ΔPPL {best['delta_pct']:+.3f} % [{best['ci95_low']:+.3f}, {best['ci95_high']:+.3f}]")
         head = (f"Done: {self.total} points" if outcome.kind == "done" else
                 f"Stopped after {len(self.rows)} of {self.total} points")
-        view = {"heatmap": self._heatmap(f"{self.strategy}: ΔPPL % vs baseline"), "csv": csv_path}
+        view = {"heatmap": self._heatmap(f"{self.strategy}: ΔPPL % vs baseline"), "csv": csv_path} | offer(kept)
         return (self.idle() | self.say(f"{head}; {best_text}.", "stopped" if outcome.kind == "stopped" else "info")
                 | to_components(self.outputs, view))
 
@@ -134,7 +173,8 @@ class TuneWork(TabWork):
         self.gpu_seconds = 60 + 10 * trials
 
     def starting(self) -> dict:
-        return self.busy() | self.say(f"Starting. {self.clock.estimate_text()}")
+        return (self.busy() | self.say(f"Starting. {self.clock.estimate_text()}")
+                | to_components(self.outputs, offer(None)))
 
     def run(self, stop: threading.Event):
         settings = TuneSettings(trials=self.trials, seed=self.seed, startup_trials=TUNE_STARTUP,
@@ -188,13 +228,16 @@ class TuneWork(TabWork):
                      export_file(f"tune-{self.strategy}-best-{stamp()}.json",
                                  json.dumps({k: res.get(k) for k in ("header", "best", "test")}, indent=2))]
         kind = {"done": "info", "stopped": "stopped"}.get(outcome.kind, "error")
+        kept = None if outcome.kind != "done" or best is None else kept_best(  # only the best a status reports
+            "Tune", self.strategy, best["strategy_params"], self.lm.num_layers, best["delta_pct"])
         return (self.idle() | self.say(f"{head}; {best_text}.", kind)
-                | to_components(self.outputs, self._trials_view() | {"files": files}))
+                | to_components(self.outputs, self._trials_view() | {"files": files} | offer(kept)))
 
 
 class SweepTab:
-    def __init__(self, pool: ModelPool, runner: ModelRunner):
-        self.pool, self.runner = pool, runner
+    def __init__(self, pool: ModelPool, runner: ModelRunner, compare: CompareTab | None = None):
+        """`compare`: the Compare tab a best point is sent to (without it, no send buttons)."""
+        self.pool, self.runner, self.compare = pool, runner, compare
 
     def prepare(self, values: dict) -> SweepWork:
         """Live ΔPPL heatmap over a grid of one or two parameters (baseline computed once)."""
@@ -258,12 +301,72 @@ class SweepTab:
     def stop_tune(self, request: gr.Request = None) -> str:
         return self.runner.stop(TUNE, request)
 
-    def build(self, num_layers: int) -> None:
+    # ---- Send best to Compare ----
+    def send_sweep_best(self, values: dict) -> dict:
+        """The last Sweep's best point into a Compare column (see `send`)."""
+        return self.send(values, self.status, "Not sent: there is no best point yet. Run the sweep (a stopped one "
+                                              "has the best of the points it measured; points with strength 0 "
+                                              "are never best).")
+
+    def send_tune_best(self, values: dict) -> dict:
+        """The last Tune's best trial into a Compare column (see `send`)."""
+        return self.send(values, self.tune_status, "Not sent: there is no best trial yet. A finished tune has one "
+                                                   "(a stopped one reports none; trials with strength 0 are never "
+                                                   "best).")
+
+    def send(self, values: dict, status, refusal: str) -> dict:
+        """The kept best point (`values["best"]`) into the Compare column `target_column` picks, named
+        "Sweep best" / "Tune best" (`unique_name`), with its strategy, parameters and heading, then the
+        Compare tab shown; every other Compare setting stays. With no best point the tab's status
+        line says why (`refusal`) and nothing else changes."""
+        best = values["best"]
+        if not best:
+            return {status: render.status_html(refusal, "error")}
+        column, name = self._place(best, values)
+        note = (f"Column {column + 1} ({name}) now has the {best['source']}'s best point: {best['strategy']}, "
+                f"ΔPPL {best['delta_pct']:+.3f} % on the {best['source']}'s text. The other settings are as they "
+                "were; press Generate to run it.")
+        return self.compare.show_strategy(column, best["strategy"], best["params"], name) | {
+            self.compare.ui.run.status: render.status_html(note), self.tabs: gr.update(selected=COMPARE_TAB)}
+
+    def _place(self, best: dict, values: dict) -> tuple[int, str]:
+        """(column, name) for a best point, from the Compare columns as they stand."""
+        cols = range(len(self.compare.ui.cols))
+        strategies = [values[column_key(i, "strategy")] for i in cols]
+        # an empty name box is the slot's default name, as a run reads it
+        names = [(values[column_key(i, "name")] or "").strip() or DEFAULT_COLUMNS[i][0] for i in cols]
+        column = target_column(best["strategy"], strategies, int(values["columns"] or MIN_COLUMNS))
+        return column, unique_name(f"{best['source']} best", names, column)
+
+    def send_inputs(self) -> dict:
+        """What placing a best point reads of Compare, by name: how many columns show, each column's
+        strategy and name."""
+        ui = self.compare.ui
+        return {"columns": ui.settings["columns"]} | {
+            column_key(col.index, name): col.inputs()[column_key(col.index, name)]
+            for col in ui.cols for name in ("strategy", "name")}
+
+    def send_outputs(self, status) -> list:
+        """Everything `send` may update: each Compare column's name, strategy panel and heading, the
+        Compare status line, the tabs and the sending tab's status line."""
+        ui = self.compare.ui
+        cols = [x for col in ui.cols for x in (col.settings["name"], *col.panel.outputs(), col.heading)]
+        return [*cols, ui.run.status, self.tabs, status]
+
+    def _wire_send(self, button: gr.Button, best: gr.State, status, send) -> None:
+        inputs = {"best": best} | self.send_inputs()
+        button.click(by_name(send, list(inputs)), inputs_kwargs=inputs, outputs=self.send_outputs(status),
+                     api_name=False, queue=False, show_progress="hidden")
+
+    def build(self, num_layers: int, tabs: gr.Tabs | None = None) -> None:
+        """`tabs`: the page's tabs, which "Send best to Compare" switches to Compare."""
+        self.tabs = tabs
         with gr.Tab("Sweep", id=TAB):
             gr.Markdown(f"ΔPPL % over a grid of one or two parameters, e.g. `lam=0,0.02,0.05` and "
                         f"`gate=-1,0.75,0.9` (at most {SERVED_MAX_POINTS} points here; the command line "
                         f"`python -m feedback sweep` takes more). Other parameters come from the controls below. "
-                        "Tune on `builtin:dev`; confirm on `builtin:test`.")
+                        "Tune on `builtin:dev`; confirm on `builtin:test`. **Send best to Compare** puts the "
+                        "best point into a Compare column to generate with it.")
             source, text, upload, max_docs = source_inputs("sweep")
             with gr.Row():
                 grid_x = gr.Textbox("lam=0,0.02,0.05,0.1", label="grid x (NAME=V1,V2,...)", elem_id="sweep-grid-x")
@@ -275,6 +378,9 @@ class SweepTab:
                     mode, passes = mode_inputs("sweep")
                     max_tokens = max_tokens_input("sweep")
             self.run, self.stop, self.status = run_controls("sweep", "Run sweep")
+            # on once there is a best point, kept in `best`
+            self.send_button = gr.Button(SEND_LABEL, interactive=False, elem_id="sweep-send")
+            self.best = gr.State(None)
             gr.HTML(delta_legend())
             self.heatmap = gr.Plot(show_label=False, elem_id="sweep-plot")
             self.csv = gr.File(label="sweep.csv (the points measured)", interactive=False, elem_id="sweep-csv")
@@ -293,14 +399,17 @@ class SweepTab:
                     seed = bound_number(SEED, 0, info="the same seed and text give the same trials",
                                         elem_id="tune-seed")
                 self.tune_run, self.tune_stop, self.tune_status = run_controls("tune", "Run tune")
+                self.tune_send = gr.Button(SEND_LABEL, interactive=False, elem_id="tune-send")
+                self.tune_best = gr.State(None)
                 self.tune_table = gr.Dataframe(headers=TUNE_HEADERS, interactive=False, elem_id="tune-table")
                 self.tune_plot = gr.Plot(show_label=False, elem_id="tune-plot")
                 self.tune_files = gr.File(label="trials.jsonl and best.json", file_count="multiple",
                                           interactive=False, elem_id="tune-files")
             stop_ack = gr.Textbox(visible=False)
             cancel_trigger = gr.Button(visible=False)  # for program clients' Job.cancel()
-        self.outputs = {"heatmap": self.heatmap, "csv": self.csv}
-        self.tune_outputs = {"table": self.tune_table, "plot": self.tune_plot, "files": self.tune_files}
+        self.outputs = {"heatmap": self.heatmap, "csv": self.csv, "best": self.best, "send": self.send_button}
+        self.tune_outputs = {"table": self.tune_table, "plot": self.tune_plot, "files": self.tune_files,
+                             "best": self.tune_best, "send": self.tune_send}
         texts = {"source": source, "text": text, "upload": upload, "strategy": self.panel.strategy}
         strategy_controls = self.panel.named_inputs()
         # In the order positional API clients pass them.
@@ -308,7 +417,8 @@ class SweepTab:
                   "max_tokens_per_doc": max_tokens, **strategy_controls}
         handler = self.runner.wrap(TAB, self.prepare, list(inputs), status=self.status)
         running = self.run.click(handler, inputs_kwargs=inputs,
-                                 outputs=[self.heatmap, self.status, self.csv, self.run, self.stop], api_name="sweep",
+                                 outputs=[self.heatmap, self.status, self.csv, self.run, self.stop, self.best,
+                                          self.send_button], api_name="sweep",
                                  concurrency_limit=None, show_progress="hidden")
         self.stop.click(self.stop_run, None, stop_ack, api_name="stop_sweep", concurrency_limit=None,
                         show_progress="hidden")
@@ -319,9 +429,12 @@ class SweepTab:
         tune_handler = self.runner.wrap(TUNE, self.prepare_tune, list(tune_inputs), status=self.tune_status)
         tuning = self.tune_run.click(tune_handler, inputs_kwargs=tune_inputs,
                                      outputs=[self.tune_table, self.tune_plot, self.tune_status, self.tune_files,
-                                              self.tune_run, self.tune_stop],
+                                              self.tune_run, self.tune_stop, self.tune_best, self.tune_send],
                                      api_name="tune", concurrency_limit=None, show_progress="hidden")
         self.tune_stop.click(self.stop_tune, None, stop_ack, api_name="stop_tune", concurrency_limit=None,
                              show_progress="hidden")
         cancellable_by_clients(cancel_trigger, running, tuning)
+        if self.compare is not None and tabs is not None:
+            self._wire_send(self.send_button, self.best, self.status, self.send_sweep_best)
+            self._wire_send(self.tune_send, self.tune_best, self.tune_status, self.send_tune_best)
 

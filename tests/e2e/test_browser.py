@@ -198,7 +198,17 @@ def streamed_bytes(page: Page) -> dict:
     return got
 
 
+# Element ids used more than once in the page (every tab's, hidden or not); Plotly's own style tag
+# (one per chart) and Gradio's icon symbols repeat theirs
+DUPLICATE_IDS = """() => {
+  const seen = {}, theirs = new Set(['', 'symbol', 'plotly.js-style-global']);
+  document.querySelectorAll('[id]').forEach((e) => { if (!theirs.has(e.id)) seen[e.id] = (seen[e.id] || 0) + 1; });
+  return Object.keys(seen).filter((id) => seen[id] > 1);
+}"""
+
+
 def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page, app_url: str):
+    assert page.evaluate(DUPLICATE_IDS) == []
     accordion(page, "Sampling")
     set_number(page, "max-new-tokens", ANSWER_TOKENS)
     page.locator("#prompt textarea").fill("Write a four-line poem about a lighthouse in winter.")
@@ -689,6 +699,9 @@ def test_a_prompt_session_variants_branch_follow_up_diff_and_link(page: Page, br
         "() => document.querySelectorAll('#conf-plot .scatterlayer .trace').length >= 6", timeout=10_000)
     assert len(page.evaluate(CHART_COLOURS)) >= 3  # one colour per column
     shot(page, "workbench-3-columns-1440")
+    # a column asked its own question shows it from the first turn; the others were asked the shared one
+    expect(page.locator("#col3-turns .fl-turn.fl-current")).to_contain_text("precise sentence")
+    expect(page.locator("#col1-turns .fl-turn")).to_have_count(0)
 
     # Branch: click a token of column 2 (the card stays), then one of its alternatives.
     page.locator("#col2-text .fl-tok").nth(3).click()
@@ -849,8 +862,8 @@ SESSION_HEAP_MB = 150  # measured 31-55 MB over this session here (four runs); c
 
 
 def test_a_long_session_in_one_tab_stays_light_and_answers_clicks(browser: Browser, app_url: str):
-    """One tab, many jobs: Compare runs of 2 to 4 columns, a follow-up, a branch, a Deep Think of 16
-    traces and a Sweep. After each, the renderer's JS heap (after a collection) stays under a bound
+    """One tab, ten jobs: five Compare runs of 2 to 4 columns, a follow-up, a branch, one column
+    re-run, a Deep Think of 16 traces and a Sweep. After each, the renderer's JS heap (after a collection) stays under a bound
     and a tab click is answered (History read and drawn) in under a second; the curve is saved."""
     context, pg = open_app(browser, app_url)
     cdp = context.new_cdp_session(pg)
@@ -892,7 +905,7 @@ def test_a_long_session_in_one_tab_stays_light_and_answers_clicks(browser: Brows
         set_number(pg, "max-new-tokens", 8)
         accordion(pg, "Sampling")
         runs = 0
-        for n, columns in enumerate([2, 4, 3]):
+        for n, columns in enumerate([2, 4, 3, 2, 4]):
             while int(pg.locator("#columns > .column:visible").count()) < columns:
                 pg.locator("#add-column").click()
             while int(pg.locator("#columns > .column:visible").count()) > columns:
@@ -909,6 +922,9 @@ def test_a_long_session_in_one_tab_stays_light_and_answers_clicks(browser: Brows
         done("#status", pg.locator("#fl-card button.fl-alt").nth(1).click)
         runs += 1
         measure()
+        done("#status", pg.locator("#col2-actions .fl-rerun").click)  # one column again
+        runs += 1
+        measure()
         pg.get_by_role("tab", name="Deep Think").click()
         set_number(pg, "dt-traces", 16)
         set_number(pg, "dt-warmup", 1)
@@ -920,11 +936,17 @@ def test_a_long_session_in_one_tab_stays_light_and_answers_clicks(browser: Brows
         pg.locator("#sweep-grid-x textarea").fill("lam=0,0.05")
         pg.locator("#sweep-grid-y textarea").fill("")
         done("#sweep-status", pg.locator("#sweep-run").click)
+        # the best point (lam=0.05: lam=0 is the baseline) goes to column 3, the first on deep_cache
+        pg.locator("#sweep-send").click()
+        expect(pg.get_by_role("tab", name="Compare")).to_have_attribute("aria-selected", "true")
+        expect(pg.locator("#col3-heading")).to_contain_text("Sweep best · deep_cache")
+        expect(pg.locator("#col3-heading")).to_contain_text("lam=0.05")
         measure()
         save_metrics(session_heap_mb_max=max(heap), session_heap_mb_first=heap[0], session_click_s_max=max(clicks))
         print("session heap MB:", [round(h, 1) for h in heap], "clicks s:", [round(c, 2) for c in clicks])
         assert max(heap) < SESSION_HEAP_MB, heap
         assert max(clicks) < 1.0, clicks
         assert not pg.errors, pg.errors
+        assert pg.evaluate(DUPLICATE_IDS) == []  # every tab has been drawn by now
     finally:
         context.close()
