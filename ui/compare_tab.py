@@ -207,7 +207,10 @@ class CompareTab:
 
     def stop_column(self, column: str, request: gr.Request = None) -> str:
         """Stop one column of this session's running Compare run; the others go on."""
-        index = parse_column(column)
+        try:
+            index = parse_column(column)
+        except FeedbackError as exc:  # said on the page, not a server error
+            return f"Not stopped: {exc}"
         session = getattr(request, "session_hash", None) or "local"
         works = [w for w in self.runner.jobs.works(session, TAB) if isinstance(w, CompareWork)]
         if not any(w.stop_column(index) for w in works):

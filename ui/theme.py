@@ -320,8 +320,12 @@ HEAD = """
     const copy = box.cloneNode(true);
     copy.querySelectorAll(".fl-diverge, del.fl-del").forEach((x) => x.remove());
     const text = copy.textContent.replace(/^…$/, "");
-    button.dataset.label = button.dataset.label || button.innerHTML;  // a second click meanwhile keeps it
-    const done = (said) => { button.textContent = said; setTimeout(() => { button.innerHTML = button.dataset.label; }, 1500); };
+    // its label's nodes, kept once (a second click meanwhile must not keep "Copied" as the label)
+    button.flLabel = button.flLabel || Array.from(button.childNodes, (n) => n.cloneNode(true));
+    const done = (said) => {
+      button.textContent = said;
+      setTimeout(() => button.replaceChildren(...button.flLabel.map((n) => n.cloneNode(true))), 1500);
+    };
     if (navigator.clipboard && window.isSecureContext) {
       navigator.clipboard.writeText(text).then(() => done("Copied"), () => done("Copy failed"));
     } else { done("Copy needs https"); }

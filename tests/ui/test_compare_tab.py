@@ -488,6 +488,7 @@ def test_one_column_rerun_with_new_settings_and_one_column_stopped_while_the_oth
         list(fns["rerun"](request, **base | {"last": first, "column": "3"}))
 
     assert t.stop_column("2", request) == "Column 2 is not running."
+    assert t.stop_column("", request).startswith("Not stopped: choose a column (1 to 4)")  # a message, no traceback
     long = base | {"max_new_tokens": 40, "threshold_mode": "off"}
     stream = fns["compare"](request, **long)
     said, last = None, None
