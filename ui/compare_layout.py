@@ -271,7 +271,8 @@ def _run_controls() -> RunControls:
     # this link, shown when it has focus, goes straight to column 1's first token.
     gr.HTML('<a class="fl-skip" href="#columns">Skip to the answers (column 1\'s first token)</a>',
             elem_id="skip-to-answers", container=False)
-    return RunControls(generate, stop, status, gr.Textbox(visible=False), gr.Button(visible=False))
+    # Stop's answer, and what the page sends with Stop (the step it shows; "" from a program)
+    return RunControls(generate, stop, status, gr.Textbox("", visible=False), gr.Button(visible=False))
 
 
 def _deepconf_controls(shared: Placed, page: Page) -> CalibrationControls:

@@ -260,8 +260,16 @@ class CompareTab:
         check_budget(lm, cfg, self.runner.budget, warm_up_only=True)
         return CalibrateWork(lm, cfg, note + f" (Columns: the baseline and {render.md_text(feedback.name)}.)", self.show_calibration)
 
-    def stop_run(self, request: gr.Request = None) -> str:
-        """Stop this session's Compare or Calibrate run (a waiting one leaves the line)."""
+    def stop_run(self, shown: str | None = "", request: gr.Request = None) -> str:
+        """Stop this session's Compare or Calibrate run (a waiting one leaves the line). `shown`: the
+        step the page's status line showed at the click (the page sends it); the stopped run then
+        keeps what was on screen."""
+        steps = shown.strip() if isinstance(shown, str) else ""
+        if steps.isdigit():
+            session = getattr(request, "session_hash", None) or "local"
+            for work in self.runner.jobs.works(session, TAB):
+                if isinstance(work, CompareWork):
+                    work.shown_at_stop(int(steps))
         return self.runner.stop(TAB, request)
 
     # ---- page handlers ----
@@ -423,11 +431,11 @@ class CompareTab:
             self.ui = build_controls(Page(tuple(self.pool.allowlist), self.pool.default, num_layers))
         self._wire(hist)
 
-    def _model_event(self, triggers, prepare, inputs: dict, outputs: list, api_name: str):
+    def _model_event(self, triggers, prepare, inputs: dict, outputs: list, api_name: str, js: str | None = None):
         """A model handler's event: `prepare` gets `inputs`' values by name (the API's parameters)."""
         handler = self.runner.wrap(TAB, prepare, list(inputs), status=self.ui.run.status)
         return gr.on(triggers, handler, inputs_kwargs=inputs, outputs=outputs, api_name=api_name,
-                     concurrency_limit=None, show_progress="hidden")
+                     concurrency_limit=None, show_progress="hidden", js=js)
 
     def _wire(self, hist: gr.BrowserState) -> None:
         ui = self.ui
@@ -437,14 +445,14 @@ class CompareTab:
         follow = self._model_event([ui.follow.send.click, ui.follow.message.submit], self.prepare_continue,
                                    {"last": ui.out.last, "message": ui.follow.message, "view": ui.out.view},
                                    outputs, "continue")
-        branching = self._model_event([ui.follow.branch_go.click], self.prepare_branch,
-                                      {"last": ui.out.last, "choice": ui.follow.branch_request,
-                                       "all_columns": ui.follow.branch_all, "view": ui.out.view,
-                                       "matching_only": ui.follow.branch_matching}, outputs, "branch")
+        branch_inputs = {"last": ui.out.last, "choice": ui.follow.branch_request, "all_columns": ui.follow.branch_all,
+                         "view": ui.out.view, "matching_only": ui.follow.branch_matching}
+        branching = self._model_event([ui.follow.branch_go.click], self.prepare_branch, branch_inputs, outputs,
+                                      "branch", js=page_request(list(branch_inputs), "choice", "branch"))
         actions = ui.actions
-        again = self._model_event([actions.rerun.click], self.prepare_rerun,
-                                  settings | {"last": ui.out.last, "column": actions.request, "view": ui.out.view},
-                                  outputs, "rerun")
+        rerun_inputs = settings | {"last": ui.out.last, "column": actions.request, "view": ui.out.view}
+        again = self._model_event([actions.rerun.click], self.prepare_rerun, rerun_inputs, outputs, "rerun",
+                                  js=page_request(list(rerun_inputs), "column", "column"))
         for event in (run, follow, branching, again):
             event.then(record_run, [hist, ui.out.last], hist, api_name=False, show_progress="hidden")
             # the accordion closed with the new run; what it showed of the last one goes
@@ -456,12 +464,14 @@ class CompareTab:
                                         self.calibration_outputs(), "calibrate")
         cancellable_by_clients(ui.run.cancel_trigger, run, follow, branching, again, calibrating)
         actions.stop.click(self.stop_column, actions.request, ui.run.stop_ack, api_name="stop_column",
-                           concurrency_limit=None, show_progress="hidden")
+                           concurrency_limit=None, show_progress="hidden",
+                           js=page_request(["column"], "column", "column"))
         self.hist = hist
         actions.rate.click(self.rate_column, [hist, ui.out.last, actions.request], [hist, ui.run.status],
-                           api_name=False, queue=False, show_progress="hidden")
-        ui.run.stop.click(self.stop_run, None, ui.run.stop_ack, api_name="stop", concurrency_limit=None,
-                          show_progress="hidden")
+                           api_name=False, queue=False, show_progress="hidden",
+                           js=page_request(["hist", "last", "column"], "column", "column"))
+        ui.run.stop.click(self.stop_run, ui.run.stop_ack, ui.run.stop_ack, api_name="stop", concurrency_limit=None,
+                          show_progress="hidden", js=SHOWN_STEP_JS)
         ui.follow.new.click(self.new_conversation, None,
                             [ui.out.last, ui.follow.message, ui.follow.row, ui.run.status, ui.out.conf_plot,
                              ui.out.chart_feed,
@@ -517,6 +527,23 @@ COPY_LINK_JS = """
   return "The address bar now holds the link (copy it from there): " + link;
 }
 """
+
+
+# Stop sends the step the status line shows ("Generating… step 38 of 160"), "" before the first
+SHOWN_STEP_JS = """() => {
+  const said = (document.querySelector("#status")?.textContent || "").match(/ step (\\d+) of /);
+  return [said ? said[1] : ""];
+}"""
+
+
+def page_request(names: list[str], name: str, key: str) -> str:
+    """The JS an event runs first in the page: its input `name` (of `names`, in order) is what the
+    page script left in `window.flRequest[key]` just before it clicked the event's hidden button.
+    A value the script writes into the hidden box itself can reach Gradio's state after the click
+    on a busy page, and the event would send the one before."""
+    index, count = names.index(name), len(names)
+    return (f"(...values) => {{ const sent = values.slice(0, {count}); const asked = (window.flRequest || {{}})[{key!r}];"
+            f" if (asked !== undefined) sent[{index}] = asked; return sent; }}")
 
 
 # A run reloaded from History empties the link data: the address bar then stops holding a link to

@@ -14,7 +14,7 @@ from typing import Callable
 from feedback.core import memory
 from feedback.core.engine import PrefillEvent, Run, StepEvent
 from feedback.core.records import RowResult, RunConfig, RunResult
-from feedback.core.session import merge_rerun
+from feedback.core.session import keep_shown, merge_rerun
 from feedback.eval.deepthink import DeepThinkConfig, warm_up
 from feedback.serve.gate import Place
 from ui import charts, render
@@ -85,6 +85,7 @@ class CompareWork(ViewWork):
         self.threshold, self.window = cfg.deepconf.threshold, cfg.deepconf.window
         self.started = False
         self.prefill: PrefillEvent | None = None  # how far a long prompt has been read
+        self.shown: int | None = None  # the steps on the page when Stop was pressed there
         self.gpu_seconds = 30 + cfg.max_new_tokens  # generous: ~0.1 s a step on a CPU, far less on a GPU
 
     def run(self, stop: threading.Event):
@@ -93,6 +94,11 @@ class CompareWork(ViewWork):
         for event in self.engine_run:
             yield event
         yield self.engine_run.result
+
+    def shown_at_stop(self, steps: int) -> None:
+        """The page's Stop came when it showed `steps` steps: the stopped run keeps those (what the
+        decode made past them, the page had not drawn yet)."""
+        self.shown = steps
 
     def stop_column(self, column: int) -> bool:
         """Stop one column (0-based) at its next step, the others going on; False if it is not running."""
@@ -174,6 +180,8 @@ class CompareWork(ViewWork):
                                            else "Stopped before the first token.")
         t = time.perf_counter()
         result = self.result
+        if self.shown is not None and outcome.kind == "stopped":
+            result = keep_shown(result, self.shown, self.slots)
         self.mem["samples"] = [*self.mem["samples"], memory_entry(self.mem, memory.sample())][-MEMORY_POINTS:]
         out = RunView(busy=False) | frame(self.config)  # the final update stands on its own
         out |= outputs(result.rows, self.view, live=False, caches=self.caches) | self._charts(result.rows, live=False)

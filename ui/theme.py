@@ -245,13 +245,12 @@ HEAD = """
   };
   const branchTo = (row, step, tokenId, keyboard) => {
     refocus = keyboard ? {row: row, step: step, streamed: false} : null;
-    const box = document.querySelector("#fl-branch-request textarea, #fl-branch-request input");
     const go = document.querySelector("#fl-branch-go");
-    if (!box || !go) return;
-    box.value = JSON.stringify({row: row, step: step, token_id: tokenId});
-    box.dispatchEvent(new Event("input", {bubbles: true}));
+    if (!go) return;
+    // the branch event reads its request from here (compare_tab.page_request), not from a box
+    window.flRequest = Object.assign(window.flRequest || {}, {branch: JSON.stringify({row: row, step: step, token_id: tokenId})});
     close();
-    setTimeout(() => go.click(), 60);
+    go.click();
   };
   const tok = (e) => e.target && e.target.closest ? e.target.closest(".fl-tok[data-card]") : null;
   document.addEventListener("mouseover", (e) => { const t = tok(e); if (t && !pinned) open(t); });
@@ -298,18 +297,17 @@ HEAD = """
     const first = document.querySelector("#col1-text .fl-tok[tabindex='0']");
     if (first) first.focus(); else document.querySelector("#columns")?.scrollIntoView();
   }, true);
-  // Re-run, stop or rate one column: its number (and verdict) goes into the hidden column request,
-  // then the hidden button of that action is clicked (the server reads the request).
+  // Re-run, stop or rate one column: its number (and verdict) is left for the event, then the hidden
+  // button of that action is clicked.
   document.addEventListener("click", (e) => {
     const button = e.target.closest ? e.target.closest("button.fl-col-act") : null;
     if (!button) return;
-    const box = document.querySelector("#fl-column-request textarea, #fl-column-request input");
     const go = document.querySelector({stop: "#fl-stop-go", rate: "#fl-rate-go"}[button.dataset.act] || "#fl-rerun-go");
-    if (!box || !go) return;
-    box.value = button.dataset.act === "rate" ? `${button.dataset.column} ${button.dataset.verdict}`
-                                              : button.dataset.column;
-    box.dispatchEvent(new Event("input", {bubbles: true}));
-    setTimeout(() => go.click(), 60);
+    if (!go) return;
+    const column = button.dataset.act === "rate" ? `${button.dataset.column} ${button.dataset.verdict}`
+                                                 : button.dataset.column;
+    window.flRequest = Object.assign(window.flRequest || {}, {column: column});  // read by the event (page_request)
+    go.click();
   });
   // Copy answer: the column's text as plain text (the "differs from here" marker left out).
   document.addEventListener("click", (e) => {

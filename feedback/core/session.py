@@ -10,7 +10,9 @@ import threading
 from collections import OrderedDict
 from dataclasses import replace
 
-from feedback.core.records import RowResult, RowSpec, RunConfig, RunResult, first_divergence
+from feedback.core import quality
+from feedback.core.confidence import DEFAULT_WINDOW, trace_metrics
+from feedback.core.records import RowResult, RowSpec, RunConfig, RunResult, first_divergence, tokens_per_second
 from feedback.errors import FeedbackError
 
 
@@ -113,6 +115,36 @@ def merge_rerun(result: RunResult, row: str | int, again: RunResult) -> RunResul
     config["rows"] = [again.config["rows"][0] if i == index else r for i, r in enumerate(result.config["rows"])]
     div = first_divergence(rows[0].token_ids, rows[1].token_ids) if len(rows) > 1 else None
     return replace(again, config=config, rows=rows, prompt_tokens=result.prompt_tokens, first_divergence_step=div)
+
+
+def keep_shown(result: RunResult, steps: int, rows: list[int] | None = None) -> RunResult:
+    """A stopped run as a person saw it when they pressed Stop: `rows` (default every row) keep
+    their first `steps` steps, and a row cut short ends there, "stopped". The steps a streaming
+    page had not drawn yet (a decode runs ahead of a busy page) are dropped, and the metrics that
+    count the answer are counted again on what is kept."""
+    cfg = result.config
+    window = (cfg.get("deepconf") or {}).get("window", DEFAULT_WINDOW)
+    out = replace(result, rows=list(result.rows))
+    cut = [i for i in (rows if rows is not None else range(len(out.rows))) if len(out.rows[i].steps) > steps]
+    for i in cut:
+        out.rows[i] = _cut_row(out.rows[i], steps, window)
+    facts = cfg.get("key_facts") or []
+    if cut and facts:
+        found = quality.key_fact_metrics([r.text for r in out.rows], facts)
+        for i in cut:
+            out.rows[i].metrics |= found[i]
+    if len(out.rows) >= 2:
+        out.first_divergence_step = first_divergence(out.rows[0].token_ids, out.rows[1].token_ids)
+    return out
+
+
+def _cut_row(row: RowResult, steps: int, window: int) -> RowResult:
+    kept = row.steps[:steps]
+    ids = row.token_ids[:steps]
+    counted = trace_metrics([s.confidence for s in kept], window).to_dict() | quality.text_metrics(ids)
+    return replace(row, steps=kept, token_ids=ids, text="".join(s.text for s in kept), stop_reason="stopped",
+                   stop_step=kept[-1].step if kept else None, tokens_per_s=tokens_per_second(kept) or 0.0,
+                   decode_seconds=sum(s.time_ms for s in kept[1:]) / 1000.0, metrics=row.metrics | counted)
 
 
 def answers_only(result: RunResult) -> RunResult:

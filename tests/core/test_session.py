@@ -159,3 +159,20 @@ def test_a_rerun_keeps_names_unique_and_its_row_must_exist(tiny_lm):
         rerun(first, "b", RowSpec("a"))
     with pytest.raises(FeedbackError, match="row 5 does not exist"):
         rerun(first, 5)
+
+
+def test_a_stopped_run_keeps_what_was_shown(tiny_lm):
+    from feedback.core.session import keep_shown
+
+    cfg = RunConfig(prompt="hi", model="tiny", max_new_tokens=10, key_facts=["the"],
+                    rows=[RowSpec("a"), RowSpec("b", "residual", {"alpha": 0.2})])
+    full = run_to_end(tiny_lm, cfg)
+    seen = keep_shown(full, 4)
+    for row, whole in zip(seen.rows, full.rows):
+        assert row.token_ids == whole.token_ids[:4] and [s.step for s in row.steps] == [0, 1, 2, 3]
+        assert row.text == "".join(s.text for s in whole.steps[:4]) and (row.stop_reason, row.stop_step) == ("stopped", 3)
+        assert row.metrics["length"] == 4 and "key_fact_recall" in row.metrics
+    assert full.rows[0].metrics["length"] == len(full.rows[0].token_ids)  # the run itself is left as it was
+    only_b = keep_shown(full, 2, rows=[1])
+    assert only_b.rows[0] is full.rows[0] and len(only_b.rows[1].steps) == 2
+    assert keep_shown(full, 99).rows == full.rows  # nothing to cut
