@@ -1,4 +1,4 @@
-"""Command line: python -m feedback {generate, ppl, sweep, tune, deepthink, batch, merge, bench, prepare}."""
+"""Command line: python -m feedback {generate, ppl, sweep, tune, qa, recall, deepthink, lmeval, calibrate, batch, merge, bench, prepare}."""
 from __future__ import annotations
 
 import argparse
@@ -491,6 +491,61 @@ def _qa(args) -> int:
     return 0
 
 
+def _recall_rows(args) -> list:
+    """The baseline, then --strategy (a row named after it) and each --row (each with a strategy)."""
+    from feedback.core.records import RowSpec
+    from feedback.strategies import build_strategy
+
+    if args.param and not args.strategy:
+        raise FeedbackError("--param goes with --strategy (with --row give parameters as NAME:STRATEGY,K=V)")
+    rows = [RowSpec("baseline")] + ([RowSpec(args.strategy, args.strategy, dict(args.param))] if args.strategy else [])
+    for name, strategy, params in args.row:
+        if not strategy:
+            raise FeedbackError(f"--row {name}: give it a strategy (NAME:STRATEGY); the baseline row is always there")
+        rows.append(RowSpec(name, strategy, params))
+    names = [r.name for r in rows]
+    if len(set(names)) != len(names):
+        raise FeedbackError(f"row names must differ, got {', '.join(names)}")
+    for r in rows[1:]:
+        try:
+            build_strategy(r.strategy, r.params, 10_000)  # names and values, before the model loads
+        except FeedbackError as exc:
+            raise FeedbackError(f"row {r.name}: {exc}") from None
+    return rows
+
+
+def _recall(args) -> int:
+    from feedback.core.budget import Budget
+    from feedback.eval.recall import RecallConfig, check_budget, evaluate_recall, plan, report_lines
+
+    rows = _recall_rows(args)
+    cfg = RecallConfig(**_given(args, "items", "lengths", "depths", "seed", "max_new_tokens", "split",
+                                "bootstrap")).validate()  # refused before the model loads
+    lm = _load(args)
+    instances = plan(lm, cfg)  # a length beyond the model's context is refused here, before any run
+    budget = Budget.from_env(served=False)
+    check_budget(budget, instances, rows, cfg.max_new_tokens, items_name="--items")
+
+    def progress(rec: dict) -> None:
+        marks = " ".join(f"{name} {'right' if r['right'] else 'wrong'}" for name, r in rec["rows"].items())
+        print(f"[{rec['done']}/{rec['total']}] length {rec['length']}, depth {rec['depth']:g}%, item {rec['item']} "
+              f"({rec['kind']}): {marks}", file=sys.stderr, flush=True)
+
+    res = evaluate_recall(lm, cfg, rows, instances=instances, on_instance=None if args.json else progress,
+                          budget=budget)
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=1))
+    if args.html:
+        from feedback.eval.recall_figures import write_html
+
+        write_html(Path(args.html), res)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print("\n".join(report_lines(res)))
+    return 0
+
+
 def _deepthink_config(args, prompt: str):
     from feedback.eval.deepthink import DeepThinkConfig
 
@@ -551,6 +606,109 @@ def _deepthink(args) -> int:
             print(f"  {t['phase']:6} {t['name']:14} {flag:9} {t['tokens']:4d} tok  lowest {low if low is None else round(low, 2)!s:>6}"
                   f"  answer {t['answer']!r}{mark(t['correct'])}")
     print(f"{rep['wall_seconds']:.1f} s")
+    return 0
+
+
+def _calibration_config(args):
+    from feedback.eval.calibration import CalibrationConfig
+
+    return CalibrationConfig(strategy=args.strategy, params=dict(args.param),
+                             **_given(args, "samples", "max_new_tokens", "temperature", "top_p", "seed", "window", "k",
+                                      "bins", etas="eta"),
+                             answer_regex=args.answer_regex, chat_template=not args.no_chat_template)
+
+
+def _num(value, fmt: str) -> str:
+    """`value` in `fmt`, or a dash as wide as the format's width when there is no number."""
+    width = int("".join(c for c in fmt.split(".")[0] if c.isdigit()) or 0)
+    return "—".rjust(width) if value is None else format(value, fmt)
+
+
+def _calibrate(args) -> int:
+    from feedback.eval.calibration import calibrate, check_questions, read_questions
+
+    cfg = _calibration_config(args)
+    cfg.validate(10_000)  # every value (strategy names and parameters too) before the model loads
+    questions = check_questions(read_questions(args.questions))
+    lm = _load(args)
+    res = calibrate(lm, questions, cfg, progress=None if args.json else _progress)
+    for warning in res["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=1))
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    split = res["split"]
+    print(f"{res['questions']} questions (dev {split['dev']}, test {split['test']}: even / odd positions), "
+          f"{cfg.samples} samples per question per row, temperature {cfg.temperature:g}, top-p {cfg.top_p:g}, "
+          f"<= {cfg.max_new_tokens} new tokens, window {cfg.window}, seed {cfg.seed}")
+    print("Platt scaling fitted on dev; every number below on test")
+    head = f"{'row':9} {'measure':15} {'traces':>6} {'acc':>6} {'AUROC':>6} {'ECE':>6} {'aECE':>6} {'Brier':>6} " \
+           f"{'base':>6} {'rawECE*':>7}"
+    print(head)
+    for side, rep in res["sides"].items():
+        for name, m in rep["measures"].items():
+            t = m["test"]
+            print(f"{side:9} {name:15} {t['traces']:6d} {_num(t['accuracy'], '6.1%')} {_num(t['auroc'], '6.3f')} "
+                  f"{_num(t['ece'], '6.3f')} {_num(t['adaptive_ece'], '6.3f')} {_num(t['brier'], '6.3f')} "
+                  f"{_num(t['brier_base_rate'], '6.3f')} {_num(t['uncalibrated_minmax_ece'], '7.3f')}")
+    print("aECE: equal-mass bins; base: Brier of predicting the dev accuracy for every trace; *rawECE: the raw "
+          "measure min-max scaled over dev, uncalibrated (not a probability)")
+    print("early-stop threshold on lowest group confidence (voting.calibrate_threshold over the dev traces):")
+    for side, rep in res["sides"].items():
+        for th in rep["thresholds"]:
+            if th["threshold"] is None:
+                print(f"  {side:9} eta {th['eta']:g}%: no dev trace with a confidence")
+                continue
+            dev, test, per_q = th["dev"], th["test"], th["per_question_dev"]
+            print(f"  {side:9} eta {th['eta']:g}%: s = {th['threshold']:.3f} keeps {_num(dev['kept_share'], '.0%')} "
+                  f"of dev traces, accuracy {_num(dev['accuracy_kept'], '.1%')} vs {_num(dev['accuracy_all'], '.1%')} "
+                  f"all; test: keeps {_num(test['kept_share'], '.0%')}, {_num(test['accuracy_kept'], '.1%')} vs "
+                  f"{_num(test['accuracy_all'], '.1%')}; a threshold per dev question (as Deep Think): "
+                  f"{_num(per_q and per_q['accuracy_kept'], '.1%')} vs {_num(per_q and per_q['accuracy_all'], '.1%')}")
+    print(f"{res['wall_seconds']:.1f} s")
+    return 0
+
+
+def _lmeval(args) -> int:
+    """lm-eval tasks for the baseline and a strategy on the same documents, paired (feedback/eval/lmeval.py)."""
+    try:
+        from feedback.eval.lmeval import format_table, run_pair
+    except ImportError as exc:
+        raise FeedbackError(f"lmeval needs lm-evaluation-harness: pip install lm-eval==0.4.13 ({exc})") from None
+    from feedback.eval.perplexity import BOOTSTRAP, PPLConfig
+    from feedback.strategies import PromptStrategy, build_strategy, get_strategy
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise FeedbackError("--tasks needs at least one task name")
+    if args.limit is not None and args.limit <= 0:
+        raise FeedbackError(f"--limit must be positive, got {args.limit:g}")
+    if args.bootstrap is not None:
+        BOOTSTRAP.check(args.bootstrap)
+    build_strategy(args.strategy, dict(args.param), 10_000)  # names and values, before the model loads
+    if not issubclass(get_strategy(args.strategy), PromptStrategy):  # a prompt-level one only generates
+        PPLConfig(args.strategy, dict(args.param), args.mode, **_given(args, "passes")).resolved_mode()
+    if args.include_path and not Path(args.include_path).is_dir():
+        raise FeedbackError(f"--include-path {args.include_path}: no such folder")
+    lm = _load(args)
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+    res = run_pair(lm, tasks, args.strategy, dict(args.param), include_path=args.include_path, limit=limit,
+                   log=None if args.json else lambda msg: print(msg, file=sys.stderr, flush=True),
+                   **_given(args, "mode", "passes", "max_length", "window", "stride", "num_fewshot", "batch_size",
+                            "max_gen_toks", "bootstrap", "seed"))
+    text = json.dumps(res, indent=1)
+    if args.out:
+        Path(args.out).write_text(text)
+    if args.json:
+        print(text)
+        return 0
+    side = res["feedback_side"]
+    print(f"{lm.name}: baseline vs {side['strategy']} (" + ", ".join(f"{k}={v}" for k, v in side["params"].items())
+          + f"), mode {side['mode']}" + (f" ({side['passes']} passes)" if side["passes"] else "")
+          + f", {res['wall_seconds']:.1f} s")
+    print(format_table(res["comparison"]))
     return 0
 
 
@@ -696,6 +854,67 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--out", default=None, help="also write the whole result (every answer) as JSON here")
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser("calibrate", help="is the confidence worth trusting? sampled traces of a question set with "
+                       "gold answers, per row: reliability bins, ECE, adaptive ECE, Brier and AUROC of each DeepConf "
+                       "measure (Platt-scaled on dev, scored on test), and what the early-stop threshold keeps")
+    p.add_argument("--questions", default=None, help="builtin (default: the 16 of assets/questions.jsonl) | JSONL of "
+                   "{question, answer}")
+    _add_model_args(p)
+    _add_strategy_args(p, "residual")
+    # Numbers default to None: a flag left out keeps CalibrationConfig's own default (see `_given`).
+    p.add_argument("--samples", type=int, help="sampled traces per question per row (default 8)")
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--window", type=int, help="DeepConf group window (tokens; default 16)")
+    p.add_argument("--k", type=int, help="DeepConf top-k for token confidence")
+    p.add_argument("--eta", type=float, action="append", default=None,
+                   help="share of traces the early-stop threshold keeps, %%; repeat (default 10 and 90)")
+    p.add_argument("--bins", type=int, help="reliability bins (default 10)")
+    p.add_argument("--answer-regex", default=None, help="regex for the answer (first group, else the match)")
+    p.add_argument("--no-chat-template", action="store_true")
+    p.add_argument("--out", default=None, help="also write the whole result (every trace) as JSON here")
+    p.add_argument("--json", action="store_true", help="print the whole result as JSON instead of the table")
+    p = sub.add_parser("lmeval", help="lm-evaluation-harness tasks, baseline and a strategy on the same documents: "
+                       "per metric both values, the difference and a paired 95%% interval")
+    p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names (e.g. arc_easy,hellaswag)")
+    p.add_argument("--include-path", default=None, metavar="DIR", help="a folder of task YAML files of your own")
+    _add_model_args(p)
+    _add_strategy_args(p, None, required=True)
+    # Numbers default to None: a flag left out keeps run_pair's own default (see `_given`).
+    p.add_argument("--mode", default=None, choices=["exact", "parallel", "jacobi"],
+                   help="how the strategy scores (as ppl; default: parallel, jacobi for recurrent strategies)")
+    p.add_argument("--passes", type=int, help="jacobi passes (the first is clean)")
+    p.add_argument("--max-length", type=int, help="tokens per sequence at most (default 2048, capped by the model)")
+    p.add_argument("--window", type=int, help="rolling window in tokens (default max-length + 1)")
+    p.add_argument("--stride", type=int, help="new tokens per rolling window (default window - 1, as lm-eval)")
+    p.add_argument("--limit", type=float, default=None, help="documents per task (below 1: a share of them)")
+    p.add_argument("--num-fewshot", type=int)
+    p.add_argument("--batch-size", type=int, help="rows per batch (baseline scoring, generation)")
+    p.add_argument("--max-gen-toks", type=int, help="new tokens per generation unless the task says")
+    p.add_argument("--bootstrap", type=int, help="paired bootstrap resamples for continuous metrics")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--out", default=None, help="also write the JSON result to this file")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("recall", help="long-context key-fact recall: synthetic facts at depths 0-100 %% of texts "
+                       "of 256 to 4,096 tokens, accuracy per length x depth per row, McNemar and a paired bootstrap "
+                       "of the gold answer's log-probability vs the baseline")
+    _add_model_args(p)
+    _add_strategy_args(p, None)
+    p.add_argument("--row", action="append", type=_row, default=[], metavar="NAME:STRATEGY[,K=V...]",
+                   help="another strategy row; repeat (the baseline row is always first)")
+    # Numbers default to None: a flag left out keeps RecallConfig's own default (see `_given`).
+    p.add_argument("--items", type=int, help="facts (kinds in turn: number, name, date, two-hop); default 4")
+    p.add_argument("--lengths", help="tokens of text, e.g. 256,1024,4096 (default 256,512,1024,2048,4096)")
+    p.add_argument("--depths", help="%% of the text before the fact, e.g. 0,50,100 (default 0,25,50,75,100)")
+    p.add_argument("--seed", type=int, help="facts, distractor text and the bootstrap")
+    p.add_argument("--max-new-tokens", type=int, help="new tokens per answer at most (default 24)")
+    p.add_argument("--split", choices=["dev", "test"], help="built-in corpus split for the distractor text (test)")
+    p.add_argument("--bootstrap", type=int, help="resamples of the gold log-probability's 95%% CI (0: none)")
+    p.add_argument("--out", default=None, help="also write the whole result (every answer) as JSON here")
+    p.add_argument("--html", default=None, help="also write the heatmaps (each row, each difference) to this HTML file")
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("batch", help="run a JSONL file of tasks; results appended to a JSONL file (resumable)")
     p.add_argument("input", help="JSONL: one task a line (id, prompt, mode, strategy, params, ...)")
     p.add_argument("output", help="JSONL results; rerun with the same file to resume")
@@ -722,8 +941,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"generate": _generate, "prepare": _prepare, "bench": _bench, "ppl": _ppl,
-               "sweep": _sweep, "tune": _tune, "qa": _qa, "deepthink": _deepthink, "batch": _batch,
-               "merge": _merge}[args.command]
+               "sweep": _sweep, "tune": _tune, "qa": _qa, "recall": _recall, "deepthink": _deepthink, "calibrate": _calibrate, "batch": _batch,
+               "merge": _merge, "lmeval": _lmeval}[args.command]
     try:
         return handler(args)
     except FeedbackError as exc:

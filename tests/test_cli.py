@@ -350,8 +350,61 @@ def test_qa_refuses_bad_input_in_one_line_and_scores_each_row(tmp_path, capsys):
     assert set(saved["rows"]) == {"baseline", "restate"} and saved["items"][0]["rows"]["restate"]["text"].startswith("Key facts:")
 
 
-@pytest.mark.parametrize("command", ["generate", "ppl", "sweep", "tune", "deepthink", "qa", "batch", "merge", "bench",
-                                     "prepare"])
+def test_calibrate_prints_its_table_writes_every_trace_and_refuses_bad_input(tmp_path, capsys):
+    from feedback.cli import _calibration_config, build_parser
+    from feedback.eval.calibration import CalibrationConfig
+
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"question": "What is 2 + 2?", "answer": 4}) + "\n")
+    for args, message in [(["--samples", "0"], "samples per question"), (["--eta", "0"], "eta"),
+                          (["--strategy", "nope"], "unknown strategy 'nope'"), (["--bins", "1"], "bins"),
+                          (["--questions", str(tmp_path / "none.jsonl")], "no such question file"),
+                          (["--questions", str(one)], "at least 2 questions")]:
+        err = refused(capsys, "calibrate", *args)
+        assert message in err and err.count("\n") == 1, err
+    assert _calibration_config(build_parser().parse_args(["calibrate"])) == CalibrationConfig()
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(one.read_text() + json.dumps({"question": "Name a colour.", "answer": "red"}) + "\n")
+    out = tmp_path / "calibration.json"
+    run = in_process("calibrate", "--questions", str(questions), "--samples", "1", "--max-new-tokens", "2",
+                     "--window", "2", "--eta", "90", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    assert "AUROC" in run.stdout and "lowest_group" in run.stdout and "eta 90%" in run.stdout
+    saved = json.loads(out.read_text())
+    assert len(saved["traces"]) == 4 and set(saved["sides"]) == {"baseline", "feedback"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lengths", "256,9000"], "lengths: 9,000 tokens is beyond the model's context of 8,192 tokens"),
+    (["--lengths", "8192"], "lengths: 8,192 tokens is beyond the model's context"),
+    (["--lengths", "32"], "lengths must be at least 64"),
+    (["--depths", "0,150"], "depths must be between 0 and 100, got 150"),
+    (["--items", "0"], "items must be between 1"),
+    (["--param", "lam=0.1"], "--param goes with --strategy"),
+    (["--row", "a"], "--row a: give it a strategy"),
+    (["--strategy", "deep_cache", "--param", "lam=7"], "row deep_cache: parameter lam=7.0 is out of range"),
+])
+def test_recall_refuses_bad_input_in_one_line(args, message, capsys):
+    """A length beyond the model's context is refused once the model is known, before any text is
+    built or run; the rest before the model loads."""
+    err = refused(capsys, "recall", *args)
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_recall_json_and_heatmaps_of_one_prompt(tmp_path):
+    page = tmp_path / "recall.html"
+    out = in_process("recall", "--items", "1", "--lengths", "64", "--depths", "50", "--max-new-tokens", "2",
+                     "--html", str(page), "--json")  # the baseline alone (a strategy row: tests/eval/test_recall.py)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["instances"] == 1 and list(res["rows"]) == ["baseline"] and res["lengths"] == [64]
+    item = res["items"][0]
+    assert item["kind"] == "number" and item["tokens"] == 64 and item["rows"]["baseline"]["gold_logprob"] < 0
+    assert page.read_text().count('class="plotly-graph-div"') == 1
+
+
+@pytest.mark.parametrize("command", ["generate", "ppl", "sweep", "tune", "deepthink", "qa", "recall", "calibrate", "batch", "merge",
+                                     "bench", "prepare"])
 def test_every_command_prints_its_help(command, capsys):
     from feedback.cli import main
 
@@ -371,3 +424,29 @@ def test_flags_left_out_keep_the_defaults_declared_beside_each_config():
                                                                                             max_tokens_per_doc=9)
     assert _deepthink_config(parse(["deepthink", "--prompt", "q"]), "q") == DeepThinkConfig("q")
     assert _deepthink_config(parse(["deepthink", "--traces", "3"]), "q") == DeepThinkConfig("q", traces=3)
+
+
+def test_lmeval_pairs_the_baseline_and_a_strategy_on_lm_eval_tasks(tmp_path, monkeypatch, tiny_lm, capsys):
+    """`lmeval` on lm-eval tasks of the tests' own (tests/data/lmeval), the wiring on the tiny model;
+    what it computes is tested in tests/eval/test_lmeval.py."""
+    pytest.importorskip("lm_eval")
+    import feedback.cli as cli_module
+
+    monkeypatch.setattr(cli_module, "_load", lambda args, **kwargs: tiny_lm)
+    out = in_process("lmeval", "--tasks", "fl_mc_tiny,fl_ppl_tiny", "--include-path", "tests/data/lmeval",
+                     "--strategy", "residual", "--param", "alpha=0.2", "--passes", "2", "--limit", "3",
+                     "--bootstrap", "100", "--out", str(tmp_path / "pair.json"))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "baseline vs residual (alpha=0.2" in lines[0] and "mode jacobi (2 passes)" in lines[0]
+    assert lines[1].split()[:3] == ["task", "metric", "n"] and len(lines) == 2 + 5
+    saved = json.loads((tmp_path / "pair.json").read_text())
+    assert saved["limit"] == 3 and {r["n"] for r in saved["comparison"]} == {3}
+    assert saved["feedback_side"]["passes"] == 2 and saved["baseline_side"]["strategy"] is None
+    for args, message in ((["--strategy", "nope"], "unknown strategy"),
+                          (["--strategy", "deep_cache", "--param", "lam=2"], "out of range"),
+                          (["--strategy", "residual", "--mode", "parallel"], "recurrent"),
+                          (["--strategy", "deep_cache", "--limit", "0"], "--limit must be positive"),
+                          (["--strategy", "deep_cache", "--include-path", "no/such"], "no such folder")):
+        err = refused(capsys, "lmeval", "--tasks", "fl_mc_tiny", *args)
+        assert message in err and len(err.strip().splitlines()) == 1, err

@@ -21,6 +21,7 @@ from feedback.serve.pool import ModelPool
 from ui import charts, render
 from ui.controls import bound_number, build_strategy_panel, lazy_json, run_controls, to_components
 from ui.deepconf import ETA_CHOICES, resolve_eta
+from ui.deepthink_calibration import CalibrationPanel
 from ui.runner import ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
 
 TAB = "deepthink"
@@ -181,6 +182,8 @@ class DeepThinkTab:
             self.table = gr.Dataframe(headers=["side", "phase", "trace", "state", "tokens", "lowest group", "answer",
                                                "correct", "text"], interactive=False, wrap=True, elem_id="dt-table",
                                       column_widths=["7%", "7%", "9%", "7%", "6%", "7%", "8%", "6%", "43%"])
+            self.calibration = CalibrationPanel()
+            self.calibration.build()
             self.report = lazy_json("Report (JSON)", "dt-report")
             stop_ack = gr.Textbox(visible=False)
             cancel_trigger = gr.Button(visible=False)  # for program clients' Job.cancel()
@@ -198,6 +201,7 @@ class DeepThinkTab:
         running = self.run.click(handler, inputs_kwargs=inputs,
                                  outputs=[*self.outputs.values(), self.status, self.run, self.stop],
                                  api_name="deepthink", concurrency_limit=None, show_progress="hidden")
+        self.calibration.connect(running, self.report.kept)  # from the run's own traces: no model work
         self.stop.click(self.stop_run, None, stop_ack, api_name="stop_deepthink", concurrency_limit=None,
                         show_progress="hidden")
         cancellable_by_clients(cancel_trigger, running)

@@ -24,6 +24,7 @@ from feedback.serve.limits import MAX_DOCS, MAX_TOKENS_PER_DOC, SERVED_MAX_TOKEN
 from feedback.serve.pool import ModelPool
 from ui import charts, render
 from ui.controls import bound_number, build_strategy_panel, run_controls, to_components
+from ui.recall_section import RecallSection
 from ui.runner import Finished, ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
 from ui.text_inputs import delta_legend, load_named, mode_inputs, scoring_config, source_inputs, surprise_html
 
@@ -245,6 +246,8 @@ class PerplexityTab:
                                       interactive=False, elem_id="ppl-table")
             with gr.Accordion("Result (JSON)", open=False):
                 self.result = gr.JSON()
+            self.recall = RecallSection(self.pool, self.runner)  # long-context key-fact recall, its own job
+            self.recall.build(num_layers)
             stop_ack = gr.Textbox(visible=False)
             cancel_trigger = gr.Button(visible=False)  # for program clients' Job.cancel()
         # What the work shows, by name, in the order API clients get it.

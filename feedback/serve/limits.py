@@ -13,6 +13,7 @@ from feedback.core.bounds import Bound
 from feedback.core.records import MAX_PROMPT_CHARS, RunConfig
 from feedback.errors import FeedbackError
 from feedback.eval.perplexity import BOOTSTRAP, MIN_WINDOW, TOKENS_PER_DOC
+from feedback.eval.recall import DEPTH, ITEMS, LENGTH, NEW_TOKENS, parse_depths, parse_lengths
 from feedback.strategies import build_strategy
 
 # A run's length: shared servers bound how long one visitor holds the model.
@@ -67,6 +68,32 @@ PPL_STRIDE = Bound("stride", 1, SERVED_MAX_WINDOW, integer=True)
 PPL_CHUNK = Bound("chunk", 1, SERVED_MAX_WINDOW, integer=True)
 SERVED_MAX_BOOTSTRAP = 10_000
 PPL_BOOTSTRAP = BOOTSTRAP.with_hi(SERVED_MAX_BOOTSTRAP)
+# Long-context recall on the page (the Perplexity tab's Recall section): a small grid. Each prompt
+# is one run of both rows; the scoring and decoding budgets hold the whole grid as well.
+SERVED_RECALL_MAX_ITEMS = 8
+RECALL_ITEMS = ITEMS.with_hi(SERVED_RECALL_MAX_ITEMS)
+SERVED_RECALL_MAX_LENGTH = 4096  # tokens of text (the embedded model's context is 8,192)
+RECALL_LENGTH = LENGTH.with_hi(SERVED_RECALL_MAX_LENGTH)
+SERVED_RECALL_MAX_VALUES = 5  # lengths, and depths, per request
+SERVED_RECALL_MAX_NEW_TOKENS = 64  # an answer is a few words
+RECALL_NEW_TOKENS = NEW_TOKENS.with_hi(SERVED_RECALL_MAX_NEW_TOKENS)
+RECALL_GRID_CHARS = 200  # the lengths or depths box
+
+
+def check_recall_grid(lengths, depths) -> tuple[list[int], list[float]]:
+    """A recall request's lengths and depths ("256, 1024" or lists) held to the served caps, each
+    refusal naming the field."""
+    for name, value in (("lengths", lengths), ("depths", depths)):
+        if isinstance(value, str):
+            _check_length(name, value, RECALL_GRID_CHARS)
+    lengths, depths = parse_lengths(lengths), parse_depths(depths)
+    for bound, values in ((RECALL_LENGTH, lengths), (DEPTH, depths)):
+        if len(values) > SERVED_RECALL_MAX_VALUES:
+            raise FeedbackError(f"{bound.name}: at most {SERVED_RECALL_MAX_VALUES} values here, got {len(values)} "
+                                "(`python -m feedback recall` takes more)")
+        for v in values:
+            bound.check(v)
+    return lengths, depths
 
 
 def check_run(cfg: RunConfig, num_layers: int | None = None, max_rows: int = SERVED_MAX_ROWS,

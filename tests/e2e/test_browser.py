@@ -484,6 +484,27 @@ def test_every_model_tab_has_a_stop_that_frees_the_model(page: Page, app_url: st
     start_then_stop("dt-", "dt-run", "Running", "Stopped")
 
 
+def test_the_recall_section_runs_one_prompt_and_draws_its_heatmaps(page: Page, app_url: str):
+    """The Perplexity tab's Recall accordion: one fact in a 64-token text, baseline and deep_cache,
+    through the model line; its status says what it will run, then Done; three heatmaps drawn."""
+    page.get_by_role("tab", name="Perplexity").click()
+    accordion(page, "Recall: long-context key facts")
+    page.locator("#recall-lengths textarea").fill("64")
+    page.locator("#recall-depths textarea").fill("50")
+    set_number(page, "recall-items", 1)
+    set_number(page, "recall-max-new", 4)
+    page.locator("#recall-run").click()
+    expect(page.locator("#recall-status")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#recall-status")).to_contain_text("1 prompt (1 item × 1 length × 1 depth) of ")
+    expect(page.locator("#recall-summary")).to_contain_text("McNemar exact p")
+    for plot in ("baseline", "strategy", "difference"):
+        expect(page.locator(f"#recall-{plot}-plot .heatmaplayer")).to_have_count(1)
+    expect(page.locator("#recall-run")).to_be_enabled()
+    OUT.mkdir(exist_ok=True)
+    page.locator("#recall").screenshot(path=str(OUT / "e2e-recall-1440.png"))
+    wait_idle(app_url, 10)
+
+
 def test_closing_the_tab_during_a_sweep_frees_the_model_within_seconds(browser: Browser, app_url: str):
     context, pg = open_app(browser, app_url)
     pg.get_by_role("tab", name="Sweep").click()

@@ -43,3 +43,10 @@ def test_empty_inputs_refused(tiny_lm):
         evaluate_qa(tiny_lm, [], [RowSpec("plain")])
     with pytest.raises(FeedbackError, match="at least one row"):
         evaluate_qa(tiny_lm, [{"question": "q", "answer": 1}], [])
+
+
+def test_the_built_in_question_set_is_where_the_commands_look():
+    from feedback.eval.deepthink import load_questions
+    from feedback.eval.qa import BUILTIN_QUESTIONS
+
+    assert len(load_questions(BUILTIN_QUESTIONS)) == 16  # `qa` and `calibrate` without --questions read it

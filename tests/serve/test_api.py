@@ -186,6 +186,25 @@ def test_ppl_baseline_and_feedback_with_token_detail(api):
     assert bad.status_code == 422 and "recurrent" in bad.json()["error"]
 
 
+def test_calibrate_reports_every_measure_per_row_and_refuses_what_it_cannot_do(api):
+    client, _ = api
+    body = {"questions": [{"question": "What is 2 + 2?", "answer": 4}, {"question": "Name a colour.", "answer": "red"}],
+            "samples": 1, "max_new_tokens": 2, "window": 2, "etas": [90]}
+    r = client.post("/calibrate", json=body)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert set(data["sides"]) == {"baseline", "feedback"} and "traces" not in data and data["split"]["test"] == 1
+    side = data["sides"]["feedback"]
+    assert set(side["measures"]) == {"mean", "tail", "bottom10_group", "lowest_group"}
+    assert side["traces"] == {"dev": 1, "test": 1} and side["thresholds"][0]["eta"] == 90
+    for change, message in [({"questions": body["questions"][:1]}, "questions"), ({"etas": [0]}, "etas.0"),
+                            ({"samples": 16, "max_new_tokens": 512}, "FEEDBACK_BUDGET_DECODED_TOKENS"),
+                            ({"strategy": "nope"}, "unknown strategy 'nope'"), ({"answer_regex": "(x"}, "does not compile"),
+                            ({"questions": [{"question": " ", "answer": 1}] * 2}, "non-empty 'question'")]:
+        r = client.post("/calibrate", json=body | change)
+        assert r.status_code == 422 and message in r.json()["error"], r.text
+
+
 def test_health_models_strategies_and_openapi(api):
     client, _ = api
     health = client.get("/health").json()
@@ -198,7 +217,7 @@ def test_health_models_strategies_and_openapi(api):
     assert alpha["type"] == "float" and alpha["minimum"] == -1.0 and alpha["maximum"] == 1.0
     schema = client.get("/openapi.json").json()
     assert schema["servers"] == [{"url": "/api"}]
-    assert {"/generate", "/generate/stream", "/continue", "/branch", "/ppl", "/health", "/models",
+    assert {"/generate", "/generate/stream", "/continue", "/branch", "/ppl", "/calibrate", "/health", "/models",
             "/strategies"} <= set(schema["paths"])
     assert client.get("/docs").status_code == 200
 
@@ -379,7 +398,7 @@ def test_schemathesis_finds_no_server_errors(tiny_lm, tmp_path):
     # generation bodies (~45 s of its own CPU per run). The sampling fields they share are fuzzed
     # value by value in test_sampling's hypothesis tests, so those routes get the examples and
     # fuzzing phases here, and the other routes all phases.
-    generation = "/(generate|generate/stream|continue|branch)$"
+    generation = "/(generate|generate/stream|continue|branch|calibrate)$"
     passes = [("--exclude-path-regex", generation), ("--include-path-regex", generation, "--phases", "examples,fuzzing")]
     with serve(tiny_lm, fuzz) as (url, _):
         for i, extra in enumerate(passes):

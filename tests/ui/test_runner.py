@@ -167,13 +167,15 @@ def test_wrap_validates_before_waiting_and_names_parameters():
 
 
 # ---- every model handler of the real app goes through the wrapper and runs inside spaces.GPU ----
-MODEL_HANDLERS = {"compare", "continue", "branch", "rerun", "calibrate", "perplexity", "sweep", "tune", "deepthink"}
+MODEL_HANDLERS = {"compare", "continue", "branch", "rerun", "calibrate", "perplexity", "sweep", "tune", "deepthink",
+                  "recall"}
 TEXT = "def add(a, b):\n    return a + b\n\nThe function add returns the sum of its two arguments."
 SETTINGS = {  # elem_id -> value for a quick run of each handler on the tiny model
     "prompt": "Say hi.", "max-new-tokens": 3, "temperature": 0.0, "warmup": 2,
     "ppl-text": TEXT, "sweep-text": TEXT, "sweep-grid-x": "lam=0,0.1", "sweep-grid-y": "",
     "dt-prompt": "What is 2 + 2? Answer with a number.", "dt-traces": 1, "dt-warmup": 1, "dt-max-new": 3,
     "follow-up": "And then?", "fl-column-request": "2",
+    "recall-lengths": "64", "recall-depths": "50", "recall-items": 1, "recall-max-new": 3,
 }
 
 

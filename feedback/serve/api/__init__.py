@@ -1,4 +1,5 @@
-"""HTTP API beside the UI: compare (whole or streamed), follow-ups (next turn, branch), perplexity, health, models, strategies.
+"""HTTP API beside the UI: compare (whole or streamed), follow-ups (next turn, branch), perplexity, calibration, health,
+models, strategies.
 
 Mounted at /api in the Gradio server (`app.py`). It uses the same engine, validation and model pool
 as the page, and the same first-come line to the model (`ModelPool.gate`), with a cap on how many
@@ -7,7 +8,7 @@ API requests may wait, so API traffic cannot starve the page. OpenAPI: /api/open
 The package: `schemas` (request and response bodies), `deps` (settings, pool, recent runs and the
 API key, as FastAPI dependencies), `streaming` (the model line, decoding, streamed events, hang-ups),
 `errors` (error answers, the body-size limit), and one router per area: `generation`,
-`follow_ups`, `perplexity`, `models`.
+`follow_ups`, `perplexity`, `calibration`, `models`.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from fastapi import FastAPI
 from starlette.routing import Mount
 
 from feedback.core.session import RecentRuns
-from feedback.serve.api import follow_ups, generation, models, perplexity
+from feedback.serve.api import calibration, follow_ups, generation, models, perplexity
 from feedback.serve.api.deps import ApiSettings, KeyGate, get_pool, get_recent, get_settings, key_ok, require_key
 from feedback.serve.api.errors import HANDLERS, ApiError, BodyLimit
 from feedback.serve.api.schemas import BranchIn, ContinueIn, GenerateIn, PPLIn, saved_result, to_config
@@ -33,7 +34,7 @@ __all__ = ["ApiError", "ApiSettings", "BranchIn", "ClientGone", "ContinueIn", "G
            "api_routes", "create_api", "get_pool", "get_recent", "get_settings", "key_ok", "local_server",
            "require_key", "saved_result", "to_config"]
 
-ROUTERS = (models.router, generation.router, follow_ups.router, perplexity.router)
+ROUTERS = (models.router, generation.router, follow_ups.router, perplexity.router, calibration.router)
 OPEN_API_PATHS = ("/health", "/openapi.json", "/docs")  # what the API serves without a key
 DESCRIPTION = ("Baseline vs activation-feedback generation, streamed step records and perplexity, on the same "
                "engine as the Feedback Lens page. When the server sets FEEDBACK_API_KEYS, send `Authorization: "

@@ -14,10 +14,12 @@ from feedback.core.bounds import Bound
 from feedback.core.records import (DEEPCONF_K, DEEPCONF_WINDOW, MAX_KEY_FACTS, MAX_PROMPT_CHARS, SEED, DeepConfConfig,
                                    RowResult, RowSpec, RunConfig, RunResult, default_rows)
 from feedback.core.sampling import MIN_P, MIN_TEMPERATURE, REPETITION_PENALTY, TEMPERATURE, TOP_K, TOP_P, SamplingConfig
+from feedback.eval.calibration import BINS, MIN_QUESTIONS, CalibrationConfig
 from feedback.eval.perplexity import PASSES, PPLConfig
 from feedback.serve.limits import (MAX_MESSAGES, MAX_NEW_TOKENS, MAX_PARAMS, NAME_MAX_CHARS, PPL_BOOTSTRAP, PPL_CHUNK,
                                    PPL_STRIDE, PPL_WINDOW, SERVED_MAX_NEW_TOKENS, SERVED_MAX_ROWS,
                                    SERVED_TEXT_MAX_CHARS, SHORT_TEXT_MAX_CHARS, SMALL_SEED)
+from feedback.serve.limits import TRACE_MAX_NEW_TOKENS, TRACES
 
 ParamValue = bool | int | float | str
 Params = Annotated[dict[str, ParamValue], Field(default_factory=dict, max_length=MAX_PARAMS)]
@@ -177,6 +179,43 @@ class PPLIn(_Body):
                            description="bootstrap resamples for the 95% CI")
     seed: int = Field(PPLConfig.seed, **within(SMALL_SEED))
     token_detail: bool = Field(False, description="also return per-token NLLs of both sides")
+
+
+# Questions of one calibration request (the built-in set has 16); the decoded-token budget bounds the
+# work, this the body. A served cap: it belongs beside the others in feedback.serve.limits.
+SERVED_MAX_QUESTIONS = 64
+
+
+class QuestionIn(_Body):
+    question: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    answer: Annotated[str, Field(min_length=1, max_length=SHORT_TEXT_MAX_CHARS)] | int | float = Field(
+        description="the gold answer, matched as Deep Think matches votes")
+
+
+class CalibrateIn(_Body):
+    questions: list[QuestionIn] | None = Field(
+        None, min_length=MIN_QUESTIONS, max_length=SERVED_MAX_QUESTIONS,
+        description="questions with gold answers, split dev (even positions) / test (odd); null: the built-in 16")
+    model: str | None = None
+    strategy: str = Field(CalibrationConfig.strategy, description="the feedback row's strategy (GET /api/strategies)")
+    params: Params
+    samples: int = Field(CalibrationConfig.samples, **within(TRACES),
+                         description="sampled traces per question per row (baseline and feedback)")
+    max_new_tokens: int = Field(CalibrationConfig.max_new_tokens, **within(TRACE_MAX_NEW_TOKENS))
+    temperature: float = Field(CalibrationConfig.temperature, **within(TEMPERATURE),
+                               description=f"0 = greedy (every sample the same); otherwise at least {MIN_TEMPERATURE:g}")
+    top_p: float = Field(CalibrationConfig.top_p, gt=TOP_P.lo, le=TOP_P.hi)
+    seed: int = Field(CalibrationConfig.seed, **within(SEED))
+    window: int = Field(CalibrationConfig.window, **within(DEEPCONF_WINDOW), description="DeepConf group window (tokens)")
+    k: int = Field(CalibrationConfig.k, **within(DEEPCONF_K), description="DeepConf top-k for token confidence")
+    etas: list[Annotated[float, Field(gt=0, le=100)]] = Field(
+        default_factory=lambda: CalibrationConfig().etas, min_length=1, max_length=8,
+        description="η, % of traces the early-stop threshold keeps: one threshold report each")
+    bins: int = Field(CalibrationConfig.bins, **within(BINS), description="reliability diagram bins")
+    answer_regex: str | None = Field(None, max_length=SHORT_TEXT_MAX_CHARS,
+                                     description="the answer's pattern (its first group); null: Deep Think's rules")
+    chat_template: bool = CalibrationConfig.chat_template
+    traces: bool = Field(False, description="also return every trace (text, answer, correctness, measures)")
 
 
 class ErrorOut(BaseModel):
