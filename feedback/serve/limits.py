@@ -70,6 +70,9 @@ SERVED_MAX_BOOTSTRAP = 10_000
 PPL_BOOTSTRAP = BOOTSTRAP.with_hi(SERVED_MAX_BOOTSTRAP)
 # Long-context recall on the page (the Perplexity tab's Recall section): a small grid. Each prompt
 # is one run of both rows; the scoring and decoding budgets hold the whole grid as well.
+# Questions of one calibration request (the built-in set has 16); the decoded-token budget bounds the
+# work, this the body.
+SERVED_MAX_QUESTIONS = 64
 SERVED_RECALL_MAX_ITEMS = 8
 RECALL_ITEMS = ITEMS.with_hi(SERVED_RECALL_MAX_ITEMS)
 SERVED_RECALL_MAX_LENGTH = 4096  # tokens of text (the embedded model's context is 8,192)

@@ -17,7 +17,7 @@ from feedback.core.sampling import MIN_P, MIN_TEMPERATURE, REPETITION_PENALTY, T
 from feedback.eval.calibration import BINS, MIN_QUESTIONS, CalibrationConfig
 from feedback.eval.perplexity import PASSES, PPLConfig
 from feedback.serve.limits import (MAX_MESSAGES, MAX_NEW_TOKENS, MAX_PARAMS, NAME_MAX_CHARS, PPL_BOOTSTRAP, PPL_CHUNK,
-                                   PPL_STRIDE, PPL_WINDOW, SERVED_MAX_NEW_TOKENS, SERVED_MAX_ROWS,
+                                   PPL_STRIDE, PPL_WINDOW, SERVED_MAX_NEW_TOKENS, SERVED_MAX_QUESTIONS, SERVED_MAX_ROWS,
                                    SERVED_TEXT_MAX_CHARS, SHORT_TEXT_MAX_CHARS, SMALL_SEED)
 from feedback.serve.limits import TRACE_MAX_NEW_TOKENS, TRACES
 
@@ -181,9 +181,6 @@ class PPLIn(_Body):
     token_detail: bool = Field(False, description="also return per-token NLLs of both sides")
 
 
-# Questions of one calibration request (the built-in set has 16); the decoded-token budget bounds the
-# work, this the body. A served cap: it belongs beside the others in feedback.serve.limits.
-SERVED_MAX_QUESTIONS = 64
 
 
 class QuestionIn(_Body):
