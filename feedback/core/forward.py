@@ -44,10 +44,10 @@ def nll_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -logp.gather(1, targets[:, None])[:, 0]
 
 
-def window_nll_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int,
-                        stop: threading.Event | None = None) -> torch.Tensor:
-    """NLL of ids[1:] from `passes` full-sequence forwards (the strategy, if any, on row 0);
-    `stop` is checked before each pass and, inside one, between layers."""
+def window_logits_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int,
+                           stop: threading.Event | None = None) -> torch.Tensor:
+    """The logits that predict ids[1:] after `passes` full-sequence forwards (the strategy, if any,
+    on row 0); `stop` is checked before each pass and, inside one, between layers."""
     batch = BatchView(Phase.SEQUENCE, [0], stop=stop)
     strategies = [strategy] if strategy else []
     if strategy:
@@ -57,10 +57,16 @@ def window_nll_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: in
             for _ in range(passes):
                 check_stop(stop, "the perplexity evaluation")
                 out = hooked_forward(lm, batch, strategies, input_ids=ids[None], use_cache=False)
-            return nll_of(out.logits[0, :-1], ids[1:])
+            return out.logits[0, :-1]
     finally:
         if strategy:
             strategy.detach()
+
+
+def window_nll_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int,
+                        stop: threading.Event | None = None) -> torch.Tensor:
+    """NLL of ids[1:] from `passes` full-sequence forwards (`window_logits_parallel`)."""
+    return nll_of(window_logits_parallel(lm, ids, strategy, passes, stop), ids[1:])
 
 
 def window_nll_chunked(lm: LoadedModel, ids: torch.Tensor, chunk: int, stop: threading.Event | None = None) -> torch.Tensor:
@@ -80,9 +86,10 @@ def window_nll_chunked(lm: LoadedModel, ids: torch.Tensor, chunk: int, stop: thr
     return torch.cat(nll)
 
 
-def window_nll_exact(lm: LoadedModel, ids: torch.Tensor, strategy, stop: threading.Event | None = None) -> torch.Tensor:
-    """NLL of ids[1:] decoding token by token with the KV cache, exactly as in generation; checks
-    `stop` at every token (this mode is slow, ~1 forward per token)."""
+def window_logits_exact(lm: LoadedModel, ids: torch.Tensor, strategy,
+                        stop: threading.Event | None = None) -> torch.Tensor:
+    """The logits that predict ids[1:], decoding token by token with the KV cache, exactly as in
+    generation; checks `stop` at every token (this mode is slow, ~1 forward per token)."""
     batch = BatchView(Phase.PREFILL, [0])
     strategy.attach(lm.model, lm.layers, 0, batch)
     try:
@@ -96,6 +103,11 @@ def window_nll_exact(lm: LoadedModel, ids: torch.Tensor, strategy, stop: threadi
                 out = hooked_forward(lm, batch, [strategy], input_ids=ids[None, t:t + 1], cache=cache,
                                      use_cache=True)
                 logits.append(out.logits[0, -1])
-            return nll_of(torch.stack(logits), ids[1:])
+            return torch.stack(logits)
     finally:
         strategy.detach()
+
+
+def window_nll_exact(lm: LoadedModel, ids: torch.Tensor, strategy, stop: threading.Event | None = None) -> torch.Tensor:
+    """NLL of ids[1:] decoding token by token (`window_logits_exact`)."""
+    return nll_of(window_logits_exact(lm, ids, strategy, stop), ids[1:])

@@ -46,7 +46,8 @@ from lm_eval.api.registry import model_registry
 from tqdm import tqdm
 
 from feedback.core.engine import start_run
-from feedback.core.forward import hooked_forward, window_nll_chunked, window_nll_exact, window_nll_parallel
+from feedback.core.forward import (hooked_forward, window_logits_exact, window_logits_parallel, window_nll_chunked,
+                                   window_nll_exact, window_nll_parallel)
 from feedback.core.model import LoadedModel, load_model
 from feedback.core.records import MAX_ROWS, RowSpec, RunConfig, answer_text
 from feedback.core.sampling import SamplingConfig
@@ -352,9 +353,9 @@ def strategy_score(lm: LoadedModel, seq: list[int], n: int, strategy, mode: str,
     `window_nll_exact` token by token), keeping the logits so greediness can be read too."""
     ids = torch.tensor(seq, device=lm.device)
     if mode == "exact":
-        logits = _exact_logits(lm, ids, strategy)
+        logits = window_logits_exact(lm, ids, strategy)
     else:
-        logits = _parallel_logits(lm, ids, strategy, passes if mode == "jacobi" else 1)
+        logits = window_logits_parallel(lm, ids, strategy, passes if mode == "jacobi" else 1)
     return _score(logits[-n:], ids[-n:])
 
 
@@ -362,39 +363,6 @@ def _score(logits: torch.Tensor, targets: torch.Tensor) -> tuple[float, bool]:
     logp = torch.log_softmax(logits.float(), dim=-1)
     ll = float(logp.gather(1, targets[:, None]).double().sum())
     return ll, bool((logp.argmax(dim=-1) == targets).all())
-
-
-def _parallel_logits(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int) -> torch.Tensor:
-    """`window_nll_parallel`'s passes; the logits that predict ids[1:]."""
-    batch = BatchView(Phase.SEQUENCE, [0])
-    strategy.attach(lm.model, lm.layers, 0, batch)
-    try:
-        with torch.inference_mode():
-            for _ in range(passes):
-                out = hooked_forward(lm, batch, [strategy], input_ids=ids[None], use_cache=False)
-            return out.logits[0, :-1]
-    finally:
-        strategy.detach()
-
-
-def _exact_logits(lm: LoadedModel, ids: torch.Tensor, strategy) -> torch.Tensor:
-    """`window_nll_exact`'s token-by-token decode; the logits that predict ids[1:]."""
-    from transformers import DynamicCache
-
-    batch = BatchView(Phase.PREFILL, [0])
-    strategy.attach(lm.model, lm.layers, 0, batch)
-    try:
-        with torch.inference_mode():
-            cache = DynamicCache(config=lm.model.config)
-            out = hooked_forward(lm, batch, [strategy], input_ids=ids[None, :1], cache=cache, use_cache=True)
-            logits = [out.logits[0, -1]]
-            batch.phase = Phase.DECODE
-            for t in range(1, ids.shape[0] - 1):
-                out = hooked_forward(lm, batch, [strategy], input_ids=ids[None, t:t + 1], cache=cache, use_cache=True)
-                logits.append(out.logits[0, -1])
-            return torch.stack(logits)
-    finally:
-        strategy.detach()
 
 
 # ---- baseline vs strategy on the same tasks ----
