@@ -77,8 +77,10 @@ def _load(args, device: str = "auto", model: str | None = None, dtype: str | Non
 
 def _add_strategy_args(p, default: str | None, required: bool = False) -> None:
     p.add_argument("--strategy", default=default, required=required,
-                   help="feedback strategy" + (f" (default {default})" if default else ""))
-    p.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE")
+                   help="feedback strategy, or several joined by '+' applied in that order (a stack: "
+                        "inner_loop+deep_cache)" + (f" (default {default})" if default else ""))
+    p.add_argument("--param", action="append", type=_param, default=[], metavar="KEY=VALUE",
+                   help="a strategy parameter; a stack's are named STRATEGY.PARAM (deep_cache.lam=0.05)")
 
 
 def _named(text: str) -> tuple[str, str]:

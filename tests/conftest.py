@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 
@@ -9,6 +10,12 @@ import pytest
 from feedback.core.model import LoadedModel, load_model
 
 import torch  # noqa: E402  (isort: skip)
+
+# pytest-xdist: each worker process gets its share of the cores, so two workers on two cores do not
+# oversubscribe them (torch would otherwise start one thread per core in every worker).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 
 @pytest.fixture(scope="session")

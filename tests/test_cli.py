@@ -98,6 +98,20 @@ def test_generate_json_prints_one_run_result():
     assert {"mean", "tail", "bottom10_group", "lowest_group"} <= set(fb["metrics"]) and "tokens_per_s" in fb
 
 
+def test_a_stack_is_one_strategy_name_with_its_members_parameters(capsys):
+    out = in_process("generate", "--prompt", "Name a river.", "--max-new-tokens", "6", "--strategy",
+                     "inner_loop+deep_cache", "--param", "deep_cache.lam=0.1", "--param", "inner_loop.mode=euler",
+                     "--json")
+    assert out.returncode == 0, out.stderr
+    fb = json.loads(out.stdout)["rows"][1]
+    assert fb["strategy"] == "inner_loop+deep_cache" and fb["params"]["deep_cache.lam"] == 0.1
+    assert fb["params"]["inner_loop.mode"] == "euler" and fb["metrics"]["extra_layer_passes"] == 22
+    err = refused(capsys, "tune", "--strategy", "inner_loop+deep_cache", "--trials", "2",
+                  "--param", "inner_loop.beta=0", "--param", "deep_cache.lam=0")
+    assert "inner_loop.beta=0 and deep_cache.lam=0 switches inner_loop+deep_cache off" in err
+    assert "cannot be stacked" in refused(capsys, "ppl", "--strategy", "restate+residual")
+
+
 def test_generate_text_output_labels_both_rows():
     out = in_process("generate", "--prompt", "Name a colour.", "--max-new-tokens", "8", "--no-chat-template",
                      "--temperature", "0.8", "--top-p", "0.9", "--top-k", "40", "--seed", "3")

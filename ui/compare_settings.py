@@ -32,7 +32,7 @@ from feedback.errors import FeedbackError
 from feedback.eval.voting import ETA
 from feedback.serve.limits import BOX_MAX_CHARS, MAX_NEW_TOKENS, NAME_MAX_CHARS, WARMUP_TRACES
 from feedback.strategies import REGISTRY
-from ui.controls import NONE, StrategyPanel, api_name, build_strategy_panel, first_preset, parse_number
+from ui.controls import NONE, StrategyPanel, build_strategy_panel, chosen, first_preset, parse_number
 from ui.deepconf import ETA_CHOICES
 
 MIN_COLUMNS, MAX_COLUMNS = 2, 4
@@ -201,9 +201,9 @@ class Field:
 
 @dataclass(frozen=True)
 class StrategyChoice:
-    """A column's feedback strategy and its parameters, in one strategy panel (dropdown, presets,
-    a control per parameter of every strategy): `c<n>_strategy` and `c<n>_<strategy>_<param>` in the
-    API; `strategy` and `params` in a RowSpec."""
+    """A column's feedback strategy (or a stack of two) and its parameters, in one strategy panel
+    (dropdowns, presets, a control per parameter of every strategy): `c<n>_strategy`, `c<n>_stack` and
+    `c<n>_<strategy>_<param>` in the API; `strategy` and `params` in a RowSpec."""
 
     name: str = "strategy"
     paths: tuple[str, ...] = ("strategy", "params")
@@ -223,11 +223,7 @@ class StrategyChoice:
     def value(self, values: dict, scope: Scope) -> tuple[str | None, dict]:
         """(strategy, the chosen strategy's parameter values); (None, {}) for none. An unknown
         strategy is passed on: the engine refuses it with the strategies it knows."""
-        strategy = values["strategy"]
-        if strategy in (None, "", NONE):
-            return None, {}
-        params = REGISTRY[strategy].params if strategy in REGISTRY else []
-        return strategy, {p.name: values[api_name(strategy, p.name)] for p in params}
+        return chosen(values)
 
     def fields(self, value: tuple[str | None, dict]) -> dict:
         strategy, params = value

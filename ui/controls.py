@@ -7,6 +7,10 @@ silently) and wide ranges (1 to 100,000) can be typed instead of dragged. A tab'
 take their range from the `Bound` their handler checks (`bound_number`). The panel's handlers, and
 the tabs' that read its controls, take values by name: each control's API name is
 `<strategy>_<param>` (`named_inputs`, `params_named`).
+
+Stacks: a second dropdown, "Stack with", adds a second hidden-state strategy after the first on
+the same row (`a+b`); both strategies' controls show, and the presets are the ones both share. A
+stack of more than two runs from the API, the command line and batch files.
 """
 from __future__ import annotations
 
@@ -15,7 +19,9 @@ from dataclasses import dataclass
 import gradio as gr
 
 from feedback.core.bounds import Bound
-from feedback.strategies import REGISTRY, PromptStrategy
+from feedback.errors import FeedbackError
+from feedback.strategies import REGISTRY, SEP, PromptStrategy, get_strategy
+from feedback.strategies.stack import is_stack_name, join_params, split_params
 from ui.runner import by_name
 
 CUSTOM = "custom"
@@ -36,12 +42,14 @@ def api_name(strategy: str, param: str) -> str:
 
 
 def about(strategy: str, preset: str | None) -> str:
-    """What the strategy does, its update rule, and what the chosen preset is for."""
-    cls = REGISTRY[strategy]
+    """What the strategy (or stack) does, its update rule, and what the chosen preset is for."""
+    cls = get_strategy(strategy)
     kind = ("prompt-level: the model is unchanged; it is asked differently and given marker tokens"
             if issubclass(cls, PromptStrategy)
             else "recurrent: each token's feedback feeds the next one" if cls.recurrent
             else "not recurrent: one parallel pass scores a text exactly")
+    if is_stack_name(strategy):
+        kind = f"a stack, applied in this order: {' then '.join(cls.member_names())}; {kind}"
     note = next((p.note for p in cls.presets if p.name == preset), None)
     preset_line = (f"\n\n**Preset “{preset}”**: {note}" if note else
                    "\n\n**Custom settings** (choose a preset to see what a setting is known to do).")
@@ -49,7 +57,7 @@ def about(strategy: str, preset: str | None) -> str:
 
 
 def preset_names(strategy: str) -> list[str]:
-    return [p.name for p in REGISTRY[strategy].presets] + [CUSTOM]
+    return [p.name for p in get_strategy(strategy).presets] + [CUSTOM]
 
 
 def first_preset(strategy: str, context: str = "generate") -> str:
@@ -63,11 +71,46 @@ def first_preset(strategy: str, context: str = "generate") -> str:
 
 def matching_preset(strategy: str, params: dict, num_layers: int) -> str:
     """The preset whose values are exactly `params`, else "custom"."""
-    cls = REGISTRY[strategy]
+    cls = get_strategy(strategy)
     for p in cls.presets:
         if cls.preset_values(p.name, num_layers) == {**cls.validate({}, num_layers), **params}:
             return p.name
     return CUSTOM
+
+
+def _picked(value) -> bool:
+    return value not in (None, "", NONE)
+
+
+def chosen_name(values: dict) -> str | None:
+    """The strategy (or stack, `a+b`) a panel's "strategy" and "stack" values name; None for none."""
+    first, second = values.get("strategy"), values.get("stack")
+    if not _picked(first):
+        return None
+    return f"{first}{SEP}{second}" if _picked(second) else first
+
+
+def chosen(values: dict) -> tuple[str | None, dict]:
+    """The strategy a panel's values choose, from a handler's values by name ("strategy", "stack",
+    `<strategy>_<param>`): its name (a stack's, `a+b`, when "Stack with" names a second) and its
+    parameters; (None, {}) for none. An unknown name is passed on: the engine refuses it with the
+    strategies it knows."""
+    name = chosen_name(values)
+    if name is None:
+        return None, {}
+
+    def own(member: str) -> dict:
+        params = REGISTRY[member].params if member in REGISTRY else ()
+        return {p.name: values[api_name(member, p.name)] for p in params}
+
+    if not is_stack_name(name):
+        return name, own(name)
+    return name, join_params({m: own(m) for m in name.split(SEP)})
+
+
+def stackable(names: list[str]) -> list[str]:
+    """The strategies that may join a stack: the hidden-state ones (a prompt-level one changes the prompt)."""
+    return [n for n in names if n in REGISTRY and not issubclass(REGISTRY[n], PromptStrategy)]
 
 
 def _range_text(lo, hi) -> str:
@@ -105,6 +148,7 @@ class StrategyPanel:
     (only the selected strategy's group visible), flattened in a fixed order for event inputs."""
 
     strategy: gr.Dropdown
+    stack: gr.Dropdown  # "Stack with": a second strategy applied after the first, or none
     preset: gr.Dropdown
     about: gr.Markdown
     groups: dict[str, gr.Group]
@@ -119,39 +163,50 @@ class StrategyPanel:
         return [api_name(strategy, param) for strategy, param in self.keys]
 
     def named_inputs(self) -> dict[str, gr.components.Component]:
-        """The controls by API name, for an event's `inputs_kwargs`."""
-        return dict(zip(self.api_names, self.components))
-
-    def params_for(self, strategy: str, values: list) -> dict:
-        """The selected strategy's parameter values out of the flattened input list."""
-        return {param: value for (name, param), value in zip(self.keys, values) if name == strategy}
+        """The controls by API name, for an event's `inputs_kwargs` ("stack" and `<strategy>_<param>`)."""
+        return {"stack": self.stack} | dict(zip(self.api_names, self.components))
 
     def params_named(self, strategy: str, values: dict) -> dict:
-        """The selected strategy's parameter values out of a handler's values by API name."""
+        """The parameter values of `strategy` (a stack's, `a+b`, named `a.x`) out of a handler's values by API name."""
+        if is_stack_name(strategy):
+            return join_params({m: self.params_named(m, values) for m in strategy.split(SEP)})
         return {param: values[api_name(name, param)] for name, param in self.keys if name == strategy}
 
     def component(self, strategy: str, param: str) -> gr.components.Component:
         return self.components[self.keys.index((strategy, param))]
 
+    def _stack_update(self, first: str, second: str | None) -> dict:
+        """"Stack with": offered after a hidden-state strategy, listing the others."""
+        names = stackable(list(self.groups))
+        return {self.stack: gr.update(choices=[NONE, *(n for n in names if n != first)], value=second or NONE,
+                                      visible=first in names)}
+
     def show(self, strategy: str, preset: str | None = None, params: dict | None = None) -> dict:
-        """Updates that select `strategy`, with a preset's values (or explicit `params`)."""
-        if strategy not in REGISTRY:  # "none": nothing to set
-            return {self.strategy: NONE, self.preset: gr.update(choices=[], value=None, visible=False),
-                    self.about: NONE_ABOUT} | {group: gr.update(visible=False) for group in self.groups.values()}
+        """Updates that select `strategy` (a stack of two too), with a preset's values (or explicit `params`)."""
+        if strategy not in REGISTRY and not is_stack_name(strategy):  # "none": nothing to set
+            return ({self.strategy: NONE, self.preset: gr.update(choices=[], value=None, visible=False),
+                     self.about: NONE_ABOUT} | self._stack_update(NONE, None)
+                    | {group: gr.update(visible=False) for group in self.groups.values()})
+        members = strategy.split(SEP)
+        if len(members) > 2:
+            raise FeedbackError(f"the page stacks two strategies; {strategy} has {len(members)} (run it from the "
+                                "API, the command line or a batch file)")
         if params is None:
             preset = preset or first_preset(strategy, self.context)
-            params = REGISTRY[strategy].preset_values(preset, self.num_layers)
+            params = get_strategy(strategy).preset_values(preset, self.num_layers)
         elif preset is None:
             preset = matching_preset(strategy, params, self.num_layers)
-        out: dict = {self.strategy: strategy,
+        own = split_params(params, tuple(members)) if len(members) > 1 else {strategy: params}
+        out: dict = {self.strategy: members[0],
                      self.preset: gr.update(choices=preset_names(strategy), value=preset, visible=True),
                      self.about: about(strategy, preset)}
-        out |= {group: gr.update(visible=name == strategy) for name, group in self.groups.items()}
-        out |= {self.component(strategy, k): v for k, v in params.items() if (strategy, k) in self.keys}
+        out |= self._stack_update(members[0], members[1] if len(members) > 1 else None)
+        out |= {group: gr.update(visible=name in members) for name, group in self.groups.items()}
+        out |= {self.component(m, k): v for m in members for k, v in own[m].items() if (m, k) in self.keys}
         return out
 
     def outputs(self) -> list:
-        return [self.strategy, self.preset, self.about, *self.groups.values(), *self.components]
+        return [self.strategy, self.stack, self.preset, self.about, *self.groups.values(), *self.components]
 
     def layer_updates(self, num_layers: int) -> dict:
         """Re-range every layer slider to a model with `num_layers` layers."""
@@ -163,12 +218,20 @@ class StrategyPanel:
                 out[comp] = gr.update(maximum=num_layers - 1, value=p.default_for(num_layers))
         return out
 
+    def _selected(self, values: dict) -> str:
+        """The panel's strategy as one name: the first, or the stack `first+second`."""
+        first, second = values["strategy"], values["stack"]
+        if not _picked(first):
+            return NONE
+        stacks = _picked(second) and second != first and first in stackable(list(self.groups))
+        return f"{first}{SEP}{second}" if stacks else first
+
     def _on_strategy(self, values: dict) -> dict:
-        return self.show(values["strategy"])
+        return self.show(self._selected(values))
 
     def _on_preset(self, values: dict) -> dict:
-        strategy, preset = values["strategy"], values["preset"]
-        if strategy not in REGISTRY:
+        strategy, preset = self._selected(values), values["preset"]
+        if strategy == NONE:
             return {}
         if preset == CUSTOM:
             return {self.about: about(strategy, CUSTOM)}
@@ -176,21 +239,22 @@ class StrategyPanel:
 
     def _on_edit(self, values: dict) -> dict:
         """A value edited by hand: the settings are no longer a preset's."""
-        strategy = values["strategy"]
-        return {self.preset: CUSTOM, self.about: about(strategy, CUSTOM)} if strategy in REGISTRY else {}
+        strategy = self._selected(values)
+        return {self.preset: CUSTOM, self.about: about(strategy, CUSTOM)} if strategy != NONE else {}
 
     def wire(self) -> None:
         """User edits only (`.input`, not `.change`), so programmatic updates — a run reloaded from
         History, a shared link — are never overwritten by a preset."""
         quiet = dict(api_name=False, queue=False, show_progress="hidden")
-        self.strategy.input(by_name(self._on_strategy, ["strategy"]), inputs_kwargs={"strategy": self.strategy},
-                            outputs=self.outputs(), **quiet)
-        self.preset.input(by_name(self._on_preset, ["strategy", "preset"]),
-                          inputs_kwargs={"strategy": self.strategy, "preset": self.preset}, outputs=self.outputs(),
-                          **quiet)
-        on_edit = by_name(self._on_edit, ["strategy"])
+        chosen_inputs = {"strategy": self.strategy, "stack": self.stack}
+        for dropdown in (self.strategy, self.stack):
+            dropdown.input(by_name(self._on_strategy, ["strategy", "stack"]), inputs_kwargs=chosen_inputs,
+                           outputs=self.outputs(), **quiet)
+        self.preset.input(by_name(self._on_preset, ["strategy", "stack", "preset"]),
+                          inputs_kwargs=chosen_inputs | {"preset": self.preset}, outputs=self.outputs(), **quiet)
+        on_edit = by_name(self._on_edit, ["strategy", "stack"])
         for comp in self.components:
-            comp.input(on_edit, inputs_kwargs={"strategy": self.strategy}, outputs=[self.preset, self.about], **quiet)
+            comp.input(on_edit, inputs_kwargs=chosen_inputs, outputs=[self.preset, self.about], **quiet)
 
 
 def build_strategy_panel(num_layers: int, selected: str = "residual", prefix: str = "param",
@@ -210,6 +274,10 @@ def build_strategy_panel(num_layers: int, selected: str = "residual", prefix: st
     preset_dd = gr.Dropdown(preset_names(selected) if has else [], value=preset, label="Preset", visible=has,
                             elem_id=f"{prefix}-preset",
                             info="named settings with what each is for; editing a value makes it custom")
+    stack_names = stackable(names)
+    stack = gr.Dropdown([NONE, *(n for n in stack_names if n != selected)], value=NONE, label="Stack with",
+                        elem_id=f"{prefix}-stack", visible=selected in stack_names,
+                        info="a second strategy applied after the first on the same row (both sets of controls show)")
     note = gr.Markdown(about(selected, preset) if has else NONE_ABOUT, elem_id=f"{prefix}-about")
     groups, components, keys = {}, [], []
     for name in names:
@@ -221,7 +289,7 @@ def build_strategy_panel(num_layers: int, selected: str = "residual", prefix: st
                 components.append(component_for(p, f"{prefix}-{name}-{p['name']}", value, visible=shown))
                 keys.append((name, p["name"]))
         groups[name] = group
-    panel = StrategyPanel(strategy, preset_dd, note, groups, components, keys, num_layers, context)
+    panel = StrategyPanel(strategy, stack, preset_dd, note, groups, components, keys, num_layers, context)
     panel.wire()
     return panel
 

@@ -19,7 +19,7 @@ from feedback.eval.voting import ETA
 from feedback.serve.limits import TRACE_MAX_NEW_TOKENS, TRACES, WARMUP_TRACES
 from feedback.serve.pool import ModelPool
 from ui import charts, render
-from ui.controls import bound_number, build_strategy_panel, lazy_json, run_controls, to_components
+from ui.controls import bound_number, build_strategy_panel, chosen, lazy_json, run_controls, to_components
 from ui.deepconf import ETA_CHOICES, resolve_eta
 from ui.deepthink_calibration import CalibrationPanel
 from ui.runner import ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
@@ -119,7 +119,7 @@ class DeepThinkTab:
 
     def prepare(self, values: dict) -> DeepThinkWork:
         """N sampled traces per side with calibrated early stop, then the votes."""
-        prompt, strategy = values["prompt"], values["strategy"]
+        prompt, (strategy, params) = values["prompt"], chosen(values)
         if not prompt or not prompt.strip():
             raise FeedbackError("the question is empty")
         cfg = DeepThinkConfig(
@@ -128,7 +128,7 @@ class DeepThinkTab:
             eta=resolve_eta(values["eta_preset"], values["eta"]), window=DEEPCONF_WINDOW.check(values["window"]),
             max_new_tokens=TRACE_MAX_NEW_TOKENS.check(values["max_new"]),
             temperature=SAMPLED_TEMPERATURE.check(values["temperature"]), top_p=TOP_P.check(values["top_p"]),
-            seed=SEED.check(values["seed"]), strategy=strategy, params=self.panel.params_named(strategy, values),
+            seed=SEED.check(values["seed"]), strategy=strategy, params=params,
             answer_regex=values["regex"] or None, shared_threshold=bool(values["shared"]), check=bool(values["check"]))
         SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p).validate()  # e.g. top_p 0 would keep nothing
         lm = self.pool.get()

@@ -23,7 +23,7 @@ from feedback.eval.perplexity import (Estimate, PPLConfig, ScoringProgress, Tall
 from feedback.serve.limits import MAX_DOCS, MAX_TOKENS_PER_DOC, SERVED_MAX_TOKENS_PER_DOC
 from feedback.serve.pool import ModelPool
 from ui import charts, render
-from ui.controls import bound_number, build_strategy_panel, run_controls, to_components
+from ui.controls import bound_number, build_strategy_panel, chosen, run_controls, to_components
 from ui.recall_section import RecallSection
 from ui.runner import Finished, ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
 from ui.text_inputs import delta_legend, load_named, mode_inputs, scoring_config, source_inputs, surprise_html
@@ -213,8 +213,7 @@ class PerplexityTab:
     def prepare(self, values: dict) -> PerplexityWork:
         """Both perplexities of the chosen text, ΔPPL with a paired 95% CI, per-token detail."""
         lm = self.pool.get()
-        strategy = values["strategy"]
-        cfg = scoring_config(values, strategy, self.panel.params_named(strategy, values), **doc_limits(values))
+        cfg = scoring_config(values, *chosen(values), **doc_limits(values))
         cfg.validate(lm.context_length, lm.num_layers)
         docs = load_named(values)
         counts = token_counts(lm, docs, cfg)

@@ -23,7 +23,7 @@ from feedback.serve.limits import (RECALL_GRID_CHARS, RECALL_ITEMS, RECALL_NEW_T
 from feedback.serve.pool import ModelPool
 from feedback.strategies import build_strategy, get_strategy
 from ui.charts import empty_figure
-from ui.controls import bound_number, build_strategy_panel, run_controls, to_components
+from ui.controls import bound_number, build_strategy_panel, chosen, run_controls, to_components
 from ui.runner import Finished, ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
 
 TAB = "recall"  # its own jobs: its Stop ends its own run, not a perplexity measurement
@@ -171,8 +171,7 @@ class RecallSection:
     def prepare(self, values: dict) -> RecallWork:
         """Long-context key-fact recall on a small grid: the baseline and the strategy, one run per prompt."""
         lm = self.pool.get()
-        strategy = values["strategy"]
-        rows = rows_for(strategy, self.panel.params_named(strategy, values), lm.num_layers)
+        rows = rows_for(*chosen(values), lm.num_layers)
         lengths, depths = check_recall_grid(values["lengths"], values["depths"])
         cfg = RecallConfig(items=RECALL_ITEMS.check(values["items"]), lengths=lengths, depths=depths,
                            seed=SMALL_SEED.check(values["seed"]),

@@ -25,12 +25,12 @@ from feedback.eval.tune import TuneSettings, jsonl_text, parse_fixed, run_tune, 
 from feedback.eval.tune import prepare as tune_data
 from feedback.serve.limits import MAX_DOCS, SERVED_MAX_POINTS, SERVED_MAX_TRIALS, TRIALS
 from feedback.serve.pool import ModelPool
-from feedback.strategies import REGISTRY
+from feedback.strategies import get_strategy
 from ui import render
 from ui.compare_settings import DEFAULT_COLUMNS, MIN_COLUMNS, column_key
 from ui.compare_tab import TAB as COMPARE_TAB
 from ui.compare_tab import CompareTab
-from ui.controls import bound_number, build_strategy_panel, run_controls, to_components
+from ui.controls import bound_number, build_strategy_panel, chosen, chosen_name, run_controls, to_components
 from ui.exports import export_file, stamp
 from ui.perplexity_tab import JobClock, check_budget, doc_limits, max_tokens_input, token_counts
 from ui.runner import Finished, ModelRunner, Outcome, TabWork, by_name, cancellable_by_clients, reporting
@@ -46,12 +46,15 @@ SEND_LABEL = "Send best to Compare"
 
 def tunable(strategy: str) -> list[str]:
     """The parameters the tuner can search for this strategy, in schema order."""
-    return [p.name for p in REGISTRY[strategy].params if p.tunable] if strategy in REGISTRY else []
+    try:
+        return [p.name for p in get_strategy(strategy).params if p.tunable]
+    except FeedbackError:  # none, or a name no strategy has
+        return []
 
 
 def searchable(values: dict) -> dict:
-    """Tune's "search these" box for a newly chosen strategy: its tunable parameters, all ticked."""
-    names = tunable(values["strategy"])
+    """Tune's "search these" box for a newly chosen strategy or stack: its tunable parameters, all ticked."""
+    names = tunable(chosen_name(values) or "")
     return gr.update(choices=names, value=names)
 
 
@@ -75,7 +78,7 @@ def kept_best(source: str, strategy: str, params: dict, num_layers: int, delta_p
     """A job's best point as the tab keeps it for "Send best to Compare": the job that found it
     ("Sweep", "Tune"), the strategy, every parameter with defaults filled in (a Compare column takes
     a whole set: one left out would keep whatever the column had) and its ΔPPL."""
-    return {"source": source, "strategy": strategy, "params": REGISTRY[strategy].validate(params, num_layers),
+    return {"source": source, "strategy": strategy, "params": get_strategy(strategy).validate(params, num_layers),
             "delta_pct": delta_pct}
 
 
@@ -242,14 +245,14 @@ class SweepTab:
     def prepare(self, values: dict) -> SweepWork:
         """Live ΔPPL heatmap over a grid of one or two parameters (baseline computed once)."""
         lm = self.pool.get()
-        strategy = values["strategy"]
+        strategy, params = chosen(values)
         axes = [g for g in (values["grid_x"], values["grid_y"]) if g and g.strip()]
         grid = parse_grid(axes, strategy, lm.num_layers)
         points = math.prod(len(v) for v in grid.values())
         if points > SERVED_MAX_POINTS:
             raise FeedbackError(f"the grid has {points} points; the page runs at most {SERVED_MAX_POINTS} "
                                 "(use `python -m feedback sweep` for larger grids)")
-        fixed = {k: v for k, v in self.panel.params_named(strategy, values).items() if k not in grid}
+        fixed = {k: v for k, v in params.items() if k not in grid}
         base = scoring_config(values, strategy, fixed, **doc_limits(values))
         base.validate(lm.context_length)
         docs = load_named(values)
@@ -265,12 +268,12 @@ class SweepTab:
         """Search the ticked parameters for the lowest ΔPPL (the others keep the values above); on
         builtin:dev, the best point is then scored once on builtin:test."""
         lm = self.pool.get()
-        strategy, source = values["strategy"], values["source"]
+        (strategy, params), source = chosen(values), values["source"]
         trials, seed = TRIALS.check(values["trials"]), SEED.check(values["seed"])
         searched = [n for n in (values["search"] or []) if n in tunable(strategy)]
         if not searched:
             raise FeedbackError("tick at least one parameter to search")
-        fixed = {k: v for k, v in self.panel.params_named(strategy, values).items() if k not in searched}
+        fixed = {k: v for k, v in params.items() if k not in searched}
         fixed = parse_fixed(fixed, strategy, lm.num_layers)
         search_space(strategy, lm.num_layers, fixed)
         base = scoring_config(values, strategy, fixed, **doc_limits(values))
@@ -422,8 +425,9 @@ class SweepTab:
                                  concurrency_limit=None, show_progress="hidden")
         self.stop.click(self.stop_run, None, stop_ack, api_name="stop_sweep", concurrency_limit=None,
                         show_progress="hidden")
-        self.panel.strategy.change(by_name(searchable, ["strategy"]), inputs_kwargs={"strategy": self.panel.strategy},
-                                   outputs=search, api_name=False, queue=False, show_progress="hidden")
+        gr.on([self.panel.strategy.change, self.panel.stack.change], by_name(searchable, ["strategy", "stack"]),
+              inputs_kwargs={"strategy": self.panel.strategy, "stack": self.panel.stack}, outputs=search,
+              api_name=False, queue=False, show_progress="hidden")
         tune_inputs = {**texts, "search": search, "mode": mode, "passes": passes, "max_docs": max_docs,
                        "max_tokens_per_doc": max_tokens, "trials": trials, "seed": seed, **strategy_controls}
         tune_handler = self.runner.wrap(TUNE, self.prepare_tune, list(tune_inputs), status=self.tune_status)

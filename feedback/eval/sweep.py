@@ -82,7 +82,9 @@ def run_sweep(lm: LoadedModel, docs: list[Document], strategy: str, grid: dict[s
 def is_noop(strategy: str, params: dict) -> bool:
     """Whether these parameters switch the strategy off (its strength is 0): such a point measures
     the baseline again, so it can never be "the best setting"."""
-    return params.get(get_strategy(strategy).strength_param) == 0
+    cls = get_strategy(strategy)
+    known = {p.name for p in cls.params}
+    return cls.switched_off({k: v for k, v in params.items() if k in known})
 
 
 def best_point(rows: list[dict], strategy: str, fixed: dict | None = None) -> dict | None:

@@ -146,10 +146,9 @@ def parse_fixed(fixed: dict | list | None, strategy: str, num_layers: int) -> di
     searched_names(strategy, given)
     values = get_strategy(strategy).validate(given, num_layers)
     out = {k: values[k] for k in given}
-    cls = get_strategy(strategy)
-    if cls.strength_param in out and is_noop(strategy, out):
-        raise FeedbackError(f"{cls.strength_param}=0 switches {strategy} off: every trial would measure the "
-                            "baseline again")
+    if is_noop(strategy, out):
+        raise FeedbackError(f"{get_strategy(strategy).off_settings()} switches {strategy} off: every trial "
+                            "would measure the baseline again")
     return out
 
 

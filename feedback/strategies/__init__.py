@@ -1,6 +1,7 @@
 """Feedback strategies: one file each, one interface (`base.Strategy`), looked up by name here."""
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from feedback.errors import FeedbackError
@@ -11,6 +12,7 @@ from feedback.strategies.inner_loop import InnerLoopStrategy
 from feedback.strategies.residual import ResidualStrategy
 from feedback.strategies.restate import RestateStrategy
 from feedback.strategies.soft_token import SoftTokenStrategy
+from feedback.strategies.stack import SEP, StackStrategy, is_stack_name, stack_class
 
 REGISTRY: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (ResidualStrategy, SoftTokenStrategy, DeepCacheStrategy, AnchorStrategy,
@@ -19,17 +21,31 @@ REGISTRY: dict[str, type[Strategy]] = {
 
 
 def get_strategy(name: str) -> type[Strategy]:
+    """A strategy class by name; `a+b` is the stack of a then b (see `feedback.strategies.stack`)."""
     if not isinstance(name, str):
         raise FeedbackError(f"a strategy is named by text, got {name!r}")
+    if is_stack_name(name):
+        return _stack(tuple(part.strip() for part in name.split(SEP)))
     try:
         return REGISTRY[name]
     except KeyError:
-        raise FeedbackError(f"unknown strategy {name!r}; available: {', '.join(sorted(REGISTRY))}") from None
+        raise FeedbackError(f"unknown strategy {name!r}; available: {', '.join(sorted(REGISTRY))}, "
+                            f"or several joined by {SEP!r} (a stack, e.g. inner_loop{SEP}deep_cache)") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _stack(names: tuple[str, ...]) -> type[StackStrategy]:
+    """One class per member list, so a stack's class compares equal across calls."""
+    return stack_class([get_strategy(n) if n else _empty_member() for n in names])
+
+
+def _empty_member():
+    raise FeedbackError(f"a stack joins strategy names with {SEP!r}; one of its names is empty")
 
 
 def build_strategy(name: str, params: dict[str, Any], num_layers: int) -> Strategy:
     return get_strategy(name)(params, num_layers)
 
 
-__all__ = ["BatchView", "Param", "Phase", "Preset", "PromptStrategy", "Strategy", "REGISTRY", "get_strategy",
+__all__ = ["BatchView", "Param", "Phase", "Preset", "PromptStrategy", "Strategy", "StackStrategy", "REGISTRY", "SEP", "get_strategy",
            "build_strategy"]

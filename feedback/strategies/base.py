@@ -270,6 +270,17 @@ class Strategy(ABC):
         }
 
     @classmethod
+    def switched_off(cls, values: dict[str, Any]) -> bool:
+        """Whether these (possibly partial) settings switch the strategy off (its strength is 0): the
+        row is then the baseline again."""
+        return values.get(cls.strength_param) == 0
+
+    @classmethod
+    def off_settings(cls) -> str:
+        """The setting that switches it off, as text ("alpha=0")."""
+        return f"{cls.strength_param}=0"
+
+    @classmethod
     def preset_values(cls, name: str, num_layers: int) -> dict[str, Any]:
         """Every parameter's value under a named preset (defaults for the ones it does not name)."""
         preset = next((p for p in cls.presets if p.name == name), None)

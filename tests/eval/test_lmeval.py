@@ -57,9 +57,14 @@ def test_registered_under_its_name_and_built_from_model_args(tiny_lm):
         FeedbackLM(lm=tiny_lm, strategy="restate").loglikelihood_rolling([_rolling(TEXT)], disable_tqdm=True)
 
 
+# A stack (inner_loop then deep_cache) is scored and decoded as any strategy is.
+STACK_CASE = ("inner_loop+deep_cache", {"inner_loop.beta": 0.6, "deep_cache.lam": 0.3, "deep_cache.gate": -1.0})
+
+
 @pytest.mark.parametrize("strategy, params, mode", [
     (None, {}, None), ("deep_cache", {"lam": 0.3}, "parallel"), ("residual", {"alpha": 0.2}, "jacobi"),
-    ("residual", {"alpha": 0.2}, "exact")])
+    ("residual", {"alpha": 0.2}, "exact"), STACK_CASE + ("parallel",),
+    ("residual+deep_cache", {"residual.alpha": 0.2, "deep_cache.lam": 0.3}, "jacobi")])
 def test_rolling_loglikelihood_is_the_perplexity_codes(tiny_lm, strategy, params, mode):
     """Overlapping windows (16 tokens, stride 6) over the prefix token and the text."""
     side = FeedbackLM(lm=tiny_lm, strategy=strategy, params=params, mode=mode, window=16, stride=6)
@@ -106,7 +111,7 @@ def test_loglikelihood_batched_baseline_and_every_mode_match_the_window_scorers(
 PROMPTS = ["Question: What is 2 + 2?\nAnswer:", "The sky is", "Once upon a time there was"]
 
 
-@pytest.mark.parametrize("strategy, params", [(None, {}), ("residual", {"alpha": 0.2})])
+@pytest.mark.parametrize("strategy, params", [(None, {}), ("residual", {"alpha": 0.2}), STACK_CASE])
 def test_greedy_generate_until_is_the_engines_row_text(tiny_lm, strategy, params):
     """The backend batches the prompts as rows of one run; each reply is the one the engine gives
     the prompt alone, and an `until` string cuts it (the row stops there)."""

@@ -136,6 +136,15 @@ def test_a_tiny_run_of_the_baseline_and_a_strategy_end_to_end(tiny_lm):
     assert [r["rows"] for r in again["items"]] == [r["rows"] for r in res["items"]]
 
 
+def test_a_stack_is_a_row_like_any_strategy(tiny_lm):
+    stack = RowSpec("stack", "inner_loop+deep_cache", {"inner_loop.beta": 0.6, "deep_cache.lam": 0.5})
+    cfg = RecallConfig(items=1, lengths=[96], depths=[50], max_new_tokens=2, bootstrap=50)
+    res = evaluate_recall(tiny_lm, cfg, [ROWS[0], stack])
+    assert list(res["rows"]) == ["baseline", "stack"] and res["tests"]["stack"]["gold_logprob"]["instances"] == 1
+    row = res["items"][0]["rows"]["stack"]
+    assert row["gold_scored_with_strategy"] and row["gold_logprob"] != res["items"][0]["rows"]["baseline"]["gold_logprob"]
+
+
 def test_the_budget_and_stop_end_a_job_before_or_between_prompts(tiny_lm):
     cfg = RecallConfig(items=2, lengths=[96], depths=[50], max_new_tokens=2)
     with pytest.raises(FeedbackError, match="FEEDBACK_BUDGET_SCORED_TOKENS.*It fits with items 1"):

@@ -66,6 +66,16 @@ def test_same_seed_same_trials_and_each_number_is_evaluate_s(tiny_lm):
     assert row["ci95"] == pytest.approx(direct["ci95"], rel=1e-12)
 
 
+def test_a_stack_is_tuned_jointly_and_each_number_is_evaluate_s(tiny_lm):
+    res = run(tiny_lm, "inner_loop+deep_cache", {"inner_loop.mode": "loop", "deep_cache.window": 64}, trials=3)
+    row = res["trials"][0]
+    assert {"inner_loop.beta", "deep_cache.lam"} <= set(row["params"]) and "deep_cache.window" not in row["params"]
+    params = {"inner_loop.mode": "loop", "deep_cache.window": 64, **row["params"]}
+    direct = evaluate(tiny_lm, DOCS, PPLConfig("inner_loop+deep_cache", params, bootstrap=200))
+    assert row["state"] == "complete" and row["delta_pct"] == pytest.approx(direct["delta_pct"], rel=1e-12)
+    assert res["best"]["strategy_params"]["deep_cache.window"] == 64
+
+
 def test_resume_continues_the_log_and_samples_what_one_run_would(tiny_lm, tmp_path):
     new: list[int] = []
     run(tiny_lm, trials=3, out_dir=tmp_path / "a")

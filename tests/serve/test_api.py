@@ -94,6 +94,28 @@ def test_inner_loop_and_restate_rows_and_inner_loop_perplexity(api):
     assert refused.status_code == 422 and "prompt-level" in refused.json()["error"]
 
 
+def test_a_stack_row_its_schema_and_its_perplexity(api):
+    client, _ = api
+    schema = client.get("/strategies", params={"stack": "inner_loop+deep_cache"}).json()
+    assert schema["stack"]["members"] == ["inner_loop", "deep_cache"] and "'+'" in schema["stacking"]
+    assert "deep_cache.lam" in {p["name"] for p in schema["stack"]["params"]}
+    r = client.post("/generate", json={
+        "prompt": "Name three rivers.", "max_new_tokens": 6,
+        "rows": [{"name": "plain"}, {"name": "both", "strategy": "inner_loop+deep_cache",
+                                      "params": {"inner_loop.mode": "euler", "deep_cache.lam": 0.1}}]})
+    assert r.status_code == 200, r.text
+    both = r.json()["rows"][1]
+    assert both["params"]["inner_loop.mode"] == "euler" and both["metrics"]["extra_layer_passes"] == 2 * 11
+    ppl = client.post("/ppl", json={"text": "Rivers carry water to the sea, and the sea returns it as rain.",
+                                    "strategy": "inner_loop+deep_cache", "bootstrap": 0})
+    assert ppl.status_code == 200 and ppl.json()["mode"] == "parallel", ppl.text
+    for body, message in [({"strategy": "restate+deep_cache"}, "cannot be stacked"),
+                          ({"strategy": "inner_loop+deep_cache", "params": {"lam": 0.1}}, "<strategy>.<parameter>")]:
+        refused = client.post("/generate", json={"prompt": "hi", **body})
+        assert refused.status_code == 422 and message in refused.json()["error"], refused.text
+    assert client.get("/strategies", params={"stack": "inner_loop+nope"}).status_code == 422
+
+
 def test_stream_ndjson_carries_every_step_and_the_final_result(api):
     client, _ = api
     with client.stream("POST", "/generate/stream", json={"prompt": "Count to five.", "max_new_tokens": 10}) as r:

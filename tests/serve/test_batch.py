@@ -83,7 +83,9 @@ def test_tasks_with_rows_of_their_own_prompts_and_conversations(tiny_lm, tmp_pat
     history = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}]
     rows = [{"name": "plain", "prompt": "Name a fruit."},
             {"name": "strong", "strategy": "residual", "params": {"alpha": 0.3}, "prompt": "Name one fruit. One word."},
-            {"name": "chat", "messages": history, "prompt": "And a fruit?"}]
+            {"name": "chat", "messages": history, "prompt": "And a fruit?"},
+            {"name": "stacked", "strategy": "inner_loop+deep_cache", "params": {"deep_cache.lam": 0.3},
+             "prompt": "Name a red fruit."}]
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text("\n".join([
         json.dumps({"id": "v", "rows": rows, "max_new_tokens": 4, "key_facts": ["apple"], "quality": True}),
@@ -102,6 +104,7 @@ def test_tasks_with_rows_of_their_own_prompts_and_conversations(tiny_lm, tmp_pat
     result = got["v"]["result"]
     assert [r["token_ids"] for r in result["rows"]] == [r.token_ids for r in direct.rows]
     assert result["config"]["rows"][2]["messages"] == history
+    assert result["rows"][3]["params"]["deep_cache.lam"] == 0.3 and result["rows"][3]["metrics"]["extra_layer_passes"]
     assert {"self_ppl", "key_fact_recall", "distinct_1"} <= set(result["rows"][0]["metrics"])
     assert got["shared"]["status"] == "ok" and got["shared"]["result"]["config"]["rows"][1]["system_prompt"]
     assert "needs a non-empty string field 'prompt'" in got["line3"]["error"]  # invalid lines are named by line

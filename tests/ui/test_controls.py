@@ -5,8 +5,8 @@ import gradio as gr
 import pytest
 
 from feedback.errors import FeedbackError
-from feedback.strategies import REGISTRY
-from ui.controls import CUSTOM, about, build_strategy_panel, component_for, matching_preset, parse_number
+from feedback.strategies import REGISTRY, get_strategy
+from ui.controls import CUSTOM, about, build_strategy_panel, chosen, component_for, matching_preset, parse_number
 
 
 def panel(context: str = "generate", selected: str = "residual"):
@@ -65,10 +65,8 @@ def test_matching_preset_and_about():
     assert "Custom settings" in about("soft_token", CUSTOM) and "recurrent" in about("soft_token", None)
 
 
-def test_params_for_and_layer_updates():
+def test_layer_updates():
     p = panel()
-    values = [c.value for c in p.components]
-    assert p.params_for("residual", values) == {"alpha": 0.1, "source_layer": 21, "target_layer": 9}
     updates = p.layer_updates(12)
     assert updates[p.component("residual", "source_layer")]["maximum"] == 11
     assert updates[p.component("residual", "source_layer")]["value"] == 8  # round(0.7 * 12)
@@ -123,22 +121,59 @@ def test_a_bound_number_box_takes_its_range_and_hint_from_the_bound():
 def test_strategy_controls_by_their_api_names():
     p = panel()
     named = p.named_inputs()
-    assert list(named) == p.api_names and named["residual_alpha"] is p.component("residual", "alpha")
+    assert list(named) == ["stack", *p.api_names] and named["residual_alpha"] is p.component("residual", "alpha")
     values = {name: c.value for name, c in named.items()} | {"prompt": "other values are left alone"}
     assert p.params_named("residual", values) == {"alpha": 0.1, "source_layer": 21, "target_layer": 9}
-    assert p.params_named("residual", values) == p.params_for("residual", [c.value for c in p.components])
+    assert chosen(values | {"strategy": "residual"}) == ("residual", {"alpha": 0.1, "source_layer": 21,
+                                                                      "target_layer": 9})
+    assert chosen(values | {"strategy": "none", "stack": "deep_cache"}) == (None, {})
+
+
+def test_a_second_strategy_stacks_after_the_first():
+    p = panel()
+    values = {name: c.value for name, c in p.named_inputs().items()}
+    name, params = chosen(values | {"strategy": "inner_loop", "stack": "deep_cache"})
+    assert name == "inner_loop+deep_cache" and params["deep_cache.lam"] == values["deep_cache_lam"]
+    assert set(params) == {q.name for q in get_strategy(name).params}
+    assert p.params_named(name, values) == params
+    # "Stack with" is offered after hidden-state strategies only, never the first one again
+    assert p.stack.visible and "residual" not in p.stack.choices[1:] and "restate" not in str(p.stack.choices)
+    shown = p.show("inner_loop+deep_cache", preset="tuned for perplexity")
+    assert shown[p.strategy] == "inner_loop" and shown[p.stack]["value"] == "deep_cache"
+    assert shown[p.stack]["choices"][0] == "none" and "inner_loop" not in shown[p.stack]["choices"]
+    assert shown[p.groups["inner_loop"]]["visible"] and shown[p.groups["deep_cache"]]["visible"]
+    assert not shown[p.groups["residual"]]["visible"]
+    assert shown[p.component("inner_loop", "beta")] == 0.08451 and shown[p.component("deep_cache", "lam")] == 0.02
+    assert shown[p.preset]["choices"] == ["visible effect", "tuned for perplexity", CUSTOM]
+    assert "a stack, applied in this order: inner_loop then deep_cache" in shown[p.about]
+    custom = p.show("inner_loop+deep_cache", params={"inner_loop.beta": 0.3, "deep_cache.lam": 0.2})
+    assert custom[p.preset]["value"] == CUSTOM and custom[p.component("deep_cache", "lam")] == 0.2
+    plain = p.show("restate")
+    assert not plain[p.stack]["visible"] and plain[p.stack]["value"] == "none"
+    with pytest.raises(FeedbackError, match="the page stacks two strategies"):
+        p.show("residual+anchor+deep_cache")
 
 
 def test_the_panel_handlers_take_their_values_by_name():
     with gr.Blocks() as demo:
         p = build_strategy_panel(30, "residual")
     events = list(demo.fns.values())
-    assert len(events) == 2 + len(p.components) and all(fn.input_keyword_names for fn in events)
-    on_preset = next(fn for fn in events if fn.input_keyword_names == ["strategy", "preset"])
-    shown = on_preset.fn(None, strategy="deep_cache", preset="tuned for perplexity")
+    # the two dropdowns, the preset, and one edit event per control
+    assert len(events) == 3 + len(p.components) and all(fn.input_keyword_names for fn in events)
+    on_preset = next(fn for fn in events if fn.input_keyword_names == ["strategy", "stack", "preset"])
+    shown = on_preset.fn(None, strategy="deep_cache", stack="none", preset="tuned for perplexity")
     assert shown[p.component("deep_cache", "lam")] == 0.02 and shown[p.preset]["value"] == "tuned for perplexity"
+    both = on_preset.fn(None, strategy="inner_loop", stack="deep_cache", preset="visible effect")
+    assert both[p.component("deep_cache", "lam")] == 0.1 and both[p.stack]["value"] == "deep_cache"
+    on_pick = [fn for fn in events if fn.fn.__name__ == "_on_strategy" or fn.input_keyword_names == ["strategy", "stack"]
+               and p.strategy in fn.outputs]
+    assert len(on_pick) == 2  # the first strategy and "Stack with" answer alike
+    picked = on_pick[0].fn(None, strategy="restate", stack="deep_cache")  # a prompt-level one does not stack
+    assert picked[p.strategy] == "restate" and picked[p.stack]["value"] == "none"
     edited = next(fn for fn in events if fn.outputs == [p.preset, p.about])
-    assert edited.fn(None, strategy="residual")[p.preset] == CUSTOM and edited.fn(None, strategy="none") == {}
+    assert edited.fn(None, strategy="residual", stack="none")[p.preset] == CUSTOM
+    assert edited.fn(None, strategy="none", stack="none") == {}
+    assert "inner_loop+deep_cache" in edited.fn(None, strategy="inner_loop", stack="deep_cache")[p.about]
 
 
 def test_a_work_view_maps_to_the_tab_components_by_name():

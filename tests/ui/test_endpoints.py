@@ -162,3 +162,18 @@ def test_reload_restores_the_prompt_and_every_setting(client):
         client.predict([], [], "plain", api_name="/reload")
     with pytest.raises(AppError, match="choose a run to reload"):
         client.predict([{"broken": True}], ["x"], "plain", api_name="/reload")
+
+
+def test_a_column_stacks_two_strategies_and_reloads_as_a_stack(client):
+    run = client.predict("Name a river.", max_new_tokens=5, c2_strategy="inner_loop", c2_stack="deep_cache",
+                         c2_deep_cache_lam=0.15, c2_inner_loop_mode="euler", api_name="/compare")[-1]
+    stacked = run["rows"][1]
+    assert stacked["strategy"] == "inner_loop+deep_cache" and stacked["params"]["deep_cache.lam"] == 0.15
+    assert stacked["params"]["inner_loop.mode"] == "euler" and stacked["metrics"]["extra_layer_passes"] == 22
+    hist = [{"id": run["run_id"], "created": "now", "result": run}]
+    out = client.predict(hist, [run["run_id"]], "plain", api_name="/reload")
+    assert "inner_loop" in out and 0.15 in out and "euler" in out  # the first strategy, both sets of controls
+    assert any(isinstance(v, dict) and v.get("value") == "deep_cache" and v.get("visible") for v in out)  # stack with
+    with pytest.raises(AppError, match="restate is prompt-level"):
+        client.predict("Name a river.", max_new_tokens=3, c2_strategy="restate", c2_stack="deep_cache",
+                       api_name="/compare")

@@ -93,6 +93,22 @@ def test_a_column_already_on_the_strategy_takes_it_under_a_name_no_other_column_
     assert out[col.panel.component("deep_cache", "lam")] == 0.05 and "lam=0.05" in out[col.heading]
 
 
+def test_a_stack_is_swept_on_its_members_parameters_and_sent_as_a_stack(app, tiny_lm):
+    from ui.sweep_tab import searchable
+
+    assert "deep_cache.lam" in searchable({"strategy": "inner_loop", "stack": "deep_cache"})["choices"]
+    updates = run_job(app, "sweep", strategy="inner_loop", stack="deep_cache", grid_x="deep_cache.lam=0,0.1",
+                      grid_y="", inner_loop_beta=0.3)
+    best = updates[-1][app.sweep.best]
+    assert best["strategy"] == "inner_loop+deep_cache" and best["params"]["deep_cache.lam"] == 0.1
+    assert best["params"]["inner_loop.beta"] == 0.3  # the fixed member keeps the value set above
+    out = send(app, "send_sweep_best", best)
+    col = app.compare.ui.cols[1]
+    assert out[col.panel.strategy] == "inner_loop" and out[col.panel.stack]["value"] == "deep_cache"
+    assert out[col.panel.component("deep_cache", "lam")] == 0.1 and out[col.panel.component("inner_loop", "beta")] == 0.3
+    assert "inner_loop+deep_cache" in out[col.heading]
+
+
 def test_a_finished_tune_sends_its_best_trial(app, tiny_lm):
     # lam is searched over 0.002 to 0.3 (never the baseline's 0), and a first trial is never pruned: a best exists
     updates = run_job(app, "tune", strategy="deep_cache", search=["lam"], trials=2, seed=0)

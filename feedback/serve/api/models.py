@@ -5,7 +5,7 @@ from fastapi import APIRouter, Depends, Query
 
 from feedback.serve.api.deps import Pool, require_key
 from feedback.serve.api.schemas import ERRORS
-from feedback.strategies import REGISTRY
+from feedback.strategies import REGISTRY, SEP, get_strategy
 
 router = APIRouter()
 keyed = {"dependencies": [Depends(require_key)], "responses": ERRORS}
@@ -32,7 +32,14 @@ def models(pool: Pool) -> dict:
 
 @router.get("/strategies", summary="feedback strategies and parameter schemas", **keyed)
 def strategies(pool: Pool, model: str | None = Query(None, description="layer bounds are this model's; default "
-                                                                         "model if null")) -> dict:
+                                                                         "model if null"),
+               stack: str | None = Query(None, description="also the schema of this stack (strategies joined by "
+                                                            "'+', e.g. inner_loop+deep_cache)")) -> dict:
     lm = pool.get(model)
-    return {"model": lm.name, "layers": lm.num_layers,
-            "strategies": [cls.schema(lm.num_layers) for cls in REGISTRY.values()]}
+    out = {"model": lm.name, "layers": lm.num_layers,
+           "strategies": [cls.schema(lm.num_layers) for cls in REGISTRY.values()],
+           "stacking": f"join hidden-state strategies with '{SEP}' to apply them in that order on one row; "
+                       "the stack's parameters are its members', named <strategy>.<param>"}
+    if stack is not None:
+        out["stack"] = get_strategy(stack).schema(lm.num_layers)
+    return out

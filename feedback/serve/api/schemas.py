@@ -54,6 +54,11 @@ class DeepConfIn(_Body):
     threshold: float | None = Field(None, description="early stop when group confidence falls below; null = off")
 
 
+# Every field that names a strategy takes a stack too.
+STRATEGY_HELP = ("a strategy (GET /api/strategies), or several joined by '+', applied in that order (a stack, "
+                 "e.g. inner_loop+deep_cache, whose params are named <strategy>.<param>)")
+
+
 class MessageIn(_Body):
     role: Literal["system", "user", "assistant"]
     content: str = Field(max_length=MAX_PROMPT_CHARS)
@@ -61,7 +66,7 @@ class MessageIn(_Body):
 
 class RowIn(_Body):
     name: Name
-    strategy: str | None = Field(None, description="null for a plain baseline row")
+    strategy: str | None = Field(None, description=f"null for a plain baseline row; {STRATEGY_HELP}")
     params: Params
     seed_offset: int = Field(0, **within(SMALL_SEED), description="rows with equal offsets share random draws")
     threshold: float | None = Field(None, description="this row's early-stop threshold; null: the run's")
@@ -107,7 +112,7 @@ class _RunFields(_Body):
 
 
 class GenerateIn(_RunFields):
-    strategy: str = Field("residual", description="the feedback row's strategy (GET /api/strategies)")
+    strategy: str = Field("residual", description=f"the feedback row's strategy: {STRATEGY_HELP}")
     params: Params
     rows: list[RowIn] | None = Field(None, min_length=1, max_length=SERVED_MAX_ROWS,
                                      description="explicit rows; overrides strategy/params (default: "
@@ -166,7 +171,7 @@ class BranchIn(FollowUpIn):
 class PPLIn(_Body):
     text: str = Field(min_length=1, max_length=SERVED_TEXT_MAX_CHARS)
     model: str | None = None
-    strategy: str | None = Field(None, description="null: baseline perplexity only")
+    strategy: str | None = Field(None, description=f"null: baseline perplexity only; {STRATEGY_HELP}")
     params: Params
     mode: Literal["exact", "parallel", "jacobi"] | None = Field(
         None, description="null: parallel for non-recurrent strategies, jacobi for recurrent ones")
@@ -194,7 +199,7 @@ class CalibrateIn(_Body):
         None, min_length=MIN_QUESTIONS, max_length=SERVED_MAX_QUESTIONS,
         description="questions with gold answers, split dev (even positions) / test (odd); null: the built-in 16")
     model: str | None = None
-    strategy: str = Field(CalibrationConfig.strategy, description="the feedback row's strategy (GET /api/strategies)")
+    strategy: str = Field(CalibrationConfig.strategy, description=f"the feedback row's strategy: {STRATEGY_HELP}")
     params: Params
     samples: int = Field(CalibrationConfig.samples, **within(TRACES),
                          description="sampled traces per question per row (baseline and feedback)")
