@@ -83,6 +83,18 @@ def _add_strategy_args(p, default: str | None, required: bool = False) -> None:
                    help="a strategy parameter; a stack's are named STRATEGY.PARAM (deep_cache.lam=0.05)")
 
 
+def _add_trace_args(p) -> None:
+    """Sampled traces with DeepConf's confidence (Deep Think and calibration): numbers default to None,
+    so a flag left out keeps the command's config default."""
+    p.add_argument("--window", type=int, help="DeepConf group window (tokens)")
+    p.add_argument("--k", type=int, help="DeepConf top-k for token confidence")
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--answer-regex", default=None, help="regex for the answer (first group, else the match)")
+
+
 def _named(text: str) -> tuple[str, str]:
     """NAME=TEXT (the text may itself hold '=')."""
     name, sep, value = text.partition("=")
@@ -834,13 +846,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--traces", type=int, help="online traces per side")
     p.add_argument("--warmup", type=int, help="warm-up traces per side for calibration")
     p.add_argument("--eta", type=float, help="share of traces kept, %% (10: DeepConf-low, 90: high)")
-    p.add_argument("--window", type=int, help="DeepConf group window (tokens)")
-    p.add_argument("--k", type=int, help="DeepConf top-k for token confidence")
-    p.add_argument("--max-new-tokens", type=int)
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--answer-regex", default=None, help="regex for the answer (first group, else the match)")
+    _add_trace_args(p)
     p.add_argument("--expected", default=None, help="the right answer to --prompt: marks traces and votes")
     p.add_argument("--shared-threshold", action="store_true", help="one threshold from both sides' warm-up")
     p.add_argument("--check", action="store_true", help="finish stopped traces to measure tokens saved")
@@ -865,16 +871,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_strategy_args(p, "residual")
     # Numbers default to None: a flag left out keeps CalibrationConfig's own default (see `_given`).
     p.add_argument("--samples", type=int, help="sampled traces per question per row (default 8)")
-    p.add_argument("--max-new-tokens", type=int)
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--window", type=int, help="DeepConf group window (tokens; default 16)")
-    p.add_argument("--k", type=int, help="DeepConf top-k for token confidence")
     p.add_argument("--eta", type=float, action="append", default=None,
                    help="share of traces the early-stop threshold keeps, %%; repeat (default 10 and 90)")
     p.add_argument("--bins", type=int, help="reliability bins (default 10)")
-    p.add_argument("--answer-regex", default=None, help="regex for the answer (first group, else the match)")
+    _add_trace_args(p)
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--out", default=None, help="also write the whole result (every trace) as JSON here")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON instead of the table")

@@ -277,7 +277,7 @@ def build_strategy_panel(num_layers: int, selected: str = "residual", prefix: st
     stack_names = stackable(names)
     stack = gr.Dropdown([NONE, *(n for n in stack_names if n != selected)], value=NONE, label="Stack with",
                         elem_id=f"{prefix}-stack", visible=selected in stack_names,
-                        info="a second strategy applied after the first on the same row (both sets of controls show)")
+                        info="a second strategy, applied after the first on the same row")
     note = gr.Markdown(about(selected, preset) if has else NONE_ABOUT, elem_id=f"{prefix}-about")
     groups, components, keys = {}, [], []
     for name in names:

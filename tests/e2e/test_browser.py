@@ -531,6 +531,24 @@ def test_a_column_temperature_starts_empty_and_shows_in_its_heading(page: Page):
     expect(page.locator("#col1-heading")).not_to_contain_text("temperature")
 
 
+def test_a_column_stacks_a_second_strategy_after_the_first(page: Page):
+    column_settings(page, 2)
+    choose(page, "c2-strategy", "inner_loop")
+    choose(page, "c2-stack", "deep_cache")
+    expect(page.locator("#c2-inner_loop-beta input").first).to_be_visible()  # both sets of controls show
+    expect(page.locator("#c2-deep_cache-lam input").first).to_be_visible()
+    expect(page.locator("#c2-about")).to_contain_text("applied in this order: inner_loop then deep_cache")
+    set_number(page, "c2-deep_cache-lam", 0.05)
+    expect(page.locator("#c2-preset input")).to_have_value("custom")
+    column_settings(page, 2)
+    generate(page, "Name a river.", tokens=6)
+    expect(page.locator("#col2-heading")).to_contain_text("inner_loop+deep_cache")
+    expect(page.locator("#col2-heading")).to_contain_text("deep_cache.lam=0.05")
+    column_settings(page, 2)
+    choose(page, "c2-strategy", "restate")  # prompt-level: nothing to stack it with
+    expect(page.locator("#c2-stack")).to_be_hidden()
+
+
 def test_reload_from_history_restores_every_control(page: Page):
     accordion(page, "Sampling")
     set_number(page, "temperature", 0.5)
