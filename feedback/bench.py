@@ -1,7 +1,10 @@
 """`python -m feedback bench`: the engine's speed ratios against their targets, measured in one run.
 
-Ratios, not absolute timings, are the point: each compares two measurements taken moments apart on
-the same machine, the median of several repeats. They are reported, never asserted.
+Ratios, not absolute timings, are the point, and each is measured the same way: the two sides run
+in turn (A B A B …) for several rounds, so a drift in machine load hits both alike; each side is
+timed in CPU time of this process (every thread), which a neighbour's load disturbs far less than
+wall time; a ratio is taken per round, and the bench reports their median with the lowest and
+highest beside it (`spread`). The load average before and after is stated. Reported, never asserted.
 """
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from transformers import DynamicCache
@@ -47,49 +52,76 @@ def _median(fn, repeats: int) -> float:
     return statistics.median(fn() for _ in range(repeats))
 
 
-def _interleaved(a, b, repeats: int) -> tuple[float, float]:
-    """Medians of a and b timed in turn (a b a b ...), so a drift in machine load hits both alike."""
-    times = [(a(), b()) for _ in range(repeats)]
-    return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+@dataclass
+class Ratio:
+    """A / B measured in `rounds` rounds, A then B in each: the median of the per-round ratios, their
+    lowest and highest, and each side's median cost (CPU seconds)."""
+
+    median: float
+    low: float
+    high: float
+    a: float
+    b: float
+    rounds: int
+
+
+def ratio(a: Callable[[], float], b: Callable[[], float], rounds: int) -> Ratio:
+    """Time a and b in turn (a b a b ...); each returns its own cost in CPU seconds."""
+    pairs = [(a(), b()) for _ in range(max(1, rounds))]
+    per_round = [x / y for x, y in pairs]
+    return Ratio(statistics.median(per_round), min(per_round), max(per_round),
+                 statistics.median(x for x, _ in pairs), statistics.median(y for _, y in pairs), len(pairs))
+
+
+def _cpu() -> float:
+    """CPU seconds of this process, every thread (torch's workers included)."""
+    return time.process_time()
 
 
 def _engine_step_s(lm: LoadedModel, rows: list[RowSpec], tokens: int, prompt: str = BENCH_PROMPT,
                    chat_template: bool = True) -> float:
-    """Mean wall time of the decode steps after the first (the first one carries the prefill)."""
-    result = run_to_end(lm, RunConfig(prompt=prompt, max_new_tokens=tokens, rows=rows, chat_template=chat_template))
-    steps = result.rows[0].steps[1:]
-    return sum(s.time_ms for s in steps) / len(steps) / 1000.0
+    """Mean CPU time of the decode steps after the first (the first one carries the prefill): the
+    engine hands its observer the logits of every forward, so the clock is read there."""
+    marks: list[float] = []
+    run_to_end(lm, RunConfig(prompt=prompt, max_new_tokens=tokens, rows=rows, chat_template=chat_template),
+               observer=lambda step, live, logits: marks.append(_cpu()))
+    if len(marks) < 2:
+        raise RuntimeError("the run stopped after its first token: no decode step to time")
+    return (marks[-1] - marks[0]) / (len(marks) - 1)
 
 
-def _engine_wall_s(lm: LoadedModel, tokens: int) -> tuple[float, list[int]]:
-    t = time.perf_counter()
+def _engine_run(lm: LoadedModel, tokens: int) -> tuple[float, list[int]]:
+    """CPU seconds of a whole one-row greedy run, and its tokens."""
+    t = _cpu()
     result = run_to_end(lm, RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=[RowSpec("baseline")]))
-    return time.perf_counter() - t, result.rows[0].token_ids
+    return _cpu() - t, result.rows[0].token_ids
 
 
-def _generate_wall_s(lm: LoadedModel, tokens: int) -> tuple[float, list[int]]:
+def _generate_run(lm: LoadedModel, tokens: int) -> tuple[float, list[int]]:
+    """CPU seconds of `model.generate` on the same prompt, greedy, and its tokens."""
     ids = torch.tensor([lm.encode(BENCH_PROMPT)], device=lm.device)
     with torch.inference_mode():
-        t = time.perf_counter()
+        t = _cpu()
         out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False,
                                 pad_token_id=lm.tokenizer.eos_token_id)
-        elapsed = time.perf_counter() - t
+        elapsed = _cpu() - t
     return elapsed, out[0, ids.shape[1]:].tolist()
 
 
-def _raw_step_s(lm: LoadedModel, batch: int, tokens: int) -> float:
-    """A bare batched forward per step on a real cache: no sampling, metrics, hooks or records."""
+def _raw_step_s(lm: LoadedModel, batch: int, tokens: int, clock: Callable[[], float] = _cpu) -> float:
+    """A bare batched forward per step on a real cache (no sampling, metrics, hooks or records), in
+    CPU seconds (or by another `clock`)."""
     ids = torch.tensor([lm.encode(BENCH_PROMPT)], device=lm.device)
     with torch.inference_mode():
         cache = DynamicCache(config=lm.model.config)
         out = lm.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         cache.batch_repeat_interleave(batch)
         tok = out.logits[:, -1].argmax(-1).repeat(batch)[:, None]
-        t = time.perf_counter()
+        t = clock()
         for _ in range(tokens - 1):
             out = lm.model(input_ids=tok, cache=cache, use_cache=True)
             tok = out.logits[:, -1].argmax(-1)[:, None]
-        return (time.perf_counter() - t) / (tokens - 1)
+        return (clock() - t) / (tokens - 1)
 
 
 def prompt_of(lm: LoadedModel, tokens: int) -> str:
@@ -102,46 +134,42 @@ def prompt_of(lm: LoadedModel, tokens: int) -> str:
     return lm.tokenizer.decode(ids)
 
 
-def scaling(lm: LoadedModel, tokens: int, repeats: int, shapes=SCALING) -> dict:
-    """Decode step of N plain rows ÷ one row on the same T-token prompt, timed in turn."""
+def scaling(lm: LoadedModel, tokens: int, repeats: int, shapes=SCALING) -> dict[str, Ratio]:
+    """Decode step of N plain rows ÷ one row on the same T-token prompt."""
     out = {}
     for rows, ctx in shapes:
         prompt = prompt_of(lm, ctx)
         many = [RowSpec(f"r{i}") for i in range(rows)]
-        one, n = _interleaved(lambda: _engine_step_s(lm, many[:1], tokens, prompt, False),
-                              lambda: _engine_step_s(lm, many, tokens, prompt, False), repeats)
-        out[f"rows{rows}_ctx{ctx}_vs_row1"] = n / one
-        out.setdefault("step_ms_scaling", {})[f"rows{rows}_ctx{ctx}"] = {"one_row": one * 1e3, "rows": n * 1e3}
+        out[f"rows{rows}_ctx{ctx}_vs_row1"] = ratio(lambda: _engine_step_s(lm, many, tokens, prompt, False),
+                                                    lambda: _engine_step_s(lm, many[:1], tokens, prompt, False),
+                                                    repeats)
     return out
 
 
 def deepthink_throughput(lm: LoadedModel, tokens: int, repeats: int, traces: int = DEEPTHINK[0],
                          ctx: int = DEEPTHINK[1]) -> dict:
     """Deep Think's shape: `traces` sampled traces of one `ctx`-token prompt, decoded as one batched
-    run, against the same traces run one by one (each with its own seed offset, so the same tokens).
-    Throughput in trace-tokens per second of wall time."""
+    run, against the same traces run one by one (each with its own seed offset, so the same tokens):
+    the speedup in trace-tokens per CPU second."""
     from feedback.core.sampling import SamplingConfig
 
     prompt = prompt_of(lm, ctx)
     rows = [RowSpec(f"t{i}", seed_offset=i) for i in range(traces)]
     sampling = SamplingConfig(temperature=0.7, top_p=0.95)
 
-    def run(specs) -> tuple[float, int]:
-        t = time.perf_counter()
-        res = run_to_end(lm, RunConfig(prompt=prompt, max_new_tokens=tokens, rows=specs, chat_template=False,
-                                       sampling=sampling))
-        return time.perf_counter() - t, sum(len(r.token_ids) for r in res.rows)
+    def per_token(specs_list: list[list[RowSpec]]) -> float:
+        """CPU seconds per trace-token of these runs, one after another."""
+        t, n = _cpu(), 0
+        for specs in specs_list:
+            res = run_to_end(lm, RunConfig(prompt=prompt, max_new_tokens=tokens, rows=specs, chat_template=False,
+                                           sampling=sampling))
+            n += sum(len(r.token_ids) for r in res.rows)
+        return (_cpu() - t) / n
 
-    def separate() -> tuple[float, int]:
-        parts = [run([spec]) for spec in rows]
-        return sum(p[0] for p in parts), sum(p[1] for p in parts)
-
-    batched, one_by_one = zip(*[(run(rows), separate()) for _ in range(repeats)])
-    b_wall, b_tok = statistics.median(w for w, _ in batched), batched[0][1]
-    s_wall, s_tok = statistics.median(w for w, _ in one_by_one), one_by_one[0][1]
     name = f"deepthink{traces}"
-    return {f"{name}_batched_tok_s": b_tok / b_wall, f"{name}_separate_tok_s": s_tok / s_wall,
-            f"{name}_speedup": (b_tok / b_wall) / (s_tok / s_wall), "deepthink_shape": [traces, ctx]}
+    # speedup = separate cost per token ÷ batched cost per token
+    return {f"{name}_speedup": ratio(lambda: per_token([[spec] for spec in rows]), lambda: per_token([rows]), repeats),
+            "deepthink_shape": [traces, ctx]}
 
 
 def batch_invariance(lm: LoadedModel, tokens: int = 24) -> dict:
@@ -160,17 +188,16 @@ def batch_invariance(lm: LoadedModel, tokens: int = 24) -> dict:
             "rows2_vs_alone_max_abs": gap(two), "rows16_vs_alone_max_abs": gap(sixteen)}
 
 
-def _quality_overhead(lm: LoadedModel, tokens: int, repeats: int) -> float:
-    """Wall time of a baseline + feedback run with the forward-pass quality metrics (self and prompt
+def _quality_overhead(lm: LoadedModel, tokens: int, repeats: int) -> Ratio:
+    """CPU time of a baseline + feedback run with the forward-pass quality metrics (self and prompt
     perplexity) ÷ the same run without them."""
-    def wall(quality: bool) -> float:
+    def run(quality: bool) -> float:
         rows = [RowSpec("baseline"), RowSpec("feedback", "residual", {})]
-        t = time.perf_counter()
+        t = _cpu()
         run_to_end(lm, RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=rows, quality=quality))
-        return time.perf_counter() - t
+        return _cpu() - t
 
-    with_metrics, without = _interleaved(lambda: wall(True), lambda: wall(False), repeats)
-    return with_metrics / without
+    return ratio(lambda: run(True), lambda: run(False), repeats)
 
 
 def _bandwidth_gbs() -> float:
@@ -203,58 +230,76 @@ def _cold_start_s(dtype: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def measure(tokens: int = 64, repeats: int = 3, dtype: str = "auto", lm: LoadedModel | None = None,
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
+
+
+def measure(tokens: int = 64, repeats: int = 5, dtype: str = "auto", lm: LoadedModel | None = None,
             quick: bool = False) -> dict:
     lm = lm or load_model("embedded", dtype=dtype)
+    load_before = _load()
     base, fb = RowSpec("baseline"), RowSpec("feedback", "residual", {})
     _engine_step_s(lm, [base, fb], 8)  # warm-up (allocator, kernels)
-    # interleaved (generate, engine, generate, ...) so a drift in machine load hits both sides alike
-    pairs = [(_generate_wall_s(lm, tokens), _engine_wall_s(lm, tokens)) for _ in range(repeats)]
-    (gen_s, gen_tokens), (eng_s, eng_tokens) = (zip(*side) for side in zip(*pairs))
-    pair = _median(lambda: _engine_step_s(lm, [base, fb], tokens), repeats)
-    twin = _median(lambda: _engine_step_s(lm, [base, RowSpec("baseline2")], tokens), repeats)
-    raw2 = _median(lambda: _raw_step_s(lm, 2, tokens), repeats)
-    raw1 = _median(lambda: _raw_step_s(lm, 1, tokens), repeats)
-    single = _median(lambda: _engine_step_s(lm, [base], tokens), repeats)
-    # rows with their own prompts: left-padded into one batch (mask and position ids every step)
-    mixed, shared = _interleaved(lambda: _engine_step_s(lm, [RowSpec("short", prompt=SHORT_PROMPT),
-                                                             RowSpec("long", prompt=BENCH_PROMPT)], tokens),
-                                 lambda: _engine_step_s(lm, [RowSpec("a"), RowSpec("b")], tokens), repeats)
+    gen_tokens, eng_tokens = [], []
+
+    def side(fn, seen: list) -> float:
+        cost, ids = fn(lm, tokens)
+        seen.append(ids)
+        return cost
+
     four = [base] + [RowSpec(f"alpha{a}", "residual", {"alpha": a}) for a in (0.05, 0.1, 0.2)]
-    rows4, raw4 = _interleaved(lambda: _engine_step_s(lm, four, tokens), lambda: _raw_step_s(lm, 4, tokens),
-                               repeats)
-    quality = _quality_overhead(lm, 2 * tokens, repeats)
-    grows = scaling(lm, max(4, tokens // 4), repeats, QUICK_SCALING if quick else SCALING)
+    ratios: dict[str, Ratio] = {
+        # generate's CPU time ÷ the engine's for the same greedy run (above 1: the engine is faster)
+        "baseline_vs_generate": ratio(lambda: side(_generate_run, gen_tokens), lambda: side(_engine_run, eng_tokens),
+                                      repeats),
+        "side_by_side_overhead": ratio(lambda: _engine_step_s(lm, [base, fb], tokens),
+                                       lambda: _raw_step_s(lm, 2, tokens), repeats),
+        "feedback_row_overhead": ratio(lambda: _engine_step_s(lm, [base, fb], tokens),
+                                       lambda: _engine_step_s(lm, [base, RowSpec("baseline2")], tokens), repeats),
+        "two_rows_vs_two_generations": ratio(lambda: _engine_step_s(lm, [base, fb], tokens),
+                                             lambda: 2 * _engine_step_s(lm, [base], tokens), repeats),
+        # rows with their own prompts: left-padded into one batch (mask and position ids every step)
+        "mixed_prompts_overhead": ratio(lambda: _engine_step_s(lm, [RowSpec("short", prompt=SHORT_PROMPT),
+                                                                    RowSpec("long", prompt=BENCH_PROMPT)], tokens),
+                                        lambda: _engine_step_s(lm, [RowSpec("a"), RowSpec("b")], tokens), repeats),
+        "rows4_vs_forward4": ratio(lambda: _engine_step_s(lm, four, tokens), lambda: _raw_step_s(lm, 4, tokens),
+                                   repeats),
+        "raw_batch2_vs_batch1": ratio(lambda: _raw_step_s(lm, 2, tokens), lambda: _raw_step_s(lm, 1, tokens),
+                                      repeats),
+        "quality_overhead": _quality_overhead(lm, 2 * tokens, repeats),
+    }
+    ratios |= scaling(lm, max(4, tokens // 4), repeats, QUICK_SCALING if quick else SCALING)
     deep = deepthink_throughput(lm, max(4, tokens // 4), repeats, *(QUICK_DEEPTHINK if quick else DEEPTHINK))
+    speedup = next(k for k in deep if k.endswith("_speedup"))
+    ratios[speedup] = deep.pop(speedup)
     invariance = batch_invariance(lm, max(4, tokens // 4))
     bandwidth = _bandwidth_gbs()
     weights = _weight_bytes(lm)
-    ideal = weights / (bandwidth * 1e9)
+    # the roofline is about time on the clock: the fastest of a few bare one-row steps, wall time
+    wall_step = min(_raw_step_s(lm, 1, tokens, time.perf_counter) for _ in range(max(1, repeats)))
     return {
-        "model": lm.name, "dtype": lm.dtype, "device": str(lm.device), "tokens": tokens, "repeats": repeats,
-        "threads": torch.get_num_threads(),
-        "same_tokens_as_generate": all(g == e for g, e in zip(gen_tokens, eng_tokens)),
-        "baseline_vs_generate": statistics.median(gen_s) / statistics.median(eng_s),
-        "side_by_side_overhead": pair / raw2,
-        "feedback_row_overhead": pair / twin,
-        "two_rows_vs_two_generations": pair / (2 * single),
+        "model": lm.name, "dtype": lm.dtype, "device": str(lm.device), "tokens": tokens, "rounds": repeats,
+        "threads": torch.get_num_threads(), "timing": "CPU time, sides interleaved per round",
+        "load_average": {"before": load_before, "after": _load()},
+        "same_tokens_as_generate": gen_tokens == eng_tokens,
+        **{key: r.median for key, r in ratios.items()},
+        "spread": {key: [r.low, r.high] for key, r in ratios.items()},
         "cold_start_s": _cold_start_s(lm.dtype),
-        "mixed_prompts_overhead": mixed / shared,
-        "rows4_vs_forward4": rows4 / raw4,
-        "quality_overhead": quality, "quality_tokens": 2 * tokens,
-        "roofline_fraction": ideal / single,
-        "step_ms": {"engine_baseline": single * 1e3, "engine_baseline_residual": pair * 1e3,
-                    "engine_baseline_baseline": twin * 1e3, "engine_two_prompts": mixed * 1e3,
-                    "engine_four_rows": rows4 * 1e3, "raw_batch1": raw1 * 1e3, "raw_batch2": raw2 * 1e3,
-                    "raw_batch4": raw4 * 1e3},
+        "quality_tokens": 2 * tokens,
+        # the weights read once at the copy bandwidth ÷ a bare one-row step's wall time
+        "roofline_fraction": weights / (bandwidth * 1e9) / wall_step, "raw_step_wall_ms": wall_step * 1e3,
+        # each ratio's two sides, medians: a decode step's CPU ms, or a whole run's (generate, quality), or
+        # CPU ms per trace-token (Deep Think)
+        "sides_cpu_ms": {key: {"a": r.a * 1e3, "b": r.b * 1e3} for key, r in ratios.items()},
         "weights_mb": weights / 2**20, "bandwidth_gbs": bandwidth,
-        "attention": lm.model.config._attn_implementation, **grows, **deep, "batch_invariance": invariance,
+        "attention": lm.model.config._attn_implementation, **deep, "batch_invariance": invariance,
     }
 
 
 def api_overhead(lm: LoadedModel, tokens: int = 64, repeats: int = 3) -> dict:
     """One baseline + feedback run through the HTTP API on a local server (streamed as NDJSON and
-    parsed by the client, or whole) against the same run on the engine in-process, wall time."""
+    parsed by the client, or whole) against the same run on the engine in-process. The server runs
+    in this process, so CPU time counts the engine, the server and the client alike."""
     import httpx
 
     from feedback.serve.api import local_server
@@ -263,33 +308,33 @@ def api_overhead(lm: LoadedModel, tokens: int = 64, repeats: int = 3) -> dict:
     rows = [RowSpec("baseline"), RowSpec("feedback", "residual", {})]
     body = {"prompt": BENCH_PROMPT, "max_new_tokens": tokens,
             "rows": [{"name": r.name, "strategy": r.strategy} for r in rows]}
+    seen: dict[str, list] = {}
 
-    def direct() -> tuple[float, list]:
-        t = time.perf_counter()
-        result = run_to_end(lm, RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=rows))
-        return time.perf_counter() - t, [r.token_ids for r in result.rows]
+    def timed(name: str, fn) -> float:
+        t = _cpu()
+        seen[name] = fn()
+        return _cpu() - t
+
+    def direct() -> list:
+        return [r.token_ids for r in run_to_end(lm, RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens,
+                                                              rows=rows)).rows]
 
     with local_server(ModelPool.serving(lm)) as url, httpx.Client(base_url=url + "/api", timeout=600) as client:
-        def streamed() -> tuple[float, list]:
-            t = time.perf_counter()
+        def streamed() -> list:
             with client.stream("POST", "/generate/stream", json=body) as r:
                 events = [json.loads(line) for line in r.iter_lines() if line]
-            return time.perf_counter() - t, [row["token_ids"] for row in events[-1]["result"]["rows"]]
+            return [row["token_ids"] for row in events[-1]["result"]["rows"]]
 
-        def whole() -> tuple[float, list]:
-            t = time.perf_counter()
-            data = client.post("/generate", json=body).json()
-            return time.perf_counter() - t, [row["token_ids"] for row in data["rows"]]
+        def whole() -> list:
+            return [row["token_ids"] for row in client.post("/generate", json=body).json()["rows"]]
 
         whole()  # warm-up: first request, server threads
-        runs = {name: [fn() for _ in range(repeats)] for name, fn in
-                (("engine", direct), ("stream", streamed), ("generate", whole))}
-    wall = {name: statistics.median(t for t, _ in r) for name, r in runs.items()}
-    tokens_seen = {name: r[0][1] for name, r in runs.items()}
-    return {"api_stream_vs_engine": wall["stream"] / wall["engine"],
-            "api_generate_vs_engine": wall["generate"] / wall["engine"],
-            "api_same_tokens": tokens_seen["stream"] == tokens_seen["engine"] == tokens_seen["generate"],
-            "api_wall_s": wall}
+        out = {"api_stream_vs_engine": ratio(lambda: timed("stream", streamed), lambda: timed("engine", direct),
+                                             repeats),
+               "api_generate_vs_engine": ratio(lambda: timed("generate", whole), lambda: timed("engine", direct),
+                                               repeats)}
+    return {**{k: r.median for k, r in out.items()}, "spread": {k: [r.low, r.high] for k, r in out.items()},
+            "api_same_tokens": seen["stream"] == seen["engine"] == seen["generate"]}
 
 
 def compare_dtypes(tokens: int = 64, repeats: int = 3) -> dict:
@@ -323,11 +368,12 @@ HOG = "import time\nwhile True: sum(range(10_000))"  # one busy core, like a nei
 
 
 def _step_in_process(threads: int, wait: str, tokens: int) -> float:
-    """A bare one-row decode step (ms) in a fresh process with these threads and wait policy (the
-    policy is read once, when torch loads, so it needs its own process)."""
+    """A bare one-row decode step (ms, wall time: what a neighbour's load costs is the point) in a fresh
+    process with these threads and wait policy (the policy is read once, when torch loads, so it
+    needs its own process)."""
     code = ("import torch, time; from feedback.core.model import load_model; from feedback.bench import _raw_step_s; "
             f"torch.set_num_threads({threads}); lm = load_model('embedded', dtype='float32'); _raw_step_s(lm, 1, 4); "
-            f"print(min(_raw_step_s(lm, 1, {tokens}) for _ in range(2)) * 1e3)")
+            f"print(min(_raw_step_s(lm, 1, {tokens}, time.perf_counter) for _ in range(2)) * 1e3)")
     env = {**os.environ, "OMP_WAIT_POLICY": wait}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return float(out.stdout.strip().splitlines()[-1])
@@ -356,11 +402,17 @@ def _verdict(key: str, value: float) -> str:
     return f"{op} {target}  {'ok' if ok else 'MISSED'}"
 
 
+def _line(report: dict, key: str, note: str) -> str:
+    low, high = report["spread"][key]
+    return f"{key:32} {report[key]:9.3f}  [{low:.3f}–{high:.3f}]  {note}"
+
+
 def run_bench(args) -> int:
     lm = load_model("embedded", dtype=args.dtype)
     report = measure(args.tokens, args.repeats, lm=lm, quick=getattr(args, "quick", False))
     if getattr(args, "api", False):
-        report |= api_overhead(lm, args.tokens, args.repeats)
+        api = api_overhead(lm, args.tokens, args.repeats)
+        report |= {**api, "spread": report["spread"] | api["spread"]}
     if getattr(args, "dtypes", False):
         report["dtypes"] = compare_dtypes()
     if getattr(args, "hog", False):
@@ -368,33 +420,38 @@ def run_bench(args) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
+    load = report["load_average"]
     print(f"model {report['model']} {report['dtype']} on {report['device']} ({report['threads']} threads), "
-          f"{report['tokens']} tokens, median of {report['repeats']}")
-    print(f"{'metric':32} {'value':>9}  target")
+          f"{report['tokens']} tokens; every ratio: CPU time, the two sides in turn over {report['rounds']} rounds, "
+          f"median [lowest–highest]; load average {load['before']} before, {load['after']} after")
+    print(f"{'metric':32} {'median':>9}  {'spread':15} target")
     for key in TARGETS:
-        if key in report:  # --quick measures the scaling ratios on other shapes
-            print(f"{key:32} {report[key]:9.3f}  {_verdict(key, report[key])}")
-    for key in sorted(k for k in report if k.startswith("rows") and k.endswith("_vs_row1") and k not in TARGETS):
-        print(f"{key:32} {report[key]:9.3f}  (--quick shape, no target)")
-    print(f"  (quality_overhead: wall of a {report['quality_tokens']}-token baseline + feedback run with self and "
+        if key in report["spread"]:  # --quick measures the scaling ratios on other shapes
+            print(_line(report, key, _verdict(key, report[key])))
+    for key in sorted(k for k in report["spread"] if k.startswith("rows") and k.endswith("_vs_row1")
+                      and k not in TARGETS):
+        print(_line(report, key, "(--quick shape, no target)"))
+    print(f"  (quality_overhead: a {report['quality_tokens']}-token baseline + feedback run with self and "
           "prompt perplexity ÷ without)")
-    print(f"{'two_rows_vs_two_generations':32} {report['two_rows_vs_two_generations']:9.3f}  (< 1 means batching pays)")
-    print(f"{'roofline_fraction':32} {report['roofline_fraction']:9.3f}  ({report['weights_mb']:.0f} MB weights "
-          f"at {report['bandwidth_gbs']:.1f} GB/s)")
-    print("step ms: " + ", ".join(f"{k} {v:.1f}" for k, v in report["step_ms"].items()))
+    print(_line(report, "two_rows_vs_two_generations", "(< 1 means batching pays)"))
+    print(_line(report, "raw_batch2_vs_batch1", "(a bare forward of 2 rows ÷ 1 row)"))
+    traces, ctx = report["deepthink_shape"]
+    print(_line(report, f"deepthink{traces}_speedup", f"({traces} traces of a {ctx}-token prompt, batched ÷ one by "
+                                                     f"one, per trace-token; attention: {report['attention']})"))
+    if "api_stream_vs_engine" in report:
+        print(_line(report, "api_stream_vs_engine", "(HTTP API, NDJSON stream, local)"))
+        print(_line(report, "api_generate_vs_engine", "(HTTP API, whole result)"))
+        print(f"same greedy tokens through the API: {report['api_same_tokens']}")
+    print(f"{'roofline_fraction':32} {report['roofline_fraction']:9.3f}  ({report['weights_mb']:.0f} MB weights at "
+          f"{report['bandwidth_gbs']:.1f} GB/s ÷ a bare one-row step, {report['raw_step_wall_ms']:.1f} ms wall)")
+    print(f"{'cold_start_s':32} {report['cold_start_s']:9.3f}  {_verdict('cold_start_s', report['cold_start_s'])} "
+          "(wall time)")
+    print("each ratio's sides, CPU ms (A / B; a step, a whole run, or a trace-token): "
+          + ", ".join(f"{k} {v['a']:.1f} / {v['b']:.1f}" for k, v in report["sides_cpu_ms"].items()))
     print(f"same greedy tokens as model.generate: {report['same_tokens_as_generate']}")
     inv = report["batch_invariance"]
     print(f"batch invariance: identical rows bitwise equal {inv['identical_rows_bitwise_equal']}; a row in 2 / 16 "
           f"rows vs alone: max |Δ logit| {inv['rows2_vs_alone_max_abs']:.1e} / {inv['rows16_vs_alone_max_abs']:.1e}")
-    traces, ctx = report["deepthink_shape"]
-    name = f"deepthink{traces}"
-    print(f"{name + '_speedup':32} {report[name + '_speedup']:9.3f}  ({traces} traces of a {ctx}-token prompt, "
-          f"batched {report[name + '_batched_tok_s']:.1f} vs one by one {report[name + '_separate_tok_s']:.1f} "
-          f"trace-tokens/s; attention: {report['attention']})")
-    if "api_stream_vs_engine" in report:
-        print(f"{'api_stream_vs_engine':32} {report['api_stream_vs_engine']:9.3f}  (HTTP API, NDJSON stream, local)")
-        print(f"{'api_generate_vs_engine':32} {report['api_generate_vs_engine']:9.3f}  (HTTP API, whole result)")
-        print(f"same greedy tokens through the API: {report['api_same_tokens']}")
     for where, steps in report.get("busy_machine", {}).items():
         print(f"decode step ms, {where:5}: " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()))
     for dtype, d in report.get("dtypes", {}).items():

@@ -928,7 +928,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="the OUTPUT given to batch; OUTPUT.part0, OUTPUT.part1, ... are joined into it")
     p = sub.add_parser("bench", help="engine speed ratios on the embedded model, each against its target")
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per measurement")
-    p.add_argument("--repeats", type=int, default=3, help="repeats per measurement (the median is kept)")
+    p.add_argument("--repeats", type=int, default=5, help="rounds per ratio (its two sides in turn; the median of "
+                   "the per-round ratios is kept, the lowest and highest shown)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--dtypes", action="store_true", help="also compare float32 and bfloat16 decode speed")
     p.add_argument("--api", action="store_true", help="also time a run through the HTTP API against the engine")
