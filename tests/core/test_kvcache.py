@@ -12,7 +12,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
 from feedback.core.engine import start_run
-from feedback.core.kvcache import GROUPED, PreallocatedLayer, grouped_attention, run_cache
+from feedback.core.kvcache import GROUPED, PreallocatedLayer, _eager_grouped, grouped_attention, run_cache
 from feedback.core.records import RowSpec, RunConfig
 from feedback.errors import FeedbackError
 from feedback.serve.batch import run_batch
@@ -20,18 +20,42 @@ from feedback.serve.batch import run_batch
 
 @pytest.mark.parametrize("queries", [1, 7])
 def test_grouped_attention_is_eager_attention(queries):
+    """With SDPA's boolean mask (True: attended): one query a row takes the eager product (and gives
+    its weights), several take the fused kernel; both equal transformers' eager attention."""
     torch.manual_seed(0)
     b, h, kv, t, d = 3, 9, 3, 11, 16
     module = nn.Module()
     module.num_key_value_groups = h // kv
+    module.training = False
     q, k, v = torch.randn(b, h, queries, d), torch.randn(b, kv, t, d), torch.randn(b, kv, t, d)
-    mask = torch.zeros(b, 1, queries, t)
-    mask[0, :, :, :4] = torch.finfo(torch.float32).min  # a left-padded row
-    mask[:, :, :, t - queries:] += torch.triu(torch.full((queries, queries), torch.finfo(torch.float32).min), 1)
-    want, want_w = eager_attention_forward(module, q, k, v, mask, scaling=d ** -0.5)
-    got, got_w = grouped_attention(module, q, k, v, mask, scaling=d ** -0.5)
-    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6)
-    assert torch.allclose(got_w, want_w, atol=1e-6)
+    keep = torch.ones(b, 1, queries, t, dtype=torch.bool)
+    keep[0, :, :, :4] = False  # a left-padded row
+    keep[:, :, :, t - queries:] &= torch.ones(queries, queries, dtype=torch.bool).tril()
+    additive = torch.zeros(b, 1, queries, t).masked_fill(~keep, torch.finfo(torch.float32).min)
+    want, want_w = eager_attention_forward(module, q, k, v, additive, scaling=d ** -0.5)
+    got, got_w = grouped_attention(module, q, k, v, keep, scaling=d ** -0.5)
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+    if queries == 1:
+        assert torch.allclose(got_w, want_w, atol=1e-6)
+    else:
+        assert got_w is None  # the fused kernel does not build the weights (nothing here reads them)
+
+
+def test_no_mask_means_causal_order_alone_on_both_paths():
+    """SDPA's mask is None where causal order is the whole mask (no padding, no cached prefix): the
+    fused kernel runs causal, and the eager product (taken with dropout while training) builds the same mask."""
+    torch.manual_seed(1)
+    b, h, kv, t, d = 2, 4, 2, 6, 8
+    module = nn.Module()
+    module.num_key_value_groups = h // kv
+    q, k, v = torch.randn(b, h, t, d), torch.randn(b, kv, t, d), torch.randn(b, kv, t, d)
+    causal = torch.zeros(1, 1, t, t).masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(),
+                                                 torch.finfo(torch.float32).min)
+    want, _ = eager_attention_forward(module, q, k, v, causal, scaling=d ** -0.5)
+    module.training = False
+    fused, _ = grouped_attention(module, q, k, v, None, scaling=d ** -0.5)
+    eager, _ = _eager_grouped(module, q, k, v, None, scaling=d ** -0.5)
+    assert torch.allclose(fused, want, atol=1e-5) and torch.allclose(eager, want, atol=1e-6)
 
 
 def test_preallocated_layer_behaves_as_the_dynamic_one():
