@@ -38,6 +38,8 @@ TARGETS = {
     "rows8_ctx1024_vs_row1": ("<=", 3.0),
     "rows8_ctx256_vs_row1": ("<=", 3.0),
     "rows8_ctx16_vs_row1": ("<=", 3.0),
+    # the engine's prefill of a 4,096-token prompt ÷ one forward of it through transformers' SDPA
+    "prefill_4k_vs_sdpa": ("<=", 1.10),
 }
 SCALING = ((16, 1024), (8, 1024), (8, 256), (8, 16))  # (rows, prompt tokens) of the rowsN_ctxT ratios
 DEEPTHINK = (16, 256)  # (traces, prompt tokens) of the Deep Think throughput
@@ -45,6 +47,7 @@ DEEPTHINK = (16, 256)  # (traces, prompt tokens) of the Deep Think throughput
 # by their own shapes, so their ratios are never read against the full shapes' targets.
 QUICK_SCALING = ((16, 128), (8, 16))
 QUICK_DEEPTHINK = (8, 32)
+PREFILL, QUICK_PREFILL = 4096, 256  # prompt tokens of the prefill ratios
 SHORT_PROMPT = "How does a fridge work?"
 
 
@@ -172,6 +175,42 @@ def deepthink_throughput(lm: LoadedModel, tokens: int, repeats: int, traces: int
             "deepthink_shape": [traces, ctx]}
 
 
+def _prefill_s(lm: LoadedModel, prompts: list[str]) -> float:
+    """CPU seconds of the engine reading these prompts (one row each) and taking one token."""
+    rows = [RowSpec(f"p{i}", prompt=p) for i, p in enumerate(prompts)]
+    t = _cpu()
+    run_to_end(lm, RunConfig(prompt="", max_new_tokens=1, rows=rows, chat_template=False))
+    return _cpu() - t
+
+
+def _sdpa_forward_s(lm: LoadedModel, prompt: str) -> float:
+    """CPU seconds of one forward of the prompt's tokens through transformers' own SDPA attention,
+    the last position's logits only (as a prefill needs)."""
+    ids = torch.tensor([lm.encode(prompt, chat_template=False)], device=lm.device)
+    kept = lm.model.config._attn_implementation
+    lm.model.set_attn_implementation("sdpa")
+    try:
+        with torch.inference_mode():
+            t = _cpu()
+            lm.model(input_ids=ids, logits_to_keep=1)
+            return _cpu() - t
+    finally:
+        lm.model.set_attn_implementation(kept)
+
+
+def prefill(lm: LoadedModel, tokens: int, repeats: int) -> dict[str, Ratio]:
+    """A long prompt's prefill: the engine ÷ one SDPA forward of the same tokens, and four rows with
+    four different prompts of that length ÷ one row."""
+    texts = prompt_of(lm, 5 * tokens)
+    ids = lm.tokenizer(texts, add_special_tokens=False)["input_ids"]
+    prompts = [lm.tokenizer.decode(ids[i * tokens:(i + 1) * tokens]) for i in range(4)]
+    name = f"prefill_{tokens // 1024}k" if tokens >= 1024 else f"prefill_{tokens}"
+    return {f"{name}_vs_sdpa": ratio(lambda: _prefill_s(lm, prompts[:1]), lambda: _sdpa_forward_s(lm, prompts[0]),
+                                     repeats),
+            f"{name}_rows4_vs_row1": ratio(lambda: _prefill_s(lm, prompts), lambda: _prefill_s(lm, prompts[:1]),
+                                           repeats)}
+
+
 def batch_invariance(lm: LoadedModel, tokens: int = 24) -> dict:
     """How far a row's logits move with its batch: two identical rows (bitwise?), and one row in a
     2-row and a 16-row batch against the same row alone (max |Δ logit| over the run)."""
@@ -269,6 +308,8 @@ def measure(tokens: int = 64, repeats: int = 5, dtype: str = "auto", lm: LoadedM
         "quality_overhead": _quality_overhead(lm, 2 * tokens, repeats),
     }
     ratios |= scaling(lm, max(4, tokens // 4), repeats, QUICK_SCALING if quick else SCALING)
+    # three rounds at most: a 4,096-token prefill takes ~15 CPU seconds a side
+    ratios |= prefill(lm, QUICK_PREFILL if quick else PREFILL, min(repeats, 3))
     deep = deepthink_throughput(lm, max(4, tokens // 4), repeats, *(QUICK_DEEPTHINK if quick else DEEPTHINK))
     speedup = next(k for k in deep if k.endswith("_speedup"))
     ratios[speedup] = deep.pop(speedup)
@@ -431,6 +472,9 @@ def run_bench(args) -> int:
     for key in sorted(k for k in report["spread"] if k.startswith("rows") and k.endswith("_vs_row1")
                       and k not in TARGETS):
         print(_line(report, key, "(--quick shape, no target)"))
+    for key in sorted(k for k in report["spread"] if k.startswith("prefill_") and k not in TARGETS):
+        print(_line(report, key, "(four rows of different prompts ÷ one)" if "rows4" in key else
+                    "(--quick shape, no target)"))
     print(f"  (quality_overhead: a {report['quality_tokens']}-token baseline + feedback run with self and "
           "prompt perplexity ÷ without)")
     print(_line(report, "two_rows_vs_two_generations", "(< 1 means batching pays)"))
