@@ -45,6 +45,9 @@ def test_registered_under_its_name_and_built_from_model_args(tiny_lm):
     assert (d["strategy"], d["params"]["alpha"], d["mode"], d["passes"]) == ("residual", 0.2, "jacobi", 2)
     assert (d["max_length"], d["window"], d["stride"], d["batch_size"]) == (512, 64, 63, 4)
     assert FeedbackLM(lm=tiny_lm).describe()["mode"] == "parallel"  # the baseline
+    stack = FeedbackLM.create_from_arg_string("strategy=inner_loop+deep_cache,param_deep_cache.lam=0.3",
+                                              {"lm": tiny_lm}).describe()
+    assert stack["strategy"] == "inner_loop+deep_cache" and stack["params"]["deep_cache.lam"] == 0.3
     with pytest.raises(FeedbackError, match="param_alpha"):
         FeedbackLM.create_from_arg_string("strategy=residual,alpha=0.2", {"lm": tiny_lm})
     with pytest.raises(FeedbackError, match="recurrent"):
