@@ -5,8 +5,11 @@ the baseline, tuned inner_loop and the tuned stack.
 
     python docs/stacks_512.py tune       # the three searches (resumable: finished trials are read back)
     python docs/stacks_512.py defaults   # each at its defaults on builtin:test
+    python docs/stacks_512.py composed   # the stack of the two separately tuned settings, on dev and on test
     python docs/stacks_512.py recall     # the recall grid, three rows in one run per prompt
-    python docs/stacks_512.py calibrate  # calibration, tuned inner_loop and the tuned stack against the baseline
+    python docs/stacks_512.py calibrate  # calibration, tuned inner_loop and the stack against the baseline
+(the stack carried to recall and calibration is the joint search's best or the composed setting,
+whichever is lower on dev)
     python docs/stacks_512.py table      # the Markdown tables, from docs/tune512/
 
 Every step runs the project's own commands (`python -m feedback tune|ppl|recall|calibrate`) and
@@ -62,25 +65,52 @@ def defaults() -> None:
                   "--max-tokens", "512", "--bootstrap", "1000", "--seed", "0", "--out", str(out)])
 
 
-def _row(name: str, folder: str) -> str:
-    strategy = PLAN[folder][0]
-    return ",".join([f"{name}:{strategy}", *(f"{k}={v}" for k, v in _best(folder).items())])
+def _composed_params() -> dict:
+    """The stack of the two members as each was tuned alone (each chosen on dev)."""
+    return ({f"inner_loop.{k}": v for k, v in _best("inner_loop").items()}
+            | {f"deep_cache.{k}": v for k, v in _best("deep_cache").items()})
+
+
+def composed() -> None:
+    """The composed stack scored on dev and on test (a joint search of ten parameters in the time
+    given may not reach the region each member's own search found)."""
+    for split in ("dev", "test"):
+        out = OUT / "stack" / f"composed_{split}.json"
+        if not out.exists():
+            _run([PY, "-m", "feedback", "ppl", "--strategy", "inner_loop+deep_cache", *_params(_composed_params()),
+                  "--data", f"builtin:{split}", "--max-tokens", "512", "--bootstrap", "1000", "--seed", "0",
+                  "--out", str(out)])
+
+
+def stack_choice() -> tuple[str, dict]:
+    """The stack carried on to recall and calibration, chosen on dev: the joint search's best trial
+    or the composed setting, whichever has the lower dev ΔPPL."""
+    joint = json.loads((OUT / "stack" / "best.json").read_text())["best"]
+    mixed = json.loads((OUT / "stack" / "composed_dev.json").read_text())
+    if mixed["delta_pct"] < joint["delta_pct"]:
+        return "composed", _composed_params()
+    return "joint", joint["strategy_params"]
+
+
+def _row(name: str, strategy: str, params: dict) -> str:
+    return ",".join([f"{name}:{strategy}", *(f"{k}={v}" for k, v in params.items())])
 
 
 def recall() -> None:
     out = OUT / "recall.json"
     if not out.exists():
-        _run([PY, "-m", "feedback", "recall", *RECALL, "--row", _row("inner_loop_tuned", "inner_loop"),
-              "--row", _row("stack_tuned", "stack"), "--out", str(out), "--html", str(OUT / "recall.html")])
+        _run([PY, "-m", "feedback", "recall", *RECALL,
+              "--row", _row("inner_loop_tuned", "inner_loop", _best("inner_loop")),
+              "--row", _row("stack_tuned", "inner_loop+deep_cache", stack_choice()[1]),
+              "--out", str(out), "--html", str(OUT / "recall.html")])
 
 
 def calibrate() -> None:
-    for folder in ("inner_loop", "stack"):
+    for folder, (strategy, params) in (("inner_loop", ("inner_loop", _best("inner_loop"))),
+                                       ("stack", ("inner_loop+deep_cache", stack_choice()[1]))):
         out = OUT / folder / "calibration.json"
         if not out.exists():
-            strategy = PLAN[folder][0]
-            _run([PY, "-m", "feedback", "calibrate", "--strategy", strategy, *_params(_best(folder)),
-                  "--out", str(out)])
+            _run([PY, "-m", "feedback", "calibrate", "--strategy", strategy, *_params(params), "--out", str(out)])
 
 
 def _ci(lo: float, hi: float) -> str:
@@ -109,13 +139,15 @@ def table() -> None:
 
 
 def _passes(strategy: str, params: dict) -> int:
+    sys.path.insert(0, str(ROOT.parent))  # the repository's package, run as a script
     from feedback.strategies import build_strategy
 
     return build_strategy(strategy, params, 30).extra_layer_passes()
 
 
 if __name__ == "__main__":
-    steps = {"tune": tune, "defaults": defaults, "recall": recall, "calibrate": calibrate, "table": table}
+    steps = {"tune": tune, "defaults": defaults, "composed": composed, "recall": recall, "calibrate": calibrate,
+             "table": table}
     if len(sys.argv) < 2 or any(a not in steps for a in sys.argv[1:]):
         sys.exit(f"usage: python docs/stacks_512.py {{{'|'.join(steps)}}} ...")
     for step in sys.argv[1:]:
