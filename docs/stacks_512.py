@@ -122,20 +122,26 @@ def _setting(values: dict) -> str:
 
 
 def table() -> None:
-    print("| strategy | setting | mode | dev ΔPPL % [95% CI] | test ΔPPL % | test 95% CI | trials (complete / pruned) "
-          "| extra layer passes per token |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| strategy | setting | chosen on | mode | dev ΔPPL % [95% CI] | test ΔPPL % | test 95% CI | trials "
+          "(complete / pruned) | extra layer passes per token |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for folder, (strategy, fixed, _, _) in PLAN.items():
         default = json.loads((OUT / folder / "default_test.json").read_text())
-        print(f"| {strategy} | defaults{', ' + _setting(fixed) if fixed else ''} | {default['mode']} | — | "
-              f"{default['delta_pct']:+.3f} | {_ci(*default['ci95'])} | — | {_passes(strategy, default['config']['params'])} |")
+        print(f"| {strategy} | defaults{' (' + _setting(fixed) + ')' if fixed else ''} | — | {default['mode']} | — | "
+              f"{default['delta_pct']:+.3f} | {_ci(*default['ci95'])} | — | "
+              f"{_passes(strategy, default['config']['params'])} |")
         best = json.loads((OUT / folder / "best.json").read_text())
         trials = [json.loads(line) for line in (OUT / folder / "trials.jsonl").read_text().splitlines()[1:]]
         states = [t.get("state") for t in trials]
         dev, test = best["best"], best["test"]
-        print(f"| {strategy} | tuned: {_setting(dev['params'])} | {test['mode']} | {dev['delta_pct']:+.3f} "
-              f"{_ci(*dev['ci95'])} | {test['delta_pct']:+.3f} | {_ci(*test['ci95'])} | "
+        print(f"| {strategy} | tuned: {_setting(dev['params'])} | dev, trial {dev['trial']} | {test['mode']} | "
+              f"{dev['delta_pct']:+.3f} {_ci(*dev['ci95'])} | {test['delta_pct']:+.3f} | {_ci(*test['ci95'])} | "
               f"{states.count('complete')} / {states.count('pruned')} | {_passes(strategy, dev['strategy_params'])} |")
+    dev, test = (json.loads((OUT / "stack" / f"composed_{s}.json").read_text()) for s in ("dev", "test"))
+    print(f"| inner_loop+deep_cache | composed: each member at its own tuned setting | dev (each member) | "
+          f"{test['mode']} | {dev['delta_pct']:+.3f} {_ci(*dev['ci95'])} | {test['delta_pct']:+.3f} | "
+          f"{_ci(*test['ci95'])} | — | {_passes('inner_loop+deep_cache', _composed_params())} |")
+    print(f"\nstack carried to recall and calibration (lower dev ΔPPL): {stack_choice()[0]}")
 
 
 def _passes(strategy: str, params: dict) -> int:
