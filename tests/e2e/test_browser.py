@@ -26,6 +26,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 LOAD_TIMEOUT_MS = 30_000
 RUN_TIMEOUT_MS = 90_000  # generous: the CPU may be shared with other jobs
+# Every answer the page waits for (a column added, a control shown) comes from the server, which the
+# suite's other worker shares the CPU with: Playwright's 5 s default was once too short for a column.
+expect.set_options(timeout=15_000)
 ANSWER_TOKENS = 48
 
 # In-page timers: the moment of a button click and the first DOM state matching a condition.
