@@ -40,6 +40,7 @@ TARGETS = {
     "rows8_ctx16_vs_row1": ("<=", 3.0),
     # the engine's prefill of a 4,096-token prompt ÷ one forward of it through transformers' SDPA
     "prefill_4k_vs_sdpa": ("<=", 1.10),
+    "quality_overhead_4k": ("<=", 1.05),
 }
 SCALING = ((16, 1024), (8, 1024), (8, 256), (8, 16))  # (rows, prompt tokens) of the rowsN_ctxT ratios
 DEEPTHINK = (16, 256)  # (traces, prompt tokens) of the Deep Think throughput
@@ -205,10 +206,13 @@ def prefill(lm: LoadedModel, tokens: int, repeats: int) -> dict[str, Ratio]:
     ids = lm.tokenizer(texts, add_special_tokens=False)["input_ids"]
     prompts = [lm.tokenizer.decode(ids[i * tokens:(i + 1) * tokens]) for i in range(4)]
     name = f"prefill_{tokens // 1024}k" if tokens >= 1024 else f"prefill_{tokens}"
+    quality = f"quality_overhead_{name.removeprefix('prefill_')}"
     return {f"{name}_vs_sdpa": ratio(lambda: _prefill_s(lm, prompts[:1]), lambda: _sdpa_forward_s(lm, prompts[0]),
                                      repeats),
             f"{name}_rows4_vs_row1": ratio(lambda: _prefill_s(lm, prompts), lambda: _prefill_s(lm, prompts[:1]),
-                                           repeats)}
+                                           repeats),
+            # the quality metrics after a long prompt: a 64-token baseline + feedback run with them ÷ without
+            quality: _quality_overhead(lm, 64, repeats, prompts[0], chat_template=False)}
 
 
 def batch_invariance(lm: LoadedModel, tokens: int = 24) -> dict:
@@ -227,13 +231,15 @@ def batch_invariance(lm: LoadedModel, tokens: int = 24) -> dict:
             "rows2_vs_alone_max_abs": gap(two), "rows16_vs_alone_max_abs": gap(sixteen)}
 
 
-def _quality_overhead(lm: LoadedModel, tokens: int, repeats: int) -> Ratio:
+def _quality_overhead(lm: LoadedModel, tokens: int, repeats: int, prompt: str = BENCH_PROMPT,
+                      chat_template: bool = True) -> Ratio:
     """CPU time of a baseline + feedback run with the forward-pass quality metrics (self and prompt
     perplexity) ÷ the same run without them."""
     def run(quality: bool) -> float:
         rows = [RowSpec("baseline"), RowSpec("feedback", "residual", {})]
         t = _cpu()
-        run_to_end(lm, RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=rows, quality=quality))
+        run_to_end(lm, RunConfig(prompt=prompt, max_new_tokens=tokens, rows=rows, quality=quality,
+                                 chat_template=chat_template))
         return _cpu() - t
 
     return ratio(lambda: run(True), lambda: run(False), repeats)
@@ -472,9 +478,12 @@ def run_bench(args) -> int:
     for key in sorted(k for k in report["spread"] if k.startswith("rows") and k.endswith("_vs_row1")
                       and k not in TARGETS):
         print(_line(report, key, "(--quick shape, no target)"))
-    for key in sorted(k for k in report["spread"] if k.startswith("prefill_") and k not in TARGETS):
+    for key in sorted(k for k in report["spread"] if k.startswith(("prefill_", "quality_overhead_"))
+                      and k not in TARGETS):
         print(_line(report, key, "(four rows of different prompts ÷ one)" if "rows4" in key else
                     "(--quick shape, no target)"))
+    print("  (quality_overhead_<n>: a 64-token baseline + feedback run after an n-token prompt, with the quality "
+          "metrics ÷ without)")
     print(f"  (quality_overhead: a {report['quality_tokens']}-token baseline + feedback run with self and "
           "prompt perplexity ÷ without)")
     print(_line(report, "two_rows_vs_two_generations", "(< 1 means batching pays)"))
