@@ -151,7 +151,7 @@ def scaling(lm: LoadedModel, tokens: int, repeats: int, shapes=SCALING) -> dict[
 
 
 def deepthink_throughput(lm: LoadedModel, tokens: int, repeats: int, traces: int = DEEPTHINK[0],
-                         ctx: int = DEEPTHINK[1]) -> dict:
+                         ctx: int = DEEPTHINK[1]) -> dict[str, Ratio]:
     """Deep Think's shape: `traces` sampled traces of one `ctx`-token prompt, decoded as one batched
     run, against the same traces run one by one (each with its own seed offset, so the same tokens):
     the speedup in trace-tokens per CPU second."""
@@ -170,10 +170,9 @@ def deepthink_throughput(lm: LoadedModel, tokens: int, repeats: int, traces: int
             n += sum(len(r.token_ids) for r in res.rows)
         return (_cpu() - t) / n
 
-    name = f"deepthink{traces}"
     # speedup = separate cost per token ÷ batched cost per token
-    return {f"{name}_speedup": ratio(lambda: per_token([[spec] for spec in rows]), lambda: per_token([rows]), repeats),
-            "deepthink_shape": [traces, ctx]}
+    return {f"deepthink{traces}_speedup": ratio(lambda: per_token([[spec] for spec in rows]), lambda: per_token([rows]),
+                                                repeats)}
 
 
 def _prefill_s(lm: LoadedModel, prompts: list[str]) -> float:
@@ -316,9 +315,8 @@ def measure(tokens: int = 64, repeats: int = 5, dtype: str = "auto", lm: LoadedM
     ratios |= scaling(lm, max(4, tokens // 4), repeats, QUICK_SCALING if quick else SCALING)
     # three rounds at most: a 4,096-token prefill takes ~15 CPU seconds a side
     ratios |= prefill(lm, QUICK_PREFILL if quick else PREFILL, min(repeats, 3))
-    deep = deepthink_throughput(lm, max(4, tokens // 4), repeats, *(QUICK_DEEPTHINK if quick else DEEPTHINK))
-    speedup = next(k for k in deep if k.endswith("_speedup"))
-    ratios[speedup] = deep.pop(speedup)
+    deep_shape = QUICK_DEEPTHINK if quick else DEEPTHINK
+    ratios |= deepthink_throughput(lm, max(4, tokens // 4), repeats, *deep_shape)
     invariance = batch_invariance(lm, max(4, tokens // 4))
     bandwidth = _bandwidth_gbs()
     weights = _weight_bytes(lm)
@@ -339,7 +337,8 @@ def measure(tokens: int = 64, repeats: int = 5, dtype: str = "auto", lm: LoadedM
         # CPU ms per trace-token (Deep Think)
         "sides_cpu_ms": {key: {"a": r.a * 1e3, "b": r.b * 1e3} for key, r in ratios.items()},
         "weights_mb": weights / 2**20, "bandwidth_gbs": bandwidth,
-        "attention": lm.model.config._attn_implementation, **deep, "batch_invariance": invariance,
+        "attention": lm.model.config._attn_implementation, "deepthink_shape": list(deep_shape),
+        "batch_invariance": invariance,
     }
 
 

@@ -83,6 +83,16 @@ def _add_strategy_args(p, default: str | None, required: bool = False) -> None:
                    help="a strategy parameter; a stack's are named STRATEGY.PARAM (deep_cache.lam=0.05)")
 
 
+def _json_result(args, res: dict, indent: int | None = 1, printed_indent: int | None = None) -> bool:
+    """A command's whole result as JSON: written to --out when given, printed with --json (True: then
+    it is all the command prints)."""
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=indent))
+    if args.json:
+        print(json.dumps(res, indent=printed_indent))
+    return bool(args.json)
+
+
 def _add_trace_args(p) -> None:
     """Sampled traces with DeepConf's confidence (Deep Think and calibration): numbers default to None,
     so a flag left out keeps the command's config default."""
@@ -352,11 +362,7 @@ def _ppl(args) -> int:
     lm = _load(args)
     result = evaluate(lm, docs, cfg, progress=None if args.json else _progress)
     result["data"] = args.data
-    text = json.dumps(result, indent=2)
-    if args.out:
-        Path(args.out).write_text(text)
-    if args.json:
-        print(text)
+    if _json_result(args, result, indent=2, printed_indent=2):
         return 0
     print(f"{result['documents']} documents, {result['tokens']} tokens, mode {result['mode']}"
           f"{' (approximate, %d passes)' % result['passes'] if result['approximate'] else ''}, "
@@ -492,10 +498,7 @@ def _qa(args) -> int:
     lm = _load(args)
     progress = lambda i, n: print(f"[{i}/{n}]", file=sys.stderr, flush=True)  # noqa: E731
     res = evaluate_qa(lm, questions, rows, **_given(args, "max_new_tokens"), progress=None if args.json else progress)
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1))
-    if args.json:
-        print(json.dumps(res))
+    if _json_result(args, res):
         return 0
     print(f"{res['questions']} questions, greedy, {res['max_new_tokens']} new tokens at most")
     for name, s in res["rows"].items():
@@ -547,14 +550,11 @@ def _recall(args) -> int:
 
     res = evaluate_recall(lm, cfg, rows, instances=instances, on_instance=None if args.json else progress,
                           budget=budget)
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1))
     if args.html:
         from feedback.eval.recall_figures import write_html
 
         write_html(Path(args.html), res)
-    if args.json:
-        print(json.dumps(res))
+    if _json_result(args, res):
         return 0
     print("\n".join(report_lines(res)))
     return 0
@@ -648,10 +648,7 @@ def _calibrate(args) -> int:
     res = calibrate(lm, questions, cfg, progress=None if args.json else _progress)
     for warning in res["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1))
-    if args.json:
-        print(json.dumps(res))
+    if _json_result(args, res):
         return 0
     split = res["split"]
     print(f"{res['questions']} questions (dev {split['dev']}, test {split['test']}: even / odd positions), "
@@ -712,11 +709,7 @@ def _lmeval(args) -> int:
                    log=None if args.json else lambda msg: print(msg, file=sys.stderr, flush=True),
                    **_given(args, "mode", "passes", "max_length", "window", "stride", "num_fewshot", "batch_size",
                             "max_gen_toks", "bootstrap", "seed"))
-    text = json.dumps(res, indent=1)
-    if args.out:
-        Path(args.out).write_text(text)
-    if args.json:
-        print(text)
+    if _json_result(args, res, printed_indent=1):
         return 0
     side = res["feedback_side"]
     print(f"{lm.name}: baseline vs {side['strategy']} (" + ", ".join(f"{k}={v}" for k, v in side["params"].items())

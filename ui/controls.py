@@ -6,7 +6,7 @@ with its bounds, so a value out of range is refused with a message (a slider wou
 silently) and wide ranges (1 to 100,000) can be typed instead of dragged. A tab's own number boxes
 take their range from the `Bound` their handler checks (`bound_number`). The panel's handlers, and
 the tabs' that read its controls, take values by name: each control's API name is
-`<strategy>_<param>` (`named_inputs`, `params_named`).
+`<strategy>_<param>` (`named_inputs`, `chosen`).
 
 Stacks: a second dropdown, "Stack with", adds a second hidden-state strategy after the first on
 the same row (`a+b`); both strategies' controls show, and the presets are the ones both share. A
@@ -113,6 +113,13 @@ def stackable(names: list[str]) -> list[str]:
     return [n for n in names if n in REGISTRY and not issubclass(REGISTRY[n], PromptStrategy)]
 
 
+def stack_offer(names: list[str], first: str) -> tuple[list[str], bool]:
+    """"Stack with": its choices after `first` (none, or another hidden-state strategy) and whether
+    it shows (only after a hidden-state strategy)."""
+    stacks = stackable(names)
+    return [NONE, *(n for n in stacks if n != first)], first in stacks
+
+
 def _range_text(lo, hi) -> str:
     """" (0 to 1)", " (≥ 1)", " (≤ 5)" or ""."""
     if lo is None and hi is None:
@@ -166,20 +173,13 @@ class StrategyPanel:
         """The controls by API name, for an event's `inputs_kwargs` ("stack" and `<strategy>_<param>`)."""
         return {"stack": self.stack} | dict(zip(self.api_names, self.components))
 
-    def params_named(self, strategy: str, values: dict) -> dict:
-        """The parameter values of `strategy` (a stack's, `a+b`, named `a.x`) out of a handler's values by API name."""
-        if is_stack_name(strategy):
-            return join_params({m: self.params_named(m, values) for m in strategy.split(SEP)})
-        return {param: values[api_name(name, param)] for name, param in self.keys if name == strategy}
-
     def component(self, strategy: str, param: str) -> gr.components.Component:
         return self.components[self.keys.index((strategy, param))]
 
     def _stack_update(self, first: str, second: str | None) -> dict:
         """"Stack with": offered after a hidden-state strategy, listing the others."""
-        names = stackable(list(self.groups))
-        return {self.stack: gr.update(choices=[NONE, *(n for n in names if n != first)], value=second or NONE,
-                                      visible=first in names)}
+        choices, shown = stack_offer(list(self.groups), first)
+        return {self.stack: gr.update(choices=choices, value=second or NONE, visible=shown)}
 
     def show(self, strategy: str, preset: str | None = None, params: dict | None = None) -> dict:
         """Updates that select `strategy` (a stack of two too), with a preset's values (or explicit `params`)."""
@@ -221,10 +221,9 @@ class StrategyPanel:
     def _selected(self, values: dict) -> str:
         """The panel's strategy as one name: the first, or the stack `first+second`."""
         first, second = values["strategy"], values["stack"]
-        if not _picked(first):
-            return NONE
-        stacks = _picked(second) and second != first and first in stackable(list(self.groups))
-        return f"{first}{SEP}{second}" if stacks else first
+        # a stale "Stack with" (the first strategy changed under it) is not a stack the page offers
+        choices, shown = stack_offer(list(self.groups), first)
+        return chosen_name({"strategy": first, "stack": second if shown and second in choices else None}) or NONE
 
     def _on_strategy(self, values: dict) -> dict:
         return self.show(self._selected(values))
@@ -274,9 +273,8 @@ def build_strategy_panel(num_layers: int, selected: str = "residual", prefix: st
     preset_dd = gr.Dropdown(preset_names(selected) if has else [], value=preset, label="Preset", visible=has,
                             elem_id=f"{prefix}-preset",
                             info="named settings with what each is for; editing a value makes it custom")
-    stack_names = stackable(names)
-    stack = gr.Dropdown([NONE, *(n for n in stack_names if n != selected)], value=NONE, label="Stack with",
-                        elem_id=f"{prefix}-stack", visible=selected in stack_names,
+    stack_choices, stack_shown = stack_offer(names, selected)
+    stack = gr.Dropdown(stack_choices, value=NONE, label="Stack with", elem_id=f"{prefix}-stack", visible=stack_shown,
                         info="a second strategy, applied after the first on the same row")
     note = gr.Markdown(about(selected, preset) if has else NONE_ABOUT, elem_id=f"{prefix}-about")
     groups, components, keys = {}, [], []
