@@ -26,12 +26,14 @@ import torch
 from transformers.cache_utils import Cache
 
 from feedback.core import memory, quality
-from feedback.core.budget import PREFILL_CHUNK, Budget, check_fits, dtype_bytes, generation_memory_mb
+from feedback.core.budget import (PREFILL_CHUNK, Budget, check_fits, dtype_bytes, generation_memory_mb,
+                                   kv_bytes_per_token)
 from feedback.core.confidence import GroupWindow, distribution_stats, trace_metrics
 from feedback.core.detok import IncrementalDecoder
 from feedback.core.forward import hooked_forward
 from feedback.core.kvcache import run_cache
 from feedback.core.model import LoadedModel
+from feedback.core.prefill_scores import PrefillScores
 from feedback.core.records import (Alternative, RowResult, RowSpec, RunConfig, RunResult, StepRecord, first_divergence,
                                    tokens_per_second)
 from feedback.core.sampling import Sampler
@@ -79,6 +81,7 @@ class RowState:
     threshold: float | None
     decoder: IncrementalDecoder
     window: GroupWindow
+    span: tuple[int, int] | None  # where the row's prompt text stands in `prompt_ids` (prompt PPL)
     confs: list[float] = field(default_factory=list)
     part: str | None = None  # the part of a prompt-level strategy's reply the last token belongs to
 
@@ -105,15 +108,16 @@ def _prompt_level(strategies: dict[int, Strategy]) -> dict[int, PromptStrategy]:
     return {i: s for i, s in strategies.items() if isinstance(s, PromptStrategy)}
 
 
-def _row_prompt_ids(lm: LoadedModel, cfg: RunConfig, row: RowSpec, strategy: PromptStrategy | None) -> list[int]:
-    prompt = row.prompt if row.prompt is not None else cfg.prompt
-    if strategy is not None:
-        prompt = strategy.rewrite_prompt(prompt)
+def _row_prompt_ids(lm: LoadedModel, cfg: RunConfig, row: RowSpec,
+                    strategy: PromptStrategy | None) -> tuple[list[int], tuple[int, int] | None]:
+    """The row's input ids, and where its prompt text stands in them (what prompt PPL scores)."""
+    text = row.prompt if row.prompt is not None else cfg.prompt
+    asked = strategy.rewrite_prompt(text) if strategy is not None else text
     system = row.system_prompt if row.system_prompt is not None else cfg.system_prompt
-    ids = lm.encode(prompt, cfg.chat_template, system, row.messages)
+    ids, span = lm.encode_with_span(asked, text, cfg.chat_template, system, row.messages)
     if not ids:
         raise FeedbackError(f"row {row.name}: the prompt has no tokens")
-    return ids
+    return ids, span
 
 
 class Run:
@@ -136,8 +140,8 @@ class Run:
             for i, row in enumerate(config.rows) if row.strategy
         }
         self.prompt_strategies = _prompt_level(self.strategies)
-        row_ids = [_row_prompt_ids(lm, config, row, self.prompt_strategies.get(i))
-                   for i, row in enumerate(config.rows)]
+        inputs = [_row_prompt_ids(lm, config, row, self.prompt_strategies.get(i)) for i, row in enumerate(config.rows)]
+        row_ids = [ids for ids, _ in inputs]
         self._check_rows(row_ids)
         self.reference_ids = (lm.tokenizer(config.reference, add_special_tokens=False)["input_ids"]
                               if config.reference else None)
@@ -149,12 +153,18 @@ class Run:
         for key in keys:
             group_of.setdefault(key, len(group_of))
         self.groups: list[list[int]] = [list(key[0]) for key in group_of]
+        # the plain prefill sequence with a row's tokens (None: only a strategy-edited one has them)
+        plain = {key[0]: g for key, g in group_of.items() if key[1] == -1}
+        self.plain_group = [plain.get(key[0]) for key in keys]
+        self.scores = self._plan_scores([span for _, span in inputs]) if config.quality else None
         self.prompt_ids = row_ids[0]  # the first row's: what `prompt_tokens` reports
         # The cache is sized before the run starts: refused now if it cannot fit (a served request's
         # budget first, then every run's memory cap).
         rows, new = len(config.rows), config.max_new_tokens
         longest = max(len(ids) for ids in row_ids)
         need = generation_memory_mb(lm.model.config, dtype_bytes(lm.dtype), rows, longest, new)
+        if self.scores is not None:
+            need += self.scores.memory_mb(kv_bytes_per_token(lm.model.config, dtype_bytes(lm.dtype)), lm.vocab_size)
         how = f"{longest} prompt + {new} new tokens, {rows} rows"
         scored = self._scoring_after(row_ids)  # also refuses a reference that cannot fit the context
         if budget is not None:
@@ -171,10 +181,21 @@ class Run:
         )
         thresholds = [r.threshold if r.threshold is not None else config.deepconf.threshold for r in config.rows]
         self.rows = [RowState(i, spec, self.result.rows[i], ids, group_of[key], thresholds[i],
-                              IncrementalDecoder(lm.tokenizer), GroupWindow(config.deepconf.window))
-                     for i, (spec, ids, key) in enumerate(zip(config.rows, row_ids, keys))]
+                              IncrementalDecoder(lm.tokenizer), GroupWindow(config.deepconf.window), span)
+                     for i, (spec, (ids, span), key) in enumerate(zip(config.rows, inputs, keys))]
         self._alt_text: dict[int, str] = {}
         self._started = False
+
+    def _rescored(self, index: int) -> bool:
+        """Whether the row's answer is read again by the plain model for its self-PPL: a plain row
+        scored it while decoding (each step's log-probability), others did not."""
+        return self.config.rows[index].strategy is not None
+
+    def _plan_scores(self, spans: list[tuple[int, int] | None]) -> PrefillScores:
+        """What the prefill scores for prompt PPL and keeps for the feedback rows' self-PPL."""
+        wanted = [(g, span, self._rescored(i)) for i, (g, span) in enumerate(zip(self.plain_group, spans))
+                  if g is not None]
+        return PrefillScores.plan([len(ids) for ids in self.groups], wanted)
 
     def _check_rows(self, row_ids: list[list[int]]) -> None:
         """Every row fits the context and its forced tokens are in the vocabulary."""
@@ -200,9 +221,10 @@ class Run:
         from its decode), and each row's context and reference. A reference that would not fit the
         model's context after a row's prompt is refused here, before the run waits for the model."""
         cfg, new, cost = self.config, self.config.max_new_tokens, 0
-        if cfg.quality:
-            cost += sum(len(ids) for ids in {tuple(ids) for ids in row_ids})
-            cost += sum(len(ids) + new for i, ids in enumerate(row_ids) if cfg.rows[i].strategy)
+        if cfg.quality:  # the prefill scores the prompts; a row without a plain prompt sequence reads its own
+            cost += sum(len(ids) for i, ids in enumerate(row_ids) if self.plain_group[i] is None)
+            cost += sum(new + (len(ids) if self.plain_group[i] is None else 0)
+                        for i, ids in enumerate(row_ids) if self._rescored(i))
         if self.reference_ids is not None:
             limit = self.lm.context_length
             for i, (row, ids) in enumerate(zip(cfg.rows, row_ids)):
@@ -334,16 +356,22 @@ class Run:
         batch.pads = {g: ids.shape[1] - len(group) for g, group in enumerate(self.groups)}
         batch.groups = {r.index: r.group for r in self.rows}
         batch.stop, batch.offset = self.stop_event, start
-        end = start + PREFILL_CHUNK
-        inputs = dict(input_ids=ids[:, start:end], cache=cache, use_cache=True, logits_to_keep=1)
+        end = min(start + PREFILL_CHUNK, ids.shape[1])
+        # the logits the quality metrics score (prompt PPL), else only the next token's
+        kept = self.scores.positions(start, end) if self.scores is not None and self.scores.spans else None
+        keep = torch.tensor([p - start for p in kept], device=ids.device) if kept else 1
+        inputs = dict(input_ids=ids[:, start:end], cache=cache, use_cache=True, logits_to_keep=keep)
         if mask is not None:
             inputs |= dict(attention_mask=mask[:, :end], position_ids=positions[:, start:end])
         try:
-            return self._forward(batch, **inputs)
+            out = self._forward(batch, **inputs)
         except Stopped:
             return None
         finally:
             batch.stop = None
+        if kept:
+            self.scores.record(out.logits, kept, ids)
+        return out
 
     @torch.inference_mode()
     def _prefill_done(self, batch: BatchView, out, cache, mask, needs_history: bool) -> tuple[DecodeState, torch.Tensor]:
@@ -353,6 +381,8 @@ class Run:
         width = max(lengths)
         batch.offset, batch.pads, batch.groups = 0, {}, {}
         take = torch.tensor([r.group for r in self.rows], device=device)
+        if self.scores is not None:  # the plain prompts a feedback row's self-PPL reads after
+            self.scores.keep(cache, out.logits[:, -1, :])
         cache.batch_select_indices(take)  # rows sharing a prompt share its cache (copied per row)
         history = None
         if needs_history:  # padding repeats the row's first token: penalising it twice is the same penalty
@@ -486,6 +516,8 @@ class Run:
                 self._quality()
             except Stopped:  # Stop or a hang-up while scoring: the run ends now, without those metrics
                 pass
+        if self.scores is not None:
+            self.scores.release()  # the kept prompt caches go with the scoring, not with the run's result
         res.wall_seconds = time.perf_counter() - t0
         res.memory.append(memory.sample(t0, self.lm.device).to_dict())
         if len(res.rows) >= 2:
@@ -495,13 +527,10 @@ class Run:
         """The quality metrics that take forward passes (see feedback/core/quality.py). Each pass
         looks at the run's stop between chunks and between decoder layers (raising `Stopped`)."""
         cfg, lm, stop = self.config, self.lm, self.stop_event
-        prompt_ppl: dict[str, float | None] = {}  # rows sharing a prompt text score it once
         for row in self.rows:
-            r, text = row.result, row.spec.prompt if row.spec.prompt is not None else cfg.prompt
+            r = row.result
             if cfg.quality:
-                if text not in prompt_ppl:
-                    prompt_ppl[text] = quality.text_ppl(lm, text, stop)
-                r.metrics |= {"self_ppl": self._self_ppl(row), "prompt_ppl": prompt_ppl[text]}
+                r.metrics |= {"self_ppl": self._self_ppl(row), "prompt_ppl": self._prompt_ppl(row)}
             if self.reference_ids is not None:
                 r.metrics |= self._reference_ppl(row, self.reference_ids)
 
@@ -524,11 +553,27 @@ class Run:
         """A plain row already scored its own answer while decoding: each step records the chosen
         (or forced) token's log-probability under the raw distribution after the same input, so its
         self-perplexity needs no second pass (it agrees with one to float rounding). A row with a
-        strategy is scored again by the plain model."""
+        strategy is scored again by the plain model: its answer read after the plain prompt the
+        prefill kept, or (no plain prefill of its prompt) prompt and answer read again."""
         r = row.result
-        if r.strategy is None and len(r.steps) == len(r.token_ids):
+        if not self._rescored(row.index) and len(r.steps) == len(r.token_ids):
             return quality.ppl_from_logprobs([s.logprob for s in r.steps])
+        group = self.plain_group[row.index]
+        if group is not None and r.token_ids:
+            return self.scores.self_ppl(self.lm, group, r.token_ids, self.stop_event)
         return quality.self_ppl(self.lm, row.prompt_ids, r.token_ids, self.stop_event)
+
+    def _prompt_ppl(self, row: RowState) -> float | None:
+        """The row's prompt text scored where it stands in its input, from the prefill's logits; a
+        row without a plain prefill of its prompt reads it again. A prompt text the input does not
+        show as typed (a template that rewrites it) is scored on its own."""
+        if row.span is None:
+            text = row.spec.prompt if row.spec.prompt is not None else self.config.prompt
+            return quality.text_ppl(self.lm, text, self.stop_event) if text.strip() else None
+        group = self.plain_group[row.index]
+        if group is not None:
+            return self.scores.prompt_ppl(group, row.span)
+        return quality.span_ppl(self.lm, row.prompt_ids, row.span, self.stop_event)
 
 
 def start_run(lm: LoadedModel, config: RunConfig, stop_event: threading.Event | None = None,

@@ -86,6 +86,24 @@ def window_nll_chunked(lm: LoadedModel, ids: torch.Tensor, chunk: int, stop: thr
     return torch.cat(nll)
 
 
+def continuation_nll(lm: LoadedModel, cache, last_logits: torch.Tensor, ids: torch.Tensor, chunk: int,
+                     stop: threading.Event | None = None) -> torch.Tensor:
+    """Baseline NLL of every token of `ids` [T] read after a prompt already in `cache` (one row),
+    whose last position's logits are `last_logits` [V]: the first token is scored by those, the
+    rest by forwards of `chunk` tokens on the cache; `stop` is checked before each chunk and between
+    its layers."""
+    batch = BatchView(Phase.SEQUENCE, [], stop=stop)
+    nll = [nll_of(last_logits[None], ids[:1])]
+    with torch.inference_mode():
+        for start in range(0, ids.shape[0] - 1, chunk):
+            check_stop(stop, "the self-perplexity")
+            piece = ids[start:min(start + chunk, ids.shape[0] - 1)]  # the last token predicts nothing scored
+            out = hooked_forward(lm, batch, [], input_ids=piece[None], cache=cache, use_cache=True)
+            targets = ids[start + 1:start + 1 + piece.shape[0]]
+            nll.append(nll_of(out.logits[0, :targets.shape[0]], targets))
+    return torch.cat(nll)
+
+
 def window_logits_exact(lm: LoadedModel, ids: torch.Tensor, strategy,
                         stop: threading.Event | None = None) -> torch.Tensor:
     """The logits that predict ids[1:], decoding token by token with the KV cache, exactly as in

@@ -156,3 +156,19 @@ def run_cache(config, capacity: int) -> Cache:
     if kinds != {"full_attention"} or os.environ.get(CACHE_ENV, "").strip().lower() == "dynamic":
         return DynamicCache(config=config)
     return PreallocatedCache(text.num_hidden_layers, capacity)
+
+
+def row_kv(cache: Cache, row: int, start: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of one row's keys and values in every layer, from position `start` on (a left-padded
+    row's padding left out)."""
+    return [(layer.keys[row:row + 1, :, start:].clone(), layer.values[row:row + 1, :, start:].clone())
+            for layer in cache.layers]
+
+
+def cache_from(config, kv: list[tuple[torch.Tensor, torch.Tensor]], capacity: int) -> Cache:
+    """A run cache holding `kv` (one (keys, values) per layer, as `row_kv` gives), room for `capacity`
+    positions."""
+    cache = run_cache(config, capacity)
+    for index, (keys, values) in enumerate(kv):
+        cache.update(keys, values, index)
+    return cache

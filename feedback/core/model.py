@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from feedback.core import embedded
+from feedback.core import embedded, linear
 from feedback.errors import FeedbackError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -98,6 +98,13 @@ class LoadedModel:
                messages: list[dict] | None = None) -> list[int]:
         """Token ids of a prompt — the newest user turn after `messages` (earlier turns) — through
         the model's chat template when asked and available."""
+        return self.encode_with_span(prompt, None, chat_template, system, messages)[0]
+
+    def encode_with_span(self, prompt: str, find: str | None, chat_template: bool = True, system: str | None = None,
+                         messages: list[dict] | None = None) -> tuple[list[int], tuple[int, int] | None]:
+        """`encode`'s ids, and the token range [start, end) of the text `find` inside the newest user
+        turn (its last occurrence there; tokens that overlap it count), or None where `find` is
+        empty, not found (a template that rewrites content) or the tokenizer gives no offsets."""
         tok = self.tokenizer
         if chat_template and getattr(tok, "chat_template", None):
             history = list(messages or [])
@@ -105,14 +112,34 @@ class LoadedModel:
                     if system and not (history and history[0]["role"] == "system") else [])
             turns = head + history + [{"role": "user", "content": prompt}]
             text = tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
-            return list(tok(text, add_special_tokens=False)["input_ids"])
-        if messages:
-            raise FeedbackError("a conversation (messages) needs the chat template; turn it on")
-        return list(tok(prompt)["input_ids"])
+            # the user turn ends where the assistant's header starts: the text is looked for before it
+            turn_end = len(tok.apply_chat_template(turns, add_generation_prompt=False, tokenize=False))
+            special = False
+        else:
+            if messages:
+                raise FeedbackError("a conversation (messages) needs the chat template; turn it on")
+            text, turn_end, special = prompt, len(prompt), True
+        needle = (find or "").strip()
+        if not needle:
+            return list(tok(text, add_special_tokens=special)["input_ids"]), None
+        try:
+            enc = tok(text, add_special_tokens=special, return_offsets_mapping=True)
+        except (NotImplementedError, ValueError):  # a slow tokenizer has no offsets
+            return list(tok(text, add_special_tokens=special)["input_ids"]), None
+        return list(enc["input_ids"]), _token_span(enc["offset_mapping"], text.rfind(needle, 0, turn_end), len(needle))
 
     @property
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def _token_span(offsets, start: int, length: int) -> tuple[int, int] | None:
+    """The tokens whose characters overlap [start, start + length) (special tokens have empty offsets)."""
+    if start < 0:
+        return None
+    end = start + length
+    hits = [i for i, (a, b) in enumerate(offsets) if a < end and b > start and b > a]
+    return (hits[0], hits[-1] + 1) if hits else None
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> str:
@@ -264,6 +291,9 @@ def load_model(
         from feedback.core.kvcache import GROUPED
 
         model.set_attn_implementation(GROUPED)
+
+    if linear.wanted(dev) and device_map is None:
+        linear.use_onednn(model)
 
     eos: list[int] = []
     for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):

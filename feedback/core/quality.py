@@ -9,9 +9,12 @@ Cheap ones, from the tokens alone (always computed):
   time-limited, see `key_fact_metrics`).
 Ones that take forward passes (`RunConfig.quality`):
 - `self_ppl`: the row's answer scored teacher-forced by the plain model after the row's prompt;
-- `prompt_ppl`: the row's prompt text (its newest user turn) on its own, scored by the plain model
-  (its first token unscored; no chat template around it): how natural the wording reads to the
-  model, the "normal vs strengthened prompt" comparison. Each pass is prefilled in chunks on a cache;
+- `prompt_ppl`: the row's prompt text (its newest user turn) scored by the plain model where it
+  stands in the row's input (after the system prompt, earlier turns and the chat template's markers;
+  without a template, the text alone with its first token unscored): how natural the wording reads
+  to the model, the "normal vs strengthened prompt" comparison. The prefill already computes the
+  model at those positions, so it scores them in the same forward (feedback/core/prefill_scores.py);
+  a text the template rewrote, not found as typed, is scored on its own;
 - `reference_ppl`: the run's reference answer scored after the row's prompt, with the row's
   strategy where one parallel pass scores it exactly (non-recurrent strategies), else by the plain
   model (`reference_ppl_with_strategy` says which).
@@ -171,6 +174,14 @@ def self_ppl(lm: LoadedModel, prompt_ids: list[int], answer_ids: list[int],
         return None
     nll = sequence_nll(lm, prompt_ids + answer_ids, stop)  # nll[i] scores token i + 1
     return _ppl(nll[len(prompt_ids) - 1:])
+
+
+def span_ppl(lm: LoadedModel, ids: list[int], span: tuple[int, int],
+             stop: threading.Event | None = None) -> float | None:
+    """The perplexity of ids[span[0]:span[1]] after what precedes them (a first token at position 0
+    is unscored), by the plain model."""
+    nll = sequence_nll(lm, ids, stop)  # nll[i] scores token i + 1
+    return _ppl(nll[max(span[0], 1) - 1:span[1] - 1])
 
 
 def text_ppl(lm: LoadedModel, text: str, stop: threading.Event | None = None) -> float | None:

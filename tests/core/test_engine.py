@@ -435,14 +435,20 @@ def test_the_scoring_after_a_run_counts_against_the_budget(tiny_lm):
     cfg = RunConfig(prompt="Hi", model="tiny", max_new_tokens=3, chat_template=False, reference="ref " * 200,
                     quality=True, rows=[RowSpec("baseline"), RowSpec("fb", "deep_cache", {"lam": 0.1})])
     run = start_run(tiny_lm, cfg)
-    # each row: its prompt and the reference; quality: the prompt once, the strategy row's
-    # prompt and answer (a plain row's self-perplexity comes from its decode)
+    # each row: its prompt and the reference; quality: the prefill scores the prompt, the strategy
+    # row's answer is read after the kept prompt (a plain row's self-perplexity comes from its decode)
     ref = len(run.reference_ids)
-    assert run._scoring_after([r.prompt_ids for r in run.rows]) == 2 * (1 + ref) + 1 + (1 + 3) == 409
-    with pytest.raises(FeedbackError, match=r"would score 409 token-forwards \(the quality metrics and the "
+    assert run._scoring_after([r.prompt_ids for r in run.rows]) == 2 * (1 + ref) + 3 == 407
+    with pytest.raises(FeedbackError, match=r"would score 407 token-forwards \(the quality metrics and the "
                                              r"reference answer, scored after the run\).*FEEDBACK_BUDGET_SCORED"):
-        start_run(tiny_lm, cfg, budget=Budget(scored_tokens=408))
-    start_run(tiny_lm, cfg, budget=Budget(scored_tokens=409))
+        start_run(tiny_lm, cfg, budget=Budget(scored_tokens=406))
+    start_run(tiny_lm, cfg, budget=Budget(scored_tokens=407))
+    # a row whose strategy edits the prompt's states, with no plain twin, reads its prompt twice more
+    alone = RunConfig(prompt="Hi there", model="tiny", max_new_tokens=3, chat_template=False, quality=True,
+                      rows=[RowSpec("loop", "inner_loop", {})])
+    run = start_run(tiny_lm, alone)
+    n = len(run.rows[0].prompt_ids)
+    assert run._scoring_after([n * [0]]) == n + (n + 3)
 
 
 def test_a_request_over_budget_is_refused_before_any_work(embedded_lm, hook_count):

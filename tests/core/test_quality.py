@@ -95,7 +95,9 @@ def test_a_run_reports_every_metric_per_row(embedded_lm):
         assert {"repeat_3gram_rate", "longest_repeat", "mean", "lowest_group"} <= set(m)
         assert m["self_ppl"] == pytest.approx(quality.self_ppl(embedded_lm, embedded_lm.encode(spec.prompt),
                                                                row.token_ids), rel=1e-5)
-        assert m["prompt_ppl"] == pytest.approx(quality.text_ppl(embedded_lm, spec.prompt), rel=1e-5)
+        ids, span = embedded_lm.encode_with_span(spec.prompt, spec.prompt)
+        assert embedded_lm.tokenizer.decode(ids[span[0]:span[1]]) == spec.prompt
+        assert m["prompt_ppl"] == pytest.approx(quality.span_ppl(embedded_lm, ids, span), rel=1e-5)
         assert m["reference_ppl"] > 1 and m["reference_ppl_with_strategy"]
         assert m["key_fact_recall"] == len(m["key_facts_found"]) / 2
     assert result.rows[0].metrics["key_fact_recall"] == 1.0  # "The capital of France is Paris."
@@ -123,10 +125,65 @@ def test_a_plain_row_scores_itself_from_its_own_steps(tiny_lm):
             forwards[0] = 0  # only the forwards after the last step count
     finally:
         handle.remove()
-    assert forwards[0] == 1  # prompt_ppl; both rows are plain, forced tokens included
+    assert forwards[0] == 0  # prompt_ppl came from the prefill; both rows are plain, forced tokens included
     for row in run.result.rows:
         want = quality.self_ppl(tiny_lm, tiny_lm.encode("Tell me about tea."), row.token_ids)
         assert row.metrics["self_ppl"] == pytest.approx(want, rel=1e-5)
+
+
+def test_a_feedback_row_reads_only_its_answer_after_the_kept_prompt(tiny_lm):
+    """After the last step, a baseline + feedback run forwards the feedback row's answer alone
+    (the plain prompt's keys and values are kept from the prefill): no token of the prompt is read
+    again, and the metrics equal separate teacher-forced passes."""
+    prompt = "Tell me about tea and the long history of its trade between continents."
+    read: list[int] = []
+    handle = tiny_lm.model.register_forward_pre_hook(
+        lambda _m, args, kwargs: read.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        run = start_run(tiny_lm, RunConfig(prompt=prompt, model="tiny", max_new_tokens=10, quality=True,
+                                           rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.5})]))
+        for _ in run:
+            read.clear()
+    finally:
+        handle.remove()
+    answer = run.result.rows[1].token_ids
+    assert read == [len(answer) - 1]  # its first token was scored by the prefill's last logits
+    ids, span = tiny_lm.encode_with_span(prompt, prompt)
+    for row in run.result.rows:
+        assert row.metrics["self_ppl"] == pytest.approx(quality.self_ppl(tiny_lm, ids, row.token_ids), rel=1e-5)
+        assert row.metrics["prompt_ppl"] == pytest.approx(quality.span_ppl(tiny_lm, ids, span), rel=1e-5)
+
+
+def test_prompt_ppl_is_read_in_place_in_every_prefill_shape(tiny_lm):
+    """Rows with different prompts (a left-padded prefill), a system prompt, no chat template, a
+    strategy that edits the prompt's states with and without a plain twin: each row's prompt PPL is
+    its text's tokens scored after what precedes them in its own input."""
+    short, long = "Why is the sky blue?", "Explain, step by step and with care, why the sky looks blue at noon."
+    rows = [RowSpec("a", prompt=short), RowSpec("b", prompt=long, system_prompt="Be brief."),
+            RowSpec("c", "inner_loop", {}, prompt=short), RowSpec("d", "inner_loop", {}, prompt=long + " Now.")]
+    for template in (True, False):
+        result = run_to_end(tiny_lm, RunConfig(prompt="", model="tiny", max_new_tokens=4, quality=True,
+                                               chat_template=template,
+                                               rows=rows if template else [RowSpec("a", prompt=short),
+                                                                           RowSpec("b", prompt=long)]))
+        for spec, row in zip(rows, result.rows):
+            system = spec.system_prompt if template else None
+            ids, span = tiny_lm.encode_with_span(spec.prompt, spec.prompt, template, system)
+            assert row.metrics["prompt_ppl"] == pytest.approx(quality.span_ppl(tiny_lm, ids, span), rel=1e-4)
+            assert row.metrics["self_ppl"] == pytest.approx(quality.self_ppl(tiny_lm, ids, row.token_ids), rel=1e-4)
+
+
+def test_the_prompt_text_span(embedded_lm):
+    """The span is the newest user turn's text (not an earlier turn's, not the template's markers);
+    a rewritten prompt (restate) still finds the typed text inside it; an empty text has none."""
+    history = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}]
+    ids, span = embedded_lm.encode_with_span("Hi there", "Hi there", True, None, history)
+    tail = embedded_lm.tokenizer.decode(ids[span[1]:])
+    assert embedded_lm.tokenizer.decode(ids[span[0]:span[1]]) == "Hi there" and "Hello!" not in tail
+    assert ids == embedded_lm.encode("Hi there", True, None, history)
+    ids, span = embedded_lm.encode_with_span("Name a colour.\n\nRestate it first.", "Name a colour. ")
+    assert embedded_lm.tokenizer.decode(ids[span[0]:span[1]]) == "Name a colour."
+    assert embedded_lm.encode_with_span("", "")[1] is None
 
 
 def test_key_facts_total_is_kept():
