@@ -7,6 +7,7 @@ import os
 import pytest
 
 # first: the package sets the CPU wait policy before torch loads
+from feedback.core import linear
 from feedback.core.model import LoadedModel, load_model
 
 import torch  # noqa: E402  (isort: skip)
@@ -36,6 +37,8 @@ def tiny_lm(embedded_lm: LoadedModel) -> LoadedModel:
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     model = LlamaForCausalLM(cfg).eval()
     model.set_attn_implementation("eager")  # as load_model does on CPU: batch-invariant
+    if linear.wanted(torch.device("cpu")):
+        linear.use_onednn(model)  # as load_model does on CPU
     return LoadedModel(model=model, tokenizer=tok, name="tiny", dtype="float32",
                        device=torch.device("cpu"), eos_token_ids=[tok.eos_token_id])
 
