@@ -9,12 +9,14 @@ highest beside it (`spread`). The load average before and after is stated. Repor
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -383,31 +385,115 @@ def api_overhead(lm: LoadedModel, tokens: int = 64, repeats: int = 3) -> dict:
             "api_same_tokens": seen["stream"] == seen["engine"] == seen["generate"]}
 
 
-def compare_dtypes(tokens: int = 64, repeats: int = 3) -> dict:
-    """Decode step time and greedy agreement with exact fp32 of each CPU precision: fp32, bf16
-    weights, and fp32 weights with bf16 matmuls (the two fast modes). Confidences are compared over
-    the tokens before the first difference."""
-    out: dict = {}
-    ref: list[int] | None = None
-    ref_conf: list[float] = []
-    for label, dtype, fast in (("float32", "float32", False), ("bfloat16", "bfloat16", False),
-                               ("float32+bf16_matmul", "float32", True)):
-        lm = load_model("embedded", dtype=dtype, fast_matmul=fast)
-        _raw_step_s(lm, 1, 8)
-        step = _median(lambda: _raw_step_s(lm, 1, tokens), repeats)
-        result = run_to_end(lm, RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=[RowSpec("b")]))
-        ids, conf = result.rows[0].token_ids, [s.confidence for s in result.rows[0].steps]
-        ref, ref_conf = ref or ids, ref_conf or conf
-        agree = next((i for i, (a, b) in enumerate(zip(ref, ids)) if a != b), min(len(ref), len(ids)))
-        out[label] = {"step_ms_batch1": step * 1e3, "tokens_equal_to_fp32_before_first_difference": agree,
-                      "max_confidence_diff": max((abs(a - b) for a, b in zip(ref_conf[:agree], conf[:agree])),
-                                                 default=0.0),
-                      "precision": lm.precision, "text": result.rows[0].text[:160]}
-    set_fast_matmul(False)
-    base = out["float32"]["step_ms_batch1"]
-    for d in out.values():
-        d["step_vs_fp32"] = d["step_ms_batch1"] / base
+# The ways this machine can run the model, exact first: (label, load_model keywords, FEEDBACK_LINEAR)
+MODES = (("fp32 exact (oneDNN linear, the default)", {"dtype": "float32"}, ""),
+         ("fp32 exact (PyTorch's MKL linear)", {"dtype": "float32"}, "aten"),
+         ("fp32 weights, oneDNN bf16 matmuls", {"dtype": "float32", "fast_matmul": True}, ""),
+         ("bf16 weights", {"dtype": "bfloat16"}, ""),
+         ("int8 weights (weight-only, bf16 activations)", {"dtype": "float32", "load_in_8bit": True}, ""))
+MODE_PPL_TOKENS = 512  # tokens per built-in test document for ΔPPL (the 512-token protocol of docs/RESULTS.md)
+
+
+def _mode_model(kwargs: dict, linear_kernel: str) -> LoadedModel:
+    """The embedded model loaded in one mode (FEEDBACK_LINEAR is read at load)."""
+    from feedback.core.linear import LINEAR_ENV
+
+    kept = os.environ.get(LINEAR_ENV)
+    os.environ[LINEAR_ENV] = linear_kernel
+    try:
+        return load_model("embedded", **kwargs)
+    finally:
+        if kept is None:
+            os.environ.pop(LINEAR_ENV, None)
+        else:
+            os.environ[LINEAR_ENV] = kept
+
+
+def _stored_bytes(lm: LoadedModel) -> int:
+    """Bytes of weights one step reads: parameters (tied ones once) and int8-packed layers' weights."""
+    total = _weight_bytes(lm)
+    for module in lm.model.modules():
+        weight = getattr(module, "weight", None)
+        if callable(weight) and not isinstance(weight, torch.Tensor):  # dynamically quantised: packed int8
+            total += weight().numel()
+    return total
+
+
+def _greedy_replies(lm: LoadedModel, prompts: list[str], tokens: int) -> list[list[int]]:
+    return [run_to_end(lm, RunConfig(prompt=p, max_new_tokens=tokens, rows=[RowSpec("b")])).rows[0].token_ids
+            for p in prompts]
+
+
+def _test_nlls(lm: LoadedModel, docs: int | None) -> list:
+    """Per-token NLL of every built-in test document's first MODE_PPL_TOKENS tokens (plain model)."""
+    from feedback.core.quality import sequence_nll
+    from feedback.eval.corpus import builtin
+
+    out = []
+    for doc in builtin("test")[:docs]:
+        ids = lm.tokenizer(doc.text)["input_ids"][:MODE_PPL_TOKENS]
+        if len(ids) >= 2:
+            out.append(sequence_nll(lm, ids).double().cpu().numpy())
     return out
+
+
+def fast_modes(tokens: int = 16, repeats: int = 3, reply_tokens: int = 64, docs: int | None = None) -> dict:
+    """Each mode of `MODES`: a bare decode step of 1 row (CPU ms), a 2-row step ÷ 1-row
+    (`pair_vs_row`), the weights read per 1-row step against the copy bandwidth (fastest wall-time
+    step), greedy agreement with the exact default over the 8 example prompts, and ΔPPL on the
+    built-in test split against it (paired 95 % CI over documents)."""
+    import numpy as np
+
+    from feedback.eval.perplexity import paired_bootstrap
+
+    examples = json.loads((Path(__file__).resolve().parent.parent / "assets" / "examples.json").read_text())
+    prompts = [e["prompt"] for e in examples][:8]
+    bandwidth = _bandwidth_gbs()
+    out: dict = {"bandwidth_gbs": bandwidth, "modes": {}}
+    ref_replies = ref_nlls = None
+    for label, kwargs, kernel in MODES:
+        lm = _mode_model(kwargs, kernel)
+        _raw_step_s(lm, 2, 4)  # warm-up
+        pair = ratio(lambda: _raw_step_s(lm, 2, tokens), lambda: _raw_step_s(lm, 1, tokens), repeats)
+        wall = min(_raw_step_s(lm, 1, tokens, time.perf_counter) for _ in range(repeats))
+        replies, nlls = _greedy_replies(lm, prompts, reply_tokens), _test_nlls(lm, docs)
+        ref_replies, ref_nlls = ref_replies or replies, ref_nlls or nlls
+        diffs = [a - b for a, b in zip(nlls, ref_nlls)]
+        mean = sum(d.sum() for d in diffs) / sum(d.size for d in diffs)
+        lo, hi, _ = paired_bootstrap(diffs, 2000, 0) if any(np.any(d) for d in diffs) else (0.0, 0.0, "")
+        stored = _stored_bytes(lm)
+        out["modes"][label] = {
+            "precision": lm.precision, "step_ms_row1": pair.b * 1e3, "step_ms_row2": pair.a * 1e3,
+            "pair_vs_row": pair.median, "pair_vs_row_spread": [pair.low, pair.high],
+            "weights_mb": stored / 2**20, "wall_step_ms": wall * 1e3,
+            "bandwidth_fraction": stored / (bandwidth * 1e9) / wall,
+            "replies_equal": sum(a == b for a, b in zip(replies, ref_replies)), "replies": len(prompts),
+            "tokens_equal_before_first_difference": sum(_agree(a, b) for a, b in zip(replies, ref_replies)),
+            "tokens": sum(len(r) for r in ref_replies),
+            "delta_ppl_pct": 100 * math.expm1(mean), "delta_ppl_ci_pct": [100 * math.expm1(lo), 100 * math.expm1(hi)],
+            "test_tokens": int(sum(d.size for d in nlls)),
+        }
+        del lm
+    set_fast_matmul(False)
+    return out
+
+
+def _modes_text(modes: dict) -> str:
+    lines = [f"modes (copy bandwidth {modes['bandwidth_gbs']:.1f} GB/s; agreement and ΔPPL against the first):"]
+    for label, m in modes["modes"].items():
+        lines.append(
+            f"  {label:40} 1 row {m['step_ms_row1']:6.1f} ms CPU, pair_vs_row {m['pair_vs_row']:.2f} "
+            f"[{m['pair_vs_row_spread'][0]:.2f}–{m['pair_vs_row_spread'][1]:.2f}], {m['weights_mb']:.0f} MB at "
+            f"{m['bandwidth_fraction']:.2f} of bandwidth ({m['wall_step_ms']:.1f} ms wall); greedy replies equal "
+            f"{m['replies_equal']}/{m['replies']} ({m['tokens_equal_before_first_difference']}/{m['tokens']} tokens "
+            f"before the first difference); ΔPPL {m['delta_ppl_pct']:+.3f} % [{m['delta_ppl_ci_pct'][0]:+.3f}, "
+            f"{m['delta_ppl_ci_pct'][1]:+.3f}] over {m['test_tokens']} test tokens")
+    return "\n".join(lines)
+
+
+def _agree(a: list[int], b: list[int]) -> int:
+    """Tokens equal before the first difference."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 HOG = "import time\nwhile True: sum(range(10_000))"  # one busy core, like a neighbour on a shared CPU
@@ -454,13 +540,17 @@ def _line(report: dict, key: str, note: str) -> str:
 
 
 def run_bench(args) -> int:
+    if getattr(args, "modes_only", False):
+        modes = fast_modes(repeats=max(3, args.repeats))
+        print(json.dumps(modes, indent=2) if args.json else _modes_text(modes))
+        return 0
     lm = load_model("embedded", dtype=args.dtype)
     report = measure(args.tokens, args.repeats, lm=lm, quick=getattr(args, "quick", False))
     if getattr(args, "api", False):
         api = api_overhead(lm, args.tokens, args.repeats)
         report |= {**api, "spread": report["spread"] | api["spread"]}
-    if getattr(args, "dtypes", False):
-        report["dtypes"] = compare_dtypes()
+    if getattr(args, "modes", False):
+        report["modes"] = fast_modes(repeats=max(3, args.repeats))
     if getattr(args, "hog", False):
         report["busy_machine"] = busy_machine()
     if args.json:
@@ -506,8 +596,6 @@ def run_bench(args) -> int:
           f"rows vs alone: max |Δ logit| {inv['rows2_vs_alone_max_abs']:.1e} / {inv['rows16_vs_alone_max_abs']:.1e}")
     for where, steps in report.get("busy_machine", {}).items():
         print(f"decode step ms, {where:5}: " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()))
-    for dtype, d in report.get("dtypes", {}).items():
-        print(f"{dtype}: {d['step_ms_batch1']:.1f} ms/step ({d['step_vs_fp32']:.2f} x fp32), equal to fp32 for "
-              f"{d['tokens_equal_to_fp32_before_first_difference']} tokens, confidences within "
-              f"{d['max_confidence_diff']:.1e} there ({d['precision']}): {d['text']!r}")
+    if report.get("modes"):
+        print(_modes_text(report["modes"]))
     return 0

@@ -62,6 +62,7 @@ class LoadedModel:
     device: torch.device
     load_seconds: float = 0.0
     eos_token_ids: list[int] = field(default_factory=list)
+    quantization: str | None = None  # how the weights are stored when not in `dtype` (8-bit, 4-bit)
     # Held for each forward pass: runs sharing this model interleave step by step, never overlap.
     forward_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -76,6 +77,8 @@ class LoadedModel:
     @property
     def precision(self) -> str:
         """What the numbers are computed in, said where it trades exactness for speed."""
+        if self.quantization:
+            return f"fast, not bit-exact: {self.quantization}"
         if self.dtype in ("bfloat16", "float16"):
             return f"fast, not bit-exact: {self.dtype} weights"
         if self.device.type == "cpu" and torch.backends.mkldnn.matmul.fp32_precision == "bf16":
@@ -145,7 +148,8 @@ def _token_span(offsets, start: int, length: int) -> tuple[int, int] | None:
 def resolve_dtype(dtype: str, device: torch.device) -> str:
     if dtype == "auto":
         if device.type == "cuda":
-            return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+            # a T4 "supports" bf16 only through emulation: fp16 is its native half type
+            return "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float16"
         return CPU_AUTO_DTYPE
     if dtype not in DTYPES:
         raise FeedbackError(f"unknown dtype {dtype!r}; choose auto, {', '.join(DTYPES)}")
@@ -252,16 +256,21 @@ def load_model(
         attn_implementation = "eager" if dev.type == "cpu" else None
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    if load_in_4bit or load_in_8bit:
-        if load_in_4bit and load_in_8bit:
-            raise FeedbackError("choose one of 4-bit and 8-bit loading, not both")
+    if load_in_4bit and load_in_8bit:
+        raise FeedbackError("choose one of 4-bit and 8-bit loading, not both")
+    cpu_int8 = load_in_8bit and dev.type == "cpu"
+    if cpu_int8 and dtype_name != "float32":
+        raise FeedbackError("8-bit weights on CPU compute in float32 around int8 products: use dtype float32 or auto")
+    if (load_in_4bit or load_in_8bit) and not cpu_int8:
         if not torch.cuda.is_available():
-            raise FeedbackError("4-bit/8-bit loading uses bitsandbytes and needs a CUDA GPU; none is available")
+            raise FeedbackError("4-bit loading uses bitsandbytes and needs a CUDA GPU; none is available "
+                                "(8-bit weights run on CPU too)")
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=load_in_4bit,
             load_in_8bit=load_in_8bit,
+            bnb_4bit_quant_type="nf4",
             bnb_4bit_compute_dtype=DTYPES[dtype_name],
         )
         device_map = device_map or "auto"
@@ -292,8 +301,14 @@ def load_model(
 
         model.set_attn_implementation(GROUPED)
 
+    quantization = None
+    if cpu_int8:
+        linear.quantize_int8(model)
+        quantization = linear.INT8_LABEL
+    elif load_in_4bit or load_in_8bit:
+        quantization = "bitsandbytes 4-bit NF4 weights" if load_in_4bit else "bitsandbytes 8-bit weights"
     if linear.wanted(dev) and device_map is None:
-        linear.use_onednn(model)
+        linear.use_onednn(model)  # what is left in fp32 (all of it, or the output head beside int8 layers)
 
     eos: list[int] = []
     for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
@@ -308,4 +323,5 @@ def load_model(
         device=next(model.parameters()).device,
         load_seconds=time.perf_counter() - started,
         eos_token_ids=eos,
+        quantization=quantization,
     )

@@ -65,3 +65,41 @@ def test_feedback_linear_aten_keeps_pytorch_kernel():
     env[linear.LINEAR_ENV] = ""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["True", "False"]
+
+
+def test_int8_weights_keep_the_products_close_and_the_head_in_fp32():
+    """Per-channel int8 weights on bf16 activations: each product within a few tenths of a percent
+    of fp32's; the output head and every non-linear part left as they were."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    layer = model.model.layers[0].mlp.down_proj
+    x = torch.randn(3, 5, layer.in_features)
+    with torch.inference_mode():
+        want = layer(x)
+    assert linear.quantize_int8(model) == 2 * 7  # q, k, v, o, gate, up, down per layer
+    q = model.model.layers[0].mlp.down_proj
+    assert isinstance(q, linear.Int8WeightLinear) and q.qweight.dtype == torch.int8
+    assert type(model.lm_head) is nn.Linear and model.lm_head.weight.dtype == torch.float32
+    with torch.inference_mode():
+        got = q(x)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert ((got - want).norm() / want.norm()).item() < 0.01
+
+
+def test_load_in_8bit_on_cpu_is_a_labelled_fast_mode():
+    from feedback.core.model import load_model
+
+    lm = load_model("embedded", load_in_8bit=True)
+    assert lm.precision.startswith("fast, not bit-exact: int8 weights")
+    assert isinstance(lm.layers[0].self_attn.q_proj, linear.Int8WeightLinear) and lm.vocab_size == 49152
+    from feedback.core.engine import run_to_end
+    from feedback.core.records import RowSpec, RunConfig
+
+    result = run_to_end(lm, RunConfig(prompt="What is the capital of France?", max_new_tokens=8,
+                                      rows=[RowSpec("b"), RowSpec("f", "residual", {})]))
+    assert "Paris" in result.rows[0].text
+    with pytest.raises(Exception, match="float32"):
+        load_model("embedded", load_in_8bit=True, dtype="bfloat16")

@@ -233,10 +233,11 @@ def test_resolve_source_embedded_uses_prepared_cache():
 # ---------------------------------------------------------------- load_model
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error path")
-@pytest.mark.parametrize("flags", [{"load_in_4bit": True}, {"load_in_8bit": True}])
-def test_quantised_loading_needs_cuda(flags):
-    with pytest.raises(FeedbackError, match="CUDA"):
-        load_model("org/whatever", **flags)
+def test_4bit_loading_needs_cuda_and_8bit_on_cpu_needs_fp32():
+    with pytest.raises(FeedbackError, match="4-bit loading uses bitsandbytes and needs a CUDA GPU"):
+        load_model("org/whatever", load_in_4bit=True)
+    with pytest.raises(FeedbackError, match="8-bit weights on CPU compute in float32"):
+        load_model("org/whatever", load_in_8bit=True, dtype="bfloat16")  # refused before any download
 
 
 def test_quantised_loading_rejects_both_flags():
