@@ -1,4 +1,4 @@
-"""Command line: python -m feedback {generate, ppl, sweep, tune, qa, recall, deepthink, lmeval, calibrate, batch, merge, bench, prepare}."""
+"""Command line: python -m feedback {generate, ppl, sweep, tune, qa, recall, deepthink, lmeval, calibrate, batch, merge, bench, doctor, prepare}."""
 from __future__ import annotations
 
 import argparse
@@ -58,7 +58,8 @@ def _add_model_args(p) -> None:
                    help="memory cap per device for --device-map, e.g. 0=20GiB,1=20GiB,cpu=64GiB")
     quant = g.add_mutually_exclusive_group()
     quant.add_argument("--load-in-4bit", action="store_true", help="bitsandbytes NF4 weights (CUDA only)")
-    quant.add_argument("--load-in-8bit", action="store_true", help="bitsandbytes int8 weights (CUDA only)")
+    quant.add_argument("--load-in-8bit", action="store_true", help="int8 weights: bitsandbytes on CUDA; on CPU the "
+                       "decoder's layers as int8 weights (per-channel scales, bf16 activations), not bit-exact")
     g.add_argument("--trust-remote-code", action="store_true", help="run the model repository's own code")
 
 
@@ -785,6 +786,16 @@ def _bench(args) -> int:
     return run_bench(args)
 
 
+def _doctor(args) -> int:
+    from feedback.doctor import run_doctor
+
+    return run_doctor(args.out, args.model, args.only, args.skip, args.budget_s, args.device)
+
+
+def _step_names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def _add_ppl_args(p) -> None:
     p.add_argument("--data", default="builtin:dev", help="builtin:dev | builtin:test | file.txt | file.jsonl | folder")
     _add_model_args(p)
@@ -924,13 +935,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5, help="rounds per ratio (its two sides in turn; the median of "
                    "the per-round ratios is kept, the lowest and highest shown)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--dtypes", action="store_true", help="also compare float32 and bfloat16 decode speed")
+    p.add_argument("--modes", action="store_true", help="also compare the ways to run the model here (exact fp32 "
+                   "on oneDNN or MKL, bf16 matmuls, bf16 weights, int8 weights): step, pair_vs_row, bandwidth, "
+                   "greedy agreement and ΔPPL on the built-in test split")
+    p.add_argument("--modes-only", action="store_true", help="only that comparison")
     p.add_argument("--api", action="store_true", help="also time a run through the HTTP API against the engine")
     p.add_argument("--quick", action="store_true", help="smaller scaling and Deep Think shapes, named by their "
                    "shapes (a check that every measurement runs; not the targets' shapes)")
     p.add_argument("--hog", action="store_true", help="also time 1 and 2 threads x PASSIVE and ACTIVE waiting, "
                    "quiet and beside a CPU hog (each in its own process)")
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser("doctor", help="check this machine (dtypes, 8/4-bit, memory readings, speed vs the roofline, "
+                       "compiled decode, every strategy, the app): doctor.json and a table; CUDA-only steps are "
+                       "skipped on CPU with the reason")
+    p.add_argument("--out", default="doctor.json", help="where the report goes (default doctor.json); rewritten after "
+                   "every step")
+    p.add_argument("--model", default=None, help="embedded (default) | hub id | local folder | file.gguf")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="auto (default): the GPU where there is one; cpu: the CPU report on any machine")
+    p.add_argument("--only", type=_step_names, default=None, metavar="STEP,...",
+                   help="run only these steps (dtypes, quantized, memory, speed, compiled, strategies, app)")
+    p.add_argument("--skip", type=_step_names, default=[], metavar="STEP,...", help="leave these steps out")
+    p.add_argument("--budget-s", type=float, default=None, help="start no step after this many seconds (default: "
+                   "300 on CUDA, none on CPU)")
     return parser
 
 
@@ -938,7 +965,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"generate": _generate, "prepare": _prepare, "bench": _bench, "ppl": _ppl,
                "sweep": _sweep, "tune": _tune, "qa": _qa, "recall": _recall, "deepthink": _deepthink, "calibrate": _calibrate, "batch": _batch,
-               "merge": _merge, "lmeval": _lmeval}[args.command]
+               "merge": _merge, "lmeval": _lmeval, "doctor": _doctor}[args.command]
     try:
         return handler(args)
     except FeedbackError as exc:
