@@ -2,24 +2,30 @@
 again) streamed from the engine, and Calibrate's warm-up traces. Each says what to show as a view (`ui.compare_view`); the
 tab's `show` function, given to the work, turns a view into its components' updates, so a work
 never touches a component.
+
+The engine run itself is a `GpuTask` (`CompareTask`, `CalibrateTask`): its checked config, which
+ZeroGPU pickles to its GPU worker, where the run is started again on the worker's model. The run
+built here (`CompareWork.engine_run`) is the check and the page's frame; it never iterates.
 """
 from __future__ import annotations
 
-import threading
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from feedback.core import memory
-from feedback.core.engine import PrefillEvent, Run, StepEvent
+from feedback.core.engine import PrefillEvent, Run, StepEvent, start_run
 from feedback.core.records import RowResult, RunConfig, RunResult
 from feedback.core.session import keep_shown, merge_rerun
 from feedback.eval.deepthink import DeepThinkConfig, warm_up
 from feedback.serve.gate import Place
+from feedback.serve.gpu_time import GpuWork
 from ui import charts, render
 from ui.compare_view import CalibrationView, PageView, RunView, Status, confidence_chart, done_text, frame, outputs
-from ui.runner import Outcome, Work, ended_text, reporting, waiting_text
+from ui.deepconf import traces_gpu_work
+from ui.runner import GpuTask, Outcome, Work, ended_text, reporting, waiting_text
+from ui.stop_signal import StopSignal
 
 MEMORY_CHART_INTERVAL_S = 1.0  # the memory chart is drawn again at most once a second while a run streams
 MEMORY_POINTS = 240
@@ -62,6 +68,44 @@ class ViewWork(Work):
         return self.View(busy=False, status=Status(*ended_text(outcome, stopped, left)))
 
 
+@dataclass
+class CompareTask(GpuTask):
+    """A Compare run on the GPU: its config, checked here, started there on the worker's model. It
+    streams the engine's events (each a step's tokens: small), then the run's result once."""
+
+    model: str
+    gpu: GpuWork
+    config: RunConfig
+
+    def run(self, lm, stop: StopSignal):
+        run = start_run(lm, self.config)  # the budgets were checked here; the device's memory is checked there
+        run.stop_event = stop  # the job's stop: Stop, cancel, or a page that went away
+        run.prefill_events = True  # a long prompt's reading shows in the status line
+        for event in run:
+            yield event
+            for row in stop.rows() - run.stopped_rows:  # columns stopped on their own, from the page
+                run.stop_row(row)
+        yield run.result
+
+
+def run_gpu_work(run: Run) -> GpuWork:
+    """The GPU work of an engine run: its decode, the prefill of each distinct prompt and, at most,
+    the scoring after it (the quality metrics score each prompt, each strategy row's reply and each
+    row's reference)."""
+    cfg, rows, new = run.config, run.rows, run.config.max_new_tokens
+    prefill = sum(len(ids) for ids in run.groups)
+    after = 0
+    if cfg.quality:
+        after += prefill + sum(len(r.prompt_ids) + new for r in rows if r.spec.strategy)
+    if run.reference_ids:
+        after += sum(len(r.prompt_ids) + new + len(run.reference_ids) for r in rows)
+    longest = max(len(r.prompt_ids) for r in rows)
+    columns = f"{len(rows)} column{'s' if len(rows) != 1 else ''}"
+    return GpuWork(steps=new, row_tokens=len(rows) * new, scored=prefill + after,
+                   how=f"{columns} x {new:,} new tokens after a prompt of up to {longest:,} tokens",
+                   fewer="fewer columns, fewer max new tokens or a shorter prompt")
+
+
 class CompareWork(ViewWork):
     """One Compare run: the engine streams step events; the page gets columns, stats and charts."""
 
@@ -86,14 +130,7 @@ class CompareWork(ViewWork):
         self.started = False
         self.prefill: PrefillEvent | None = None  # how far a long prompt has been read
         self.shown: int | None = None  # the steps on the page when Stop was pressed there
-        self.gpu_seconds = 30 + cfg.max_new_tokens  # generous: ~0.1 s a step on a CPU, far less on a GPU
-
-    def run(self, stop: threading.Event):
-        self.engine_run.stop_event = stop  # the job's stop: Stop, cancel, or a page that went away
-        self.engine_run.prefill_events = True  # a long prompt's reading shows in the status line
-        for event in self.engine_run:
-            yield event
-        yield self.engine_run.result
+        self.task = CompareTask(run.lm.name, run_gpu_work(run), cfg)
 
     def shown_at_stop(self, steps: int) -> None:
         """The page's Stop came when it showed `steps` steps: the stopped run keeps those (what the
@@ -102,9 +139,9 @@ class CompareWork(ViewWork):
 
     def stop_column(self, column: int) -> bool:
         """Stop one column (0-based) at its next step, the others going on; False if it is not running."""
-        if column not in self.slots or self.rows[column].stop_reason is not None:
+        if column not in self.slots or self.rows[column].stop_reason is not None or self.signal is None:
             return False
-        self.engine_run.stop_row(self.slots.index(column))
+        self.signal.stop_row(self.slots.index(column))  # read by the run, wherever it runs
         return True
 
     def _apply(self, event: StepEvent) -> None:
@@ -148,7 +185,7 @@ class CompareWork(ViewWork):
             elif isinstance(item, PrefillEvent):
                 self.prefill = item
             elif isinstance(item, RunResult):
-                self.result = item
+                self.result = self.merged(item)
         if self.result is None:
             out |= outputs(self.rows, self.view, live=True, caches=self.caches)
             out |= RunView(status=Status(f"{self._where()} ({elapsed:.0f} s)"))
@@ -191,6 +228,10 @@ class CompareWork(ViewWork):
         return out | RunView(result=data, status=Status(self.done_text(result),
                                                         "stopped" if outcome.kind == "stopped" else "info"))
 
+    def merged(self, result: RunResult) -> RunResult:
+        """The page's result of the engine's."""
+        return result
+
     def done_text(self, result: RunResult) -> str:
         return done_text(result)
 
@@ -216,13 +257,24 @@ class RerunWork(CompareWork):
         self.caches = [render.SpanCache() for _ in self.rows]
         self.fed = [0] * len(self.rows)
 
-    def run(self, stop: threading.Event):
-        for item in super().run(stop):
-            yield merge_rerun(self.before, self.column, item) if isinstance(item, RunResult) else item
+    def merged(self, result: RunResult) -> RunResult:
+        return merge_rerun(self.before, self.column, result)
 
     def done_text(self, result: RunResult) -> str:
         return (f"Re-ran {result.rows[self.column].name} alone; the other columns are as they were. "
                 f"{done_text(result)}")
+
+
+@dataclass
+class CalibrateTask(GpuTask):
+    """Calibrate's warm-up traces on the GPU: progress lines, then `Finished` with the thresholds."""
+
+    model: str
+    gpu: GpuWork
+    cfg: DeepThinkConfig
+
+    def run(self, lm, stop: StopSignal):
+        yield from reporting(lambda report, halt: warm_up(lm, self.cfg, halt, report), stop)
 
 
 class CalibrateWork(ViewWork):
@@ -234,11 +286,8 @@ class CalibrateWork(ViewWork):
     def __init__(self, lm, cfg: DeepThinkConfig, note: str, show: Callable[[PageView], dict]):
         super().__init__(show)
         self.lm, self.cfg, self.note = lm, cfg, note
-        self.gpu_seconds = 30 + cfg.max_new_tokens
+        self.task = CalibrateTask(lm.name, traces_gpu_work(lm, cfg, [2 * cfg.warmup]), cfg)
         self.result = None
-
-    def run(self, stop: threading.Event):
-        yield from reporting(lambda report, halt: warm_up(self.lm, self.cfg, halt, report), stop)
 
     def progress_view(self, items: list, elapsed: float) -> CalibrationView:
         out = CalibrationView(busy=True)

@@ -6,7 +6,6 @@ names API clients may pass them by; every number is checked against the `Bound` 
 from __future__ import annotations
 
 import dataclasses
-import threading
 from html import escape
 
 import gradio as gr
@@ -16,13 +15,15 @@ from feedback.core.sampling import MIN_TEMPERATURE, TEMPERATURE, TOP_P, Sampling
 from feedback.errors import FeedbackError
 from feedback.eval.deepthink import SIDES, VOTE_KINDS, DeepThinkConfig, check_budget, deep_think
 from feedback.eval.voting import ETA
+from feedback.serve.gpu_time import GpuWork
 from feedback.serve.limits import TRACE_MAX_NEW_TOKENS, TRACES, WARMUP_TRACES
 from feedback.serve.pool import ModelPool
 from ui import charts, render
 from ui.controls import bound_number, build_strategy_panel, chosen, lazy_json, run_controls, to_components
-from ui.deepconf import ETA_CHOICES, resolve_eta
+from ui.deepconf import ETA_CHOICES, resolve_eta, traces_gpu_work
 from ui.deepthink_calibration import CalibrationPanel
-from ui.runner import ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
+from ui.runner import GpuTask, ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
+from ui.stop_signal import StopSignal
 
 TAB = "deepthink"
 # Deep Think samples its traces: at temperature 0 every trace of a side would be the same one.
@@ -69,6 +70,24 @@ def trace_rows(report: dict) -> list[list]:
     return rows
 
 
+@dataclasses.dataclass
+class DeepThinkTask(GpuTask):
+    """Deep Think on the GPU: progress lines, then `Finished` with the report."""
+
+    model: str
+    gpu: GpuWork
+    cfg: DeepThinkConfig
+
+    def run(self, lm, stop: StopSignal):
+        yield from reporting(lambda report, halt: deep_think(lm, self.cfg, progress=report, stop=halt), stop)
+
+
+def deep_think_gpu_work(lm, cfg: DeepThinkConfig) -> GpuWork:
+    """Its batched runs: the warm-up traces, the online ones and, in check mode, the stopped ones
+    finished (at most every online trace), both sides in each."""
+    return traces_gpu_work(lm, cfg, [2 * cfg.warmup, 2 * cfg.traces] + ([2 * cfg.traces] if cfg.check else []))
+
+
 class DeepThinkWork(TabWork):
     label = "a Deep Think run"
 
@@ -76,10 +95,7 @@ class DeepThinkWork(TabWork):
         super().__init__(tab.run, tab.stop, tab.status)
         self.outputs, self.lm, self.cfg = tab.outputs, lm, cfg
         self.report = None
-        self.gpu_seconds = 60 + 3 * cfg.max_new_tokens
-
-    def run(self, stop: threading.Event):
-        yield from reporting(lambda report, halt: deep_think(self.lm, self.cfg, progress=report, stop=halt), stop)
+        self.task = DeepThinkTask(lm.name, deep_think_gpu_work(lm, cfg), cfg)
 
     def progress(self, items: list, elapsed: float) -> dict:
         out = self.busy()

@@ -11,21 +11,23 @@ fields that would make it fit (`check_budget`)."""
 from __future__ import annotations
 
 import math
-import threading
+from dataclasses import dataclass
 
 import gradio as gr
 
 from feedback.core.budget import Budget
 from feedback.errors import FeedbackError
-from feedback.eval.perplexity import (Estimate, PPLConfig, ScoringProgress, Tally, document_ids, estimate, evaluate,
-                                      fitting_cap, fitting_docs, measured_rate, scoring_rate, seconds_left,
-                                      surprise_diff)
+from feedback.eval.perplexity import (RATE_PROBE_TOKENS, Estimate, PPLConfig, ScoringProgress, Tally, document_ids,
+                                      estimate, evaluate, fitting_cap, fitting_docs, measured_rate, scoring_rate,
+                                      seconds_left, surprise_diff)
+from feedback.serve.gpu_time import GpuWork
 from feedback.serve.limits import MAX_DOCS, MAX_TOKENS_PER_DOC, SERVED_MAX_TOKENS_PER_DOC
 from feedback.serve.pool import ModelPool
 from ui import charts, render
 from ui.controls import bound_number, build_strategy_panel, chosen, run_controls, to_components
 from ui.recall_section import RecallSection
-from ui.runner import Finished, ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
+from ui.runner import Finished, GpuTask, ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
+from ui.stop_signal import StopSignal
 from ui.text_inputs import delta_legend, load_named, mode_inputs, scoring_config, source_inputs, surprise_html
 
 TAB = "perplexity"
@@ -104,10 +106,6 @@ class JobClock:
     def forwards(self) -> int:
         return sum(est.forwards for _, _, est in self.parts)
 
-    def measure(self, lm, stop) -> Estimate:
-        """On the worker, holding the model: the rate, as a report the page's clock `take`s."""
-        return self.parts[0][2].at(scoring_rate(lm, stop))
-
     def take(self, item, elapsed: float) -> bool:
         """Whether `item` was one of the clock's reports: the measured rate, or where the job stands
         (heard `elapsed` seconds into the job)."""
@@ -157,6 +155,36 @@ def surprise_figure(detail: dict):
     return charts.bar_figure(labels, diffs, "scored token (position: text)", "NLL feedback − baseline (nats)")
 
 
+def measure(est: Estimate, lm, stop) -> Estimate:
+    """In the GPU function, holding the model: `est` at this model's rate, a report the page's clock `take`s."""
+    return est.at(scoring_rate(lm, stop))
+
+
+def scoring_gpu_work(*ests: Estimate | None, fewer: str) -> GpuWork:
+    """The GPU work of scoring a corpus: every estimate's token-forwards, and the rate's probe."""
+    forwards = sum(est.forwards for est in ests if est is not None)
+    return GpuWork(scored=forwards + RATE_PROBE_TOKENS + 8, how=f"{forwards:,} token-forwards", fewer=fewer)
+
+
+@dataclass
+class PerplexityTask(GpuTask):
+    """A Perplexity measurement on the GPU: the rate, progress, then `Finished` with the result."""
+
+    model: str
+    gpu: GpuWork
+    docs: list
+    cfg: PPLConfig
+    pasted: bool
+    est: Estimate
+
+    def run(self, lm, stop: StopSignal):
+        def score(report, halt):
+            report(measure(self.est, lm, halt))
+            return evaluate(lm, self.docs, self.cfg, token_detail=self.pasted, stop=halt, tally=Tally(report))
+
+        yield from reporting(score, stop)
+
+
 class PerplexityWork(TabWork):
     label = "a Perplexity measurement"
 
@@ -165,17 +193,12 @@ class PerplexityWork(TabWork):
         self.outputs, self.lm, self.docs, self.cfg, self.pasted = tab.outputs, lm, docs, cfg, pasted
         self.clock = JobClock(lm, ("", "", est))
         self.result = None
-        self.gpu_seconds = 60 + 2 * len(docs)
+        self.task = PerplexityTask(lm.name, scoring_gpu_work(est, fewer=f"less text ({MAX_DOCS.name}, "
+                                                                         f"{MAX_TOKENS_PER_DOC.name})"),
+                                   docs, cfg, pasted, est)
 
     def starting(self) -> dict:
         return self.busy() | self.say(f"Starting. {self.clock.estimate_text()}")
-
-    def run(self, stop: threading.Event):
-        def score(report, halt):
-            report(self.clock.measure(self.lm, halt))
-            return evaluate(self.lm, self.docs, self.cfg, token_detail=self.pasted, stop=halt, tally=Tally(report))
-
-        yield from reporting(score, stop)
 
     def progress(self, items: list, elapsed: float) -> dict:
         for item in items:

@@ -9,22 +9,25 @@ tabs, the served budgets); the handler takes its controls' values by name (the s
 (`feedback.serve.limits`). The grid is built and its cost checked before the request waits."""
 from __future__ import annotations
 
-import threading
+from dataclasses import dataclass
 
 import gradio as gr
 
+from feedback.core.budget import Budget
 from feedback.core.records import RowSpec
 from feedback.errors import FeedbackError
 from feedback.eval.recall import (Instance, RecallConfig, check_budget, evaluate_recall, plan, summarise,
                                   work)
 from feedback.eval.recall_figures import GAIN_LEGEND, accuracy_heatmap, difference_heatmap
+from feedback.serve.gpu_time import GpuWork
 from feedback.serve.limits import (RECALL_GRID_CHARS, RECALL_ITEMS, RECALL_NEW_TOKENS, SERVED_RECALL_MAX_LENGTH,
                                    SERVED_RECALL_MAX_VALUES, SMALL_SEED, check_recall_grid)
 from feedback.serve.pool import ModelPool
 from feedback.strategies import build_strategy, get_strategy
 from ui.charts import empty_figure
 from ui.controls import bound_number, build_strategy_panel, chosen, run_controls, to_components
-from ui.runner import Finished, ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
+from ui.runner import Finished, GpuTask, ModelRunner, Outcome, TabWork, cancellable_by_clients, reporting
+from ui.stop_signal import StopSignal
 
 TAB = "recall"  # its own jobs: its Stop ends its own run, not a perplexity measurement
 BASELINE = "baseline"
@@ -93,6 +96,33 @@ def result_view(res: dict, strategy: str, note: str = "") -> dict:
     return view
 
 
+@dataclass
+class RecallTask(GpuTask):
+    """A Recall grid on the GPU: each prompt's record as it finishes, then `Finished` with the result."""
+
+    model: str
+    gpu: GpuWork
+    cfg: RecallConfig
+    rows: list[RowSpec]
+    instances: list[Instance]
+    budget: Budget | None
+
+    def run(self, lm, stop: StopSignal):
+        def job(report, halt):
+            return evaluate_recall(lm, self.cfg, self.rows, instances=self.instances, on_instance=report,
+                                   stop=halt, budget=self.budget)
+
+        yield from reporting(job, stop)
+
+
+def recall_gpu_work(instances: list[Instance], rows: list[RowSpec], max_new_tokens: int) -> GpuWork:
+    """One run of the rows per prompt: its decode, and the prompt and gold answers scored."""
+    scored, decoded, how = work(instances, rows, max_new_tokens)
+    return GpuWork(steps=len(instances) * max_new_tokens, row_tokens=decoded, scored=scored,
+                   how=f"{how}; {max_new_tokens} new tokens each",
+                   fewer="fewer items, lengths or depths, shorter lengths, or fewer max new tokens")
+
+
 class RecallWork(TabWork):
     label = "a Recall grid"
 
@@ -105,20 +135,14 @@ class RecallWork(TabWork):
         self.plan = plan_text(instances, rows, cfg.max_new_tokens, cfg)
         self.records: list[dict] = []
         self.result: dict | None = None
-        self.gpu_seconds = 60 + 5 * len(instances)
+        self.task = RecallTask(lm.name, recall_gpu_work(instances, rows, cfg.max_new_tokens), cfg, rows, instances,
+                               self.budget)
 
     def starting(self) -> dict:
         blank = empty_figure("the heatmaps fill in as each prompt finishes")
         return (self.busy() | self.say(f"Starting: {self.plan}.")
                 | to_components(self.outputs, {"summary": "", "baseline_plot": blank, "strategy_plot": blank,
                                                "difference_plot": blank, "result": None}))
-
-    def run(self, stop: threading.Event):
-        def job(report, halt):
-            return evaluate_recall(self.lm, self.cfg, self.rows, instances=self.instances, on_instance=report,
-                                   stop=halt, budget=self.budget)
-
-        yield from reporting(job, stop)
 
     def _partial(self) -> dict:
         return summarise(self.records, [r.name for r in self.rows], self.cfg.lengths, self.cfg.depths,

@@ -7,23 +7,28 @@ For each request it:
 2. takes a place in the process's one model line (`ModelPool.gate`, shared with the HTTP API) and,
    while waiting, tells the page its position and what it waits behind; Stop leaves the line;
 3. runs the model work on a worker thread, inside the `spaces.GPU` function (ZeroGPU; a no-op
-   elsewhere), streaming the work's progress to the page at least every HEARTBEAT_S seconds;
+   elsewhere), streaming the work's progress to the page at least every HEARTBEAT_S seconds. On
+   ZeroGPU that function runs in another process, forked from this one: what crosses is pickled
+   (the work's `GpuTask`, a `StopSignal`, each progress item), so the work's task is plain data
+   naming its model, and it asks for the GPU time its size needs (`GpuTask.gpu`; over the cap it is
+   refused in step 1);
 4. releases the line on every exit path: done, error, Stop, a cancelled request, and a page that
    stopped listening (a closed tab): a watchdog stops any job whose page has not taken an update for
    ABANDON_S seconds, so its work ends within a step / window / trace and the next in line goes.
 
-A tab supplies a `Work`: the model work itself (`run`, on the worker) and how its progress and end
-look on the page (dicts of component updates, built in the handler's thread).
+A tab supplies a `Work`: the model work itself (`task`, run inside the GPU function) and how its
+progress and end look on the page (dicts of component updates, built in the handler's thread).
 """
 from __future__ import annotations
 
 import contextvars
 import inspect
 import logging
-import os
+import pickle
 import queue
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -32,12 +37,14 @@ import gradio as gr
 from feedback.core.budget import Budget
 from feedback.errors import FeedbackError, Stopped
 from feedback.serve.gate import Busy, Place
+from feedback.serve.gpu_time import GpuClock, GpuWork
+from feedback.serve.limits import gpu_duration_cap_setting
 from feedback.serve.pool import ModelPool
-from ui import render
+from ui import render, stop_signal
+from ui.stop_signal import JobStop, StopSignal
 
 log = logging.getLogger("feedback_lens.ui")
 
-ON_ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true")  # set by Hugging Face on ZeroGPU
 HEARTBEAT_S = 0.5  # the page hears from a waiting or running job at least this often
 UPDATE_EVERY_S = 0.2  # ... and at most this often while it streams
 ABANDON_S = 6.0  # a job whose page took no update for this long is stopped (closed tab, lost client)
@@ -63,6 +70,7 @@ class Outcome:
     kind: str
     error: BaseException | None = None
     seconds: float = 0.0
+    trace: str = ""  # the failure's traceback, as text (an exception that crossed from ZeroGPU's worker has none)
 
     @property
     def message(self) -> str:
@@ -70,19 +78,49 @@ class Outcome:
             return ""
         if isinstance(self.error, FeedbackError):
             return str(self.error)
+        if isinstance(self.error, gr.Error):  # e.g. ZeroGPU's "ZeroGPU worker error: GPU task aborted"
+            return f"{self.error.title}: {self.error.message}"
         return f"{type(self.error).__name__}: {self.error}"
 
 
+class GpuTask:
+    """The model work of one request as it crosses into the GPU function: plain data (settings,
+    texts, the name of its model), which ZeroGPU pickles to its GPU worker. `run(lm, stop)` runs
+    there, on the model the pool holds by that name (None when `model` is None): it yields
+    plain-data progress items, each pickled back as it comes (nothing large on every item: a
+    stream's state grows on the page's side), and checks `stop` (a `StopSignal`) between steps.
+    `gpu`: what it will do, which sizes the GPU time it asks for. Subclasses are dataclasses with
+    these two fields."""
+
+    model: str | None
+    gpu: GpuWork
+
+    def run(self, lm, stop: StopSignal) -> Iterator[Any]:
+        raise NotImplementedError
+
+
+@dataclass
+class Ended:
+    """The last item of every task: how it ended ("done", "stopped", or "failed" with its `error`
+    and its traceback as text) and the seconds its work took inside the GPU function. An exception
+    raised in ZeroGPU's worker reaches this process as its class name alone, so the GPU function
+    sends how its work ended as an item instead."""
+
+    kind: str
+    error: BaseException | None = None
+    trace: str = ""
+    seconds: float = 0.0
+
+
 class Work:
-    """One request's model work and its look on the page. Subclasses set `label` and implement
-    `run` (model work, on the worker thread: yields plain-data progress items, checks `stop`),
-    `progress` and `finish` (component updates, in the handler's thread)."""
+    """One request's model work and its look on the page. Subclasses set `label` and `task` (the
+    model work: a `GpuTask`) and implement `progress` and `finish` (component updates, in the
+    handler's thread). `signal` is the job's stop once it runs (a page handler may stop one row
+    through it)."""
 
     label = "a model run"  # what people waiting behind it are told it is
-    gpu_seconds = 120  # ZeroGPU time to ask for
-
-    def run(self, stop: threading.Event) -> Iterator[Any]:
-        raise NotImplementedError
+    task: GpuTask
+    signal: StopSignal | None = None
 
     def starting(self) -> dict:
         return {}
@@ -150,7 +188,7 @@ def waiting_text(place: Place) -> str:
 class PageJob:
     session: str
     tab: str
-    stop: threading.Event = field(default_factory=threading.Event)
+    stop: JobStop = field(default_factory=JobStop)
     last_pull: float = field(default_factory=time.monotonic)
     worker: threading.Thread | None = None
     abandoned: bool = False
@@ -275,8 +313,32 @@ class ModelRunner:
         self.budget = budget if budget is not None else Budget.from_env()  # per request, as the HTTP API's
         self.jobs = jobs or Jobs()
         decorate = gpu if gpu is not None else zero_gpu()
-        # Decorated once: ZeroGPU expects its GPU functions to exist when the app starts.
-        self._on_gpu = decorate(_run_work, duration=lambda work, stop: work.gpu_seconds)
+        # Decorated once: ZeroGPU expects its GPU functions to exist when the app starts. Each call
+        # asks for the time its task's size needs (the duration callable gets the call's arguments).
+        # what the GPU time asked for is scaled by: this machine's measured speed, learnt as requests end
+        self.clock = GpuClock()
+        self._on_gpu = decorate(self._gpu_function(), duration=lambda task, stop: self.gpu_seconds(task))
+        # ZeroGPU's decorator marks what it wraps; elsewhere `spaces.GPU` returns the function as it is.
+        self.zero_gpu = hasattr(self._on_gpu, "zerogpu")
+        self.gpu_cap = gpu_duration_cap_setting()
+
+    def _gpu_function(self) -> Callable:
+        pool = self.pool
+
+        def items(task: GpuTask, stop: StopSignal) -> Iterator[Any]:
+            lm = pool.resident(task.model) if task.model is not None else None
+            yield from task.run(lm, stop)
+
+        def run_task(task: GpuTask, stop: StopSignal) -> Iterator[Any]:
+            """The function inside `spaces.GPU`: on ZeroGPU it runs in the GPU worker, a process
+            forked from this one, where the pool holds the models this process had loaded."""
+            yield from _ended_as_item(items(task, stop))
+
+        return run_task
+
+    def gpu_seconds(self, task: GpuTask) -> int:
+        """`spaces.GPU`'s duration for one call: what the task's size needs at this machine's speed."""
+        return task.gpu.seconds(self.clock.scale)
 
     # ---- the wrapper ----
     def wrap(self, tab: str, prepare: Callable[[dict], Work], names: list[str], status=None) -> Callable:
@@ -290,6 +352,8 @@ class ModelRunner:
             session = getattr(request, "session_hash", None) or "local"
             try:
                 work = prepare(values)
+                if runner.zero_gpu:  # refused now, not by ZeroGPU once it has waited ("illegal duration")
+                    work.task.gpu.check(runner.gpu_cap, runner.clock.scale)
             except FeedbackError as exc:
                 if status is not None:
                     yield {status: render.status_html(f"Not started: {exc}", "error")}
@@ -350,6 +414,8 @@ class ModelRunner:
     def _run(self, job: PageJob, work: Work, ticket, outcome: list) -> Iterator[dict]:
         """Start the worker (which leaves the line when the work ends) and stream its progress."""
         items: queue.Queue = queue.Queue()
+        work.signal = stop_signal.claim()  # what the work reads, in whichever process it runs
+        job.stop.attach(work.signal)
         ctx = contextvars.copy_context()  # Gradio's request context, for spaces.GPU and gr.Warning
         job.worker = threading.Thread(target=ctx.run, args=(self._work, work, job, ticket, items),
                                       name=f"feedback-lens-{job.tab}", daemon=True)
@@ -373,39 +439,66 @@ class ModelRunner:
         yield _updates(work.finish(end))
         if end.kind == "failed":
             if not isinstance(end.error, FeedbackError):
-                log.error("%s failed", job.tab, exc_info=end.error)
+                if end.trace:
+                    log.error("%s failed:\n%s", job.tab, end.trace.rstrip())
+                else:
+                    log.error("%s failed", job.tab, exc_info=end.error)
                 raise user_error(FeedbackError(f"{work.label[0].upper()}{work.label[1:]} failed: {end.message}"))
             raise user_error(end.error)
 
     def _work(self, work: Work, job: PageJob, ticket, items: queue.Queue) -> None:
-        """On the worker thread: the work inside the GPU function; always leaves the line."""
+        """On the worker thread: the work's task inside the GPU function; always leaves the line."""
+        ended: Ended | None = None
         try:
-            updates = self._on_gpu(work, job.stop)
-            for item in updates:
-                items.put(item)
-                if ON_ZERO_GPU and job.stop.is_set():
-                    # There the work runs in another process, which never sees this process's stop
-                    # event: closing the generator is how it is stopped (not verified on ZeroGPU).
-                    updates.close()
-                    break
-            end = Outcome("stopped" if job.stop.is_set() else "done")
-        except Stopped:
-            end = Outcome("stopped")
-        except BaseException as exc:  # reported to the page; the server keeps serving
+            for item in self._on_gpu(work.task, work.signal):
+                if isinstance(item, Ended):
+                    ended = item
+                else:
+                    items.put(item)
+            end = _outcome(ended, job.stop.is_set())
+            if end.kind == "done" and ended is not None:  # a whole run: what its size took here
+                self.clock.observe(work.task.gpu, ended.seconds)
+        except BaseException as exc:  # the GPU function itself failed (on ZeroGPU: its worker, a refusal)
             end = Outcome("stopped") if job.stop.is_set() else Outcome("failed", exc)
         finally:
             self.pool.gate.leave(ticket)
         items.put((_END, end))
 
 
+def _outcome(ended: Ended | None, stopped: bool) -> Outcome:
+    if ended is None or ended.kind == "done":
+        return Outcome("stopped" if stopped else "done")
+    if ended.kind == "stopped" or stopped:
+        return Outcome("stopped")
+    return Outcome("failed", ended.error, trace=ended.trace)
+
+
+
+def _ended_as_item(items: Iterator[Any]) -> Iterator[Any]:
+    """`items`, then how they ended (an `Ended`, with the seconds they took) instead of an exception."""
+    started = time.perf_counter()
+    try:
+        yield from items
+    except Stopped:
+        yield Ended("stopped", seconds=time.perf_counter() - started)
+    except Exception as exc:  # noqa: BLE001 (every failure is reported to the page)
+        yield Ended("failed", _crossable(exc), traceback.format_exc(), time.perf_counter() - started)
+    else:
+        yield Ended("done", seconds=time.perf_counter() - started)
+
+
+def _crossable(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling (ZeroGPU sends it to this process), else a RuntimeError saying what it was."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 (any way pickling fails)
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
 def _updates(out: dict):
     """Gradio reads `{}` as one value, not as "no updates": send a skip instead."""
     return out if out else gr.skip()
-
-
-def _run_work(work: Work, stop: threading.Event) -> Iterator[Any]:
-    """The function that runs inside `spaces.GPU`: the model work itself."""
-    yield from work.run(stop)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import threading
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -23,7 +23,8 @@ from feedback.eval.perplexity import Estimate, PPLConfig, estimate
 from feedback.eval.sweep import best_point, parse_grid, run_sweep, to_csv
 from feedback.eval.tune import TuneSettings, jsonl_text, parse_fixed, run_tune, search_space
 from feedback.eval.tune import prepare as tune_data
-from feedback.serve.limits import MAX_DOCS, SERVED_MAX_POINTS, SERVED_MAX_TRIALS, TRIALS
+from feedback.serve.gpu_time import GpuWork
+from feedback.serve.limits import MAX_DOCS, MAX_TOKENS_PER_DOC, SERVED_MAX_POINTS, SERVED_MAX_TRIALS, TRIALS
 from feedback.serve.pool import ModelPool
 from feedback.strategies import get_strategy
 from ui import render
@@ -32,8 +33,10 @@ from ui.compare_tab import TAB as COMPARE_TAB
 from ui.compare_tab import CompareTab
 from ui.controls import bound_number, build_strategy_panel, chosen, chosen_name, run_controls, to_components
 from ui.exports import export_file, stamp
-from ui.perplexity_tab import JobClock, check_budget, doc_limits, max_tokens_input, token_counts
-from ui.runner import Finished, ModelRunner, Outcome, TabWork, by_name, cancellable_by_clients, reporting
+from ui.perplexity_tab import (JobClock, check_budget, doc_limits, max_tokens_input, measure, scoring_gpu_work,
+                               token_counts)
+from ui.runner import Finished, GpuTask, ModelRunner, Outcome, TabWork, by_name, cancellable_by_clients, reporting
+from ui.stop_signal import StopSignal
 from ui.text_inputs import delta_legend, load_named, mode_inputs, scoring_config, source_inputs
 
 TAB = "sweep"
@@ -100,6 +103,54 @@ def unique_name(base: str, names: list[str], column: int) -> str:
     return next(name for k in itertools.count(1) if (name := base if k == 1 else f"{base} {k}") not in others)
 
 
+LESS_TEXT = f"less text ({MAX_DOCS.name}, {MAX_TOKENS_PER_DOC.name})"
+
+
+@dataclass
+class SweepTask(GpuTask):
+    """A Sweep on the GPU: the rate, each point's row and progress, then `Finished`."""
+
+    model: str
+    gpu: GpuWork
+    docs: list
+    strategy: str
+    grid: dict
+    base: PPLConfig
+    fixed: dict
+    est: Estimate
+
+    def run(self, lm, stop: StopSignal):
+        def sweep(report, halt):
+            report(measure(self.est, lm, halt))
+            return run_sweep(lm, self.docs, self.strategy, self.grid, self.base, self.fixed,
+                             on_point=lambda row, i, n: report(row), stop=halt, progress=report)
+
+        yield from reporting(sweep, stop)
+
+
+@dataclass
+class TuneTask(GpuTask):
+    """A Tune on the GPU: the rate, each trial's row and progress, then `Finished` with the search."""
+
+    model: str
+    gpu: GpuWork
+    docs: list
+    strategy: str
+    base: PPLConfig
+    fixed: dict
+    settings: TuneSettings
+    test_docs: list | None
+    est: Estimate
+
+    def run(self, lm, stop: StopSignal):
+        def tune(report, halt):
+            report(measure(self.est, lm, halt))
+            return run_tune(lm, self.docs, self.strategy, self.base, self.fixed, self.settings,
+                            test_docs=self.test_docs, on_trial=report, stop=halt, progress=report)
+
+        yield from reporting(tune, stop)
+
+
 class SweepWork(TabWork):
     label = "a Sweep"
 
@@ -112,20 +163,13 @@ class SweepWork(TabWork):
         self.total = math.prod(len(v) for v in grid.values())
         self.rows: list[dict] = []
         self.clock = JobClock(lm, ("", "points", est))
-        self.gpu_seconds = 60 + 10 * self.total
+        self.task = SweepTask(lm.name, scoring_gpu_work(est, fewer=f"fewer grid points or {LESS_TEXT}"), docs,
+                              strategy, grid, base, fixed, est)
 
     def starting(self) -> dict:
         # the last job's best point goes: the button sends what the status line reports
         return (self.busy() | self.say(f"Starting. {self.clock.estimate_text()}")
                 | to_components(self.outputs, offer(None)))
-
-    def run(self, stop: threading.Event):
-        def sweep(report, halt):
-            report(self.clock.measure(self.lm, halt))
-            return run_sweep(self.lm, self.docs, self.strategy, self.grid, self.base, self.fixed,
-                             on_point=lambda row, i, n: report(row), stop=halt, progress=report)
-
-        yield from reporting(sweep, stop)
 
     def _heatmap(self, title: str):
         x, y = self.names[0], self.names[1] if len(self.names) > 1 else None
@@ -173,22 +217,14 @@ class TuneWork(TabWork):
         # at most: a pruned trial scores only the first third of the documents
         self.clock = JobClock(lm, ("search, every trial in full: ", "trials", ests[0]),
                               (f"{test} once: ", "", ests[1]))
-        self.gpu_seconds = 60 + 10 * trials
+        settings = TuneSettings(trials=trials, seed=seed, startup_trials=TUNE_STARTUP, max_trials=SERVED_MAX_TRIALS,
+                                data=data, test=test)
+        self.task = TuneTask(lm.name, scoring_gpu_work(*ests, fewer=f"fewer {TRIALS.name} or {LESS_TEXT}"), docs,
+                             strategy, base, fixed, settings, test_docs, ests[0])
 
     def starting(self) -> dict:
         return (self.busy() | self.say(f"Starting. {self.clock.estimate_text()}")
                 | to_components(self.outputs, offer(None)))
-
-    def run(self, stop: threading.Event):
-        settings = TuneSettings(trials=self.trials, seed=self.seed, startup_trials=TUNE_STARTUP,
-                                max_trials=SERVED_MAX_TRIALS, data=self.data, test=self.test)
-
-        def tune(report, halt):
-            report(self.clock.measure(self.lm, halt))
-            return run_tune(self.lm, self.docs, self.strategy, self.base, self.fixed, settings,
-                            test_docs=self.test_docs, on_trial=report, stop=halt, progress=report)
-
-        yield from reporting(tune, stop)
 
     def _trials_view(self) -> dict:
         """The trials so far: the table and the history chart."""

@@ -55,6 +55,13 @@ PAGE_MAX_BODY_BYTES = MAX_BODY_BYTES + HISTORY_MAX_BYTES
 MAX_WAITING = 16
 QUEUE_SIZE_ENV = "FEEDBACK_QUEUE_SIZE"
 API_WAIT_S = 300.0  # the longest an HTTP API request waits for the model before a 503 (a page waits until Stop)
+# ZeroGPU (Hugging Face's shared GPUs): each page request asks for the GPU time its size needs
+# (`spaces.GPU`'s duration, sized by `feedback.serve.gpu_time`), and at most this many seconds; one
+# that needs more is refused before it waits, naming what to ask less of. ZeroGPU itself refuses a
+# call over the visitor's per-call maximum ("illegal duration") and serves shorter requests first.
+# FEEDBACK_GPU_DURATION_CAP changes it (the per-call maximum of the Space's visitors).
+GPU_DURATION_CAP_S = 120
+GPU_DURATION_CAP_ENV = "FEEDBACK_GPU_DURATION_CAP"
 SERVED_MAX_ROWS = 8  # rows of one run (the library allows records.MAX_ROWS)
 NAME_MAX_CHARS = 64  # a row's name, a run id
 MAX_PARAMS = 32  # strategy parameters of one row or request
@@ -141,3 +148,10 @@ def queue_size_setting(flag: int | None = None) -> int:
     FEEDBACK_QUEUE_SIZE, else MAX_WAITING; refused naming the setting unless a whole number >= 0."""
     raw = flag if flag is not None else os.environ.get(QUEUE_SIZE_ENV, "").strip() or MAX_WAITING
     return Bound(f"the queue size ({QUEUE_SIZE_ENV} / --queue-size)", 0, None, integer=True).check(raw)
+
+
+def gpu_duration_cap_setting() -> int:
+    """The most GPU seconds one request may ask for on ZeroGPU: FEEDBACK_GPU_DURATION_CAP, else
+    GPU_DURATION_CAP_S; refused naming the setting unless a whole number of at least 1."""
+    raw = os.environ.get(GPU_DURATION_CAP_ENV, "").strip() or GPU_DURATION_CAP_S
+    return Bound(f"the GPU duration cap ({GPU_DURATION_CAP_ENV})", 1, None, integer=True).check(raw)

@@ -8,7 +8,7 @@ import os
 import threading
 
 from feedback.core import embedded
-from feedback.core.model import LoadedModel, load_model
+from feedback.core.model import DTYPES, LoadedModel, load_model
 from feedback.errors import FeedbackError
 from feedback.serve.gate import Gate
 from feedback.serve.limits import MAX_WAITING
@@ -55,6 +55,13 @@ class ModelPool:
                 self._models[name] = load_model(name, **self.load_kwargs)
             return self._models[name]
 
+    def resident(self, name: str) -> LoadedModel:
+        """The model `name` as it is in memory, read without the pool's lock, else `get(name)`. For
+        the GPU function: on ZeroGPU it runs in a process forked from this one, where a lock that
+        another thread held at the fork stays held for good."""
+        lm = self._models.get(name)
+        return lm if lm is not None else self.get(name)
+
     def loaded(self) -> dict[str, LoadedModel]:
         """The models in memory now, by name."""
         with self._lock:
@@ -65,3 +72,23 @@ def allowlist_from_env(default: str = embedded.EMBEDDED_NAME) -> list[str]:
     """`FEEDBACK_MODELS` (comma-separated names), else just the embedded model."""
     names = [n.strip() for n in os.environ.get("FEEDBACK_MODELS", "").split(",") if n.strip()]
     return names or [default]
+
+
+DTYPE_ENV = "FEEDBACK_DTYPE"
+QUANTIZE_ENV = "FEEDBACK_QUANTIZE"
+# bitsandbytes weights, for a GPU too small for the model in 16-bit (load_model refuses them without CUDA).
+QUANTIZE = {"none": {}, "4bit": {"load_in_4bit": True}, "8bit": {"load_in_8bit": True}}
+
+
+def load_options_from_env() -> dict:
+    """How a server loads its models, as `load_model` keyword arguments: `FEEDBACK_DTYPE` (auto,
+    float32, bfloat16, float16; unset: auto) and `FEEDBACK_QUANTIZE` (none, 4bit, 8bit; unset: none).
+    A server has no command line of its own on a Space, so these variables are its only way to
+    choose; a bad value is refused here, at startup, naming the variable and the choices."""
+    dtype = os.environ.get(DTYPE_ENV, "").strip().lower() or "auto"
+    if dtype != "auto" and dtype not in DTYPES:
+        raise FeedbackError(f"{DTYPE_ENV} must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
+    quantize = os.environ.get(QUANTIZE_ENV, "").strip().lower() or "none"
+    if quantize not in QUANTIZE:
+        raise FeedbackError(f"{QUANTIZE_ENV} must be one of {', '.join(QUANTIZE)}; got {quantize!r}")
+    return {"dtype": dtype, **QUANTIZE[quantize]}

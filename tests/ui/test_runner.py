@@ -3,30 +3,33 @@ and can be left, and every model handler of the app runs its work inside the GPU
 from __future__ import annotations
 
 import inspect
-import json
 import sys
 import time
 import types
+from dataclasses import dataclass
 
 import gradio as gr
 import pytest
 
 from feedback.errors import FeedbackError, Stopped
+from feedback.serve.gpu_time import GpuWork
 from feedback.serve.gate import Gate
-from ui.runner import Jobs, ModelRunner, Outcome, Work
+from tests.ui.model_handlers import (MODEL_HANDLERS, SETTINGS, handler_values, line_free, model_handlers,
+                                     remember_compare, start)
+from ui.runner import GpuTask, Jobs, ModelRunner, Outcome, Work
 
 
-class Ticker(Work):
+@dataclass
+class TickTask(GpuTask):
     """Model-free work: `steps` items, `delay` seconds apart; checks stop between items."""
 
-    label = "a test job"
+    steps: int
+    delay: float
+    fail: BaseException | None = None
+    model: str | None = None
+    gpu: GpuWork = GpuWork()
 
-    def __init__(self, steps: int = 5, delay: float = 0.02, fail: BaseException | None = None):
-        self.steps, self.delay, self.fail = steps, delay, fail
-        self.outcome: Outcome | None = None
-        self.seen: list = []
-
-    def run(self, stop):
+    def run(self, lm, stop):
         for i in range(self.steps):
             if stop.is_set():
                 raise Stopped("stopped")
@@ -34,6 +37,17 @@ class Ticker(Work):
             yield i
         if self.fail is not None:
             raise self.fail
+
+
+class Ticker(Work):
+    """Model-free work (`TickTask`) and what the page was sent of it."""
+
+    label = "a test job"
+
+    def __init__(self, steps: int = 5, delay: float = 0.02, fail: BaseException | None = None):
+        self.task = TickTask(steps, delay, fail)
+        self.outcome: Outcome | None = None
+        self.seen: list = []
 
     def waiting(self, place):
         return {"waiting": place}
@@ -167,18 +181,6 @@ def test_wrap_validates_before_waiting_and_names_parameters():
 
 
 # ---- every model handler of the real app goes through the wrapper and runs inside spaces.GPU ----
-MODEL_HANDLERS = {"compare", "continue", "branch", "rerun", "calibrate", "perplexity", "sweep", "tune", "deepthink",
-                  "recall"}
-TEXT = "def add(a, b):\n    return a + b\n\nThe function add returns the sum of its two arguments."
-SETTINGS = {  # elem_id -> value for a quick run of each handler on the tiny model
-    "prompt": "Say hi.", "max-new-tokens": 3, "temperature": 0.0, "warmup": 2,
-    "ppl-text": TEXT, "sweep-text": TEXT, "sweep-grid-x": "lam=0,0.1", "sweep-grid-y": "",
-    "dt-prompt": "What is 2 + 2? Answer with a number.", "dt-traces": 1, "dt-warmup": 1, "dt-max-new": 3,
-    "follow-up": "And then?", "fl-column-request": "2",
-    "recall-lengths": "64", "recall-depths": "50", "recall-items": 1, "recall-max-new": 3,
-}
-
-
 @pytest.fixture()
 def fake_spaces(monkeypatch):
     """A stand-in `spaces` package whose GPU decorator records when the decorated work runs, and
@@ -204,13 +206,6 @@ def fake_spaces(monkeypatch):
     return state
 
 
-def _line_free(pool, timeout: float = 10.0) -> None:
-    t0 = time.monotonic()
-    while pool.gate.status()["running"] or pool.gate.status()["waiting"]:
-        assert time.monotonic() - t0 < timeout, pool.gate.status()
-        time.sleep(0.02)
-
-
 def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_every_path(fake_spaces, tiny_lm):
     """Each model tab's handler, on each exit path: it finishes; it is cancelled (Gradio closes the
     generator); its page stops listening (closed tab); its work fails."""
@@ -222,45 +217,32 @@ def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_
     demo = app.build()
     app.runner.jobs.abandon_s = 0.5
     assert fake_spaces["decorated"] == 1
-    handlers = {fn.api_name: fn for fn in demo.fns.values() if getattr(fn.fn, "model_handler", False)}
+    handlers = model_handlers(demo)
     assert set(handlers) == MODEL_HANDLERS  # and no other handler touches the model (they are plain UI updates)
 
     forwards: list[int] = []
     settings = dict(SETTINGS)
     handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.append(fake_spaces["inside"]))
     try:
-        for name, fn in sorted(handlers.items(), key=lambda item: item[0] != "compare"):  # compare first: the
-            # follow-ups (continue, branch) go on from its run, held in the page's `last` state
-            values = [settings.get(c.elem_id, c.value) for c in fn.inputs]
-            values = [settings["last"] if c is app.compare.ui.out.last else v for c, v in zip(fn.inputs, values)]
-
-            def start(path: str):
-                request = types.SimpleNamespace(session_hash=f"{path}-{name}")
-                if fn.input_keyword_names:  # wired with inputs_kwargs: every value by name, as Gradio passes them
-                    return fn.fn(request, **dict(zip(fn.input_keyword_names, values, strict=True)))
-                return fn.fn(*values, request)
-
+        for name, fn in handlers.items():
+            values = handler_values(app, fn, settings)
             before = len(forwards)
-            updates = list(start("finish"))
+            updates = list(start(fn, values, f"finish-{name}"))
             assert updates and len(forwards) > before, name  # finished
             if name == "compare":
-                settings["last"] = next(u[app.compare.ui.out.last] for u in reversed(updates)
-                                        if isinstance(u, dict) and app.compare.ui.out.last in u)
-                step0 = settings["last"]["rows"][0]["steps"][0]
-                settings["fl-branch-request"] = json.dumps({"row": "Baseline", "step": 0,
-                                                            "token_id": step0["top"][1]["token_id"]})
-            _line_free(pool)
-            gen = start("cancel")
+                remember_compare(app, settings, updates)
+            line_free(pool)
+            gen = start(fn, values, f"cancel-{name}")
             next(gen)
             gen.close()  # cancelled
-            _line_free(pool)
-            next(start("abandon"))  # ... and never resumed: the page went away
-            _line_free(pool)
+            line_free(pool)
+            next(start(fn, values, f"abandon-{name}"))  # ... and never resumed: the page went away
+            line_free(pool)
             fake_spaces["fail"] = True
             with pytest.raises(gr.Error, match="failed: RuntimeError: the GPU went away"):
-                list(start("fail"))
+                list(start(fn, values, f"fail-{name}"))
             fake_spaces["fail"] = False
-            _line_free(pool)
+            line_free(pool)
     finally:
         handle.remove()
     assert forwards and all(inside == 1 for inside in forwards)
