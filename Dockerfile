@@ -15,7 +15,8 @@ ENV PYTHONUNBUFFERED=1 \
     GRADIO_SERVER_PORT=7860
 
 RUN useradd -m -u 1000 user
-USER user
+# By number, not name: a host can check it is not root without the image's /etc/passwd (hadolint DL3066).
+USER 1000
 WORKDIR /home/user/app
 
 COPY --chown=user requirements.txt requirements-model.txt ./

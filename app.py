@@ -2,7 +2,8 @@
 the process around the page: the page itself, the Blocks with its tabs, is `ui/layout.py`.
 
 Host, port, share and auth come from flags or the usual GRADIO_* variables; the model allowlist
-from --models or FEEDBACK_MODELS (the first entry is the default; `embedded` is SmolLM2-135M).
+from --models or FEEDBACK_MODELS (the first entry is the default; `embedded` is SmolLM2-135M), how
+they load from FEEDBACK_DTYPE and FEEDBACK_QUANTIZE (4bit/8bit on a small GPU).
 The HTTP API is served at /api (keys and limits from the FEEDBACK_API_* variables).
 """
 from __future__ import annotations
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from feedback.errors import FeedbackError
     from feedback.serve.api import ApiSettings
     from feedback.serve.limits import queue_size_setting
-    from feedback.serve.pool import ModelPool
+    from feedback.serve.pool import ModelPool, load_options_from_env
     from ui.layout import FeedbackLensApp
     from ui.server import KEY_LOGIN_MESSAGE, app_kwargs, page_auth
     from ui.theme import launch_kwargs
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = ApiSettings.from_env()  # before the model loads: a typo fails fast
         queue_size = queue_size_setting(args.queue_size)
-        pool = ModelPool([m.strip() for m in args.models.split(",") if m.strip()], max_waiting=queue_size)
+        pool = ModelPool([m.strip() for m in args.models.split(",") if m.strip()], max_waiting=queue_size,
+                         **load_options_from_env())
         app = FeedbackLensApp(pool, budget=settings.budget)
         demo = app.build()
         server = app_kwargs(pool, settings)
