@@ -410,12 +410,14 @@ def _mode_model(kwargs: dict, linear_kernel: str) -> LoadedModel:
 
 
 def _stored_bytes(lm: LoadedModel) -> int:
-    """Bytes of weights one step reads: parameters (tied ones once) and int8-packed layers' weights."""
-    total = _weight_bytes(lm)
-    for module in lm.model.modules():
-        weight = getattr(module, "weight", None)
-        if callable(weight) and not isinstance(weight, torch.Tensor):  # dynamically quantised: packed int8
-            total += weight().numel()
+    """Bytes of weights one step reads: parameters and buffers (int8 weights and their scales are
+    buffers), tied tensors once."""
+    seen: set[int] = set()
+    total = 0
+    for t in [*lm.model.parameters(), *lm.model.buffers()]:
+        if t.data_ptr() not in seen and t.dtype != torch.int64:  # position tables are not weights
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
     return total
 
 
