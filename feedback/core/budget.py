@@ -12,6 +12,7 @@ line and the batch runner are the owner's own jobs and unlimited unless the vari
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -53,6 +54,10 @@ def memory_cap_mb(device) -> float:
     if getattr(device, "type", str(device)) == "cuda":
         import torch
 
+        if not torch.cuda.is_initialized():
+            # ZeroGPU's main process holds the model "on CUDA" without ever starting CUDA, and must
+            # not start it: there the request's memory budget is the check before the GPU function
+            return math.inf
         free, _ = torch.cuda.mem_get_info(device)
         return 0.8 * free / 2**20
     return 0.8 * psutil.virtual_memory().available / 2**20

@@ -63,3 +63,18 @@ def test_memory_estimate_by_hand():
     cache = 8 * 8024 * 46_080
     scratch = PREFILL_CHUNK * 8024 * 9 * 4
     assert mb == pytest.approx((cache + scratch) / 2**20) and 2_800 < mb < 3_000
+
+
+def test_the_cap_never_starts_cuda_where_it_has_not_started(monkeypatch):
+    """ZeroGPU's main process holds a model on "cuda" but must not start CUDA: with CUDA not yet
+    started the cap asks nothing of it (the request's budget is the check there)."""
+    import torch
+
+    from feedback.core.budget import MEMORY_CAP_ENV, check_fits, memory_cap_mb
+
+    monkeypatch.delenv(MEMORY_CAP_ENV, raising=False)
+    if torch.cuda.is_initialized():
+        pytest.skip("CUDA already started in this process")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *_: pytest.fail("CUDA was asked for its free memory"))
+    assert memory_cap_mb(torch.device("cuda")) == float("inf")
+    check_fits(10**9, "a huge run", torch.device("cuda"))  # not refused here
