@@ -78,10 +78,11 @@ class PrefillScores:
             rows = ((at >= pad + lo - 1) & (at < pad + hi - 1)).nonzero()[:, 0]
             if not rows.numel():
                 continue
-            targets = at[rows] + 1
+            # `kept` holds every position of the group's range, so its rows are one run: a view, not a copy
+            first, last = int(rows[0]), int(rows[-1]) + 1
+            targets = at[first:last] + 1
             nll = self.nll.setdefault(group, torch.full((self.lengths[group],), math.nan, dtype=torch.float64))
-            nll[targets - pad] = nll_of(logits[group, rows.to(logits.device)],
-                                        ids[group, targets.to(ids.device)]).double().cpu()
+            nll[targets - pad] = nll_of(logits[group, first:last], ids[group, targets.to(ids.device)]).double().cpu()
 
     def keep(self, cache, last_logits: torch.Tensor) -> None:
         """After the prefill, before rows take their copies: the kept groups' keys and values (their
