@@ -90,15 +90,10 @@ class CompareTask(GpuTask):
 
 def run_gpu_work(run: Run) -> GpuWork:
     """The GPU work of an engine run: its decode, the prefill of each distinct prompt and, at most,
-    the scoring after it (the quality metrics score each prompt, each strategy row's reply and each
-    row's reference)."""
-    cfg, rows, new = run.config, run.rows, run.config.max_new_tokens
+    the scoring after it (the engine's own count: the quality metrics and the reference answer)."""
+    rows, new = run.rows, run.config.max_new_tokens
     prefill = sum(len(ids) for ids in run.groups)
-    after = 0
-    if cfg.quality:
-        after += prefill + sum(len(r.prompt_ids) + new for r in rows if r.spec.strategy)
-    if run.reference_ids:
-        after += sum(len(r.prompt_ids) + new + len(run.reference_ids) for r in rows)
+    after = run.scored_after
     longest = max(len(r.prompt_ids) for r in rows)
     columns = f"{len(rows)} column{'s' if len(rows) != 1 else ''}"
     return GpuWork(steps=new, row_tokens=len(rows) * new, scored=prefill + after,

@@ -166,7 +166,8 @@ class Run:
         if self.scores is not None:
             need += self.scores.memory_mb(kv_bytes_per_token(lm.model.config, dtype_bytes(lm.dtype)), lm.vocab_size)
         how = f"{longest} prompt + {new} new tokens, {rows} rows"
-        scored = self._scoring_after(row_ids)  # also refuses a reference that cannot fit the context
+        # token-forwards scored after decoding, at most; also refuses a reference that cannot fit the context
+        self.scored_after = scored = self._scoring_after(row_ids)
         if budget is not None:
             budget.check_decoding(rows * new, f"{rows} rows x {new} new tokens")
             budget.check_memory(need, how)
