@@ -283,7 +283,7 @@ def _timed(fn: Callable, device: torch.device):
 
 def engine_greedy(lm: LoadedModel, prompt: str, tokens: int) -> list[int]:
     """The engine's tokens for one plain greedy row (chat template on, as the app runs it)."""
-    return run_to_end(lm, RunConfig(prompt=prompt, max_new_tokens=tokens, rows=[RowSpec("baseline")])).rows[0].token_ids
+    return run_to_end(lm, RunConfig(prompt=prompt, model=lm.name, max_new_tokens=tokens, rows=[RowSpec("baseline")])).rows[0].token_ids
 
 
 def generate_greedy(lm: LoadedModel, ids: list[int], tokens: int, rows: int = 1, min_tokens: int | None = None,
@@ -389,7 +389,7 @@ def _nvml_used_mb(device: torch.device) -> float | None:
 
 def _two_row_run(lm: LoadedModel, tokens: int):
     rows = [RowSpec("baseline"), RowSpec("feedback", "residual", {})]
-    return run_to_end(lm, RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=rows))
+    return run_to_end(lm, RunConfig(prompt=BENCH_PROMPT, model=lm.name, max_new_tokens=tokens, rows=rows))
 
 
 def cuda_memory_check(lm: LoadedModel, tokens: int) -> Outcome:
@@ -470,7 +470,7 @@ def engine_step_s(lm: LoadedModel, rows: int, prompt: str, tokens: int) -> tuple
         marks.append(time.perf_counter())
 
     specs = [RowSpec(f"r{i}") for i in range(rows)]
-    run_to_end(lm, RunConfig(prompt=prompt, max_new_tokens=tokens, rows=specs, chat_template=False), observer=mark)
+    run_to_end(lm, RunConfig(prompt=prompt, model=lm.name, max_new_tokens=tokens, rows=specs, chat_template=False), observer=mark)
     if len(marks) < 2:
         raise FeedbackError("the run stopped after its first token: no decode step to time")
     return (marks[-1] - marks[0]) / (len(marks) - 1), len(marks)
@@ -582,7 +582,7 @@ def strategy_check(lm: LoadedModel, name: str, plan: Plan) -> dict:
     rows = [RowSpec("baseline"), RowSpec(name, name, {})]
     if hidden:  # a prompt-level strategy at strength 0 still adds its markers: no baseline to match
         rows.append(RowSpec("zero", name, {cls.strength_param: 0.0}))
-    cfg = RunConfig(prompt=SHORT_PROMPT, max_new_tokens=plan.strategy_tokens, rows=rows)
+    cfg = RunConfig(prompt=SHORT_PROMPT, model=lm.name, max_new_tokens=plan.strategy_tokens, rows=rows)
     batched, logits = _logits_by_row(lm, cfg)
     alone, alone_logits = _logits_by_row(lm, dataclasses.replace(cfg, rows=[rows[1]]))
     base, own = batched.rows[0], batched.rows[1]

@@ -156,8 +156,19 @@ def resolve_dtype(dtype: str, device: torch.device) -> str:
     return dtype
 
 
+RANDOM_PREFIX = "random:"
+
+
 def resolve_source(spec: str | None) -> tuple[str, str]:
-    """(kind, location) for a model spec: embedded, gguf file, local folder or hub id."""
+    """(kind, location) for a model spec: embedded, gguf file, local folder or hub id; or
+    `random:<any of those>`: that model's configuration and tokenizer with random weights (seeded),
+    for speed and exactness checks where its weights cannot be brought (a machine lent for minutes,
+    without the network: a folder of config.json and the tokenizer's files is enough)."""
+    if spec and spec.startswith(RANDOM_PREFIX):
+        inner = spec[len(RANDOM_PREFIX):] or embedded.EMBEDDED_NAME
+        if inner.startswith(RANDOM_PREFIX):
+            raise FeedbackError(f"model spec {spec!r}: one random: is enough")
+        return "random", resolve_source(inner)[1]
     if spec in (None, "", embedded.EMBEDDED_NAME):
         return "embedded", str(embedded.prepare())
     path = Path(spec).expanduser()
@@ -172,6 +183,15 @@ def resolve_source(spec: str | None) -> tuple[str, str]:
     if path.exists() or spec.startswith((".", "/", "~")):
         raise FeedbackError(f"model path not usable: {spec}")
     return "hub", spec
+
+
+def _random_model(location: str, kwargs: dict) -> nn.Module:
+    """The model of `location`'s configuration with random weights, the same on every machine."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(location, trust_remote_code=kwargs.get("trust_remote_code", False))
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, **{k: v for k, v in kwargs.items() if k != "local_files_only"})
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -284,10 +304,15 @@ def load_model(
     if local_only:
         # huggingface_hub retries an unreachable hub for ~45 s; use the local cache or fail now.
         kwargs["local_files_only"] = True
+    if kind == "random" and (device_map is not None or "quantization_config" in kwargs):
+        raise FeedbackError("a random: model is built in place: no --device-map, no bitsandbytes weights")
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code,
                                                   local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
+        if kind == "random":
+            model = _random_model(location, kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
     except Exception as exc:  # config, weights and tokenizer errors come in many types
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = " (the model hub is unreachable and it is not in the local cache)" if local_only else ""

@@ -404,3 +404,28 @@ def test_threads_and_wait_policy_are_chosen_at_start(monkeypatch):
     monkeypatch.setenv("FEEDBACK_THREADS", "many")
     with pytest.raises(FeedbackError, match="FEEDBACK_THREADS must be a positive whole number"):
         set_threads()
+
+
+def test_a_random_model_has_the_architecture_and_tokenizer_without_the_weights(tmp_path, embedded_lm):
+    """random:<spec> builds the model of that configuration with seeded random weights, from a folder
+    holding only config.json and the tokenizer's files (what a machine without the network can be
+    given): same shapes, same tokenizer, different weights, the same on every load."""
+    import shutil
+
+    from feedback.core import embedded
+
+    source = embedded.prepare()
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "chat_template.jinja"):
+        if (source / name).exists():
+            shutil.copy(source / name, tmp_path / name)
+    assert resolve_source(f"random:{tmp_path}") == ("random", str(tmp_path))
+    a, b = load_model(f"random:{tmp_path}"), load_model(f"random:{tmp_path}")
+    assert a.name == f"random:{tmp_path}" and a.num_layers == embedded_lm.num_layers
+    assert a.encode("Hello there") == embedded_lm.encode("Hello there")
+    head = a.model.get_output_embeddings().weight
+    assert head.shape == embedded_lm.model.get_output_embeddings().weight.shape
+    assert torch.equal(head, b.model.get_output_embeddings().weight)
+    assert not torch.equal(head, embedded_lm.model.get_output_embeddings().weight)
+    with pytest.raises(FeedbackError, match="one random: is enough"):
+        resolve_source("random:random:embedded")
