@@ -24,7 +24,7 @@ from transformers import DynamicCache
 
 from feedback.core.engine import run_to_end
 from feedback.core.model import LoadedModel, load_model, set_fast_matmul
-from feedback.core.records import RowSpec, RunConfig
+from feedback.core.records import RowSpec, RunConfig, first_divergence
 
 BENCH_PROMPT = "Write a detailed, step-by-step explanation of how a refrigerator keeps food cold."
 TARGETS = {
@@ -259,12 +259,14 @@ def _bandwidth_gbs() -> float:
 
 
 def _weight_bytes(lm: LoadedModel) -> int:
+    """Bytes of weights one step reads: parameters and buffers (int8 weights and their scales are
+    buffers), tied tensors (embedding = lm_head) once."""
     seen: set[int] = set()
     total = 0
-    for p in lm.model.parameters():  # tied tensors (embedding = lm_head) are read once a step
-        if p.data_ptr() not in seen:
-            seen.add(p.data_ptr())
-            total += p.numel() * p.element_size()
+    for t in [*lm.model.parameters(), *lm.model.buffers()]:
+        if t.data_ptr() not in seen and t.dtype != torch.int64:  # position tables are not weights
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
     return total
 
 
@@ -385,40 +387,13 @@ def api_overhead(lm: LoadedModel, tokens: int = 64, repeats: int = 3) -> dict:
             "api_same_tokens": seen["stream"] == seen["engine"] == seen["generate"]}
 
 
-# The ways this machine can run the model, exact first: (label, load_model keywords, FEEDBACK_LINEAR)
-MODES = (("fp32 exact (oneDNN linear, the default)", {"dtype": "float32"}, ""),
-         ("fp32 exact (PyTorch's MKL linear)", {"dtype": "float32"}, "aten"),
-         ("fp32 weights, oneDNN bf16 matmuls", {"dtype": "float32", "fast_matmul": True}, ""),
-         ("bf16 weights", {"dtype": "bfloat16"}, ""),
-         ("int8 weights (weight-only, bf16 activations)", {"dtype": "float32", "load_in_8bit": True}, ""))
+# The ways this machine can run the model, exact first: (label, load_model keywords)
+MODES = (("fp32 exact (oneDNN linear, the default)", {"dtype": "float32"}),
+         ("fp32 exact (PyTorch's MKL linear)", {"dtype": "float32", "onednn_linear": False}),
+         ("fp32 weights, oneDNN bf16 matmuls", {"dtype": "float32", "fast_matmul": True}),
+         ("bf16 weights", {"dtype": "bfloat16"}),
+         ("int8 weights (weight-only, bf16 activations)", {"dtype": "float32", "load_in_8bit": True}))
 MODE_PPL_TOKENS = 512  # tokens per built-in test document for ΔPPL (the 512-token protocol of docs/RESULTS.md)
-
-
-def _mode_model(kwargs: dict, linear_kernel: str) -> LoadedModel:
-    """The embedded model loaded in one mode (FEEDBACK_LINEAR is read at load)."""
-    from feedback.core.linear import LINEAR_ENV
-
-    kept = os.environ.get(LINEAR_ENV)
-    os.environ[LINEAR_ENV] = linear_kernel
-    try:
-        return load_model("embedded", **kwargs)
-    finally:
-        if kept is None:
-            os.environ.pop(LINEAR_ENV, None)
-        else:
-            os.environ[LINEAR_ENV] = kept
-
-
-def _stored_bytes(lm: LoadedModel) -> int:
-    """Bytes of weights one step reads: parameters and buffers (int8 weights and their scales are
-    buffers), tied tensors once."""
-    seen: set[int] = set()
-    total = 0
-    for t in [*lm.model.parameters(), *lm.model.buffers()]:
-        if t.data_ptr() not in seen and t.dtype != torch.int64:  # position tables are not weights
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return total
 
 
 def _greedy_replies(lm: LoadedModel, prompts: list[str], tokens: int) -> list[list[int]]:
@@ -453,8 +428,8 @@ def fast_modes(tokens: int = 16, repeats: int = 3, reply_tokens: int = 64, docs:
     bandwidth = _bandwidth_gbs()
     out: dict = {"bandwidth_gbs": bandwidth, "modes": {}}
     ref_replies = ref_nlls = None
-    for label, kwargs, kernel in MODES:
-        lm = _mode_model(kwargs, kernel)
+    for label, kwargs in MODES:
+        lm = load_model("embedded", **kwargs)
         _raw_step_s(lm, 2, 4)  # warm-up
         pair = ratio(lambda: _raw_step_s(lm, 2, tokens), lambda: _raw_step_s(lm, 1, tokens), repeats)
         wall = min(_raw_step_s(lm, 1, tokens, time.perf_counter) for _ in range(repeats))
@@ -463,7 +438,7 @@ def fast_modes(tokens: int = 16, repeats: int = 3, reply_tokens: int = 64, docs:
         diffs = [a - b for a, b in zip(nlls, ref_nlls)]
         mean = sum(d.sum() for d in diffs) / sum(d.size for d in diffs)
         lo, hi, _ = paired_bootstrap(diffs, 2000, 0) if any(np.any(d) for d in diffs) else (0.0, 0.0, "")
-        stored = _stored_bytes(lm)
+        stored = _weight_bytes(lm)
         out["modes"][label] = {
             "precision": lm.precision, "step_ms_row1": pair.b * 1e3, "step_ms_row2": pair.a * 1e3,
             "pair_vs_row": pair.median, "pair_vs_row_spread": [pair.low, pair.high],
@@ -494,8 +469,9 @@ def _modes_text(modes: dict) -> str:
 
 
 def _agree(a: list[int], b: list[int]) -> int:
-    """Tokens equal before the first difference."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    """Tokens equal before the first difference (all of them when the replies are the same)."""
+    diverged = first_divergence(a, b)
+    return len(a) if diverged is None else diverged
 
 
 HOG = "import time\nwhile True: sum(range(10_000))"  # one busy core, like a neighbour on a shared CPU

@@ -155,6 +155,9 @@ def surprise_figure(detail: dict):
     return charts.bar_figure(labels, diffs, "scored token (position: text)", "NLL feedback − baseline (nats)")
 
 
+LESS_TEXT = f"less text ({MAX_DOCS.name}, {MAX_TOKENS_PER_DOC.name})"  # what a scoring job over the cap asks less of
+
+
 def measure(est: Estimate, lm, stop) -> Estimate:
     """In the GPU function, holding the model: `est` at this model's rate, a report the page's clock `take`s."""
     return est.at(scoring_rate(lm, stop))
@@ -193,9 +196,7 @@ class PerplexityWork(TabWork):
         self.outputs, self.lm, self.docs, self.cfg, self.pasted = tab.outputs, lm, docs, cfg, pasted
         self.clock = JobClock(lm, ("", "", est))
         self.result = None
-        self.task = PerplexityTask(lm.name, scoring_gpu_work(est, fewer=f"less text ({MAX_DOCS.name}, "
-                                                                         f"{MAX_TOKENS_PER_DOC.name})"),
-                                   docs, cfg, pasted, est)
+        self.task = PerplexityTask(lm.name, scoring_gpu_work(est, fewer=LESS_TEXT), docs, cfg, pasted, est)
 
     def starting(self) -> dict:
         return self.busy() | self.say(f"Starting. {self.clock.estimate_text()}")

@@ -24,7 +24,7 @@ from feedback.eval.sweep import best_point, parse_grid, run_sweep, to_csv
 from feedback.eval.tune import TuneSettings, jsonl_text, parse_fixed, run_tune, search_space
 from feedback.eval.tune import prepare as tune_data
 from feedback.serve.gpu_time import GpuWork
-from feedback.serve.limits import MAX_DOCS, MAX_TOKENS_PER_DOC, SERVED_MAX_POINTS, SERVED_MAX_TRIALS, TRIALS
+from feedback.serve.limits import MAX_DOCS, SERVED_MAX_POINTS, SERVED_MAX_TRIALS, TRIALS
 from feedback.serve.pool import ModelPool
 from feedback.strategies import get_strategy
 from ui import render
@@ -33,8 +33,8 @@ from ui.compare_tab import TAB as COMPARE_TAB
 from ui.compare_tab import CompareTab
 from ui.controls import bound_number, build_strategy_panel, chosen, chosen_name, run_controls, to_components
 from ui.exports import export_file, stamp
-from ui.perplexity_tab import (JobClock, check_budget, doc_limits, max_tokens_input, measure, scoring_gpu_work,
-                               token_counts)
+from ui.perplexity_tab import (LESS_TEXT, JobClock, check_budget, doc_limits, max_tokens_input, measure,
+                               scoring_gpu_work, token_counts)
 from ui.runner import Finished, GpuTask, ModelRunner, Outcome, TabWork, by_name, cancellable_by_clients, reporting
 from ui.stop_signal import StopSignal
 from ui.text_inputs import delta_legend, load_named, mode_inputs, scoring_config, source_inputs
@@ -101,9 +101,6 @@ def unique_name(base: str, names: list[str], column: int) -> str:
     refuses two columns of one name."""
     others = set(names[:column] + names[column + 1:])
     return next(name for k in itertools.count(1) if (name := base if k == 1 else f"{base} {k}") not in others)
-
-
-LESS_TEXT = f"less text ({MAX_DOCS.name}, {MAX_TOKENS_PER_DOC.name})"
 
 
 @dataclass

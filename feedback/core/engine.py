@@ -114,7 +114,8 @@ def _row_prompt_ids(lm: LoadedModel, cfg: RunConfig, row: RowSpec,
     text = row.prompt if row.prompt is not None else cfg.prompt
     asked = strategy.rewrite_prompt(text) if strategy is not None else text
     system = row.system_prompt if row.system_prompt is not None else cfg.system_prompt
-    ids, span = lm.encode_with_span(asked, text, cfg.chat_template, system, row.messages)
+    # the span is looked for only where prompt PPL will read it (it renders the template again)
+    ids, span = lm.encode_with_span(asked, text if cfg.quality else None, cfg.chat_template, system, row.messages)
     if not ids:
         raise FeedbackError(f"row {row.name}: the prompt has no tokens")
     return ids, span

@@ -34,10 +34,12 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def wanted(device: torch.device) -> bool:
-    """oneDNN's linear on CPU unless FEEDBACK_LINEAR=aten (or oneDNN is missing from this torch)."""
-    choice = os.environ.get(LINEAR_ENV, "").strip().lower()
-    return device.type == "cpu" and choice != "aten" and available()
+def wanted(device: torch.device, choice: bool | None = None) -> bool:
+    """oneDNN's linear on CPU where oneDNN is in this torch: as `choice` says, else (None) unless
+    FEEDBACK_LINEAR=aten."""
+    if choice is None:
+        choice = os.environ.get(LINEAR_ENV, "").strip().lower() != "aten"
+    return choice and device.type == "cpu" and available()
 
 
 def use_onednn(model: nn.Module) -> int:

@@ -109,27 +109,35 @@ class LoadedModel:
         turn (its last occurrence there; tokens that overlap it count), or None where `find` is
         empty, not found (a template that rewrites content) or the tokenizer gives no offsets."""
         tok = self.tokenizer
+        text, turns, special = self._render(prompt, chat_template, system, messages)
+        needle = (find or "").strip()
+        if needle:
+            # the user turn ends where the assistant's header starts: the text is looked for before it
+            turn_end = (len(tok.apply_chat_template(turns, add_generation_prompt=False, tokenize=False))
+                        if turns else len(text))
+            try:
+                enc = tok(text, add_special_tokens=special, return_offsets_mapping=True)
+            except (NotImplementedError, ValueError):  # a slow tokenizer has no offsets
+                enc = None
+            if enc is not None:
+                span = _token_span(enc["offset_mapping"], text.rfind(needle, 0, turn_end), len(needle))
+                return list(enc["input_ids"]), span
+        return list(tok(text, add_special_tokens=special)["input_ids"]), None
+
+    def _render(self, prompt: str, chat_template: bool, system: str | None,
+                messages: list[dict] | None) -> tuple[str, list[dict] | None, bool]:
+        """The text the model reads, the chat turns it was rendered from (None without a template),
+        and whether the tokenizer adds its special tokens (only without a template)."""
+        tok = self.tokenizer
         if chat_template and getattr(tok, "chat_template", None):
             history = list(messages or [])
             head = ([{"role": "system", "content": system}]
                     if system and not (history and history[0]["role"] == "system") else [])
             turns = head + history + [{"role": "user", "content": prompt}]
-            text = tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
-            # the user turn ends where the assistant's header starts: the text is looked for before it
-            turn_end = len(tok.apply_chat_template(turns, add_generation_prompt=False, tokenize=False))
-            special = False
-        else:
-            if messages:
-                raise FeedbackError("a conversation (messages) needs the chat template; turn it on")
-            text, turn_end, special = prompt, len(prompt), True
-        needle = (find or "").strip()
-        if not needle:
-            return list(tok(text, add_special_tokens=special)["input_ids"]), None
-        try:
-            enc = tok(text, add_special_tokens=special, return_offsets_mapping=True)
-        except (NotImplementedError, ValueError):  # a slow tokenizer has no offsets
-            return list(tok(text, add_special_tokens=special)["input_ids"]), None
-        return list(enc["input_ids"]), _token_span(enc["offset_mapping"], text.rfind(needle, 0, turn_end), len(needle))
+            return tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=False), turns, False
+        if messages:
+            raise FeedbackError("a conversation (messages) needs the chat template; turn it on")
+        return prompt, None, True
 
     @property
     def vocab_size(self) -> int:
@@ -248,9 +256,11 @@ def load_model(
     trust_remote_code: bool = False,
     attn_implementation: str | None = "auto",
     fast_matmul: bool | None = None,
+    onednn_linear: bool | None = None,
 ) -> LoadedModel:
     """Load a model and tokenizer for the engine; user mistakes raise `FeedbackError`.
-    `fast_matmul` (None: FEEDBACK_FAST_MATMUL): bf16 matmuls on fp32 weights, process-wide."""
+    `fast_matmul` (None: FEEDBACK_FAST_MATMUL): bf16 matmuls on fp32 weights, process-wide.
+    `onednn_linear` (None: unless FEEDBACK_LINEAR=aten): fp32 linear layers through oneDNN on CPU."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -332,7 +342,7 @@ def load_model(
         quantization = linear.INT8_LABEL
     elif load_in_4bit or load_in_8bit:
         quantization = "bitsandbytes 4-bit NF4 weights" if load_in_4bit else "bitsandbytes 8-bit weights"
-    if linear.wanted(dev) and device_map is None:
+    if linear.wanted(dev, onednn_linear) and device_map is None:
         linear.use_onednn(model)  # what is left in fp32 (all of it, or the output head beside int8 layers)
 
     eos: list[int] = []

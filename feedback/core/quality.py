@@ -172,8 +172,7 @@ def self_ppl(lm: LoadedModel, prompt_ids: list[int], answer_ids: list[int],
     """The answer's perplexity under the plain model after the row's full input."""
     if not answer_ids:
         return None
-    nll = sequence_nll(lm, prompt_ids + answer_ids, stop)  # nll[i] scores token i + 1
-    return _ppl(nll[len(prompt_ids) - 1:])
+    return span_ppl(lm, prompt_ids + answer_ids, (len(prompt_ids), len(prompt_ids) + len(answer_ids)), stop)
 
 
 def span_ppl(lm: LoadedModel, ids: list[int], span: tuple[int, int],

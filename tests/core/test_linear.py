@@ -57,6 +57,8 @@ def test_only_plain_fp32_cpu_linears_change_and_autograd_keeps_aten():
 
 
 def test_feedback_linear_aten_keeps_pytorch_kernel():
+    cpu = torch.device("cpu")
+    assert linear.wanted(cpu, False) is False and linear.wanted(cpu, True) is True  # a caller's choice wins
     code = ("import feedback, torch; from feedback.core import linear; "
             "print(linear.wanted(torch.device('cpu')), linear.wanted(torch.device('meta')))")
     env = {**os.environ, linear.LINEAR_ENV: "aten"}
