@@ -885,12 +885,19 @@ def test_a_link_over_a_limit_is_refused_on_open_naming_the_field(browser: Browse
         context.close()
 
 
+def set_columns(pg: Page, want: int) -> None:
+    """Add or remove columns until `want` show, one click at a time, each one's column seen before
+    the next: a click while the last one's update is on its way is dropped (Gradio runs a button's
+    event once at a time), and a click read against a stale count can wait on a button the update
+    then disables (four columns: no more to add). Both happened on a busy CI machine."""
+    shown = pg.locator("#columns > .column:visible")
+    while (have := shown.count()) != want:
+        pg.locator("#add-column" if have < want else "#remove-column").click()
+        expect(shown).to_have_count(have + (1 if have < want else -1))
+
+
 def test_four_columns_stream_and_their_first_token_comes_soon(page: Page):
-    # one click at a time: a click while the last one's update is still on its way is dropped (Gradio
-    # runs a button's event once at a time), which a busy CI machine once showed
-    for n in (3, 4):
-        page.locator("#add-column").click()
-        expect(page.locator(f"#col{n}")).to_be_visible()
+    set_columns(page, 4)
     expect(page.locator("#add-column")).to_be_disabled()
     page.evaluate("""() => {
       const obs = new MutationObserver(() => {
@@ -966,10 +973,7 @@ def test_a_long_session_in_one_tab_stays_light_and_answers_clicks(browser: Brows
         accordion(pg, "Sampling")
         runs = 0
         for n, columns in enumerate([2, 4, 3, 2, 4]):
-            while int(pg.locator("#columns > .column:visible").count()) < columns:
-                pg.locator("#add-column").click()
-            while int(pg.locator("#columns > .column:visible").count()) > columns:
-                pg.locator("#remove-column").click()
+            set_columns(pg, columns)
             pg.locator("#prompt textarea").fill(["Why is the sky blue?", "Name three rivers.", "A haiku."][n % 3])
             done("#status", pg.locator("#generate").click)
             runs += 1
