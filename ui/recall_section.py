@@ -9,15 +9,15 @@ tabs, the served budgets); the handler takes its controls' values by name (the s
 (`feedback.serve.limits`). The grid is built and its cost checked before the request waits."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gradio as gr
 
 from feedback.core.budget import Budget
 from feedback.core.records import RowSpec
 from feedback.errors import FeedbackError
-from feedback.eval.recall import (Instance, RecallConfig, check_budget, evaluate_recall, plan, summarise,
-                                  work)
+from feedback.eval.recall import (Instance, RecallConfig, check_budget, evaluate_recall, plan, recall_result,
+                                  summarise, work)
 from feedback.eval.recall_figures import GAIN_LEGEND, accuracy_heatmap, difference_heatmap
 from feedback.serve.gpu_time import GpuWork
 from feedback.serve.limits import (RECALL_GRID_CHARS, RECALL_ITEMS, RECALL_NEW_TOKENS, SERVED_RECALL_MAX_LENGTH,
@@ -114,6 +114,15 @@ class RecallTask(GpuTask):
 
         yield from reporting(job, stop)
 
+    def split(self, fits) -> list["RecallTask"]:
+        """Consecutive runs of prompts, each as many as fit one call (a prompt is one engine run)."""
+        chunks: list[list[Instance]] = [[]]
+        for inst in self.instances:
+            if chunks[-1] and not fits(recall_gpu_work(chunks[-1] + [inst], self.rows, self.cfg.max_new_tokens)):
+                chunks.append([])
+            chunks[-1].append(inst)
+        return [replace(self, instances=c, gpu=recall_gpu_work(c, self.rows, self.cfg.max_new_tokens)) for c in chunks]
+
 
 def recall_gpu_work(instances: list[Instance], rows: list[RowSpec], max_new_tokens: int) -> GpuWork:
     """One run of the rows per prompt: its decode, and the prompt and gold answers scored."""
@@ -134,12 +143,14 @@ class RecallWork(TabWork):
         self.strategy = rows[1].name
         self.plan = plan_text(instances, rows, cfg.max_new_tokens, cfg)
         self.records: list[dict] = []
-        self.result: dict | None = None
+        self.wall_seconds = 0.0  # the runs' own time, every GPU call's together
         self.task = RecallTask(lm.name, recall_gpu_work(instances, rows, cfg.max_new_tokens), cfg, rows, instances,
                                self.budget)
 
     def starting(self) -> dict:
         blank = empty_figure("the heatmaps fill in as each prompt finishes")
+        if self.calls and len(self.calls) > 1:
+            self.plan += f"; as {len(self.calls)} GPU calls, the grid being longer than one may ask for"
         return (self.busy() | self.say(f"Starting: {self.plan}.")
                 | to_components(self.outputs, {"summary": "", "baseline_plot": blank, "strategy_plot": blank,
                                                "difference_plot": blank, "result": None}))
@@ -157,10 +168,10 @@ class RecallWork(TabWork):
     def progress(self, items: list, elapsed: float) -> dict:
         out, new = self.busy(), False
         for item in items:
-            if isinstance(item, Finished):
-                self.result = item.result
+            if isinstance(item, Finished):  # one GPU call's prompts done (the grid may take several)
+                self.wall_seconds += item.result["wall_seconds"]
             elif isinstance(item, dict):
-                self.records.append(item)
+                self.records.append({k: v for k, v in item.items() if k not in ("done", "total")})
                 new = True
         n, total = len(self.records), len(self.instances)
         if new:
@@ -171,8 +182,8 @@ class RecallWork(TabWork):
                               f"({elapsed:.0f} s). {self.plan}.")
 
     def finish(self, outcome: Outcome) -> dict:
-        res = self.result
-        if res is not None:
+        if outcome.kind == "done" and len(self.records) == len(self.instances):
+            res = recall_result(self.lm.name, self.cfg, self.rows, self.records, self.wall_seconds)
             return (self.idle() | self.say(f"Done in {res['wall_seconds']:.1f} s: {self.plan}.")
                     | to_components(self.outputs, result_view(res, self.strategy) | {"result": res}))
         if not self.records:

@@ -10,8 +10,9 @@ For each request it:
    elsewhere), streaming the work's progress to the page at least every HEARTBEAT_S seconds. On
    ZeroGPU that function runs in another process, forked from this one: what crosses is pickled
    (the work's `GpuTask`, a `StopSignal`, each progress item), so the work's task is plain data
-   naming its model, and it asks for the GPU time its size needs (`GpuTask.gpu`; over the cap it is
-   refused in step 1);
+   naming its model, and it asks for the GPU time its size needs (`GpuTask.gpu`). Work longer than
+   the cap runs as consecutive calls where it is made of independent pieces (`GpuTask.split`:
+   Recall's prompts), else it is refused in step 1;
 4. releases the line on every exit path: done, error, Stop, a cancelled request, and a page that
    stopped listening (a closed tab): a watchdog stops any job whose page has not taken an update for
    ABANDON_S seconds, so its work ends within a step / window / trace and the next in line goes.
@@ -98,6 +99,12 @@ class GpuTask:
     def run(self, lm, stop: StopSignal) -> Iterator[Any]:
         raise NotImplementedError
 
+    def split(self, fits: Callable[[GpuWork], bool]) -> list["GpuTask"]:
+        """The task as consecutive GPU calls, for a request longer than one call may ask for
+        (ZeroGPU's cap): a task made of independent pieces (Recall's prompts) returns parts of its
+        own class, in order, each one's work `fits` where a piece alone does; the rest run whole."""
+        return [self]
+
 
 @dataclass
 class Ended:
@@ -120,6 +127,7 @@ class Work:
 
     label = "a model run"  # what people waiting behind it are told it is
     task: GpuTask
+    calls: list[GpuTask] | None = None  # the GPU calls it runs as, in order (None: `task`, whole)
     signal: StopSignal | None = None
 
     def starting(self) -> dict:
@@ -337,8 +345,25 @@ class ModelRunner:
         return run_task
 
     def gpu_seconds(self, task: GpuTask) -> int:
-        """`spaces.GPU`'s duration for one call: what the task's size needs at this machine's speed."""
-        return task.gpu.seconds(self.clock.scale)
+        """`spaces.GPU`'s duration for one call: what the task's size needs at this machine's speed
+        (never over the cap: a call accepted before a slower request raised the scale still runs)."""
+        return min(self.gpu_cap, task.gpu.seconds(self.clock.scale))
+
+    def gpu_calls(self, task: GpuTask) -> list[GpuTask]:
+        """The GPU calls `task` runs as: itself where it fits the cap (or no cap applies, off
+        ZeroGPU), else its parts; a call that cannot fit is refused here, before the request waits
+        (ZeroGPU would refuse it after: "illegal duration")."""
+        if not self.zero_gpu:
+            return [task]
+        scale = self.clock.scale
+
+        def fits(work: GpuWork) -> bool:
+            return work.seconds(scale) <= self.gpu_cap
+
+        calls = [task] if fits(task.gpu) else task.split(fits)
+        for call in calls:
+            call.gpu.check(self.gpu_cap, scale)
+        return calls
 
     # ---- the wrapper ----
     def wrap(self, tab: str, prepare: Callable[[dict], Work], names: list[str], status=None) -> Callable:
@@ -352,8 +377,7 @@ class ModelRunner:
             session = getattr(request, "session_hash", None) or "local"
             try:
                 work = prepare(values)
-                if runner.zero_gpu:  # refused now, not by ZeroGPU once it has waited ("illegal duration")
-                    work.task.gpu.check(runner.gpu_cap, runner.clock.scale)
+                work.calls = runner.gpu_calls(work.task)
             except FeedbackError as exc:
                 if status is not None:
                     yield {status: render.status_html(f"Not started: {exc}", "error")}
@@ -450,14 +474,18 @@ class ModelRunner:
         """On the worker thread: the work's task inside the GPU function; always leaves the line."""
         ended: Ended | None = None
         try:
-            for item in self._on_gpu(work.task, work.signal):
-                if isinstance(item, Ended):
-                    ended = item
-                else:
-                    items.put(item)
-            end = _outcome(ended, job.stop.is_set())
-            if end.kind == "done" and ended is not None:  # a whole run: what its size took here
-                self.clock.observe(work.task.gpu, ended.seconds)
+            for call in work.calls or [work.task]:
+                ended = None
+                for item in self._on_gpu(call, work.signal):
+                    if isinstance(item, Ended):
+                        ended = item
+                    else:
+                        items.put(item)
+                end = _outcome(ended, job.stop.is_set())
+                if end.kind != "done":
+                    break
+                if ended is not None:  # a whole call: what its size took here
+                    self.clock.observe(call.gpu, ended.seconds)
         except BaseException as exc:  # the GPU function itself failed (on ZeroGPU: its worker, a refusal)
             end = Outcome("stopped") if job.stop.is_set() else Outcome("failed", exc)
         finally:

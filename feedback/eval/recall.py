@@ -387,10 +387,12 @@ def work(instances: list[Instance], rows: list[RowSpec], max_new_tokens: int) ->
             extra = max_new_tokens if row.strategy == "restate" else 0
             scored += inst.prompt_tokens + extra + inst.gold_tokens
         decoded += len(rows) * max_new_tokens
-    how = (f"{len(instances)} prompts of {min(i.prompt_tokens for i in instances):,} to "
-           f"{max(i.prompt_tokens for i in instances):,} tokens, {len(rows)} rows: each prompt once and each row's "
-           f"gold answer after it") if instances else "nothing"
-    return scored, decoded, how
+    if not instances:
+        return scored, decoded, "nothing"
+    lo, hi = min(i.prompt_tokens for i in instances), max(i.prompt_tokens for i in instances)
+    prompts = f"1 prompt of {lo:,} tokens" if len(instances) == 1 else (
+        f"{len(instances)} prompts of {lo:,}" + (f" to {hi:,}" if hi != lo else "") + " tokens")
+    return scored, decoded, f"{prompts}, {len(rows)} rows: each prompt once and each row's gold answer after it"
 
 
 def _over(budget: Budget, scored: int, decoded: int) -> bool:
@@ -551,10 +553,16 @@ def evaluate_recall(lm: LoadedModel, cfg: RecallConfig, rows: list[RowSpec],
         records.append(rec)
         if on_instance:
             on_instance(rec | {"done": n, "total": len(instances)})
+    return recall_result(lm.name, cfg, rows, records, time.perf_counter() - started)
+
+
+def recall_result(model: str, cfg: RecallConfig, rows: list[RowSpec], records: list[dict],
+                  wall_seconds: float) -> dict:
+    """A whole grid's result from its instances' records, however many calls ran them (in order)."""
     result = summarise(records, [r.name for r in rows], cfg.lengths, cfg.depths, cfg.bootstrap, cfg.seed)
-    return result | {"config": cfg.to_dict(), "model": lm.name, "row_specs": row_specs(rows),
+    return result | {"config": cfg.to_dict(), "model": model, "row_specs": row_specs(rows),
                      "kinds": [KINDS[i % len(KINDS)] for i in range(cfg.items)], "items": records,
-                     "wall_seconds": time.perf_counter() - started}
+                     "wall_seconds": wall_seconds}
 
 
 # ---- text output ----

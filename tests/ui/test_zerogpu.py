@@ -24,6 +24,7 @@ from feedback.serve.limits import GPU_DURATION_CAP_ENV, GPU_DURATION_CAP_S, gpu_
 from tests.ui.model_handlers import (MODEL_HANDLERS, SETTINGS, handler_values, line_free, model_handlers,
                                      remember_compare, start)
 from tests.ui.zerogpu_double import ZeroGPU
+from ui.recall_section import recall_gpu_work
 from ui.runner import GpuTask, ModelRunner, Outcome, Work
 
 STREAM_ITEM_MAX_BYTES = 16_000  # a progress item: one step's tokens, one scored window, one line of text
@@ -241,8 +242,9 @@ def test_the_gpu_time_asked_for_learns_this_machines_speed(served, zerogpu):
     first = zerogpu.calls[-1].duration
     assert first == task.gpu.seconds() and runner.clock.ratios and runner.clock.scale < 1
     print("\nmeasured ÷ predicted GPU time, tiny model:", [round(r, 3) for r in runner.clock.ratios])
+    learnt = runner.clock.scale  # what the next call asks by (its own end may raise it: a slower run)
     list(fn.fn(types.SimpleNamespace(session_hash="zero-learn"), **values))
-    assert gpu_time.START_S <= zerogpu.calls[-1].duration == task.gpu.seconds(runner.clock.scale) < first
+    assert gpu_time.START_S <= zerogpu.calls[-1].duration == task.gpu.seconds(learnt) < first
 
 
 def test_the_clock_keeps_the_slowest_recent_ratio_with_a_margin():
@@ -289,21 +291,112 @@ def values_prompt_tokens(served, values: dict) -> int:
     return max(len(r.prompt_ids) for r in run.rows)
 
 
+# ---- a request longer than one call may ask for ----
+RECALL_GRID = SETTINGS | {"recall-lengths": "64, 96", "recall-depths": "0, 100", "recall-items": 2}
+
+
+def recall_request(served):
+    fn = model_handlers(served.demo)["recall"]
+    values = handler_values(served.app, fn, RECALL_GRID)
+    work = served.app.perplexity.recall.prepare(dict(zip(fn.input_keyword_names, values, strict=True)))
+    return fn, values, work
+
+
+def recall_updates(served, fn, values, session: str, on_update=lambda update: None) -> list:
+    updates = []
+    for update in start(fn, values, session):
+        updates.append(update)
+        on_update(update)
+    return updates
+
+
+def shown_result(served, updates: list) -> dict:
+    result = served.app.perplexity.recall.result
+    return next(u[result] for u in reversed(updates) if isinstance(u, dict) and u.get(result) is not None)
+
+
+def test_a_recall_grid_over_the_cap_runs_as_several_calls_each_within_it(served, zerogpu, tiny_lm, monkeypatch):
+    """A grid whose prompts together ask for more than the cap runs as consecutive GPU calls, each
+    asking for at most the cap, and gives the result of one whole run; only a prompt that alone
+    needs more than the cap is refused (before it waits)."""
+    from feedback.eval.recall import evaluate_recall
+
+    runner = served.app.runner
+    monkeypatch.setattr(runner, "clock", gpu_time.GpuClock())  # the starting rates, whatever earlier tests measured
+    fn, values, work = recall_request(served)
+    task = work.task
+    one_prompt = [recall_gpu_work([i], task.rows, task.cfg.max_new_tokens).seconds(runner.clock.scale)
+                  for i in task.instances]
+    cap = max(one_prompt) + 1
+    assert len(task.instances) == 8 and task.gpu.seconds(runner.clock.scale) > 2 * cap  # three calls or more
+    monkeypatch.setattr(runner, "gpu_cap", cap)
+    calls = runner.gpu_calls(task)
+    assert len(calls) >= 3 and [i for c in calls for i in c.instances] == task.instances
+    assert all(c.gpu.seconds(runner.clock.scale) <= cap for c in calls)
+
+    before = len(zerogpu.calls)
+    updates = recall_updates(served, fn, values, "zero-split")
+    made = zerogpu.calls[before:]
+    assert len(made) == len(calls) and all(c.ran and 0 < c.duration <= cap for c in made), [c.duration for c in made]
+    assert zerogpu.violations == []
+    got = shown_result(served, updates)
+    whole = evaluate_recall(tiny_lm, task.cfg, task.rows, instances=task.instances)
+    assert {k: v for k, v in got.items() if k != "wall_seconds"} == {
+        k: v for k, v in whole.items() if k != "wall_seconds"}
+    assert 0 < got["wall_seconds"]
+    status = served.app.perplexity.recall.status
+    said = [str(u[status]) for u in updates if isinstance(u, dict) and status in u]
+    assert any(f"as {len(calls)} GPU calls" in s for s in said), said[:2]
+    line_free(served.pool)
+
+    # not even one prompt fits a call (at the speed the calls above measured)
+    smallest = min(recall_gpu_work([i], task.rows, task.cfg.max_new_tokens).seconds(runner.clock.scale)
+                   for i in task.instances)
+    monkeypatch.setattr(runner, "gpu_cap", smallest - 1)
+    held = len(zerogpu.calls)
+    with pytest.raises(gr.Error, match=rf"this request needs about {smallest} s of GPU time \(1 prompt of \d+ tokens, 2 rows"):
+        recall_updates(served, fn, values, "zero-split-refused")
+    assert len(zerogpu.calls) == held
+
+
+def test_stop_between_a_grids_calls_ends_it_with_the_prompts_done(served, zerogpu, monkeypatch):
+    runner = served.app.runner
+    monkeypatch.setattr(runner, "clock", gpu_time.GpuClock())
+    fn, values, work = recall_request(served)
+    task = work.task
+    monkeypatch.setattr(runner, "gpu_cap", 1 + max(recall_gpu_work([i], task.rows, task.cfg.max_new_tokens)
+                                                   .seconds(runner.clock.scale) for i in task.instances))
+    calls = len(runner.gpu_calls(task))
+    assert calls >= 3
+    request = types.SimpleNamespace(session_hash="zero-split-stop")
+    status, stopped = served.app.perplexity.recall.status, []
+
+    def stop_after_the_first(update) -> None:
+        if not stopped and "1 of 8 prompts done" in str(update.get(status, "")):
+            stopped.append(served.app.perplexity.recall.stop_run(request))
+
+    before = len(zerogpu.calls)
+    updates = recall_updates(served, fn, values, request.session_hash, stop_after_the_first)
+    assert stopped == ["Stopping…"] and len(zerogpu.calls) - before < calls
+    partial = shown_result(served, updates)
+    assert 1 <= len(partial["items"]) < 8 and "Stopped after" in str(updates[-1].get(status, ""))
+    line_free(served.pool)
+
+
 TYPED = {k: SETTINGS[k] for k in ("prompt", "ppl-text", "sweep-text")}  # what a visitor must type
 
 
-def test_the_pages_defaults_fit_the_default_cap_but_recalls_grid(embedded_lm):
+def test_the_pages_defaults_fit_the_default_cap_recalls_grid_in_several_calls(embedded_lm):
     """A visitor who types a prompt (or text) and changes nothing else is not refused: each tab's
     default request on the embedded model asks for at most the default cap, at the rates measured
     on the development CPU. Recall's default grid (12 prompts of up to 1,024 tokens) asks for more
-    at those rates: on ZeroGPU it is refused until the rates are measured on its GPU (or the cap
-    raised); a smaller grid runs."""
+    at those rates: it runs as several GPU calls, each within the cap."""
     from feedback.serve.pool import ModelPool
     from ui.layout import FeedbackLensApp
 
     app = FeedbackLensApp(ModelPool.serving(embedded_lm), gpu=lambda fn, **_: fn)
     demo = app.build()
-    asks = {}
+    asks, tasks = {}, {}
     for name, fn in model_handlers(demo).items():
         if name in ("continue", "branch", "rerun"):  # they go on from a Compare run: sized as one
             continue
@@ -311,10 +404,14 @@ def test_the_pages_defaults_fit_the_default_cap_but_recalls_grid(embedded_lm):
                    "perplexity": app.perplexity.prepare, "recall": app.perplexity.recall.prepare,
                    "sweep": app.sweep.prepare, "tune": app.sweep.prepare_tune, "deepthink": app.deepthink.prepare}[name]
         values = dict(zip(fn.input_keyword_names, handler_values(app, fn, TYPED), strict=True))
-        asks[name] = prepare(values).task.gpu.seconds()
+        tasks[name] = prepare(values).task
+        asks[name] = tasks[name].gpu.seconds()
     print("\nGPU seconds asked for by each tab's defaults (embedded model):", asks)
     assert asks.pop("recall") > GPU_DURATION_CAP_S
     assert max(asks.values()) <= GPU_DURATION_CAP_S, asks
+    calls = tasks["recall"].split(lambda work: work.seconds() <= GPU_DURATION_CAP_S)
+    print("Recall's default grid as calls of (s):", [c.gpu.seconds() for c in calls])
+    assert len(calls) == 2 and all(c.gpu.seconds() <= GPU_DURATION_CAP_S for c in calls)
 
 
 def test_the_cap_is_a_setting(monkeypatch):
