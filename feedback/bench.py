@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from feedback.core.engine import run_to_end
 from feedback.core.model import LoadedModel, load_model, set_fast_matmul
 from feedback.core.records import RowSpec, RunConfig, first_divergence
+from feedback.errors import FeedbackError
 
 BENCH_PROMPT = "Write a detailed, step-by-step explanation of how a refrigerator keeps food cold."
 TARGETS = {
@@ -84,16 +85,27 @@ def _cpu() -> float:
     return time.process_time()
 
 
+def step_marks(lm: LoadedModel, rows: list[RowSpec], tokens: int, prompt: str = BENCH_PROMPT,
+               chat_template: bool = True, clock: Callable[[], float] = _cpu) -> list[float]:
+    """`clock` read at each forward of a run: the engine hands its observer every forward's logits,
+    so the clock is read there. The first mark carries the prefill; each later one a decode step."""
+    marks: list[float] = []
+    run_to_end(lm, RunConfig(prompt=prompt, model=lm.name, max_new_tokens=tokens, rows=rows,
+                             chat_template=chat_template), observer=lambda step, live, logits: marks.append(clock()))
+    if len(marks) < 2:
+        raise FeedbackError("the run stopped after its first token: no decode step to time")
+    return marks
+
+
+def mean_step_s(marks: list[float]) -> float:
+    """The mean decode step between a run's marks (`step_marks`), the prefill's left out."""
+    return (marks[-1] - marks[0]) / (len(marks) - 1)
+
+
 def _engine_step_s(lm: LoadedModel, rows: list[RowSpec], tokens: int, prompt: str = BENCH_PROMPT,
                    chat_template: bool = True) -> float:
-    """Mean CPU time of the decode steps after the first (the first one carries the prefill): the
-    engine hands its observer the logits of every forward, so the clock is read there."""
-    marks: list[float] = []
-    run_to_end(lm, RunConfig(prompt=prompt, max_new_tokens=tokens, rows=rows, chat_template=chat_template),
-               observer=lambda step, live, logits: marks.append(_cpu()))
-    if len(marks) < 2:
-        raise RuntimeError("the run stopped after its first token: no decode step to time")
-    return (marks[-1] - marks[0]) / (len(marks) - 1)
+    """Mean CPU time of the decode steps after the first."""
+    return mean_step_s(step_marks(lm, rows, tokens, prompt, chat_template))
 
 
 def _engine_run(lm: LoadedModel, tokens: int) -> tuple[float, list[int]]:
@@ -246,19 +258,37 @@ def _quality_overhead(lm: LoadedModel, tokens: int, repeats: int, prompt: str = 
     return ratio(lambda: run(True), lambda: run(False), repeats)
 
 
-def _bandwidth_gbs() -> float:
-    """Memory bandwidth from a large copy (bytes read + written per second), best of three."""
-    src = torch.empty(64 * 1024 * 1024, dtype=torch.float32).fill_(1.0)  # 256 MiB
+def sync(device: torch.device) -> None:
+    """Wait for the GPU, so a wall clock read after it measures the work, not its queueing."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_clock(device: torch.device) -> Callable[[], float]:
+    """A wall clock read once `device` has done the work queued on it (on CPU, at once)."""
+    def read() -> float:
+        sync(device)
+        return time.perf_counter()
+
+    return read
+
+
+def copy_bandwidth_gbs(device: torch.device = torch.device("cpu")) -> float:
+    """Memory bandwidth of `device` from a large copy (bytes read + written per second), best of
+    five after a warm-up: 256 MiB on CPU, 1 GiB on a GPU."""
+    n = (256 if device.type == "cuda" else 64) * 2**20
+    src = torch.ones(n, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
+    dst.copy_(src)
+    clock, best = device_clock(device), float("inf")
+    for _ in range(5):
+        t = clock()
         dst.copy_(src)
-        best = min(best, time.perf_counter() - t)
-    return 2 * src.numel() * src.element_size() / best / 1e9
+        best = min(best, clock() - t)
+    return 2 * n * src.element_size() / best / 1e9
 
 
-def _weight_bytes(lm: LoadedModel) -> int:
+def weight_bytes(lm: LoadedModel) -> int:
     """Bytes of weights one step reads: parameters and buffers (int8 weights and their scales are
     buffers), tied tensors (embedding = lm_head) once."""
     seen: set[int] = set()
@@ -322,8 +352,8 @@ def measure(tokens: int = 64, repeats: int = 5, dtype: str = "auto", lm: LoadedM
     deep_shape = QUICK_DEEPTHINK if quick else DEEPTHINK
     ratios |= deepthink_throughput(lm, max(4, tokens // 4), repeats, *deep_shape)
     invariance = batch_invariance(lm, max(4, tokens // 4))
-    bandwidth = _bandwidth_gbs()
-    weights = _weight_bytes(lm)
+    bandwidth = copy_bandwidth_gbs()
+    weights = weight_bytes(lm)
     # the roofline is about time on the clock: the fastest of a few bare one-row steps, wall time
     wall_step = min(_raw_step_s(lm, 1, tokens, time.perf_counter) for _ in range(max(1, repeats)))
     return {
@@ -425,7 +455,7 @@ def fast_modes(tokens: int = 16, repeats: int = 3, reply_tokens: int = 64, docs:
 
     examples = json.loads((Path(__file__).resolve().parent.parent / "assets" / "examples.json").read_text())
     prompts = [e["prompt"] for e in examples][:8]
-    bandwidth = _bandwidth_gbs()
+    bandwidth = copy_bandwidth_gbs()
     out: dict = {"bandwidth_gbs": bandwidth, "modes": {}}
     ref_replies = ref_nlls = None
     for label, kwargs in MODES:
@@ -438,7 +468,7 @@ def fast_modes(tokens: int = 16, repeats: int = 3, reply_tokens: int = 64, docs:
         diffs = [a - b for a, b in zip(nlls, ref_nlls)]
         mean = sum(d.sum() for d in diffs) / sum(d.size for d in diffs)
         lo, hi, _ = paired_bootstrap(diffs, 2000, 0) if any(np.any(d) for d in diffs) else (0.0, 0.0, "")
-        stored = _weight_bytes(lm)
+        stored = weight_bytes(lm)
         out["modes"][label] = {
             "precision": lm.precision, "step_ms_row1": pair.b * 1e3, "step_ms_row2": pair.a * 1e3,
             "pair_vs_row": pair.median, "pair_vs_row_spread": [pair.low, pair.high],

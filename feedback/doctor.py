@@ -39,7 +39,8 @@ from typing import Callable
 
 import torch
 
-from feedback.bench import BENCH_PROMPT, SHORT_PROMPT, _bandwidth_gbs, _weight_bytes, prompt_of
+from feedback.bench import (BENCH_PROMPT, SHORT_PROMPT, copy_bandwidth_gbs, device_clock, mean_step_s, prompt_of,
+                             step_marks, sync, weight_bytes)
 from feedback.core.budget import dtype_bytes, kv_bytes_per_token
 from feedback.core.engine import run_to_end
 from feedback.core.model import LoadedModel, load_model, resolve_dtype
@@ -163,12 +164,6 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _sync(device: torch.device) -> None:
-    """Wait for the GPU, so a wall clock read after it measures the work, not its queueing."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -274,10 +269,10 @@ def _short(dtype: str) -> str:
 
 def _timed(fn: Callable, device: torch.device):
     """(wall seconds, value) of `fn()`, the GPU drained before and after."""
-    _sync(device)
+    sync(device)
     t = time.perf_counter()
     value = fn()
-    _sync(device)
+    sync(device)
     return time.perf_counter() - t, value
 
 
@@ -397,10 +392,10 @@ def cuda_memory_check(lm: LoadedModel, tokens: int) -> Outcome:
     sampler reads that same counter, so its highest peak reading may lag the true peak (what
     happened after its last reading) but never exceed it."""
     dev = lm.device
-    _sync(dev)
+    sync(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     result = _two_row_run(lm, tokens)
-    _sync(dev)
+    sync(dev)
     true_peak = torch.cuda.max_memory_allocated(dev) / _MB
     samples = [s for s in result.memory if s.get("cuda_allocated_mb") is not None]
     if not samples:
@@ -448,32 +443,12 @@ def step_memory(ctx: Context) -> Outcome:
 
 # ---- 4. engine speed and the roofline -----------------------------------------------------------------------
 
-def copy_bandwidth_gbs(device: torch.device) -> float:
-    """Memory bandwidth of `device` from a large copy (bytes read + written per second), best of five."""
-    if device.type != "cuda":
-        return _bandwidth_gbs()
-    src = torch.ones(256 * _MB, dtype=torch.float32, device=device)  # 1 GiB
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # warm-up
-    best = min(_timed(lambda: dst.copy_(src), device)[0] for _ in range(5))
-    del src, dst
-    return 2 * 256 * _MB * 4 / best / 1e9
-
-
 def engine_step_s(lm: LoadedModel, rows: int, prompt: str, tokens: int) -> tuple[float, int]:
     """Mean wall time of the engine's decode steps after the first (which carries the prefill), and
     how many steps it took; the GPU is synchronised at each step's mark."""
-    marks: list[float] = []
-
-    def mark(step, live, logits):
-        _sync(lm.device)
-        marks.append(time.perf_counter())
-
-    specs = [RowSpec(f"r{i}") for i in range(rows)]
-    run_to_end(lm, RunConfig(prompt=prompt, model=lm.name, max_new_tokens=tokens, rows=specs, chat_template=False), observer=mark)
-    if len(marks) < 2:
-        raise FeedbackError("the run stopped after its first token: no decode step to time")
-    return (marks[-1] - marks[0]) / (len(marks) - 1), len(marks)
+    marks = step_marks(lm, [RowSpec(f"r{i}") for i in range(rows)], tokens, prompt, chat_template=False,
+                       clock=device_clock(lm.device))
+    return mean_step_s(marks), len(marks)
 
 
 def generate_step_s(lm: LoadedModel, rows: int, prompt: str, tokens: int) -> float:
@@ -492,7 +467,7 @@ def speed_check(lm: LoadedModel, rows: int, ctx_tokens: int, tokens: int, bandwi
     step, steps = engine_step_s(lm, rows, prompt, tokens)
     gen = generate_step_s(lm, rows, prompt, tokens)
     kv = rows * (ctx_tokens + steps / 2) * kv_bytes_per_token(lm.model.config, dtype_bytes(lm.dtype))
-    read = _weight_bytes(lm) + kv
+    read = weight_bytes(lm) + kv
     return {"rows": rows, "prompt_tokens": ctx_tokens, "steps": steps, "engine_step_ms": round(step * 1e3, 3),
             "engine_tokens_per_s": round(rows / step, 1), "generate_step_ms": round(gen * 1e3, 3),
             "generate_tokens_per_s": round(rows / gen, 1), "generate_vs_engine": round(gen / step, 3),
@@ -511,7 +486,7 @@ def step_speed(ctx: Context) -> Outcome:
     parts = [f"{s['shape']}: {s['error']}" if "error" in s else
              f"{s['shape']} {s['engine_step_ms']:.1f} ms ({s['engine_tokens_per_s']:.0f} tok/s, gen "
              f"{s['generate_step_ms']:.1f} ms, {100 * s['roofline_fraction']:.0f} % roofline)" for s in shapes]
-    details = {"dtype": lm.dtype, "bandwidth_gbs": round(bandwidth, 1), "weights_mb": round(_weight_bytes(lm) / _MB, 1),
+    details = {"dtype": lm.dtype, "bandwidth_gbs": round(bandwidth, 1), "weights_mb": round(weight_bytes(lm) / _MB, 1),
                "decode_tokens": ctx.plan.speed_tokens, "shapes": shapes}
     return Outcome(f"{lm.dtype}, copy {bandwidth:.0f} GB/s; " + "; ".join(parts), details, ok=len(good) == len(shapes))
 
