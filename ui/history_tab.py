@@ -78,7 +78,9 @@ class HistoryTab:
         chosen (by id, not by row) while they are listed."""
         shown = [c for c in catalog if history.matches(c["text"], query)]
         listed = {c["id"] for c in shown}
-        return {self.table: [c["row"] for c in shown], self.catalog: catalog,
+        table = render.data_table(history.TABLE_HEADERS, [c["row"] for c in shown], "fl-history",
+                                  [c["id"] for c in shown], "no runs" + (" match the search" if shown != catalog else ""))
+        return {self.table: table, self.catalog: catalog,
                 self.ids: gr.update(choices=[(c["label"], c["id"]) for c in shown],
                                     value=[i for i in chosen if i in listed]),
                 self.note: _note(len(catalog), len(shown), query)}
@@ -209,8 +211,8 @@ class HistoryTab:
             # value "": an API client may leave the query out (every run)
             query = gr.Textbox("", label="Search", placeholder="a name, prompt, column name or output", lines=1,
                                max_lines=1, max_length=SEARCH_MAX_CHARS, elem_id="history-search")
-            self.table = gr.Dataframe(headers=history.TABLE_HEADERS, interactive=False, wrap=True,
-                                      elem_id="history-table")
+            self.table = gr.HTML(render.data_table(history.TABLE_HEADERS, [], "fl-history", empty="no runs"),
+                                 elem_id="history-table")
             self.ids = gr.Dropdown([], multiselect=True, label="Runs (reload, name and rate take the first; "
                                    "delete takes all chosen; export takes all chosen, or every run listed when none "
                                    "is chosen)",

@@ -331,6 +331,24 @@ def stat_items(row: RowResult, live: bool = False, best: set[str] | None = None)
     return items + _quality_items(row, best)
 
 
+def data_table(headers: list[str], rows: list[list], elem_class: str = "", row_ids: list[str] | None = None,
+               empty: str = "nothing to show") -> str:
+    """A read-only table of text cells (escaped), its header kept in view while its box scrolls.
+    Drawn as HTML rather than a `gr.Dataframe`: Gradio's Dataframe keeps every row it ever drew
+    alive in its scroller's cache (a new key per row per update), so a table redrawn again and again
+    (History, opened after each run) grew the page by its whole size each time."""
+    def tr(row: list, row_id: str | None) -> str:
+        attr = "" if row_id is None else f' data-id="{escape(str(row_id), quote=True)}"'
+        return f"<tr{attr}>" + "".join(f"<td>{escape('' if v is None else str(v))}</td>" for v in row) + "</tr>"
+
+    head = "".join(f'<th scope="col">{escape(str(h))}</th>' for h in headers)
+    body = "".join(tr(row, i) for row, i in zip(rows, row_ids or [None] * len(rows)))
+    if not rows:
+        body = f'<tr><td colspan="{len(headers)}" class="fl-table-empty">{escape(empty)}</td></tr>'
+    return (f'<div class="fl-table {escape(elem_class, quote=True)}"><table><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
+
+
 def render_metrics(rows: list[RowResult], running: list[bool] | None = None, best: list[set[str]] | None = None,
                    colors: list[str | None] | None = None) -> str:
     """One table for every column: a row per metric, a column per column (headed by its name and

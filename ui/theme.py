@@ -46,6 +46,19 @@ CSS = """
 .fl-metrics { overflow-x: auto; }
 .fl-metrics thead th { font-weight: 600; opacity: 1; white-space: nowrap; }
 .fl-metrics tbody th { white-space: nowrap; }
+/* a read-only data table (History): scrolls in its box both ways, its header kept in view */
+.fl-table { max-height: 32rem; overflow: auto; border: 1px solid var(--border-color-primary);
+  border-radius: var(--radius-md, 6px); }
+.fl-table table { border-collapse: collapse; width: 100%; font-size: 0.85em; margin: 0; border: none !important; }
+.fl-table th, .fl-table td { padding: 4px 8px; text-align: left; vertical-align: top;
+  border: none !important; border-bottom: 1px solid var(--border-color-primary) !important;
+  color: var(--body-text-color); overflow-wrap: anywhere; }
+.fl-table thead th { position: sticky; top: 0; z-index: 1; font-weight: 600; white-space: nowrap;
+  background: var(--background-fill-secondary) !important; }
+.fl-table tbody tr:nth-child(even) td { background: var(--table-odd-background-fill, transparent); }
+.fl-history td { min-width: 7rem; max-width: 22rem; }
+.fl-history td:nth-child(2), .fl-history td:nth-child(3) { min-width: 0; white-space: nowrap; }
+.fl-table-empty { color: var(--body-text-color-subdued) !important; font-style: italic; }
 .fl-ok { color: var(--color-green-600, #1a7f37); font-weight: 600; }
 .fl-bad { color: var(--color-red-600, #c4320a); font-weight: 600; }
 .dark .fl-ok { color: #5cc77a; } .dark .fl-bad { color: #ff8a65; }
@@ -369,6 +382,22 @@ HEAD = """
   new MutationObserver(() => {
     if (!fed.queued) { fed.queued = true; requestAnimationFrame(() => { extendChart(); restoreFocus(); }); }
   }).observe(document.body, {childList: true, subtree: true, characterData: true});
+  // Gradio's Plot draws each new figure into a new element and drops the old one without
+  // Plotly.purge: the old chart's window resize handler (responsive charts) kept its whole SVG,
+  // data and listeners alive, ~900 DOM nodes a Compare run. A chart that leaves the page loses
+  // that handler (a whole purge would break the redraws Gradio still has queued on it).
+  const release = (node) => {
+    if (node.nodeType !== 1) return;
+    const charts = node.classList.contains("js-plotly-plot") ? [node] : node.querySelectorAll(".js-plotly-plot");
+    for (const gd of charts) {
+      if (gd.isConnected || !gd._responsiveChartHandler) continue;
+      window.removeEventListener("resize", gd._responsiveChartHandler);
+      delete gd._responsiveChartHandler;
+    }
+  };
+  new MutationObserver((records) => {
+    for (const r of records) for (const node of r.removedNodes) release(node);
+  }).observe(document.body, {childList: true, subtree: true});
   // Idle memory polling only while the page is visible: mirror visibility into a hidden checkbox.
   const sync = () => {
     const box = document.querySelector("#fl-page-visible input[type=checkbox]");

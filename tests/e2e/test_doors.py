@@ -108,7 +108,7 @@ def test_an_oversized_upload_is_refused_and_leaves_no_file(door, tmp_path):
 ])
 def test_malformed_history_gets_a_message_not_a_crash(client, hist):
     table, _runs, note = client.predict(hist, api_name="/history")
-    assert table["data"] == [[""] * 9] or table["data"] == [] or not any(table["data"][0])
+    assert "<tr data-id=" not in table and "no runs" in table  # an empty table, saying so
     assert "0 run(s)" in note
     for api_name in ("/export_json", "/export_csv", "/export_llm_comparator"):
         with pytest.raises(AppError, match="no runs in this browser's history"):

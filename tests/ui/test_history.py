@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import pytest
 
@@ -543,12 +544,17 @@ def _tab():
     return tab
 
 
+def listed(out: dict) -> list[str]:
+    """The run ids of the table's rows, in order."""
+    return re.findall(r'<tr data-id="([^"]*)">', out["table"])
+
+
 def test_history_tab_searches_picks_and_edits_by_run_id():
     tab, hist = _tab(), history.add_run(_two(), _three("t", prompt="Name a planet"))
     listing = tab.view(hist)
-    assert [r[1] for r in listing["table"]] == ["t", "b", "a"] and "3 run(s) stored" in listing["note"]
+    assert listed(listing) == ["t", "b", "a"] and "3 run(s) stored" in listing["note"]
     found = tab.search("PLANET", listing["catalog"], ["a", "t"])
-    assert [r[1] for r in found["table"]] == ["t"] and found["ids"]["value"] == ["t"]  # the choice kept by id
+    assert listed(found) == ["t"] and found["ids"]["value"] == ["t"]  # the choice kept by id
     assert found["note"].startswith("1 of 3 run(s) match the search.")
     picked = tab.pick(["t"], "feedback", listing["catalog"], None)
     assert picked["column"]["choices"] == ["baseline", "own", "chat"] and picked["column"]["value"] == "baseline"
@@ -557,7 +563,7 @@ def test_history_tab_searches_picks_and_edits_by_run_id():
         assert "Not done: choose a run to name" in tab.rename(hist, [], "x", "")["status"]
     out = tab.rename(hist, ["t"], "<b>mine</b>", "planet")
     assert "&lt;b&gt;mine&lt;/b&gt;" in out["status"] and "<b>" not in out["status"]  # escaped where shown
-    assert _by_id(out["hist"], "t")["name"] == "<b>mine</b>" and [r[1] for r in out["table"]] == ["t"]
+    assert _by_id(out["hist"], "t")["name"] == "<b>mine</b>" and listed(out) == ["t"]
     out = tab.rate(out["hist"], ["t"], "own", "better", "crisp", "")
     assert tab.pick(["t"], "own", out["catalog"], None)["verdict"] == "better"
     out = tab.delete(out["hist"], ["t", "a"], "")

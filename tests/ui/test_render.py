@@ -578,3 +578,12 @@ def test_the_metrics_table_has_a_column_per_column_and_a_row_per_metric() -> Non
     assert rows["tokens"] == ["1", "2"] and rows["stop"] == ["eos", "running…"]
     assert rows["extra layer passes / token"] == ["—", "4"]  # only column 2 has it
     assert rows["self-PPL"][1].startswith("2.00") and "★" in rows["self-PPL"][1]  # the lower self-PPL is best
+
+
+def test_a_data_table_escapes_its_cells_keeps_row_ids_and_says_when_empty():
+    html = render.data_table(["name", "output"], [["<b>x</b>", None], ["y", 3]], "fl-history", ["a\"1", "b"])
+    assert "<td>&lt;b&gt;x&lt;/b&gt;</td><td></td>" in html and "<td>3</td>" in html
+    assert re.findall(r'<tr data-id="([^"]*)">', html) == ["a&quot;1", "b"]
+    assert '<th scope="col">name</th>' in html and 'class="fl-table fl-history"' in html
+    empty = render.data_table(["name", "output"], [], empty="no runs")
+    assert '<td colspan="2" class="fl-table-empty">no runs</td>' in empty
