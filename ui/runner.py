@@ -472,10 +472,9 @@ class ModelRunner:
 
     def _work(self, work: Work, job: PageJob, ticket, items: queue.Queue) -> None:
         """On the worker thread: the work's task inside the GPU function; always leaves the line."""
-        ended: Ended | None = None
         try:
             for call in work.calls or [work.task]:
-                ended = None
+                ended: Ended | None = None
                 for item in self._on_gpu(call, work.signal):
                     if isinstance(item, Ended):
                         ended = item
