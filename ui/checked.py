@@ -11,15 +11,13 @@ client, one line in the log. What passes is then read by Gradio as before.
 """
 from __future__ import annotations
 
-import logging
 import re
 
 import gradio as gr
 
 from feedback.core.bounds import Bound
 from feedback.errors import FeedbackError
-
-log = logging.getLogger("feedback_lens.ui")
+from ui import notice
 
 _COLUMN_ID = re.compile(r"^c(?:ol)?(\d+)-")  # Compare's column controls: col2-temperature, c2-residual-alpha
 _PREVIEW = 80
@@ -84,9 +82,8 @@ def check_value(component, value):
 
 
 def refused(message: str) -> gr.Error:
-    """A refusal: the message for the caller, one line in the log, no traceback."""
-    log.info("refused: %s", message)
-    return gr.Error(message, print_exception=False)
+    """A refusal: the message for the caller (plain text), one line in the log, no traceback."""
+    return notice.refusal(message)
 
 
 class CheckedBlocks(gr.Blocks):
@@ -108,8 +105,8 @@ class CheckedBlocks(gr.Blocks):
                 raise refused(str(exc)) from None
         try:
             return await super().preprocess_data(block_fn, inputs, state, explicit_call)
-        except gr.Error as exc:
-            raise refused(str(exc)) from None
+        except gr.Error as exc:  # Gradio's own check of a value: its message, without the repr's quotes
+            raise refused(exc.message) from None
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:  # a payload Gradio cannot read
             raise refused(f"a value of this request could not be read: {type(exc).__name__}: {exc}"[:500]) from None
 

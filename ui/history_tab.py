@@ -13,7 +13,7 @@ import gradio as gr
 
 from feedback.errors import FeedbackError
 from feedback.serve.limits import NAME_MAX_CHARS
-from ui import history, render
+from ui import history, notice, render
 from ui.compare_tab import CompareTab
 from ui.exports import export_file, stamp
 
@@ -25,9 +25,9 @@ def _entries(hist) -> list[dict]:
     try:
         runs, skipped = history.valid(hist)
     except FeedbackError as exc:
-        raise gr.Error(str(exc), print_exception=False) from None
+        raise notice.refusal(exc) from None
     if skipped:
-        gr.Warning(f"{skipped} entr{'y' if skipped == 1 else 'ies'} of this browser's history could not be read "
+        notice.warning(f"{skipped} entr{'y' if skipped == 1 else 'ies'} of this browser's history could not be read "
                    "and were skipped")
     return runs
 
@@ -37,7 +37,7 @@ def _run_ids(ids) -> list[str]:
     if ids is None:
         return []
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-        raise gr.Error(f"runs must be a list of run ids, got {str(ids)[:80]!r}", print_exception=False)
+        raise notice.refusal(f"runs must be a list of run ids, got {str(ids)[:80]!r}")
     return ids
 
 
@@ -154,7 +154,7 @@ class HistoryTab:
 
     def _refused(self, exc: FeedbackError) -> dict:
         # on the page, a refusal stays in the status line after the toast fades (as on the model tabs)
-        gr.Warning(str(exc))
+        notice.warning(exc)
         return {self.status: render.status_html(f"Not done: {exc}", "error")}
 
     def reload(self, hist: list | None, ids: list[str] | None, view: str) -> dict:
@@ -164,11 +164,11 @@ class HistoryTab:
         ids = _run_ids(ids)
         entries = history.select(_entries(hist), ids[:1] if ids else None)
         if not ids or not entries:
-            raise gr.Error("choose a run to reload", print_exception=False)
+            raise notice.refusal("choose a run to reload")
         try:
             out = self.compare.restore(entries[0]["result"], view)
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:  # FeedbackError too
-            raise gr.Error(f"this run cannot be restored: {exc}", print_exception=False) from None
+            raise notice.refusal(f"this run cannot be restored: {exc}") from None
         return out | {self.compare.ui.run.status: render.status_html(
             f"Reloaded run {entries[0]['id']} from History: every control is as that run had it."),
             self.tabs: gr.update(selected="compare")}
@@ -196,7 +196,7 @@ class HistoryTab:
         if not entries:
             why = ("no runs in this browser's history yet" if not runs else
                    "none of the chosen runs is in this browser's history" if ids else "no run matches the search")
-            raise gr.Error(why, print_exception=False)
+            raise notice.refusal(why)
         name = entries[0]["id"] if len(entries) == 1 else f"{len(entries)}-runs"
         if kind == "comparator":
             return export_file(f"feedback-lens-{name}-{stamp()}.llm-comparator.json",

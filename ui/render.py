@@ -431,13 +431,15 @@ def column_heading(title: str, strategy: str | None, params: dict, color: str | 
             f'{setting_badges(settings)}</h3><span class="fl-note fl-colnote" title="{note}">{note}</span>')
 
 
-_MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+# ':' and '@' too: escaped, "https\://a\.b" and "me\@a\.b" are no longer bare URLs or addresses,
+# which Markdown's autolinking would otherwise turn into links
+_MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>:@])")
 
 
 def md_text(text) -> str:
     """Any text (a model's answer, a column name, a model name from a link) as literal text inside
-    Markdown: HTML-escaped and every Markdown character backslash-escaped, so it can make no link,
-    image, code span or heading."""
+    Markdown: HTML-escaped and every Markdown character backslash-escaped, so it can make no link
+    (not even an autolinked URL), image, code span or heading."""
     return _MARKDOWN_SPECIALS.sub(r"\\\1", escape(str(text), quote=False))
 
 

@@ -41,7 +41,7 @@ from feedback.serve.gate import Busy, Place
 from feedback.serve.gpu_time import GpuClock, GpuWork
 from feedback.serve.limits import gpu_duration_cap_setting
 from feedback.serve.pool import ModelPool
-from ui import render, stop_signal
+from ui import notice, render, stop_signal
 from ui.stop_signal import JobStop, StopSignal
 
 log = logging.getLogger("feedback_lens.ui")
@@ -308,9 +308,9 @@ def by_name(fn: Callable[[dict], Any], names: list[str]) -> Callable:
 
 
 def user_error(exc: BaseException) -> gr.Error:
-    """A `gr.Error` for a refused input: a toast with the message; logged as one line, no traceback."""
-    log.info("refused: %s", exc)
-    return gr.Error(str(exc), print_exception=False)
+    """A `gr.Error` for a refused input: a toast with the message as plain text; logged as one
+    line, no traceback."""
+    return notice.refusal(exc)
 
 
 class ModelRunner:
@@ -467,7 +467,7 @@ class ModelRunner:
                     log.error("%s failed:\n%s", job.tab, end.trace.rstrip())
                 else:
                     log.error("%s failed", job.tab, exc_info=end.error)
-                raise user_error(FeedbackError(f"{work.label[0].upper()}{work.label[1:]} failed: {end.message}"))
+                raise notice.failure(f"{work.label[0].upper()}{work.label[1:]} failed: {end.message}")
             raise user_error(end.error)
 
     def _work(self, work: Work, job: PageJob, ticket, items: queue.Queue) -> None:

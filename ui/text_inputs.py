@@ -14,7 +14,7 @@ from feedback.eval import corpus
 from feedback.eval.figures import DELTA_LEGEND
 from feedback.eval.perplexity import PASSES, PPLConfig
 from feedback.serve.limits import MAX_DOCS, SERVED_TEXT_MAX_CHARS, UPLOAD_MAX_BYTES
-from ui import render
+from ui import notice, render
 from ui.controls import bound_number
 
 TEXT_MAX_CHARS = SERVED_TEXT_MAX_CHARS
@@ -49,7 +49,7 @@ def load_documents(source: str, text: str | None, upload: str | None, max_docs: 
         warnings: list[str] = []
         docs = corpus.load(str(path), warnings.append)
         if warnings:
-            gr.Warning(f"{len(warnings)} line(s) skipped: " + "; ".join(w.split(": ", 1)[1] for w in warnings[:3]))
+            notice.warning(f"{len(warnings)} line(s) skipped: " + "; ".join(w.split(": ", 1)[1] for w in warnings[:3]))
         return docs[:max_docs]
     if source in ("builtin:dev", "builtin:test"):
         return corpus.load(source)[:max_docs]

@@ -871,6 +871,76 @@ def test_names_from_a_link_are_text_everywhere_they_show(browser: Browser, app_u
         context.close()
 
 
+# Markup a crafted link carries: an image that calls a URL, a fake login link, a heading, a bare URL
+MARKUP = ('<img src="/x-injected.png"><a href="https://example.org/login">Session expired</a>'
+          '<h1>NOTICE</h1> see https://example.org/bare')
+SHORT_MARKUP = '<img src="/x-injected.png"><h1>N</h1>'  # within a column name's 64 characters
+# Elements that text can turn into (a toast's own close button and icon are not inside its message)
+RENDERED = "a, img, h1, h2, h3, h4, h5, h6, iframe, object, embed, video, audio, form, input, table, style"
+MESSAGES = "[data-testid=toast-text], #link-note, #status"
+
+
+def _crafted(field: str, value: str) -> str:
+    """A real link (Copy link's data) decoded, one field set to `value`, encoded again."""
+    import base64
+    import zlib
+
+    from feedback.core.records import RowSpec, RunConfig
+    from ui import link
+
+    cfg = RunConfig(prompt="Say hi.", max_new_tokens=4,
+                    rows=[RowSpec("Baseline"), RowSpec("Feedback", "residual", {"alpha": 0.1})])
+    data = link.encode(cfg)
+    packed = json.loads(zlib.decompress(base64.urlsafe_b64decode(data + "=" * (-len(data) % 4))))
+    config = packed["config"]
+    if field == "view":
+        packed["view"] = value
+    elif field == "prompt":
+        config["prompt"] = value
+    elif field == "parameter":
+        config["rows"][1]["params"] = {value: 0.1}
+    else:  # strategy or name of column 2
+        config["rows"][1][field] = value
+    raw = zlib.compress(json.dumps(packed).encode("utf-8"), 9)
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+@pytest.mark.parametrize("field, markup, applied", [
+    ("strategy", MARKUP, False), ("parameter", MARKUP, False), ("view", MARKUP, False),
+    ("name", MARKUP, False), ("name", SHORT_MARKUP, True), ("prompt", MARKUP, True)])
+def test_markup_in_a_link_shows_as_text_and_calls_nothing(browser: Browser, app_url: str, field: str, markup: str,
+                                                          applied: bool):
+    """A crafted link puts markup in one field: the toast, the link's note and the status line show it
+    as the characters it is, no element comes of it (no image, link or heading), and no request
+    leaves for the URLs it names."""
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    pg = context.new_page()
+    requests: list[str] = []
+    pg.on("request", lambda r: requests.append(r.url))
+    try:
+        pg.goto(f"{app_url.rstrip('/')}/?cfg={_crafted(field, markup)}")
+        note = pg.locator("#link-note")
+        if applied:
+            expect(note).to_contain_text("restored from the link", timeout=LOAD_TIMEOUT_MS)
+            if field == "name":
+                expect(pg.locator("#col2-heading h3")).to_contain_text(markup)
+            else:
+                expect(pg.locator("#prompt textarea")).to_have_value(markup)
+        else:
+            expect(note).to_contain_text("not applied", timeout=LOAD_TIMEOUT_MS)
+            expect(note).to_contain_text(markup[:40])  # the refusal quotes it, cut where it is long
+            toast = pg.locator("[data-testid=toast-text]").first
+            expect(toast).to_contain_text("This link's settings were not applied")
+            expect(toast).to_contain_text('<img src="/x-injected.png">')
+        pg.wait_for_timeout(500)  # anything the markup would load has been asked for by now
+        assert pg.evaluate(f"() => [...document.querySelectorAll({MESSAGES!r})]"
+                           f".flatMap(m => [...m.querySelectorAll({RENDERED!r})].map(e => e.outerHTML))") == []
+        assert not [u for u in requests if "x-injected" in u or "example.org" in u]
+        shot(pg, f"markup-link-{field}-{'applied' if applied else 'refused'}", full=False)
+    finally:
+        context.close()
+
+
 def test_a_link_over_a_limit_is_refused_on_open_naming_the_field(browser: Browser, app_url: str):
     from feedback.core.records import RunConfig
     from ui import link

@@ -184,7 +184,10 @@ def test_a_column_name_is_text_in_its_heading(name: str) -> None:
 
 
 def test_md_text_makes_text_literal_inside_markdown() -> None:
-    assert md_text("[x](javascript:alert(1))") == r"\[x\]\(javascript:alert\(1\)\)"
+    assert md_text("[x](javascript:alert(1))") == r"\[x\]\(javascript\:alert\(1\)\)"
+    # bare URLs and addresses, which Markdown would link by itself
+    assert md_text("see https://example.org or me@example.org") == \
+        r"see https\://example\.org or me\@example\.org"
     assert md_text("`a` <b> & it's") == r"\`a\` &lt;b&gt; &amp; it's"
 
 
