@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                          **load_options_from_env())
         app = FeedbackLensApp(pool, budget=settings.budget)
         demo = app.build()
-        server = app_kwargs(pool, settings)
+        server = app_kwargs(pool, settings, login=auth is not None)
     except FeedbackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

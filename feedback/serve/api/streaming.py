@@ -28,7 +28,7 @@ from feedback.core.strict_json import json_safe
 from feedback.errors import FeedbackError, Stopped
 from feedback.serve.api.deps import ApiSettings
 from feedback.serve.api.errors import ApiError
-from feedback.serve.gate import Busy
+from feedback.serve.gate import Ticket
 from feedback.serve.pool import ModelPool
 
 DISCONNECT_POLL_S = 0.25  # how often a waiting or running request looks for its client
@@ -60,12 +60,13 @@ async def watching(request: Request | None, gone: threading.Event) -> AsyncItera
             watcher.cancel()
 
 
-@asynccontextmanager
-async def turn(pool: ModelPool, settings: ApiSettings, label: str,
-               request: Request | None = None) -> AsyncIterator[float]:
-    """Hold one slot of the shared model line; yields seconds queued. The wait happens in a
+async def take_place(pool: ModelPool, settings: ApiSettings, label: str,
+                     request: Request | None = None) -> tuple[Ticket, float]:
+    """A slot of the shared model line, and the seconds waited for it. The wait happens in a
     worker thread; a caller that goes away while waiting (its request cancelled, or — with
-    `request` — its client disconnected) leaves the line at once instead of holding its place."""
+    `request` — its client disconnected) leaves the line at once instead of holding its place.
+    Raises `Busy` (503 with Retry-After) when the line is full or the wait runs out: the holder
+    of the returned ticket must leave the line on every path."""
     gone, lock, held = threading.Event(), threading.Lock(), []
 
     def take() -> None:
@@ -82,12 +83,42 @@ async def turn(pool: ModelPool, settings: ApiSettings, label: str,
             await anyio.to_thread.run_sync(take, abandon_on_cancel=True)
         if gone.is_set():
             raise ClientGone()
-        yield time.perf_counter() - t0
-    finally:
+        with lock:
+            gone.set()
+            return held.pop(), time.perf_counter() - t0
+    except BaseException:
         with lock:
             gone.set()  # a waiter thread left behind by a cancelled request gives up its place
-            if held:
+            if held:  # the slot came, but the caller had gone
                 pool.gate.leave(held.pop())
+        raise
+
+
+@asynccontextmanager
+async def turn(pool: ModelPool, settings: ApiSettings, label: str,
+               request: Request | None = None) -> AsyncIterator[float]:
+    """Hold one slot of the shared model line for the body; yields seconds queued."""
+    ticket, queued = await take_place(pool, settings, label, request)
+    try:
+        yield queued
+    finally:
+        pool.gate.leave(ticket)
+
+
+class HeldStream(StreamingResponse):
+    """A streamed answer that holds a slot of the model line, taken before the response started:
+    the slot is given back when the response ends however it ends, also when the client left
+    before the body was ever read (then the body's generator never runs its own `finally`)."""
+
+    def __init__(self, content, release: Callable[[], None], **kwargs):
+        super().__init__(content, **kwargs)
+        self.release = release
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
 
 
 def _close_when_idle(events) -> None:
@@ -151,32 +182,29 @@ def stream_format(request: Request, format: str | None, default: str | None) -> 
     return "sse" if "text/event-stream" in request.headers.get("accept", "") else default
 
 
-async def _events(run: Run, steps: bool, sse: bool, pool: ModelPool, settings: ApiSettings,
-                  recent: RecentRuns) -> AsyncIterator[str]:
-    """A streamed run: `start`, a `prefill` per chunk of a prompt longer than one chunk (chunk,
-    chunks, tokens, total), one `step` per decode step, then `done` or `error` (in-band: the
-    response has started, so its status can no longer say it)."""
+async def _events(run: Run, steps: bool, sse: bool, recent: RecentRuns) -> AsyncIterator[str]:
+    """A streamed run, which already holds its slot of the model line: `start`, a `prefill` per
+    chunk of a prompt longer than one chunk (chunk, chunks, tokens, total), one `step` per decode
+    step, then `done` or `error` (in-band: the response has started, so its status can no longer
+    say it; every refusal, a full line included, came before it as an HTTP status)."""
     names = [r.name for r in run.config.rows]
     try:
-        async with turn(pool, settings, "an API stream request"):
-            yield event("start", {"rows": [{"name": r.name, "strategy": r.strategy, "params": r.params}
-                                           for r in run.result.rows],
-                                  "prompt_tokens": run.result.prompt_tokens, "config": run.result.config}, sse)
-            run.prefill_events = True  # a long prompt's reading is reported as it goes
-            async with aclosing(decode(run)) as steps_seen:
-                async for step in steps_seen:
-                    if isinstance(step, PrefillEvent):
-                        yield event("prefill", asdict(step), sse)
-                        continue
-                    yield event("step", {
-                        "step": step.step,
-                        "rows": {names[i]: asdict(rec) for i, rec in step.records.items()},
-                        "finished": {names[i]: why for i, why in step.finished.items()},
-                        "memory": step.memory.to_dict() if step.memory is not None else None}, sse)
-            recent.put(run.result)
-            yield event("done", {"result": result_json(run, steps)}, sse)
-    except Busy as exc:  # the line filled up after the check in `answer`
-        yield event("error", {"error": str(exc), "status": 503}, sse)
+        yield event("start", {"rows": [{"name": r.name, "strategy": r.strategy, "params": r.params}
+                                       for r in run.result.rows],
+                              "prompt_tokens": run.result.prompt_tokens, "config": run.result.config}, sse)
+        run.prefill_events = True  # a long prompt's reading is reported as it goes
+        async with aclosing(decode(run)) as steps_seen:
+            async for step in steps_seen:
+                if isinstance(step, PrefillEvent):
+                    yield event("prefill", asdict(step), sse)
+                    continue
+                yield event("step", {
+                    "step": step.step,
+                    "rows": {names[i]: asdict(rec) for i, rec in step.records.items()},
+                    "finished": {names[i]: why for i, why in step.finished.items()},
+                    "memory": step.memory.to_dict() if step.memory is not None else None}, sse)
+        recent.put(run.result)
+        yield event("done", {"result": result_json(run, steps)}, sse)
     except FeedbackError as exc:  # refused once it ran (a request is sized before it waits, so rarely)
         yield event("error", {"error": str(exc), "status": 422}, sse)
     except Exception as exc:  # the stream has started: report in-band, keep serving
@@ -186,14 +214,15 @@ async def _events(run: Run, steps: bool, sse: bool, pool: ModelPool, settings: A
 async def answer(run: Run, request: Request, steps: bool, stream_as: str | None, pool: ModelPool,
                  settings: ApiSettings, recent: RecentRuns):
     """A started run's answer: the whole RunResult once it is done, or streamed (`stream_as`
-    ndjson or sse). Either way the result is kept in `recent` for follow-ups by its run_id."""
+    ndjson or sse). Either way the run first waits for its slot of the model line, before any
+    byte of the answer is sent, so a refusal (a full line, a wait that ran out) is an HTTP 503
+    with Retry-After for a stream too. The result is kept in `recent` for follow-ups by its run_id."""
     if stream_as is not None:
-        if pool.gate.would_refuse():
-            raise Busy("the model is busy and its waiting line is full; try again")
+        ticket, _ = await take_place(pool, settings, "an API stream request", request)
         sse = stream_as == "sse"
-        return StreamingResponse(_events(run, steps, sse, pool, settings, recent),
-                                 media_type="text/event-stream" if sse else "application/x-ndjson",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return HeldStream(_events(run, steps, sse, recent), release=lambda: pool.gate.leave(ticket),
+                          media_type="text/event-stream" if sse else "application/x-ndjson",
+                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     async with turn(pool, settings, "an API generate request", request) as queued:
         try:
             # a hang-up stops the run between prefill chunks or decode steps: nobody waits for the answer
