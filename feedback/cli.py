@@ -232,12 +232,12 @@ def _follow_up(args) -> int:
         if args.say is None or args.row or args.step is not None or args.token is not None or args.only_row or \
                 args.matching_only:
             raise FeedbackError('--continue takes --say "the next message" (and no --row, --step, --token)')
-        lm = _load(args, model=saved.config.get("model"), dtype=saved.config.get("dtype"))
+        lm = _checked(args, saved, args.continue_from)
         config = continue_run(saved, args.say)
     else:
         if len(args.row) != 1 or args.row[0][1] or args.row[0][2] or args.step is None or args.token is None:
             raise FeedbackError("--branch needs --row NAME, --step N and --token TEXT|ID")
-        lm = _load(args, model=saved.config.get("model"), dtype=saved.config.get("dtype"))
+        lm = _checked(args, saved, args.branch_from)
         config = branch(saved, args.row[0][0], args.step, _token_ids(lm, args.token), all_rows=not args.only_row,
                         matching_only=args.matching_only)
     extra = {"quality": config.quality or args.quality}
@@ -264,6 +264,20 @@ def _read_run(path: str):
         raise FeedbackError(f"{path}: {exc}") from None
     except (KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise FeedbackError(f"{path} is not a saved run (a RunResult from --json or --out): {exc!r}") from None
+
+
+def _checked(args, saved, path: str):
+    """The model a saved run goes on with (its own, unless --model/--dtype say otherwise), the run
+    checked against it as every door checks a saved run: the library's limits here, as for a new
+    run from the command line, and each row's answer against this model's vocabulary."""
+    from feedback.serve.limits import check_saved_run
+
+    lm = _load(args, model=saved.config.get("model"), dtype=saved.config.get("dtype"))
+    try:
+        check_saved_run(saved, lm.vocab_size, served=False)
+    except FeedbackError as exc:
+        raise FeedbackError(f"{path}: {exc}") from None
+    return lm
 
 
 def _token_ids(lm, token: str) -> list[int]:

@@ -159,7 +159,8 @@ def test_prompt_variants_a_next_turn_and_a_branch(tmp_path, capsys):
 
 def test_bad_follow_ups_of_a_saved_run(tmp_path, capsys):
     saved = tmp_path / "run.json"
-    saved.write_text(json.dumps({"config": {"prompt": "hi", "max_new_tokens": 4, "chat_template": False},
+    saved.write_text(json.dumps({"config": {"prompt": "hi", "max_new_tokens": 4, "chat_template": False,
+                                            "rows": [{"name": "b"}]},
                                  "rows": [{"name": "b", "strategy": None, "params": {}, "token_ids": [1, 2, 3],
                                            "text": "abc", "steps": []}]}))
     assert "needs the chat template" in refused(capsys, "generate", "--continue", str(saved), "--say", "more")
@@ -171,6 +172,21 @@ def test_bad_follow_ups_of_a_saved_run(tmp_path, capsys):
         capsys, "generate", "--branch", str(saved), "--row", "b", "--step", "1", "--token", "99999999")
     (tmp_path / "bad.json").write_text('{"config": {}}')
     assert "is not a saved run" in refused(capsys, "generate", "--continue", str(tmp_path / "bad.json"), "--say", "x")
+
+
+def test_a_saved_run_whose_answer_the_model_could_not_have_given_is_refused_naming_the_field(tmp_path, capsys):
+    """The check every door makes of a saved run: here its answers against the loaded model's
+    vocabulary, before anything is decoded."""
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({"config": {"prompt": "hi", "max_new_tokens": 4, "rows": [{"name": "b"}]},
+                                 "rows": [{"name": "b", "strategy": None, "params": {}, "token_ids": [1, 2**40],
+                                           "text": "abc", "steps": []}]}))
+    field = f"{saved}: row 'b': token_ids[1] = 1099511627776 is outside the vocabulary (0–49151)"
+    for follow_up in (["--continue", str(saved), "--say", "more"],
+                      ["--branch", str(saved), "--row", "b", "--step", "0", "--token", "5"]):
+        lines = [line for line in refused(capsys, "generate", *follow_up).splitlines()
+                 if line.strip() and "Warning" not in line]
+        assert len(lines) == 1 and lines[0].endswith(field), lines
 
 
 @pytest.mark.parametrize("args, message", [

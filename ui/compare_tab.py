@@ -28,9 +28,9 @@ from feedback.core.sampling import SamplingConfig
 from feedback.core.session import branch, continue_run, rerun
 from feedback.errors import FeedbackError
 from feedback.eval.deepthink import DeepThinkConfig, check_budget
-from feedback.serve.limits import check_run
+from feedback.serve.limits import check_run, check_saved_run
 from feedback.serve.pool import ModelPool
-from ui import charts, history, link, render
+from ui import charts, history, link, notice, render
 from ui.compare_layout import CompareControls, build_controls
 from ui.compare_settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, SHARED_BY_NAME, Page, Scope,
                                  column_specs, column_values, read_all, row_spec, run_config)
@@ -158,7 +158,9 @@ class CompareTab:
         page (the HTTP API's, with at most the page's columns): its strategies built for the model,
         its prompts tokenised and sized against the context, the budgets and memory. A new run, a
         follow-up and a branch are started from it; a run reloaded from History and a link are
-        checked by it, so what the page restores is what Generate would accept."""
+        checked by it, so what the page restores is what Generate would accept. Only a link's model
+        that is not served here gives way to the default, and its note says so; a run and a reload
+        (`_work`, `restore`) refuse such a model by name first."""
         model = cfg.model if cfg.model in self.pool.allowlist else self.pool.default
         lm = self.pool.get(model)
         cfg = check_run(replace(cfg, model=lm.name), lm.num_layers, MAX_COLUMNS, "columns")
@@ -231,7 +233,7 @@ class CompareTab:
             name = last["rows"][index]["name"]
             new = history.rate(hist, last.get("run_id"), name, verdict[0])
         except FeedbackError as exc:
-            gr.Warning(str(exc))
+            notice.warning(exc)
             return {ui.run.status: render.status_html(f"Not rated: {exc}", "error")}
         return {self.hist: new, ui.run.status: render.status_html(
             f"Rated {name}: {verdict[0]} (saved with the run in History, where a note can be added).")}
@@ -294,7 +296,7 @@ class CompareTab:
         try:
             lm = self.pool.get(model)
         except FeedbackError as exc:
-            raise gr.Error(str(exc), print_exception=False) from None
+            raise notice.refusal(exc) from None
         out: dict = {}
         for col in self.ui.cols:
             out |= col.panel.layer_updates(lm.num_layers)
@@ -359,12 +361,15 @@ class CompareTab:
                 | {col.heading: heading(column, RowSpec(name=name, strategy=strategy, params=params))})
 
     def restore(self, data: dict, view: str) -> dict:
-        """Every control as the run had it, and the run's columns, conversations, metrics and chart."""
+        """Every control as the run had it, and the run's columns, conversations, metrics and chart.
+        A stored run is the browser's word: it is checked as a new run from this page is (its
+        model served here, refused by name rather than replaced; its settings; each column's
+        answer against the model), so nothing the page could not have run is restored."""
         result = RunResult.from_dict(data)
         cfg = RunConfig.from_dict(result.config)
+        lm = self.pool.get(cfg.model)  # as `_work` does: a model not served is refused, not replaced
+        check_saved_run(result, lm.vocab_size, lm.num_layers, MAX_COLUMNS, "columns")
         self.served(cfg)
-        if [r.name for r in result.rows] != [r.name for r in cfg.rows]:
-            raise FeedbackError("the run's columns and its settings' columns differ")
         chart = confidence_chart(result.rows, cfg.deepconf.threshold, cfg.deepconf.window)
         shown = frame(cfg) | outputs(result.rows, view, live=False) | RunView(confidence=chart, result=data)
         # the page now shows this run, not a link's setup: the link's note goes, and with the link
@@ -379,7 +384,7 @@ class CompareTab:
             self.served(cfg)
             return {self.ui.link.data: link.encode(cfg, values["view"])}
         except FeedbackError as exc:
-            raise gr.Error(str(exc), print_exception=False) from None
+            raise notice.refusal(exc) from None
 
     def open_link(self, request: gr.Request = None) -> dict:
         """On page load: the controls from a shared link (`?cfg=…`), if the address has one. A bad
@@ -393,7 +398,7 @@ class CompareTab:
             self.served(cfg)
         except FeedbackError as exc:  # the message may quote the link's own values: literal text in the note
             log.info("link refused: %s", exc)
-            gr.Warning(f"This link's settings were not applied: {exc}")
+            notice.warning(f"This link's settings were not applied: {exc}")
             return {ui.link.note: f"⚠ This link's settings were not applied ({render.md_text(exc)}); "
                                   "the defaults are shown."}
         note = "Settings restored from the link: press Generate to run them."

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from feedback.core.bounds import Bound
-from feedback.core.records import MAX_PROMPT_CHARS, RunConfig
+from feedback.core.bounds import TYPE_CEILING, Bound
+from feedback.core.records import MAX_PROMPT_CHARS, SEED, RowResult, RunConfig, RunResult
 from feedback.errors import FeedbackError
 from feedback.eval.perplexity import BOOTSTRAP, MIN_WINDOW, TOKENS_PER_DOC
 from feedback.eval.recall import DEPTH, ITEMS, LENGTH, NEW_TOKENS, parse_depths, parse_lengths
@@ -66,7 +66,14 @@ SERVED_MAX_ROWS = 8  # rows of one run (the library allows records.MAX_ROWS)
 NAME_MAX_CHARS = 64  # a row's name, a run id
 MAX_PARAMS = 32  # strategy parameters of one row or request
 SHORT_TEXT_MAX_CHARS = 1000  # one key fact; the text a branch forces
+# A row's answer text in a saved run that comes back (a reload, a follow-up). Continue puts the answer
+# into the row's conversation, which the library holds to MAX_PROMPT_CHARS in all, so a longer one
+# could never go on; and an answer of SERVED_MAX_NEW_TOKENS tokens is far shorter than this.
+ANSWER_MAX_CHARS = MAX_PROMPT_CHARS
 SMALL_SEED = Bound("seed", 0, 2**31, integer=True)  # a row's seed offset; a perplexity request's bootstrap seed
+# A run's or a row's seed in a JSON body: past 2**53 a JSON number is not exact in most clients (a
+# double), nor in schema tools that read the bound as one, so the HTTP API takes seeds up to there.
+SERVED_SEED = SEED.with_hi(TYPE_CEILING)
 # Perplexity requests: the window, stride and chunk (the model's context caps them anyway) and the
 # bootstrap, whose library limit is far above what one request needs.
 SERVED_MAX_WINDOW = 1_000_000
@@ -80,6 +87,11 @@ PPL_BOOTSTRAP = BOOTSTRAP.with_hi(SERVED_MAX_BOOTSTRAP)
 # Questions of one calibration request (the built-in set has 16); the decoded-token budget bounds the
 # work, this the body.
 SERVED_MAX_QUESTIONS = 64
+# A calibration request that names no size: the built-in questions, this many traces per question per
+# row of at most this many tokens (16 x 2 rows x 2 x 32 = 2,048 decoded tokens, an eighth of the
+# default budget: 34 s on the 2-core dev CPU, where the library's own 8 x 64 takes the whole budget).
+SERVED_CALIBRATION_SAMPLES = 2
+SERVED_CALIBRATION_MAX_NEW_TOKENS = 32
 SERVED_RECALL_MAX_ITEMS = 8
 RECALL_ITEMS = ITEMS.with_hi(SERVED_RECALL_MAX_ITEMS)
 SERVED_RECALL_MAX_LENGTH = 4096  # tokens of text (the embedded model's context is 8,192)
@@ -121,6 +133,51 @@ def check_run(cfg: RunConfig, num_layers: int | None = None, max_rows: int = SER
     for row in cfg.rows:
         _check_row(row, num_layers)
     return cfg
+
+
+def check_saved_run(result: RunResult, vocab_size: int, num_layers: int | None = None,
+                    max_rows: int = SERVED_MAX_ROWS, rows_name: str = "rows", served: bool = True) -> RunConfig:
+    """A saved run that comes back — reloaded from History, or sent to continue or branch — held to
+    what a new request is held to, refused with a `FeedbackError` naming the field. A saved run is
+    the client's word, not a record of this server's: its config goes through `check_run` (with
+    `served=False`, the library's own limits, as a command line's new run), and each row's answer
+    must be one the model could have given it: one answer per row of the config, in order; its
+    token ids whole numbers in the vocabulary (`vocab_size`), no more of them than max_new_tokens
+    (a branch's forced tokens are among them; a conversation's earlier turns are text in the row's
+    messages, not ids); its text within ANSWER_MAX_CHARS (a served cap, so not on the command
+    line); its step records, when it has them, one per token. Returns the config."""
+    cfg = RunConfig.from_dict(result.config)
+    cfg = check_run(cfg, num_layers, max_rows, rows_name) if served else cfg.validate()
+    answers, specs = [getattr(r, "name", None) for r in result.rows], [r.name for r in cfg.rows]
+    if answers != specs:
+        raise FeedbackError(f"{rows_name}: the run's answers are for {str(answers)[:200]} but its settings' "
+                            f"{rows_name} are {str(specs)[:200]}")
+    for row in result.rows:
+        _check_answer(row, cfg.max_new_tokens, vocab_size, served)
+    return cfg
+
+
+def _check_answer(row: RowResult, max_new_tokens: int, vocab_size: int, served: bool) -> None:
+    where = f"row {str(row.name)[:NAME_MAX_CHARS]!r}"
+    ids = row.token_ids
+    if not isinstance(ids, list):
+        raise FeedbackError(f"{where}: token_ids must be a list of token ids, got {type(ids).__name__}")
+    if len(ids) > max_new_tokens:
+        raise FeedbackError(f"{where}: token_ids has {len(ids):,} tokens but max_new_tokens is {max_new_tokens}")
+    vocab = f"the vocabulary (0–{vocab_size - 1})"
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, int):  # 1e12 comes as a float, true as a bool
+            raise FeedbackError(f"{where}: token_ids[{i}] must be a whole number in {vocab}, got {t!r:.40}")
+        if not 0 <= t < vocab_size:  # (one of thousands of digits could not even be printed)
+            shown = t if abs(t) < 10**30 else "a number of over 30 digits"
+            raise FeedbackError(f"{where}: token_ids[{i}] = {shown} is outside {vocab}")
+    if not isinstance(row.text, str):
+        raise FeedbackError(f"{where}: text must be text, got {type(row.text).__name__}")
+    if served:
+        _check_length(f"{where}: text", row.text, ANSWER_MAX_CHARS)
+    if not isinstance(row.steps, list) or row.steps and len(row.steps) != len(ids):
+        got = len(row.steps) if isinstance(row.steps, list) else type(row.steps).__name__
+        raise FeedbackError(f"{where}: steps must hold one record per token ({len(ids)}) or none, got {got}")
 
 
 def _check_length(name: str, text: str | None, limit: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -37,22 +38,37 @@ def door(tiny_lm, launch_app):
         yield SimpleNamespace(url=server.url.rstrip("/"), pool=server.pool)
 
 
+# What Gradio's own login left open, each closed now: its theme is all the login page reads of these
+CLOSED_WITHOUT_A_LOGIN = ["/manifest.json", "/gradio_api/startup-events", "/gradio_api/heartbeat/any",
+                          "/openapi.json", "/config", "/gradio_api/info", "/gradio_api/app_id", "/gradio_api/user",
+                          "/gradio_api/token", "/gradio_api/openapi.json", "/robots.txt", "/favicon.ico",
+                          "/gradio_api/upload_progress", "/monitoring/summary"]
+
+
 def test_with_keys_required_every_gradio_route_needs_a_key_or_a_login(door):
     """FEEDBACK_GRADIO_API=keys closes the Gradio side as FEEDBACK_API_KEYS closes /api: the page asks
     for a login that takes an API key, and no route answers without a key or that login — not even
-    to a client that says it is a browser page (which the earlier, program-only check let in)."""
+    to a client that says it is a browser page (which the earlier, program-only check let in), and
+    none of the routes Gradio's own login leaves open but the login page's own."""
     from ui.server import KEY_LOGIN_MESSAGE
 
     body = {"data": ["Say hi.", True, "tiny"]}
     join = {"data": [], "fn_index": 0, "session_hash": "x"}
     assert httpx.post(f"{door.url}/gradio_api/call/compare", json=body).status_code == 401
     assert httpx.post(f"{door.url}/gradio_api/queue/join", json=join, headers={"x-gradio-user": "app"}).status_code == 401
-    assert httpx.get(f"{door.url}/config").status_code == 401
     assert httpx.post(f"{door.url}/gradio_api/call/compare", json=body,
                       headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert httpx.post(f"{door.url}/api/generate", json={"prompt": "hi"}).status_code == 401
+    for path in CLOSED_WITHOUT_A_LOGIN:
+        with httpx.stream("GET", f"{door.url}{path}", timeout=10) as r:  # the heartbeat streams once open
+            assert r.status_code == 401, path
+        with httpx.stream("GET", f"{door.url}{path}", headers=AUTH, timeout=10) as r:
+            assert r.status_code != 401, path
     page = httpx.get(door.url)
     assert page.status_code == 200 and KEY_LOGIN_MESSAGE in page.text  # the page is its login form
+    scripts = re.findall(r'(?:src|href)="\.?(/assets/[^"]+)"', page.text)
+    assert scripts and all(httpx.get(f"{door.url}{s}").status_code == 200 for s in scripts[:3])
+    assert httpx.get(f"{door.url}/theme.css").status_code == 200
     assert httpx.post(f"{door.url}/login", data={"username": "me", "password": "wrong"}).status_code >= 400
     with pytest.raises(Exception):
         Client(door.url, verbose=False).predict("Say hi.", max_new_tokens=2, api_name="/compare")
@@ -61,6 +77,9 @@ def test_with_keys_required_every_gradio_route_needs_a_key_or_a_login(door):
         assert run["rows"][0]["token_ids"]
     r = httpx.post(f"{door.url}/gradio_api/call/compare", json={"data": ["Say hi."]}, headers=AUTH)
     assert r.status_code == 200 and "event_id" in r.json()
+    with httpx.Client() as browser:  # a browser's login: the session cookie opens what was closed
+        assert browser.post(f"{door.url}/login", data={"username": "me", "password": KEY}).status_code == 200
+        assert browser.get(f"{door.url}/config").status_code == 200
 
 
 @pytest.fixture()
@@ -237,14 +256,26 @@ def test_a_reference_longer_than_the_context_is_refused_up_front_at_both_doors(c
 
 
 # ---- one set of limits: what comes back into the app is checked as a new request is ----
-def _saved_run(**config) -> dict:
-    """A run as History stores it, with `config` changes (its one row replays a short answer)."""
+def _saved_run(answer: dict | None = None, **config) -> dict:
+    """A run as History stores it, with `config` changes (each row replays a short answer) and
+    `answer` changes to its last row's answer."""
     rows = config.pop("rows", [{"name": "Baseline"}, {"name": "Feedback", "strategy": "residual",
                                                        "params": {"alpha": 0.1}}])
     cfg = {"prompt": "Hi", "model": "tiny", "max_new_tokens": 8, "sampling": {}, "deepconf": {}, "rows": rows} | config
     answers = [{"name": r["name"], "strategy": r.get("strategy"), "params": r.get("params", {}),
                 "token_ids": [504, 9], "text": "The", "steps": []} for r in rows]
+    answers[-1] |= answer or {}
     return {"id": "r1", "created": "t", "result": {"config": cfg, "rows": answers, "run_id": "r1"}}
+
+
+VOCAB = "the vocabulary (0–49151)"  # the tiny model's: the embedded model's tokenizer
+# (what a saved run changes, the refusal naming the field) at every door a saved run comes back through
+SAVED_RUNS_REFUSED = [
+    ({"model": "/etc/passwd"}, "model '/etc/passwd' is not in the allowlist: tiny"),
+    ({"answer": {"token_ids": [10**12, 9]}}, f"row 'Feedback': token_ids[0] = 1000000000000 is outside {VOCAB}"),
+    ({"answer": {"token_ids": [504, 49152]}}, f"row 'Feedback': token_ids[1] = 49152 is outside {VOCAB}"),
+    ({"answer": {"token_ids": [504] * 9}}, "row 'Feedback': token_ids has 9 tokens but max_new_tokens is 8"),
+]
 
 
 @pytest.mark.parametrize("config, message", [
@@ -254,22 +285,43 @@ def _saved_run(**config) -> dict:
     ({"reference": "ref " * 25_000}, "reference is 25001 tokens"),
     ({"rows": [{"name": "a", "messages": "x"}, {"name": "b"}]}, "row a: messages must be a list"),
     ({"rows": [{"name": "a", "prefix": list(range(1100))}, {"name": "b"}]}, "row a: prefix has 1100 tokens"),
+    *SAVED_RUNS_REFUSED,
+    # a browser's JSON: a float or a bool is no token id, a negative one is outside the vocabulary
+    ({"answer": {"token_ids": [1e12, -1]}},
+     f"row 'Feedback': token_ids[0] must be a whole number in {VOCAB}, got 1000000000000.0"),
+    ({"answer": {"token_ids": [504, -1]}}, f"row 'Feedback': token_ids[1] = -1 is outside {VOCAB}"),
+    ({"answer": {"token_ids": [True]}}, f"row 'Feedback': token_ids[0] must be a whole number in {VOCAB}, got True"),
+    ({"answer": {"text": "x" * 200_000}}, "row 'Feedback': text is limited to 100,000 characters here, got 200,000"),
+    ({"answer": {"steps": [{"step": 0, "token_id": 504, "text": "The", "logprob": -1.0, "prob": 0.4, "confidence": 2.0,
+                            "entropy": 1.0, "group_confidence": 2.0, "top": [], "time_ms": 1.0}]}},
+     "row 'Feedback': steps must hold one record per token (2) or none, got 1"),
 ])
 def test_a_run_reloaded_from_history_is_checked_like_a_new_request(client, config, message):
-    with pytest.raises(AppError, match=f"this run cannot be restored: {message}"):
+    with pytest.raises(AppError, match=re.escape(f"this run cannot be restored: {message}")):
         client.predict([_saved_run(**config)], ["r1"], "plain", api_name="/reload")
     # so nothing was restored: Continue and branch have no run to go on from
     with pytest.raises(AppError, match="run a prompt first"):
         client.predict("more", "plain", api_name="/continue")
 
 
-def test_the_api_checks_a_saved_run_sent_back_like_a_new_request(door):
-    saved = _saved_run(max_new_tokens=2000)["result"]
-    r = httpx.post(f"{door.url}/api/continue", json={"run": saved, "message": "more"}, headers=AUTH)
-    assert r.status_code == 422 and "max_new_tokens" in r.text
-    saved = _saved_run(rows=[{"name": "a"}, {"name": "b", "strategy": "bogus"}])["result"]
-    r = httpx.post(f"{door.url}/api/branch", json={"run": saved, "row": "a", "step": 0, "token_id": 5}, headers=AUTH)
-    assert r.status_code == 422 and "unknown strategy 'bogus'" in r.json()["error"]
+@pytest.mark.parametrize("route", ["continue", "branch"])
+@pytest.mark.parametrize("config, message", [
+    ({"max_new_tokens": 2000}, "run.config.max_new_tokens: Input should be less than or equal to 1024"),
+    ({"rows": [{"name": "a"}, {"name": "b", "strategy": "bogus"}]}, "row b: unknown strategy 'bogus'"),
+    *SAVED_RUNS_REFUSED,
+    # the body's schema: ids are whole numbers (1e12 is one, as JSON Schema reads it), not negative, the
+    # text within its cap; then the vocabulary, once the model is known
+    ({"answer": {"token_ids": [1e12, -1]}}, "run.rows.1.token_ids.1: Input should be greater than or equal to 0"),
+    ({"answer": {"token_ids": [1e12]}}, f"row 'Feedback': token_ids[0] = 1000000000000 is outside {VOCAB}"),
+    ({"answer": {"token_ids": [True]}}, "run.rows.1.token_ids.0: Input should be a valid integer"),
+    ({"answer": {"text": "x" * 200_000}}, "run.rows.1.text: String should have at most 100000 characters"),
+])
+def test_the_api_checks_a_saved_run_sent_back_like_a_new_request(door, route, config, message):
+    saved = _saved_run(**config)["result"]
+    follow_up = {"message": "more"} if route == "continue" else {"row": saved["rows"][0]["name"], "step": 0,
+                                                                 "token_id": 5}
+    r = httpx.post(f"{door.url}/api/{route}", json={"run": saved, "steps": False} | follow_up, headers=AUTH)
+    assert r.status_code == 422 and message in r.json()["error"], r.text
 
 
 def test_one_waiting_line_for_both_doors_refuses_alike_and_says_when_to_retry(client, door):
@@ -296,6 +348,63 @@ def test_one_waiting_line_for_both_doors_refuses_alike_and_says_when_to_retry(cl
         gate.release(held)
         gate.max_waiting = cap
     assert waiting.result()[-1]["rows"]  # the page request kept its place and ran
+
+
+def test_direct_gradio_calls_answer_a_refusal_with_a_4xx(client, door):
+    """`/gradio_api/run/<endpoint>` answers with one HTTP status: a caller's mistake is a 4xx naming
+    what is wrong (Gradio answered 500), whether the values' check or the handler refused it; a
+    streaming endpoint, which could answer there only its first update, says where to call it."""
+    r = httpx.post(f"{door.url}/gradio_api/run/compare", json={"data": ["Hi"]}, headers=AUTH)
+    assert r.status_code == 400 and "/gradio_api/call/compare" in r.json()["error"]
+    r = httpx.post(f"{door.url}/gradio_api/run/memory", json={"data": []}, headers=AUTH)
+    assert r.status_code == 422 and "this request sends 0 values; the endpoint takes" in r.json()["error"]
+    params = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/link"]["parameters"]
+
+    def link(**given):
+        data = [given.get(p["parameter_name"], p.get("parameter_default")) for p in params]
+        return httpx.post(f"{door.url}/gradio_api/run/link", json={"data": data}, headers=AUTH, timeout=60)
+
+    r = link(prompt="Hi", model="tiny", max_new_tokens=5000)
+    assert r.status_code == 422 and "max new tokens" in r.json()["error"], r.text
+    r = link(prompt="", model="tiny")
+    assert r.status_code == 422 and "prompt is empty" in r.json()["error"], r.text
+    assert link(prompt="Hi", model="tiny").status_code == 200
+
+
+def test_a_burst_of_streams_is_refused_before_any_starts(door):
+    """A stream that cannot get a place in the model line is a 503 with Retry-After, like every other
+    refusal: admission is decided before the response starts, so no stream gets a 200 and then an
+    in-band error. The admitted ones wait, then run to their end."""
+    gate = door.pool.gate
+    cap, gate.max_waiting = gate.max_waiting, 2
+    held = gate.acquire("ui", label="a long job")
+    answers: list = []
+
+    def stream() -> None:
+        body = {"prompt": "Hi", "model": "tiny", "max_new_tokens": 2, "steps": False}
+        with httpx.stream("POST", f"{door.url}/api/generate/stream", json=body, headers=AUTH, timeout=120) as r:
+            lines = [json.loads(line) for line in r.iter_lines() if line]
+            answers.append((r.status_code, r.headers.get("retry-after"), [e.get("event", e.get("error")) for e in lines]))
+
+    threads = [threading.Thread(target=stream) for _ in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while len(answers) < 6:  # the six refused answer at once, while the line is held
+            assert time.monotonic() < deadline, answers
+            time.sleep(0.05)
+        assert gate.status()["waiting"] == 2
+    finally:
+        gate.release(held)
+        gate.max_waiting = cap
+    for t in threads:
+        t.join(120)
+    refused = [a for a in answers if a[0] == 503]
+    served = [a for a in answers if a[0] == 200]
+    assert len(refused) == 6 and all(retry == "10" for _, retry, _ in refused), answers
+    assert len(served) == 2 and all(events[0] == "start" and events[-1] == "done" and "error" not in events
+                                    for _, _, events in served), answers
 
 
 def test_the_gradio_routes_refuse_bodies_over_their_limit(door):

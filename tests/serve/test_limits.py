@@ -210,3 +210,72 @@ def test_the_batch_runner_records_the_line_as_failed_naming_the_field(batch_reco
     record = batch_records[case]
     assert record["status"] == "error" and NAMED[case] in record["error"], record
     assert "result" not in record
+
+
+# ---- a saved run that comes back (History, /api/continue and /api/branch, the command line) ----
+VOCAB = 100  # the vocabulary the saved runs below are checked against (ids 0-99)
+
+
+def _saved_run(answer: dict | None = None, served_rows: int = 2, **config) -> "RunResult":
+    """A saved run of two rows, "a" and "b", each with a two-token answer; `answer` changes row b's."""
+    from feedback.core.records import RowResult, RunResult
+
+    cfg = RunConfig("hi", **{"max_new_tokens": 8, "rows": _rows(served_rows)} | config)
+    rows = [RowResult(r.name, r.strategy, r.params, token_ids=[5, 9], text="ok") for r in cfg.rows]
+    rows[-1] = RowResult(**{**vars(rows[-1]), **(answer or {})})
+    return RunResult(config=cfg.to_dict(), rows=rows)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"token_ids": [5, VOCAB]}, "row 'r1': token_ids[1] = 100 is outside the vocabulary (0–99)"),
+    ({"token_ids": [10**12, -1]}, "row 'r1': token_ids[0] = 1000000000000 is outside the vocabulary (0–99)"),
+    ({"token_ids": [-1]}, "row 'r1': token_ids[0] = -1 is outside the vocabulary (0–99)"),
+    ({"token_ids": [1e12]}, "row 'r1': token_ids[0] must be a whole number in the vocabulary (0–99), got 1000000000000.0"),
+    ({"token_ids": [1, True]}, "row 'r1': token_ids[1] must be a whole number in the vocabulary (0–99), got True"),
+    ({"token_ids": "5 9"}, "row 'r1': token_ids must be a list of token ids, got str"),
+    ({"token_ids": [1] * 9}, "row 'r1': token_ids has 9 tokens but max_new_tokens is 8"),
+    ({"text": "x" * (limits.ANSWER_MAX_CHARS + 1)},
+     f"row 'r1': text is limited to {limits.ANSWER_MAX_CHARS:,} characters here, got {limits.ANSWER_MAX_CHARS + 1:,}"),
+    ({"text": None}, "row 'r1': text must be text, got NoneType"),
+    ({"steps": [None]}, "row 'r1': steps must hold one record per token (2) or none, got 1"),
+    ({"name": "zz"}, "rows: the run's answers are for ['r0', 'zz'] but its settings' rows are ['r0', 'r1']"),
+])
+def test_a_saved_run_is_refused_naming_the_field_of_its_answer(change, field):
+    with pytest.raises(FeedbackError) as refused:
+        limits.check_saved_run(_saved_run(change), VOCAB)
+    assert str(refused.value) == field
+
+
+def test_a_saved_runs_settings_are_checked_as_a_new_requests_at_the_doors_limits():
+    limits.check_saved_run(_saved_run(), VOCAB)  # as it is: accepted
+    # the served caps (page, API), the door's own rows; the command line takes the library's limits
+    with pytest.raises(FeedbackError, match="max new tokens must be between 1 and 1024, got 2000"):
+        limits.check_saved_run(_saved_run(max_new_tokens=2000), VOCAB)
+    assert limits.check_saved_run(_saved_run(max_new_tokens=2000), VOCAB, served=False).max_new_tokens == 2000
+    with pytest.raises(FeedbackError, match="columns must be between 1 and 4, got 5"):
+        limits.check_saved_run(_saved_run(served_rows=5), VOCAB, max_rows=4, rows_name="columns")
+    with pytest.raises(FeedbackError, match="max_new_tokens must be an integer in"):
+        limits.check_saved_run(_saved_run(max_new_tokens=MAX_NEW_TOKENS_CAP + 1), VOCAB, served=False)
+    with pytest.raises(FeedbackError, match=r"row 'r1': .*alpha=1000000000.0 is out of range"):
+        limits.check_saved_run(_saved_run(rows=[RowSpec("r0"), RowSpec("r1", "residual", {"alpha": 1e9})]), VOCAB,
+                               num_layers=4)
+    # the answer's text is held to the served cap only: the library has none (Continue's own
+    # limit on a conversation still holds there)
+    long = _saved_run({"text": "x" * (limits.ANSWER_MAX_CHARS + 1)})
+    assert limits.check_saved_run(long, VOCAB, served=False).prompt == "hi"
+
+
+def test_runs_the_engine_gave_pass_as_they_come_back_turn_after_turn_and_branched(tiny_lm):
+    """What a run can legitimately hold: answers of exactly max_new_tokens, a branch's forced
+    tokens (replayed and chosen), a later turn's answer after its conversation, steps or none."""
+    from feedback.core.engine import run_to_end
+    from feedback.core.session import answers_only, branch, continue_run
+
+    cfg = RunConfig("Hi", model="tiny", max_new_tokens=6, rows=[RowSpec("a"), RowSpec("b", "residual", {"alpha": 0.1})])
+    first = run_to_end(tiny_lm, cfg)
+    forced = branch(first, "b", 2, [7, 8, 9], matching_only=True)
+    for result in (first, answers_only(first), run_to_end(tiny_lm, forced),
+                   run_to_end(tiny_lm, continue_run(first, "And then?"))):
+        assert limits.check_saved_run(result, tiny_lm.vocab_size, tiny_lm.num_layers) == \
+            RunConfig.from_dict(result.config).validate()
+    assert max(len(r.token_ids) for r in first.rows) == 6  # the tiny model runs to the cap: the edge was checked

@@ -12,19 +12,25 @@ from feedback.core.records import RunResult
 from feedback.core.session import RecentRuns, branch, continue_run
 from feedback.errors import FeedbackError
 from feedback.serve.api.deps import ApiSettings, Pool, Recent, Settings, require_key
-from feedback.serve.api.schemas import ERRORS, BranchIn, ContinueIn, FollowUpIn, saved_result
+from feedback.serve.api.errors import ApiError
+from feedback.serve.api.schemas import ERRORS, NOT_FOUND, STREAMED, BranchIn, ContinueIn, FollowUpIn, saved_result
 from feedback.serve.api.streaming import answer, stream_format
-from feedback.serve.limits import check_run
+from feedback.serve.limits import check_run, check_saved_run
 from feedback.serve.pool import ModelPool
 
-router = APIRouter(dependencies=[Depends(require_key)], responses=ERRORS)
+router = APIRouter(dependencies=[Depends(require_key)], responses=ERRORS | NOT_FOUND | STREAMED)
 
 
 def earlier(req: FollowUpIn, recent: RecentRuns) -> RunResult:
     """The run a follow-up follows: sent back whole, or one of this server's recent runs."""
     if (req.run is None) == (req.run_id is None):
         raise FeedbackError("give either run (an earlier RunResult) or run_id (a recent run of this server)")
-    return recent.get(req.run_id) if req.run is None else saved_result(req.run)
+    if req.run is not None:
+        return saved_result(req.run)
+    try:
+        return recent.get(req.run_id)
+    except FeedbackError as exc:  # an id of the form this server gives, of a run it does not hold (any more)
+        raise ApiError(404, str(exc)) from None
 
 
 def forced_tokens(req: BranchIn, lm) -> list[int]:
@@ -41,11 +47,13 @@ def start(req: ContinueIn | BranchIn, pool: ModelPool, settings: ApiSettings, re
     within budget before it queues (a worker thread runs this)."""
     past = earlier(req, recent)
     lm = pool.get(past.config.get("model"))
+    # a saved run is the client's word, not this server's: checked as a new request is, answers too
+    check_saved_run(past, lm.vocab_size, lm.num_layers)
     if isinstance(req, ContinueIn):
         config = continue_run(past, req.message)
     else:
         config = branch(past, req.row, req.step, forced_tokens(req, lm), req.all_rows, req.matching_only)
-    # held to the same caps as a new request: a saved run is the client's word, not this server's
+    # the follow-up itself is a new request, held to the same caps
     return start_run(lm, check_run(config, lm.num_layers), budget=settings.budget)
 
 
