@@ -291,8 +291,12 @@ def confidence_summary(row: "RowResult") -> tuple[float | None, float | None]:
             min(s.group_confidence for s in row.steps))
 
 
+RUN_ID_HEX = 8  # a run id is a uuid4's first hex digits
+RUN_ID_PATTERN = f"^[0-9a-f]{{{RUN_ID_HEX}}}$"  # every id `_run_id` makes, and nothing else (the API's run_id)
+
+
 def _run_id() -> str:
-    return uuid.uuid4().hex[:8]
+    return uuid.uuid4().hex[:RUN_ID_HEX]
 
 
 @dataclass

@@ -432,11 +432,17 @@ def prompt_tokens(lm: LoadedModel, questions: list[dict], cfg: CalibrationConfig
     return longest
 
 
+def decoded_tokens(questions: int, cfg: CalibrationConfig) -> int:
+    """The most a calibration of `questions` questions decodes: every trace to max_new_tokens (the
+    decoded-token budget's measure)."""
+    return questions * len(SIDES) * cfg.samples * cfg.max_new_tokens
+
+
 def check_budget(lm: LoadedModel, questions: list[dict], cfg: CalibrationConfig, budget: Budget) -> None:
     """Refuse, before any work, a calibration the budget does not allow: every trace's tokens, and
     the memory of one question's run (both rows' samples at once, the longest question)."""
     rows = len(SIDES) * cfg.samples
-    budget.check_decoding(len(questions) * rows * cfg.max_new_tokens,
+    budget.check_decoding(decoded_tokens(len(questions), cfg),
                           f"{len(questions)} questions x {len(SIDES)} rows x {cfg.samples} samples x "
                           f"{cfg.max_new_tokens} new tokens")
     prompt = prompt_tokens(lm, questions, cfg)

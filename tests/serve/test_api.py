@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import jsonschema_rs  # schemathesis' own validator (requirements-dev.txt)
 import pytest
 
 from feedback.core.budget import Budget
@@ -222,7 +224,7 @@ def test_calibrate_reports_every_measure_per_row_and_refuses_what_it_cannot_do(a
     for change, message in [({"questions": body["questions"][:1]}, "questions"), ({"etas": [0]}, "etas.0"),
                             ({"samples": 16, "max_new_tokens": 512}, "FEEDBACK_BUDGET_DECODED_TOKENS"),
                             ({"strategy": "nope"}, "unknown strategy 'nope'"), ({"answer_regex": "(x"}, "does not compile"),
-                            ({"questions": [{"question": " ", "answer": 1}] * 2}, "non-empty 'question'")]:
+                            ({"questions": [{"question": " ", "answer": 1}] * 2}, "questions.0.question")]:
         r = client.post("/calibrate", json=body | change)
         assert r.status_code == 422 and message in r.json()["error"], r.text
 
@@ -341,9 +343,9 @@ def _saved(**config) -> dict:
     ("/generate", {"rows": [{"name": "a", "prompt": "word " * 9000}]}, "row a: prompt is"),
     ("/generate", {"prompt": "hi", "rows": [{"name": f"r{i}"} for i in range(9)]}, "rows: List should have at most 8"),
     ("/generate", {"prompt": "hi", "key_facts": [""]}, "key_facts.0"),
-    ("/continue", {"run_id": "nope", "message": "more"}, "no recent run 'nope'"),
+    ("/continue", {"run_id": "nope", "message": "more"}, "run_id: String should match pattern"),
     ("/continue", {"message": "more"}, "give either run"),
-    ("/continue", {"run": _saved(), "run_id": "x", "message": "more"}, "give either run"),
+    ("/continue", {"run": _saved(), "run_id": "0123abcd", "message": "more"}, "give either run"),
     ("/continue", {"run": _saved(chat_template=False), "message": "more"}, "needs the chat template"),
     ("/continue", {"run": _saved(model="evil/model"), "message": "more"}, "not in the allowlist"),
     ("/continue", {"run": {"config": {}, "rows": []}, "message": "more"}, "run.config.rows"),
@@ -357,6 +359,75 @@ def test_bad_rows_and_follow_ups_are_refused_with_a_clear_error(api, path, body,
     r = client.post(path, json=body)
     assert r.status_code == 422 and message in r.json()["error"], r.text
     assert client.get("/health").status_code == 200
+
+
+def _body_schema(client: httpx.Client, path: str) -> jsonschema_rs.Draft202012Validator:
+    """The published schema of a POST route's body, read as schemathesis reads it."""
+    doc = client.get("/openapi.json").json()
+    body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    return jsonschema_rs.Draft202012Validator(body | {"components": doc["components"]})
+
+
+# (route, body, whether the published schema allows it, the answer's status, what the answer names)
+DOOR = [
+    # a JSON value of another type is refused, not converted
+    ("/generate", {"prompt": "hi", "rows": [{"name": "a", "seed": False}]}, False, 422, "rows.0.seed"),
+    ("/generate", {"prompt": "hi", "max_new_tokens": "2"}, False, 422, "max_new_tokens"),
+    ("/generate", {"prompt": "hi", "steps": 0}, False, 422, "steps"),
+    ("/generate", {"prompt": "hi", "sampling": {"top_p": True}}, False, 422, "sampling.top_p"),
+    ("/calibrate", {"traces": 0}, False, 422, "traces"),
+    ("/ppl", {"text": "Some text to score.", "token_detail": "yes"}, False, 422, "token_detail"),
+    # 2.0 is an integer, as JSON Schema counts one
+    ("/generate", {"prompt": "hi", "max_new_tokens": 2.0, "steps": False}, True, 200, ""),
+    # a prompt, unless every row brings its own; blank as the library counts it (\x1c is whitespace to Python)
+    ("/generate", {"prompt": "", "rows": [{"name": "a"}]}, False, 422, "prompt is empty"),
+    ("/generate", {"prompt": " \x1c", "max_new_tokens": 2}, False, 422, "prompt is empty"),
+    ("/generate", {"prompt": "", "rows": [{"name": "a", "prompt": "Hi"}], "max_new_tokens": 2, "steps": False},
+     True, 200, ""),
+    ("/generate", {"prompt": "hi", "rows": [{"name": "a", "prompt": "\u3000"}]}, False, 422, "rows.0.prompt"),
+    ("/generate", {"prompt": "hi", "key_facts": [" "]}, False, 422, "key_facts.0"),
+    # a strategy name in the grammar, even where it goes unused (beside explicit rows)
+    ("/generate", {"prompt": "hi", "strategy": "", "rows": [{"name": "a"}]}, False, 422,
+     "strategy: unknown strategy ''"),
+    ("/generate", {"prompt": "hi", "strategy": "restate+deep_cache"}, False, 422, "cannot be stacked"),
+    ("/calibrate", {"strategy": "residual+"}, False, 422, "strategy: a stack joins strategy names"),
+    ("/ppl", {"text": "Some text to score.", "strategy": "deep_cache + deep_cache"}, False, 422,
+     "strategy: a stack names each strategy once"),
+    # what no JSON schema can state, the library refuses (422 without details)
+    ("/generate", {"prompt": "hi", "params": {"nope": 1}}, True, 422, "unknown parameter(s) nope"),
+    ("/ppl", {"text": "a"}, True, 422, "at least 2 tokens"),
+    # temperature: 0 or at least 0.01; seeds up to 2**53, which a JSON number holds exactly
+    ("/generate", {"prompt": "hi", "sampling": {"temperature": 0.005}}, False, 422, "sampling.temperature"),
+    ("/generate", {"prompt": "hi", "rows": [{"name": "a", "temperature": 1e-9}]}, False, 422, "rows.0.temperature"),
+    ("/generate", {"prompt": "hi", "seed": 2**53 + 1}, False, 422, "seed"),
+    # a run id is what this server gives; a well-formed one it does not hold (any more) is not found
+    ("/continue", {"run_id": "0", "message": "more"}, False, 422, "run_id"),
+    ("/continue", {"run_id": "0123abcd", "message": "more"}, True, 404, "no recent run '0123abcd'"),
+    ("/continue", {"message": "more"}, False, 422, "give either run"),
+    ("/continue", {"run_id": "0123abcd", "message": "\n"}, False, 422, "message"),
+    ("/branch", {"run_id": "0123abcd", "row": "a", "step": 0}, False, 422, "give either token_id or token_text"),
+]
+
+
+@pytest.mark.parametrize("path, body, allowed, status, named", DOOR)
+def test_the_door_refuses_what_the_published_schema_forbids(api, path, body, allowed, status, named):
+    client, _ = api
+    assert _body_schema(client, path).is_valid(body) is allowed
+    r = client.post(path, json=body)
+    assert r.status_code == status and named in r.json().get("error", ""), r.text
+    if allowed:  # a body the schema allows is never refused by the bodies themselves (422 with details)
+        assert not r.json().get("details"), r.text
+
+
+def test_a_stack_outside_the_grammar_is_refused_as_the_schema_says(api):
+    client, _ = api
+    doc = client.get("/openapi.json").json()
+    param = next(p for p in doc["paths"]["/strategies"]["get"]["parameters"] if p["name"] == "stack")
+    schema = jsonschema_rs.Draft202012Validator(param["schema"])
+    assert not schema.is_valid("") and schema.is_valid(" inner_loop + deep_cache")
+    r = client.get("/strategies", params={"stack": ""})
+    assert r.status_code == 422 and r.json()["details"][0]["field"] == "stack", r.text
+    assert client.get("/strategies", params={"stack": " inner_loop + deep_cache"}).status_code == 200
 
 
 def test_keys_are_required_everywhere_but_health_and_the_schema(keyed):
@@ -409,28 +480,36 @@ def test_mounted_beside_the_gradio_app(app_url):
     assert httpx.get(base).status_code == 200  # the page is still served
 
 
-def test_schemathesis_finds_no_server_errors(tiny_lm, tmp_path):
+def test_schemathesis_with_every_check_finds_the_schema_and_the_server_agree(tiny_lm, tmp_path):
+    """Every schemathesis check on every operation: no server error, answers as declared, and the
+    server refuses what the published schema forbids and takes what it allows — but for what no JSON
+    schema can state, which tests/serve/schemathesis.toml names route by route (a 422 from the
+    library, never one with `details` from the request bodies: tests/serve/schemathesis_checks.py)."""
     exe = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or shutil.which("schemathesis")
     assert exe, "schemathesis is in requirements-dev.txt"
     # Small budgets: the fuzzer is after input handling, not minutes-long runs (over-budget requests
     # are refused with 422, which is itself under test).
     fuzz = ApiSettings(keys=("fuzz-key",), wait_s=60, budget=Budget(scored_tokens=20_000, decoded_tokens=64,
                                                                     memory_mb=512))
-    # Schemathesis' coverage phase enumerates boundary cases of every field: ~500 per route for the
-    # generation bodies (~45 s of its own CPU per run). The sampling fields they share are fuzzed
-    # value by value in test_sampling's hypothesis tests, so those routes get the examples and
-    # fuzzing phases here, and the other routes all phases.
+    # Schemathesis' coverage phase enumerates boundary cases of every field: ~600 per generation body
+    # (~30 s of its own CPU per route). Those routes get the examples and fuzzing phases here (the
+    # sampling fields they share are fuzzed value by value in test_sampling's hypothesis tests, their
+    # door's refusals by test_the_door_refuses_what_the_published_schema_forbids), the others all phases.
+    # 20 examples a route, as every check makes requests of its own: ~25 s on the 2-core dev machine.
     generation = "/(generate|generate/stream|continue|branch|calibrate)$"
     passes = [("--exclude-path-regex", generation), ("--include-path-regex", generation, "--phases", "examples,fuzzing")]
+    here = Path(__file__).parent
+    env = os.environ | {"SCHEMATHESIS_HOOKS": str(here / "schemathesis_checks.py")}
     with serve(tiny_lm, fuzz) as (url, _):
         for i, extra in enumerate(passes):
             run = subprocess.run(
-                [exe, "run", f"{url}/api/openapi.json", "--checks", "not_a_server_error", "--max-examples", "25",
+                [exe, "--config-file", str(here / "schemathesis.toml"), "run", f"{url}/api/openapi.json",
+                 "--checks", "all", "--max-examples", "20",
                  "--header", "Authorization: Bearer fuzz-key", "--seed", "1", "--workers", "1",
                  "--request-timeout", "120", "--no-color", "--generation-database", "none",
                  "--suppress-health-check", "all", "--report", "junit", "--report-dir", str(tmp_path / str(i)),
                  *extra],
-                cwd=tmp_path, capture_output=True, text=True, timeout=1200)
+                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
             assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
             assert "passed" in run.stdout and " 0 generated" not in run.stdout, run.stdout[-2000:]
 

@@ -35,7 +35,9 @@ async def generate(req: GenerateIn, request: Request, pool: Pool, settings: Sett
     return await answer(run, request, req.steps, None, pool, settings, recent)
 
 
-@router.post("/generate/stream",
+@router.post("/generate/stream", response_class=StreamingResponse,
+             responses={200: {"description": "the run's events",
+                              "content": {"application/x-ndjson": {}, "text/event-stream": {}}}},
              summary="the same run, streamed: NDJSON lines (default) or Server-Sent Events",
              description="Events: `start` (rows, prompt tokens), one `step` per decode step with each live "
                          "row's record, `done` with the RunResult, or `error`. Closing the connection stops "

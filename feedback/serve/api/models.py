@@ -4,7 +4,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query
 
 from feedback.serve.api.deps import Pool, require_key
-from feedback.serve.api.schemas import ERRORS
+from feedback.serve.api.schemas import ERRORS, StrategyName
 from feedback.strategies import REGISTRY, SEP, get_strategy
 
 router = APIRouter()
@@ -33,8 +33,9 @@ def models(pool: Pool) -> dict:
 @router.get("/strategies", summary="feedback strategies and parameter schemas", **keyed)
 def strategies(pool: Pool, model: str | None = Query(None, description="layer bounds are this model's; default "
                                                                          "model if null"),
-               stack: str | None = Query(None, description="also the schema of this stack (strategies joined by "
-                                                            "'+', e.g. inner_loop+deep_cache)")) -> dict:
+               stack: StrategyName | None = Query(None, description="also the schema of this stack (strategies "
+                                                                     "joined by '+', e.g. inner_loop+deep_cache)")
+               ) -> dict:
     lm = pool.get(model)
     out = {"model": lm.name, "layers": lm.num_layers,
            "strategies": [cls.schema(lm.num_layers) for cls in REGISTRY.values()],
