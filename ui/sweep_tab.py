@@ -279,8 +279,9 @@ class SweepTab:
         """Live ΔPPL heatmap over a grid of one or two parameters (baseline computed once)."""
         lm = self.pool.get()
         strategy, params = chosen(values)
-        axes = [g for g in (values["grid_x"], values["grid_y"]) if g and g.strip()]
-        grid = parse_grid(axes, strategy, lm.num_layers)
+        axes = [(field, g) for field, g in (("grid x", values["grid_x"]), ("grid y", values["grid_y"]))
+                if g and g.strip()]
+        grid = parse_grid([g for _, g in axes], strategy, lm.num_layers, [f for f, _ in axes] or ["grid x"])
         points = math.prod(len(v) for v in grid.values())
         if points > SERVED_MAX_POINTS:
             raise FeedbackError(f"the grid has {points} points; the page runs at most {SERVED_MAX_POINTS} "

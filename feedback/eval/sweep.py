@@ -20,23 +20,26 @@ CSV_FIELDS = ["delta_pct", "ci95_low", "ci95_high", "ci95_width", "baseline_ppl"
               "tokens", "wall_seconds"]
 
 
-def parse_grid(items: list[str], strategy: str, num_layers: int) -> dict[str, list]:
+def parse_grid(items: list[str], strategy: str, num_layers: int, fields: list[str] | None = None) -> dict[str, list]:
     """`--grid alpha=0,0.05 --grid target_layer=3,9` -> {"alpha": [0.0, 0.05], "target_layer": [3, 9]},
-    every value parsed and validated by the strategy's parameter schema."""
+    every value parsed and validated by the strategy's parameter schema. `fields`: what each item is
+    called where it was typed, for the refusals (the page's "grid x"; the command line's --grid)."""
     known = {p.name: p for p in get_strategy(strategy).params}
     grid: dict[str, list] = {}
-    for item in items:
+    for i, item in enumerate(items):
+        field = fields[i] if fields else "--grid"
         name, sep, values = item.partition("=")
         name = name.strip()
         if not sep or not values.strip():
-            raise FeedbackError(f"--grid expects NAME=V1,V2,..., got {item!r}")
+            raise FeedbackError(f"{field} expects NAME=V1,V2,..., got {item!r}")
         if name not in known:
-            raise FeedbackError(f"unknown parameter {name!r} for strategy {strategy}; it takes {', '.join(known)}")
+            raise FeedbackError(f"{field}: unknown parameter {name!r} for strategy {strategy}; "
+                                f"it takes {', '.join(known)}")
         if name in grid:
-            raise FeedbackError(f"parameter {name} appears twice in the grid")
+            raise FeedbackError(f"{field}: parameter {name} appears twice in the grid")
         grid[name] = [known[name].coerce(v.strip(), num_layers) for v in values.split(",")]
     if not grid:
-        raise FeedbackError("give at least one --grid NAME=V1,V2,...")
+        raise FeedbackError(f"give at least one {fields[0] if fields else '--grid'} NAME=V1,V2,...")
     points = 1
     for values in grid.values():
         points *= len(values)

@@ -177,6 +177,13 @@ def test_parse_grid_and_sweep(tiny_lm):
                          (["lam=" + ",".join(["0.1"] * 21), "theta=" + ",".join(["1"] * 20)], "at most 400")]:
         with pytest.raises(FeedbackError, match=message):
             parse_grid(bad, "deep_cache", 4)
+    # the page names its own fields, not the command line's flag
+    with pytest.raises(FeedbackError, match=r"^grid y: unknown parameter 'beta'"):
+        parse_grid(["lam=0", "beta=1"], "deep_cache", 4, ["grid x", "grid y"])
+    with pytest.raises(FeedbackError, match=r"^grid x expects NAME=V1,V2,\.\.\., got 'lam'"):
+        parse_grid(["lam"], "deep_cache", 4, ["grid x"])
+    with pytest.raises(FeedbackError, match=r"^give at least one grid x NAME"):
+        parse_grid([], "deep_cache", 4, ["grid x"])
     rows = run_sweep(tiny_lm, [corpus.Document("a", TEXT)], "deep_cache", grid, PPLConfig(bootstrap=50))
     assert len(rows) == 4 and all(r["baseline_ppl"] == rows[0]["baseline_ppl"] for r in rows)
     assert [r["delta_pct"] for r in rows if r["lam"] == 0.0] == [0.0, 0.0]

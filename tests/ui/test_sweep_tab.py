@@ -131,3 +131,17 @@ def test_without_a_best_point_nothing_is_sent_and_the_status_line_says_why(app, 
     assert list(out) == [getattr(app.sweep, status)] and "Not sent" in out[getattr(app.sweep, status)]
     assert says in out[getattr(app.sweep, status)]
     assert app.sweep.send_button.interactive is False and app.sweep.tune_send.interactive is False  # off on a new page
+
+
+@pytest.mark.parametrize("grid_x, grid_y, message", [
+    ("beta=1", "", "grid x: unknown parameter 'beta'"),
+    ("lam=0,0.1", "lam", "grid y expects NAME=V1,V2,..., got 'lam'"),
+    ("", "", "give at least one grid x NAME=V1,V2,..."),
+])
+def test_a_refused_grid_names_the_box_it_was_typed_in(app, grid_x, grid_y, message):
+    """The page's refusal names its own field ("grid x"), not the command line's flag (--grid)."""
+    import gradio as gr
+
+    with pytest.raises(gr.Error) as refused:
+        run_job(app, "sweep", strategy="deep_cache", grid_x=grid_x, grid_y=grid_y)
+    assert refused.value.message.startswith(message) and "--grid" not in refused.value.message
