@@ -81,18 +81,13 @@ def check_value(component, value):
     return value
 
 
-def refused(message: str) -> gr.Error:
-    """A refusal: the message for the caller (plain text), one line in the log, no traceback."""
-    return notice.refusal(message)
-
-
 class CheckedBlocks(gr.Blocks):
     """`gr.Blocks` whose events check their input values by field first (see the module)."""
 
     async def preprocess_data(self, block_fn, inputs, state, explicit_call: bool = False):
         if not isinstance(inputs, list) or len(inputs) < len(block_fn.inputs):
             got = len(inputs) if isinstance(inputs, list) else type(inputs).__name__
-            raise refused(f"this request sends {got} values; the endpoint takes {len(block_fn.inputs)}")
+            raise notice.refusal(f"this request sends {got} values; the endpoint takes {len(block_fn.inputs)}")
         inputs = list(inputs)
         props = getattr(block_fn, "component_prop_inputs", ())
         for i, block in enumerate(block_fn.inputs):
@@ -102,11 +97,11 @@ class CheckedBlocks(gr.Blocks):
             try:
                 inputs[i] = check_value(live, inputs[i])
             except FeedbackError as exc:
-                raise refused(str(exc)) from None
+                raise notice.refusal(str(exc)) from None
         try:
             return await super().preprocess_data(block_fn, inputs, state, explicit_call)
         except gr.Error as exc:  # Gradio's own check of a value: its message, without the repr's quotes
-            raise refused(exc.message) from None
+            raise notice.refusal(exc.message) from None
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:  # a payload Gradio cannot read
-            raise refused(f"a value of this request could not be read: {type(exc).__name__}: {exc}"[:500]) from None
+            raise notice.refusal(f"a value of this request could not be read: {type(exc).__name__}: {exc}"[:500]) from None
 

@@ -299,18 +299,12 @@ def by_name(fn: Callable[[dict], Any], names: list[str]) -> Callable:
         try:
             return fn(values)
         except FeedbackError as exc:
-            raise user_error(exc) from None
+            raise notice.refusal(exc) from None
 
     handler.__signature__ = keyword_signature(names)
     handler.__name__, handler.__doc__ = fn.__name__, fn.__doc__
     handler.__annotations__ = {"request": gr.Request}
     return handler
-
-
-def user_error(exc: BaseException) -> gr.Error:
-    """A `gr.Error` for a refused input: a toast with the message as plain text; logged as one
-    line, no traceback."""
-    return notice.refusal(exc)
 
 
 class ModelRunner:
@@ -381,7 +375,7 @@ class ModelRunner:
             except FeedbackError as exc:
                 if status is not None:
                     yield {status: render.status_html(f"Not started: {exc}", "error")}
-                raise user_error(exc) from None
+                raise notice.refusal(exc) from None
             yield from runner.drive(session, tab, work)
 
         handler.__signature__ = keyword_signature(names)
@@ -420,7 +414,7 @@ class ModelRunner:
         except Busy as exc:
             outcome.append(Outcome("failed", exc))
             yield _updates(work.finish(outcome[0]))  # the page's buttons back as they were, then the message
-            raise user_error(exc) from None
+            raise notice.refusal(exc) from None
         try:
             while not gate.wait(ticket, HEARTBEAT_S):
                 if job.stop.is_set():
@@ -468,7 +462,7 @@ class ModelRunner:
                 else:
                     log.error("%s failed", job.tab, exc_info=end.error)
                 raise notice.failure(f"{work.label[0].upper()}{work.label[1:]} failed: {end.message}")
-            raise user_error(end.error)
+            raise notice.refusal(end.error)
 
     def _work(self, work: Work, job: PageJob, ticket, items: queue.Queue) -> None:
         """On the worker thread: the work's task inside the GPU function; always leaves the line."""

@@ -30,6 +30,7 @@ import logging
 import json
 
 from starlette.middleware import Middleware
+from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse
 
 from feedback.serve.api import ApiSettings, api_routes, key_ok
@@ -126,17 +127,9 @@ def _starting(scope) -> bool:
 
 def _logged_in(scope) -> bool:
     """Whether the request carries a session cookie that the Gradio app (`scope["app"]`) issued."""
-    gradio = scope["app"]
-    cookies = {}
-    for key, value in scope["headers"]:
-        if key == b"cookie":
-            for part in value.decode("latin-1").split(";"):
-                name, _, token = part.strip().partition("=")
-                cookies[name] = token
-    for name in (f"access-token-{gradio.cookie_id}", f"access-token-unsecure-{gradio.cookie_id}"):
-        if cookies.get(name) in gradio.tokens:
-            return True
-    return False
+    gradio, cookies = scope["app"], HTTPConnection(scope).cookies
+    return any(cookies.get(name) in gradio.tokens
+               for name in (f"access-token-{gradio.cookie_id}", f"access-token-unsecure-{gradio.cookie_id}"))
 
 
 class DirectCalls:
