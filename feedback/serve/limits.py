@@ -89,7 +89,7 @@ PPL_BOOTSTRAP = BOOTSTRAP.with_hi(SERVED_MAX_BOOTSTRAP)
 SERVED_MAX_QUESTIONS = 64
 # A calibration request that names no size: the built-in questions, this many traces per question per
 # row of at most this many tokens (16 x 2 rows x 2 x 32 = 2,048 decoded tokens, an eighth of the
-# default budget: 34 s on the 2-core dev CPU, where the library's own 8 x 64 takes the whole budget).
+# default budget: 35-40 s on the 2-core dev CPU, where the library's own 8 x 64 takes the whole budget).
 SERVED_CALIBRATION_SAMPLES = 2
 SERVED_CALIBRATION_MAX_NEW_TOKENS = 32
 SERVED_RECALL_MAX_ITEMS = 8
