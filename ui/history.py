@@ -20,7 +20,7 @@ import uuid
 from feedback.core.records import first_divergence
 from feedback.errors import FeedbackError
 from feedback.serve.limits import HISTORY_MAX_BYTES, NAME_MAX_CHARS
-from ui.compare_settings import OVERRIDES
+from ui.compare.settings import OVERRIDES
 
 MAX_RUNS = 30
 MAX_BYTES = HISTORY_MAX_BYTES  # well under browsers' ~5 MB of local storage; the page server's body limit allows it

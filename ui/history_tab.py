@@ -14,7 +14,7 @@ import gradio as gr
 from feedback.errors import FeedbackError
 from feedback.serve.limits import NAME_MAX_CHARS
 from ui import history, notice, render
-from ui.compare_tab import CompareTab
+from ui.compare.tab import CompareTab
 from ui.exports import export_file, stamp
 
 TAB = "history"

@@ -11,7 +11,7 @@ import gradio as gr
 from feedback.core.budget import Budget
 from feedback.serve.pool import ModelPool
 from ui.checked import CheckedBlocks
-from ui.compare_tab import CompareTab
+from ui.compare.tab import CompareTab
 from ui.deepthink_tab import DeepThinkTab
 from ui.history_tab import HistoryTab
 from ui.perplexity_tab import PerplexityTab

@@ -28,9 +28,9 @@ from feedback.serve.limits import MAX_DOCS, SERVED_MAX_POINTS, SERVED_MAX_TRIALS
 from feedback.serve.pool import ModelPool
 from feedback.strategies import get_strategy
 from ui import render
-from ui.compare_settings import DEFAULT_COLUMNS, MIN_COLUMNS, column_key
-from ui.compare_tab import TAB as COMPARE_TAB
-from ui.compare_tab import CompareTab
+from ui.compare.settings import DEFAULT_COLUMNS, MIN_COLUMNS, column_key
+from ui.compare.tab import TAB as COMPARE_TAB
+from ui.compare.tab import CompareTab
 from ui.controls import bound_number, build_strategy_panel, chosen, chosen_name, run_controls, to_components
 from ui.exports import export_file, stamp
 from ui.perplexity_tab import (LESS_TEXT, JobClock, check_budget, doc_limits, max_tokens_input, measure,

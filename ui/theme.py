@@ -260,7 +260,7 @@ HEAD = """
     refocus = keyboard ? {row: row, step: step, streamed: false} : null;
     const go = document.querySelector("#fl-branch-go");
     if (!go) return;
-    // the branch event reads its request from here (compare_tab.page_request), not from a box
+    // the branch event reads its request from here (ui.compare.tab.page_request), not from a box
     window.flRequest = Object.assign(window.flRequest || {}, {branch: JSON.stringify({row: row, step: step, token_id: tokenId})});
     close();
     go.click();

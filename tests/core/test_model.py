@@ -373,7 +373,7 @@ def test_fast_matmul_is_opt_in_and_said_in_every_result(tiny_lm):
     from feedback.core.engine import run_to_end
     from feedback.core.model import set_fast_matmul
     from feedback.core.records import RowSpec, RunConfig
-    from ui.compare_view import done_text
+    from ui.compare.view import done_text
 
     assert tiny_lm.precision == "exact: fp32"
     set_fast_matmul(True)

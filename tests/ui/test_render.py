@@ -525,7 +525,7 @@ def test_turns_show_earlier_messages_then_the_prompt() -> None:
 
 def test_a_column_with_its_own_prompt_shows_it_from_the_first_turn() -> None:
     from feedback.core.records import RowSpec, RunConfig
-    from ui.compare_view import frame
+    from ui.compare.view import frame
 
     assert render_turns([], "In one word?", own_prompt=True) == (
         '<div class="fl-turns"><div class="fl-turn fl-user fl-current" aria-label="you">In one word?</div></div>')

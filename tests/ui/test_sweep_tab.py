@@ -8,7 +8,7 @@ import types
 import pytest
 
 from feedback.strategies import REGISTRY
-from ui.compare_settings import column_key
+from ui.compare.settings import column_key
 from ui.sweep_tab import kept_best, target_column, unique_name
 
 TEXT = "def add(a, b):\n    return a + b\n\nThe function add returns the sum of its two arguments. " * 2

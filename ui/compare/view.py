@@ -1,6 +1,6 @@
 """What the Compare tab shows, as plain data: views that say what to put on the page (column texts,
 the metrics table and headings, charts, the status line, the finished run), built from engine records and
-configs. The works (`ui.compare_work`) and the tab's handlers build views; only the tab turns a view
+configs. The works (`ui.compare.work`) and the tab's handlers build views; only the tab turns a view
 into updates of its components.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from feedback.core.records import RowResult, RowSpec, RunConfig, RunResult, first_divergence
 from ui import charts, render
-from ui.compare_settings import badges
+from ui.compare.settings import badges
 
 
 @dataclass

@@ -6,9 +6,9 @@ settings, Continue the conversation in every column, branch from any alternative
 a word diff or formatted Markdown, copy a link that restores the setup. Live confidence and memory charts; Calibrate sets the
 early-stop threshold.
 
-Where things are: the settings are declared once in `ui.compare_settings` (controls, checks, their
-place in a RunConfig); the components are built by `ui.compare_layout`; what a run shows is a view
-(`ui.compare_view`), streamed by the works in `ui.compare_work`. This module holds the handlers,
+Where things are: the settings are declared once in `ui.compare.settings` (controls, checks, their
+place in a RunConfig); the components are built by `ui.compare.layout`; what a run shows is a view
+(`ui.compare.view`), streamed by the works in `ui.compare.work`. This module holds the handlers,
 each getting its controls' values as one dict by name, and maps views onto the components. The model
 work goes through `ModelRunner` (line, GPU function, Stop, closed tabs, errors).
 """
@@ -31,11 +31,11 @@ from feedback.eval.deepthink import DeepThinkConfig, check_budget
 from feedback.serve.limits import check_run, check_saved_run
 from feedback.serve.pool import ModelPool
 from ui import charts, history, link, notice, render
-from ui.compare_layout import CompareControls, build_controls
-from ui.compare_settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, SHARED_BY_NAME, Page, Scope,
+from ui.compare.layout import CompareControls, build_controls
+from ui.compare.settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, SHARED_BY_NAME, Page, Scope,
                                  column_specs, column_values, read_all, row_spec, run_config)
-from ui.compare_view import CalibrationView, PageView, RunView, confidence_chart, frame, heading, outputs
-from ui.compare_work import MEMORY_POINTS, CalibrateWork, CompareWork, RerunWork, memory_entry
+from ui.compare.view import CalibrationView, PageView, RunView, confidence_chart, frame, heading, outputs
+from ui.compare.work import MEMORY_POINTS, CalibrateWork, CompareWork, RerunWork, memory_entry
 from ui.deepconf import resolve_eta
 from ui.runner import ModelRunner, by_name, cancellable_by_clients
 

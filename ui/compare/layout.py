@@ -1,6 +1,6 @@
 """The Compare tab's components, built in one place (`build_controls`) and held in small objects:
 the shared settings and every column's (their controls made by their entries in
-`ui.compare_settings`), the run buttons and status line, the outputs, the memory chart, the
+`ui.compare.settings`), the run buttons and status line, the outputs, the memory chart, the
 conversation and branch controls, the link and Calibrate. The layout decides only where each
 control goes.
 """
@@ -14,12 +14,12 @@ import gradio as gr
 
 from feedback.serve.limits import BOX_MAX_CHARS
 from ui import charts, render
-from ui.compare_settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, TOKEN_VIEWS, Page, column_key,
+from ui.compare.settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, TOKEN_VIEWS, Page, column_key,
                                  default_row)
-from ui.compare_view import heading
+from ui.compare.view import heading
 from ui.controls import LazyJSON, StrategyPanel, lazy_json
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 # (verdict, label): on a phone only the sign shows (the word is `fl-word`); the title says it whole
 RATE_BUTTONS = (("better", '▲<span class="fl-word"> better</span>'), ("worse", '▼<span class="fl-word"> worse</span>'),
                 ("tie", '=<span class="fl-word"> tie</span>'))
@@ -119,7 +119,7 @@ class LinkControls:
 
 @dataclass
 class CalibrationControls:
-    settings: dict  # Calibrate's own settings by name (ui.compare_settings.CALIBRATION)
+    settings: dict  # Calibrate's own settings by name (ui.compare.settings.CALIBRATION)
     button: gr.Button
     note: gr.Markdown
     plot: gr.Plot

@@ -15,7 +15,7 @@ RunConfig (`run_config`, keyword construction only) and a RunConfig back into it
 reload, a shared link: `show`); a link keeps the column fields listed here (`ROW_FIELDS`), History's
 CSV each column's own value of the settings it stands in for (`OVERRIDES`), and a column's heading
 the badge of each column setting that is set. Adding a column setting is adding an entry to
-`COLUMN`; a shared one also gets its place in the layout (`ui.compare_layout`).
+`COLUMN`; a shared one also gets its place in the layout (`ui.compare.layout`).
 """
 from __future__ import annotations
 

@@ -18,11 +18,12 @@ from feedback.errors import FeedbackError
 from feedback.serve import limits
 from feedback.serve.limits import SERVED_MAX_NEW_TOKENS
 from feedback.strategies import REGISTRY
-from ui import compare_settings, deepconf, history, link
-from ui.compare_settings import (CALIBRATION, COLUMN, DEFAULT_COLUMNS, SHARED, Field, column_key, parse_key_facts,
+from ui import deepconf, history, link
+from ui.compare import settings as compare_settings
+from ui.compare.settings import (CALIBRATION, COLUMN, DEFAULT_COLUMNS, SHARED, Field, column_key, parse_key_facts,
                                  resolve, run_config)
-from ui.compare_tab import CompareTab, parse_branch
-from ui.compare_view import divergences, modified
+from ui.compare.tab import CompareTab, parse_branch
+from ui.compare.view import divergences, modified
 from ui.controls import api_name
 
 SHARED_VALUES = dict(prompt="hi", system_prompt="", chat_template=True, model="embedded", temperature=0.7, top_p=0.9,
@@ -520,7 +521,7 @@ def test_rating_a_column_stores_it_with_the_run_in_history(tab):
 
 def test_a_long_prompt_shows_its_reading_in_the_status_line(tab, embedded_lm):
     from feedback.core.engine import PrefillEvent
-    from ui.compare_work import CompareWork
+    from ui.compare.work import CompareWork
 
     cfg = config(tab, model=embedded_lm.name)
     work = CompareWork(tab.served(cfg), "plain", tab.show_run)

@@ -1,4 +1,4 @@
-"""`python -m ui.render_cost`: server time the Compare handler spends building HTML and charts, as a
+"""`python -m ui.compare.render_cost`: server time the Compare handler spends building HTML and charts, as a
 share of decode time, measured on the real handler, runner and engine (no browser, no network)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 
 from feedback.serve.pool import ModelPool
-from ui.compare_settings import column_key
+from ui.compare.settings import column_key
 from ui.controls import NONE, api_name
 from ui.layout import FeedbackLensApp
 

@@ -1,5 +1,5 @@
 """The Compare tab's model work: a run (a first turn, a follow-up, a branch or one column run
-again) streamed from the engine, and Calibrate's warm-up traces. Each says what to show as a view (`ui.compare_view`); the
+again) streamed from the engine, and Calibrate's warm-up traces. Each says what to show as a view (`ui.compare.view`); the
 tab's `show` function, given to the work, turns a view into its components' updates, so a work
 never touches a component.
 
@@ -22,7 +22,7 @@ from feedback.eval.deepthink import DeepThinkConfig, warm_up
 from feedback.serve.gate import Place
 from feedback.serve.gpu_time import GpuWork
 from ui import charts, render
-from ui.compare_view import CalibrationView, PageView, RunView, Status, confidence_chart, done_text, frame, outputs
+from ui.compare.view import CalibrationView, PageView, RunView, Status, confidence_chart, done_text, frame, outputs
 from ui.deepconf import traces_gpu_work
 from ui.runner import GpuTask, Outcome, Work, ended_text, reporting, waiting_text
 from ui.stop_signal import StopSignal

@@ -1,0 +1,11 @@
+"""The Compare tab: 2 to 4 columns of one engine run streamed side by side.
+
+- `settings`: every setting the tab reads, declared once (its control, its check, its place in a RunConfig);
+- `layout`: the components, where they go;
+- `view`: what a run shows, as plain data built from engine records;
+- `stream`: the columns' token events, the compact append-only text the page's board reads;
+- `board.js`, `board.css`: the board, the one component that draws the columns in the browser;
+- `work`: a run streamed from the engine (first turn, follow-up, branch, one column again) and Calibrate;
+- `tab`: the handlers and their wiring;
+- `render_cost`: server time spent on what the page is sent, measured on the real handler.
+"""
