@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import textwrap
@@ -425,22 +424,53 @@ def _sweep(args) -> int:
         fig.write_html(out / "sweep.html", include_plotlyjs=True)
     else:
         print("note: a heatmap needs one or two grid parameters; wrote the CSV only", file=sys.stderr)
-    best = best_point(rows, args.strategy, fixed)
     print(f"wrote {out / 'sweep.csv'}" + (f" and {out / 'sweep.html'}" if len(names) <= 2 else ""))
-    if best is None:
-        print("best: none (every point has strength 0, i.e. measures the baseline again)")
-    else:
-        print("best: " + ", ".join(f"{k}={best[k]}" for k in names) +
-              f" ΔPPL {best['delta_pct']:+.3f}% [{best['ci95_low']:+.3f}, {best['ci95_high']:+.3f}] "
-              "(points with strength 0 left out)")
+    print(_sweep_best_line(best_point(rows, args.strategy, fixed), names))
     if args.json:
         print(json.dumps(rows))
     return 0
 
 
+def _sweep_best_line(best: dict | None, names: list[str]) -> str:
+    """The sweep's last line: "best: ..." only for a point that beats the baseline, with the verdict
+    on it (`feedback.eval.verdict`); else "best: none", why, and the lowest point."""
+    from feedback.eval.verdict import ci_text, not_recommended, verdict
+
+    if best is None:
+        return "best: none (every point has strength 0, i.e. measures the baseline again)"
+    judged = verdict(best["delta_pct"], [best["ci95_low"], best["ci95_high"]])
+    point = (", ".join(f"{k}={best[k]}" for k in names) + f" ΔPPL {best['delta_pct']:+.3f}% "
+             f"{ci_text(best['ci95_low'], best['ci95_high'])} ({judged.text}; points with strength 0 left out)")
+    why = not_recommended(judged)
+    return f"best: {point}" if why is None else f"best: none ({why}); the lowest ΔPPL: {point}"
+
+
+def _tune_best_lines(best: dict, test: dict | None) -> list[str]:
+    """The tune's summary: the best dev trial (or, when none beats the baseline, the lowest) and its
+    test score, each with its verdict (`feedback.eval.verdict`), then whether it is a recommendation."""
+    from feedback.eval.figures import format_params
+    from feedback.eval.verdict import ci_text, not_recommended, verdict
+
+    dev_ci = best["ci95"] or [None, None]
+    dev = verdict(best["delta_pct"], dev_ci)
+    line = (f"{'best on dev' if dev.beats_baseline else 'lowest dev ΔPPL'}: trial {best['trial']} "
+            f"({format_params(best['params'])}): dev ΔPPL {best['delta_pct']:+.3f} % {ci_text(*dev_ci)} ({dev.text})")
+    on_test = None
+    if test is None:
+        line += "; no test evaluation (give --test DATA)"
+    else:
+        on_test = verdict(test["delta_pct"], test["ci95"])
+        line += (f"; test ({test['data']}, {test['documents']} documents) ΔPPL {test['delta_pct']:+.3f} %   95% CI "
+                 f"{ci_text(*test['ci95'])} % (paired bootstrap over {test['ci_method']}; {on_test.text})")
+    why = not_recommended(dev, on_test, noun="trial")
+    verdict_line = (f"recommendation: trial {best['trial']} ({format_params(best['params'])})" if why is None else
+                    f"recommendation: none ({why})")
+    return [line, verdict_line]
+
+
 def _tune(args) -> int:
     from feedback.eval import corpus
-    from feedback.eval.figures import format_params, table_row
+    from feedback.eval.figures import table_row
     from feedback.eval.tune import (BEST_FILE, HTML_FILE, TRIALS_FILE, TuneSettings, check_budget, run_tune,
                                     searched_names)
 
@@ -476,21 +506,10 @@ def _tune(args) -> int:
     for line in [head, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
     print(f"wrote {out / TRIALS_FILE}, {out / BEST_FILE} and {out / HTML_FILE}")
-    best = res["best"]
-    if best is None:
+    if res["best"] is None:
         print("best: none (no trial completed with the strategy switched on)")
         return 0
-    lo, hi = best["ci95"] if best["ci95"] and None not in best["ci95"] else (math.nan, math.nan)
-    line = (f"best: trial {best['trial']} ({format_params(best['params'])}): dev ΔPPL {best['delta_pct']:+.3f} % "
-            f"[{lo:+.3f}, {hi:+.3f}]")
-    t = res["test"]
-    if t is None:
-        line += "; no test evaluation (give --test DATA)"
-    else:
-        tlo, thi = t["ci95"]
-        line += (f"; test ({t['data']}, {t['documents']} documents) ΔPPL {t['delta_pct']:+.3f} %   95% CI "
-                 f"[{tlo:+.3f}, {thi:+.3f}] % (paired bootstrap over {t['ci_method']})")
-    print(line)
+    print("\n".join(_tune_best_lines(res["best"], res["test"])))
     return 0
 
 
@@ -653,8 +672,16 @@ def _num(value, fmt: str) -> str:
     return "—".rjust(width) if value is None else format(value, fmt)
 
 
+def _interval(pair, too_few: str | None) -> str:
+    """A 95% CI column: "[0.61, 0.93]", "too few" where the traces cannot judge the measure, or a dash."""
+    if too_few:
+        return "too few"
+    return "—" if pair is None else f"[{pair[0]:.2f}, {pair[1]:.2f}]"
+
+
 def _calibrate(args) -> int:
-    from feedback.eval.calibration import calibrate, check_questions, read_questions
+    from feedback.eval.calibration import (ECE_RESAMPLES, ECE_SEED, MIN_JUDGED_TRACES, MIN_PER_CLASS, calibrate,
+                                           check_questions, read_questions, side_too_few)
 
     cfg = _calibration_config(args)
     cfg.validate(10_000)  # every value (strategy names and parameters too) before the model loads
@@ -670,17 +697,26 @@ def _calibrate(args) -> int:
           f"{cfg.samples} samples per question per row, temperature {cfg.temperature:g}, top-p {cfg.top_p:g}, "
           f"<= {cfg.max_new_tokens} new tokens, window {cfg.window}, seed {cfg.seed}")
     print("Platt scaling fitted on dev; every number below on test")
-    head = f"{'row':9} {'measure':15} {'traces':>6} {'acc':>6} {'AUROC':>6} {'ECE':>6} {'aECE':>6} {'Brier':>6} " \
-           f"{'base':>6} {'rawECE*':>7}"
+    head = f"{'row':9} {'measure':15} {'traces':>6} {'acc':>6} {'AUROC':>6} {'95% CI':>12} {'ECE':>6} {'95% CI':>12} " \
+           f"{'aECE':>6} {'Brier':>6} {'base':>6} {'rawECE*':>7}"
     print(head)
     for side, rep in res["sides"].items():
         for name, m in rep["measures"].items():
             t = m["test"]
             print(f"{side:9} {name:15} {t['traces']:6d} {_num(t['accuracy'], '6.1%')} {_num(t['auroc'], '6.3f')} "
-                  f"{_num(t['ece'], '6.3f')} {_num(t['adaptive_ece'], '6.3f')} {_num(t['brier'], '6.3f')} "
-                  f"{_num(t['brier_base_rate'], '6.3f')} {_num(t['uncalibrated_minmax_ece'], '7.3f')}")
+                  f"{_interval(t['auroc_ci95'], t['too_few']):>12} {_num(t['ece'], '6.3f')} "
+                  f"{_interval(t['ece_ci95'], t['too_few']):>12} {_num(t['adaptive_ece'], '6.3f')} "
+                  f"{_num(t['brier'], '6.3f')} {_num(t['brier_base_rate'], '6.3f')} "
+                  f"{_num(t['uncalibrated_minmax_ece'], '7.3f')}")
     print("aECE: equal-mass bins; base: Brier of predicting the dev accuracy for every trace; *rawECE: the raw "
           "measure min-max scaled over dev, uncalibrated (not a probability)")
+    print(f"95% CI: the AUROC's a score interval on Hanley & McNeil's variance, the ECE's a bootstrap of the test "
+          f"traces ({ECE_RESAMPLES} resamples, seed {ECE_SEED}); too few: fewer than {MIN_JUDGED_TRACES} test traces, "
+          f"or fewer than {MIN_PER_CLASS} right or {MIN_PER_CLASS} wrong ones, which cannot judge a measure")
+    for side, rep in res["sides"].items():
+        reason = side_too_few(rep)
+        if reason:
+            print(f"  {side}: {reason}; its AUROC and ECE are no evidence either way")
     print("early-stop threshold on lowest group confidence (voting.calibrate_threshold over the dev traces):")
     for side, rep in res["sides"].items():
         for th in rep["thresholds"]:

@@ -19,6 +19,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -307,7 +308,46 @@ def test_sweep_writes_csv_and_heatmap(tmp_path):
     assert len(rows) == 5 and rows[0].startswith("lam,theta,delta_pct")
     html = (tmp_path / "sw" / "sweep.html").read_text()
     assert "heatmap" in html and "ΔPPL" in html
-    assert "best: lam=" in out.stdout
+    # "best:" names a point only when it beats the baseline; either way the point comes with its verdict
+    assert re.search(r"^best: (lam=|none \(no point beats the baseline\); the lowest ΔPPL: lam=).*\((CI|within|no "
+                     r"better|worse)", out.stdout, re.M), out.stdout
+
+
+def _row(delta, lo, hi):
+    return {"lam": 0.05, "gate": 0.9, "delta_pct": delta, "ci95_low": lo, "ci95_high": hi}
+
+
+def test_the_sweeps_best_line_names_a_point_only_when_it_beats_the_baseline():
+    from feedback.cli import _sweep_best_line
+
+    names = ["lam", "gate"]
+    assert _sweep_best_line(_row(-0.5, -0.9, -0.1), names) == (
+        "best: lam=0.05, gate=0.9 ΔPPL -0.500% [-0.900, -0.100] (CI excludes 0: a real improvement; points with "
+        "strength 0 left out)")
+    assert "(within noise: CI spans 0;" in _sweep_best_line(_row(-0.1, -0.4, 0.2), names)
+    # the reported case: ΔPPL +0.214 %, its CI across 0, was printed as the best
+    assert _sweep_best_line(_row(0.214, -0.1, 0.5), names) == (
+        "best: none (no point beats the baseline); the lowest ΔPPL: lam=0.05, gate=0.9 ΔPPL +0.214% [-0.100, "
+        "+0.500] (no better than the baseline: ΔPPL ≥ 0; CI spans 0; points with strength 0 left out)")
+    assert _sweep_best_line(None, names).startswith("best: none (every point has strength 0")
+
+
+def test_the_tunes_summary_recommends_a_trial_only_when_it_beats_the_baseline_on_dev_and_test():
+    from feedback.cli import _tune_best_lines
+
+    best = {"trial": 7, "params": {"lam": 0.05}, "delta_pct": -0.3, "ci95": [-0.6, -0.05]}
+    test = {"data": "builtin:test", "documents": 40, "delta_pct": 0.491, "ci95": [0.1, 0.9], "ci_method": "documents"}
+    line, verdict = _tune_best_lines(best, test)  # the reported case: confirmed on test with ΔPPL +0.491 %
+    assert line.startswith("best on dev: trial 7 (lam=0.05): dev ΔPPL -0.300 % [-0.600, -0.050] (CI excludes 0")
+    assert "test (builtin:test, 40 documents) ΔPPL +0.491 %" in line and "worse than the baseline: CI above 0)" in line
+    assert verdict == ("recommendation: none (the best trial is not confirmed on the test text: there it is worse "
+                       "than the baseline: CI above 0)")
+    line, verdict = _tune_best_lines(best, test | {"delta_pct": -0.2, "ci95": [-0.5, -0.01]})
+    assert verdict == "recommendation: trial 7 (lam=0.05)"
+    line, verdict = _tune_best_lines(best | {"delta_pct": 0.1, "ci95": [None, None]}, None)  # no bootstrap, no test
+    assert line.startswith("lowest dev ΔPPL: trial 7 (lam=0.05): dev ΔPPL +0.100 % (no CI)")
+    assert line.endswith("no test evaluation (give --test DATA)")
+    assert verdict == "recommendation: none (no trial beats the baseline)"
 
 
 def test_tune_refuses_bad_input_in_one_line_and_resumes_a_tiny_run(tmp_path, capsys):
@@ -335,7 +375,9 @@ def test_tune_refuses_bad_input_in_one_line_and_resumes_a_tiny_run(tmp_path, cap
     assert main([*args, "--trials", "2"]) == 0
     printed = capsys.readouterr()
     assert printed.out.startswith("trial  params") and "[trial 1]" in printed.err
-    assert "best: trial" in printed.out and "95% CI" in printed.out and f"test ({test}, 1 documents)" in printed.out
+    assert re.search(r"^(best on dev|lowest dev ΔPPL): trial", printed.out, re.M) and "95% CI" in printed.out
+    assert f"test ({test}, 1 documents)" in printed.out
+    assert re.search(r"^recommendation: (trial|none)", printed.out, re.M)
     assert main([*args, "--trials", "3"]) == 0  # resumed: only the third trial runs
     printed = capsys.readouterr()
     assert "[trial 2]" in printed.err and "[trial 0]" not in printed.err
@@ -406,6 +448,9 @@ def test_calibrate_prints_its_table_writes_every_trace_and_refuses_bad_input(tmp
                      "--window", "2", "--eta", "90", "--out", str(out))
     assert run.returncode == 0, run.stderr
     assert "AUROC" in run.stdout and "lowest_group" in run.stdout and "eta 90%" in run.stdout
+    # one test trace per row: no interval, and each row says why, with the count
+    assert "95% CI" in run.stdout and "too few" in run.stdout
+    assert "  baseline: too few traces to judge: 1 test trace (at least 10 needed)" in run.stdout
     saved = json.loads(out.read_text())
     assert len(saved["traces"]) == 4 and set(saved["sides"]) == {"baseline", "feedback"}
 

@@ -4,8 +4,10 @@ Computed from the Deep Think run's own traces when the question has an expected 
 (`feedback.eval.calibration.from_deep_think`), so it needs no model work: the warm-up traces fit
 Platt scaling (dev), the online traces that were not stopped are scored (test). A reliability
 diagram per side (one line per DeepConf measure, in the side's colour) and a table of AUROC, ECE,
-adaptive ECE and Brier score per side and measure. `python -m feedback calibrate` measures the same
-over a whole question set."""
+adaptive ECE and Brier score per side and measure, the AUROC and ECE each with the count of traces
+behind it and its 95% CI, or "too few" where the traces cannot judge the measure (the library's
+`too_few`): a run's handful of traces must not read as a verdict. `python -m feedback calibrate`
+measures the same over a whole question set."""
 from __future__ import annotations
 
 import math
@@ -13,7 +15,8 @@ import math
 import gradio as gr
 import plotly.graph_objects as go
 
-from feedback.eval.calibration import MEASURES, from_deep_think
+from feedback.eval.calibration import (ECE_RESAMPLES, ECE_SEED, MEASURES, MIN_JUDGED_TRACES, MIN_PER_CLASS,
+                                      from_deep_think, side_too_few)
 from feedback.eval.deepthink import SIDES
 from feedback.eval.figures import figure
 from ui.charts import MARK, empty_figure, row_color
@@ -23,8 +26,9 @@ from ui.charts import MARK, empty_figure, row_color
 STYLES = {"mean": ("solid", "circle"), "tail": ("dash", "square"), "bottom10_group": ("dot", "diamond"),
           "lowest_group": ("dashdot", "triangle-up")}
 SHORT = {"mean": "mean", "tail": "tail", "bottom10_group": "bottom-10% group", "lowest_group": "lowest group"}
-HEADERS = ["side", "measure", "test traces", "accuracy", "AUROC", "ECE", "adaptive ECE", "Brier", "Brier (base rate)",
-           "Platt a", "Platt b"]
+HEADERS = ["side", "measure", "test traces", "accuracy", "AUROC", "AUROC 95% CI", "ECE", "ECE 95% CI", "adaptive ECE",
+           "Brier", "Brier (base rate)", "Platt a", "Platt b"]
+TOO_FEW = "too few"  # an interval's cell where the traces cannot judge the measure
 NO_EXPECTED = ("Give an **expected answer** to see whether the confidence can be trusted on this question: each "
                "trace is then right or wrong, and the panel compares confidence with correctness.")
 EXPLAINED = ("**AUROC**: the chance a right trace has a higher confidence than a wrong one (0.5 = no signal; needs "
@@ -32,12 +36,22 @@ EXPLAINED = ("**AUROC**: the chance a right trace has a higher confidence than a
              "traces; on the online traces that were not stopped, **ECE** (equal-width bins) and **adaptive ECE** "
              "(equal-mass bins) are the average gap between confidence and accuracy (0 = calibrated), **Brier** is "
              "the mean of (p − right)², to beat its **base rate** (the warm-up accuracy for every trace). "
-             "— : not defined here.")
+             "**95% CI**: the AUROC's a score interval on Hanley & McNeil's variance, the ECE's a bootstrap of the "
+             f"online traces ({ECE_RESAMPLES} resamples, seed {ECE_SEED}); **too few**: fewer than "
+             f"{MIN_JUDGED_TRACES} online traces, or fewer than {MIN_PER_CLASS} right or {MIN_PER_CLASS} wrong ones, "
+             "which cannot judge a measure. — : not defined here.")
 
 
 def _round(value, digits: int = 3):
     """A table cell: the number rounded, or a dash where it is not defined."""
     return "—" if value is None or (isinstance(value, float) and not math.isfinite(value)) else round(value, digits)
+
+
+def interval(pair, judged: bool) -> str:
+    """An interval's cell: "[0.61, 0.93]", "too few" where the traces cannot judge, or a dash."""
+    if not judged:
+        return TOO_FEW
+    return "—" if pair is None else f"[{pair[0]:.2f}, {pair[1]:.2f}]"
 
 
 def reliability_figure(side: str, rep: dict, color_index: int) -> go.Figure:
@@ -70,7 +84,9 @@ def table_rows(result: dict) -> list[list]:
         for m in MEASURES:
             r = rep["measures"][m]
             t, platt = r["test"], r["platt"] or {}
-            rows.append([side, SHORT[m], t["traces"], _round(t["accuracy"]), _round(t["auroc"]), _round(t["ece"]),
+            judged = t["too_few"] is None
+            rows.append([side, SHORT[m], t["traces"], _round(t["accuracy"]), _round(t["auroc"]),
+                         interval(t["auroc_ci95"], judged), _round(t["ece"]), interval(t["ece_ci95"], judged),
                          _round(t["adaptive_ece"]), _round(t["brier"]), _round(t["brier_base_rate"]),
                          _round(platt.get("a")), _round(platt.get("b"))])
     return rows
@@ -91,10 +107,22 @@ def note(result: dict) -> str:
             line += (f"; the threshold {th['threshold']:.2f} keeps {kept['kept']} of {kept['traces']} warm-up traces, "
                      f"accuracy {acc(kept['accuracy_kept'])} vs {acc(kept['accuracy_all'])} of all")
         lines.append(line + ".")
-    if min(rep["traces"]["test"] for rep in result["sides"].values()) < 10:
-        lines.append("With this few traces the numbers are rough; `python -m feedback calibrate` measures them over a "
-                     "question set.")
+    lines += caveats(result)
     return "  \n".join(lines) + "\n\n" + EXPLAINED
+
+
+def caveats(result: dict) -> list[str]:
+    """A line per side whose online traces cannot judge its measures (the first measure's reason,
+    with the count), and where to measure them properly."""
+    lines = []
+    for side, rep in result["sides"].items():
+        reason = side_too_few(rep)
+        if reason:
+            lines.append(f"**{side}: {reason}**: its AUROC and ECE below come without an interval and are no "
+                         "evidence either way.")
+    if lines:
+        lines.append("`python -m feedback calibrate` measures them over a question set.")
+    return lines
 
 
 def view(report: dict | None) -> tuple:

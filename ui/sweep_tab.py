@@ -1,8 +1,11 @@
 """Sweep tab: ΔPPL over a grid of one or two strategy parameters, drawn as a heatmap while it runs;
 and its Tune companion: a search of the strategy's parameters (`feedback.eval.tune`) with a small trial
 budget, each trial streamed into a table and the history chart. The work goes through
-`ModelRunner`; this module formats numbers. When a Sweep or a Tune has a best point, the tab keeps
-it (strategy and every parameter) and "Send best to Compare" puts it into a Compare column.
+`ModelRunner`; this module formats numbers. Every best point is judged against the baseline
+(`feedback.eval.verdict`: a real improvement, within noise, or no better); when a Sweep or a Tune
+has one that beats the baseline (a Tune's also not worse on test), the tab keeps it (strategy and
+every parameter) and "Send best to Compare" puts it into a Compare column; otherwise the status
+line says that no point beats the baseline and the button stays off.
 
 Both handlers take their controls' values by name (the strategy controls as `<strategy>_<param>`),
 the names API clients may pass them by; every number is checked against the `Bound` its box shows."""
@@ -12,6 +15,7 @@ import itertools
 import json
 import math
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import gradio as gr
 
@@ -23,8 +27,9 @@ from feedback.eval.perplexity import Estimate, PPLConfig, estimate
 from feedback.eval.sweep import best_point, parse_grid, run_sweep, to_csv
 from feedback.eval.tune import TuneSettings, jsonl_text, parse_fixed, run_tune, search_space
 from feedback.eval.tune import prepare as tune_data
+from feedback.eval.verdict import ci_text, not_recommended, verdict
 from feedback.serve.gpu_time import GpuWork
-from feedback.serve.limits import MAX_DOCS, SERVED_MAX_POINTS, SERVED_MAX_TRIALS, TRIALS
+from feedback.serve.limits import MAX_DOCS, MAX_TOKENS_PER_DOC, SERVED_MAX_POINTS, SERVED_MAX_TRIALS, TRIALS
 from feedback.serve.pool import ModelPool
 from feedback.strategies import get_strategy
 from ui import render
@@ -33,7 +38,7 @@ from ui.compare.tab import TAB as COMPARE_TAB
 from ui.compare.tab import CompareTab
 from ui.controls import bound_number, build_strategy_panel, chosen, chosen_name, run_controls, to_components
 from ui.exports import export_file, stamp
-from ui.perplexity_tab import (LESS_TEXT, JobClock, check_budget, doc_limits, max_tokens_input, measure,
+from ui.perplexity_tab import (LESS_TEXT, JobClock, check_budget, doc_limits, measure,
                                scoring_gpu_work, token_counts)
 from ui.runner import Finished, GpuTask, ModelRunner, Outcome, TabWork, by_name, cancellable_by_clients, reporting
 from ui.stop_signal import StopSignal
@@ -45,6 +50,14 @@ TUNE_HEADERS = ["trial", "params", "ΔPPL % dev", "state"]
 TUNE_STARTUP = 4  # random trials before TPE models the results (a page run is short)
 FEEDBACK_COLUMN = 1  # Compare's column 2, the page's default feedback column (column 1 is the baseline)
 SEND_LABEL = "Send best to Compare"
+# The first Run, as the page opens (the Tune's too: it shares the text): builtin:dev, its first 10
+# documents cut to 128 tokens each. 10 documents, so the CI resamples documents (from fewer it covers
+# these texts only); 128 tokens, so the default 12-point grid scores 15,041 token-forwards (a tenth of
+# the scoring budget; about a minute on the 2-core dev CPU) and the default Tune, with its test, asks
+# for under ZeroGPU's default 120 s (limits.GPU_DURATION_CAP_S). The cut bounds both whatever
+# CPython's topics (read at run time) hold; uncut, 4 documents (149,604) fit the budget with 0.3 % to
+# spare and took 928 s on that CPU.
+SWEEP_SOURCE, SWEEP_DOCS, SWEEP_TOKENS_PER_DOC = "builtin:dev", 10, 128
 
 
 def tunable(strategy: str) -> list[str]:
@@ -77,17 +90,64 @@ def take_reports(work, items: list, elapsed: float) -> bool:
     return new
 
 
-def kept_best(source: str, strategy: str, params: dict, num_layers: int, delta_pct: float) -> dict:
+def kept_best(source: str, strategy: str, params: dict, num_layers: int, delta_pct: float,
+              judged: str = "") -> dict:
     """A job's best point as the tab keeps it for "Send best to Compare": the job that found it
     ("Sweep", "Tune"), the strategy, every parameter with defaults filled in (a Compare column takes
-    a whole set: one left out would keep whatever the column had) and its ΔPPL."""
+    a whole set: one left out would keep whatever the column had), its ΔPPL and the verdict on it
+    (`feedback.eval.verdict`, in words). Only a point that beats the baseline is kept (`recommend`)."""
     return {"source": source, "strategy": strategy, "params": get_strategy(strategy).validate(params, num_layers),
-            "delta_pct": delta_pct}
+            "delta_pct": delta_pct, "verdict": judged}
 
 
 def offer(best: dict | None) -> dict:
-    """The kept best point (by output name) and its send button, which is on only when there is one."""
+    """The kept best point (by output name) and its send button, which is on only when there is one:
+    a job whose best does not beat the baseline keeps none, so a harmful setting is never offered."""
     return {"best": best, "send": gr.update(interactive=best is not None)}
+
+
+class Judged(NamedTuple):
+    """A job's best point as the status line reports it (`sweep_best`, `tune_best`)."""
+
+    text: str  # the point in words, each ΔPPL with the verdict on it
+    why: str | None  # why it is no recommendation; None: it is one
+    verdict: str  # the verdict on its ΔPPL (a Tune's on dev), for the note "Send best to Compare" writes
+
+
+def sweep_best(best: dict, names: list[str]) -> Judged:
+    """A Sweep's lowest-ΔPPL point in words with the verdict on it, and why it is no recommendation
+    (None when it is one: it beats the baseline)."""
+    judged = verdict(best["delta_pct"], [best["ci95_low"], best["ci95_high"]])
+    point = ", ".join(f"{k}={best[k]}" for k in names)
+    label = "best" if judged.beats_baseline else "the lowest ΔPPL"
+    return Judged(f"{label} (strength-0 points left out): {point}, ΔPPL {best['delta_pct']:+.3f} % "
+                  f"{ci_text(best['ci95_low'], best['ci95_high'])} ({judged.text})", not_recommended(judged),
+                  judged.text)
+
+
+def tune_best(best: dict, test: dict | None) -> Judged:
+    """A Tune's best dev trial and its score on test (None: not scored) in words, each with its
+    verdict, and why it is no recommendation (None when it is one: it beats the baseline on dev
+    and is not worse on test)."""
+    dev_ci = best["ci95"] or [None, None]
+    dev = verdict(best["delta_pct"], dev_ci)
+    label = "best on dev" if dev.beats_baseline else "the lowest dev ΔPPL"
+    text = (f"{label}: trial {best['trial']} ({format_params(best['params'])}), ΔPPL {best['delta_pct']:+.3f} % "
+            f"{ci_text(*dev_ci)} ({dev.text})")
+    on_test = None
+    if test is not None:
+        on_test = verdict(test["delta_pct"], test["ci95"])
+        text += (f"; on {test['data']} (scored once): ΔPPL {test['delta_pct']:+.3f} %, 95% CI "
+                 f"{ci_text(*test['ci95'])} % ({on_test.text})")
+    return Judged(text, not_recommended(dev, on_test, noun="trial"), dev.text)
+
+
+def recommend(judged: Judged, keep: Callable[[str], dict]) -> tuple[str, dict | None]:
+    """The status line's words on a job's best point and what the tab keeps of it: the point
+    (`keep(verdict)`) when it is a recommendation, else nothing, the line saying why first."""
+    if judged.why is None:
+        return judged.text, keep(judged.verdict)
+    return f"{judged.why}, so nothing is offered to Compare — {judged.text}", None
 
 
 def target_column(strategy: str, strategies: list, shown: int) -> int:
@@ -180,19 +240,20 @@ class SweepWork(TabWork):
         return out | self.say(f"Sweeping… {len(self.rows)} of {self.total} points done; "
                               f"{self.clock.where_text(elapsed)} ({elapsed:.0f} s). {self.clock.estimate_text()}")
 
+    def _best(self, best: dict | None) -> tuple[str, dict | None]:
+        """The status line's words on the lowest-ΔPPL point and what the tab keeps to send (see `recommend`)."""
+        if best is None:
+            return "every point has strength 0 (the baseline itself), so there is no best setting", None
+        # the grid's values over the fixed ones: the whole point
+        return recommend(sweep_best(best, self.names), lambda judged: kept_best(
+            "Sweep", self.strategy, {**self.fixed, **{k: best[k] for k in self.names}}, self.lm.num_layers,
+            best["delta_pct"], judged))
+
     def finish(self, outcome: Outcome) -> dict:
         if not self.rows:
             return self.ended_early(outcome, "Stopped before the first point.", "Left the line; nothing was measured.")
         csv_path = export_file(f"sweep-{self.strategy}-{stamp()}.csv", to_csv(self.rows, self.names))
-        best = best_point(self.rows, self.strategy, self.fixed)
-        kept = None if best is None else kept_best(  # the grid's values over the fixed ones: the whole point
-            "Sweep", self.strategy, {**self.fixed, **{k: best[k] for k in self.names}}, self.lm.num_layers,
-            best["delta_pct"])
-        if best is None:
-            best_text = "every point has strength 0 (the baseline itself), so there is no best setting"
-        else:
-            best_text = ("best (strength-0 points left out): " + ", ".join(f"{k}={best[k]}" for k in self.names) +
-                         f", ΔPPL {best['delta_pct']:+.3f} % [{best['ci95_low']:+.3f}, {best['ci95_high']:+.3f}]")
+        best_text, kept = self._best(best_point(self.rows, self.strategy, self.fixed))
         head = (f"Done: {self.total} points" if outcome.kind == "done" else
                 f"Stopped after {len(self.rows)} of {self.total} points")
         view = {"heatmap": self._heatmap(f"{self.strategy}: ΔPPL % vs baseline"), "csv": csv_path} | offer(kept)
@@ -236,6 +297,13 @@ class TuneWork(TabWork):
         return out | self.say(f"Tuning… {len(self.rows)} of {self.trials} trials done; "
                               f"{self.clock.where_text(elapsed)} ({elapsed:.0f} s). {self.clock.estimate_text()}")
 
+    def _best(self, best: dict, test: dict | None) -> tuple[str, dict | None]:
+        """The status line's words on the best dev trial and its test score, and what the tab keeps to
+        send: a trial that does not beat the baseline on dev, or is worse on test, is no
+        recommendation (see `recommend`)."""
+        return recommend(tune_best(best, test), lambda judged: kept_best(
+            "Tune", self.strategy, best["strategy_params"], self.lm.num_layers, best["delta_pct"], judged))
+
     def finish(self, outcome: Outcome) -> dict:
         if not self.rows:
             return self.ended_early(outcome, "Stopped before the first trial.", "Left the line; nothing was measured.")
@@ -247,25 +315,19 @@ class TuneWork(TabWork):
         head = {"done": f"Done: {len(self.rows)} trials ({pruned} pruned{refused})",
                 "stopped": f"Stopped after {len(self.rows)} of {self.trials} trials"}.get(
             outcome.kind, f"Failed after {len(self.rows)} trials: {outcome.message}")
+        kept = None  # only the best a status reports, and only a recommendation
         if outcome.kind != "done":
             best_text = "no best point is reported for an unfinished search"
         elif best is None:
             best_text = "no trial completed with the strategy switched on"
         else:
-            best_text = (f"best on dev: trial {best['trial']} ({format_params(best['params'])}), ΔPPL "
-                         f"{best['delta_pct']:+.3f} %")
-            if test is not None:
-                lo, hi = test["ci95"]
-                best_text += (f"; on {test['data']} (scored once): ΔPPL {test['delta_pct']:+.3f} %, 95% CI "
-                              f"[{lo:+.3f}, {hi:+.3f}] %")
+            best_text, kept = self._best(best, test)
         files = None
         if res:
             files = [export_file(f"tune-{self.strategy}-trials-{stamp()}.jsonl", jsonl_text(res["header"], self.rows)),
                      export_file(f"tune-{self.strategy}-best-{stamp()}.json",
                                  json.dumps({k: res.get(k) for k in ("header", "best", "test")}, indent=2))]
         kind = {"done": "info", "stopped": "stopped"}.get(outcome.kind, "error")
-        kept = None if outcome.kind != "done" or best is None else kept_best(  # only the best a status reports
-            "Tune", self.strategy, best["strategy_params"], self.lm.num_layers, best["delta_pct"])
         return (self.idle() | self.say(f"{head}; {best_text}.", kind)
                 | to_components(self.outputs, self._trials_view() | {"files": files} | offer(kept)))
 
@@ -342,14 +404,14 @@ class SweepTab:
     def send_sweep_best(self, values: dict) -> dict:
         """The last Sweep's best point into a Compare column (see `send`)."""
         return self.send(values, self.status, "Not sent: there is no best point yet. Run the sweep (a stopped one "
-                                              "has the best of the points it measured; points with strength 0 "
-                                              "are never best).")
+                                              "has the best of the points it measured; points with strength 0, "
+                                              "or that do not beat the baseline, are never sent).")
 
     def send_tune_best(self, values: dict) -> dict:
         """The last Tune's best trial into a Compare column (see `send`)."""
         return self.send(values, self.tune_status, "Not sent: there is no best trial yet. A finished tune has one "
-                                                   "(a stopped one reports none; trials with strength 0 are never "
-                                                   "best).")
+                                                   "(a stopped one reports none; trials with strength 0, or that do "
+                                                   "not beat the baseline on dev and on test, are never sent).")
 
     def send(self, values: dict, status, refusal: str) -> dict:
         """The kept best point (`values["best"]`) into the Compare column `target_column` picks, named
@@ -360,9 +422,10 @@ class SweepTab:
         if not best:
             return {status: render.status_html(refusal, "error")}
         column, name = self._place(best, values)
+        judged = f" ({best['verdict']})" if best.get("verdict") else ""
         note = (f"Column {column + 1} ({name}) now has the {best['source']}'s best point: {best['strategy']}, "
-                f"ΔPPL {best['delta_pct']:+.3f} % on the {best['source']}'s text. The other settings are as they "
-                "were; press Generate to run it.")
+                f"ΔPPL {best['delta_pct']:+.3f} % on the {best['source']}'s text{judged}. The other settings are as "
+                "they were; press Generate to run it.")
         return self.compare.show_strategy(column, best["strategy"], best["params"], name) | {
             self.compare.ui.run.status: render.status_html(note), self.tabs: gr.update(selected=COMPARE_TAB)}
 
@@ -402,9 +465,11 @@ class SweepTab:
             gr.Markdown(f"ΔPPL % over a grid of one or two parameters, e.g. `lam=0,0.02,0.05` and "
                         f"`gate=-1,0.75,0.9` (at most {SERVED_MAX_POINTS} points here; the command line "
                         f"`python -m feedback sweep` takes more). Other parameters come from the controls below. "
-                        "Tune on `builtin:dev`; confirm on `builtin:test`. **Send best to Compare** puts the "
-                        "best point into a Compare column to generate with it.")
-            source, text, upload, max_docs = source_inputs("sweep")
+                        "Tune on `builtin:dev`; confirm on `builtin:test`. The best point is judged against the "
+                        "baseline (a real improvement when its 95% CI excludes 0; within noise; or no better); "
+                        "**Send best to Compare** puts one that beats the baseline into a Compare column to "
+                        "generate with it.")
+            source, text, upload, max_docs = source_inputs("sweep", SWEEP_SOURCE, SWEEP_DOCS)
             with gr.Row():
                 grid_x = gr.Textbox("lam=0,0.02,0.05,0.1", label="grid x (NAME=V1,V2,...)", elem_id="sweep-grid-x")
                 grid_y = gr.Textbox("gate=-1,0.75,0.9", label="grid y (optional)", elem_id="sweep-grid-y")
@@ -413,7 +478,10 @@ class SweepTab:
                     self.panel = build_strategy_panel(num_layers, "deep_cache", prefix="sweep", context="perplexity")
                 with gr.Column(min_width=280):
                     mode, passes = mode_inputs("sweep")
-                    max_tokens = max_tokens_input("sweep")
+                    # starts lower than the Perplexity tab's (the served cap): see SWEEP_TOKENS_PER_DOC
+                    max_tokens = bound_number(
+                        MAX_TOKENS_PER_DOC, SWEEP_TOKENS_PER_DOC, elem_id="sweep-max-tokens",
+                        info=f"each document cut to its first N tokens ({MAX_TOKENS_PER_DOC.info})")
             self.run, self.stop, self.status = run_controls("sweep", "Run sweep")
             # on once there is a best point, kept in `best`
             self.send_button = gr.Button(SEND_LABEL, interactive=False, elem_id="sweep-send")
@@ -428,7 +496,8 @@ class SweepTab:
                     "trials here (`python -m feedback tune` takes more, logs every trial and resumes). Unticked "
                     "parameters keep the values above. A trial scores the first third of the documents first and "
                     "is pruned there when even the favourable end of its 95% CI is worse than the median finished "
-                    "trial. On `builtin:dev`, the best point is then scored once on `builtin:test`.")
+                    "trial. On `builtin:dev`, the best point is then scored once on `builtin:test`; it is offered "
+                    "to Compare only if it beats the baseline on dev and is no worse on test.")
                 with gr.Row():
                     names = tunable("deep_cache")
                     search = gr.CheckboxGroup(names, value=names, label="search these", elem_id="tune-search")

@@ -68,10 +68,13 @@ def scoring_config(values: dict, strategy: str, params: dict, **settings) -> PPL
     return PPLConfig(strategy, params, mode_of(values["mode"]), PASSES.check(values["passes"]), **settings)
 
 
-def source_inputs(prefix: str):
+def source_inputs(prefix: str, start_source: str = "pasted text", start_docs: int = 20):
+    """The source radio (starting at `start_source`), the documents box (at `start_docs`), the text
+    box and the upload. The Perplexity tab starts on pasted text; the Sweep, whose first Run should
+    work as the page opens, on a built-in split with a count that fits the scoring budget."""
     with gr.Row():
-        source = gr.Radio(SOURCES, value="pasted text", label="Text", elem_id=f"{prefix}-source")
-        max_docs = bound_number(MAX_DOCS, 20, elem_id=f"{prefix}-max-docs")
+        source = gr.Radio(SOURCES, value=start_source, label="Text", elem_id=f"{prefix}-source")
+        max_docs = bound_number(MAX_DOCS, start_docs, elem_id=f"{prefix}-max-docs")
     text = gr.Textbox(label="Text to score", lines=6, max_length=TEXT_MAX_CHARS, elem_id=f"{prefix}-text")
     upload = gr.File(label=f"or a .txt / .jsonl file (≤ {UPLOAD_MAX_BYTES // 1_000_000} MB)",
                      file_types=[".txt", ".jsonl"], type="filepath", elem_id=f"{prefix}-upload")

@@ -17,6 +17,10 @@ records for it (`core.confidence.trace_metrics`): mean confidence, tail confiden
   |accuracy_b − mean p_b|), adaptive ECE (the same over equal-mass bins), the Brier score (mean of
   (p − y)²) beside the Brier score of predicting the dev accuracy for every trace (a measure worth
   having beats it), and the reliability diagram's data (per bin: count, mean p, accuracy).
+- How sure each test figure is: a 95% CI for the AUROC (a score interval on Hanley & McNeil's
+  variance, `auroc_interval`) and for the ECE (a percentile bootstrap over the test traces with a
+  fixed seed, `ece_interval`); none, and "too few traces to judge" with the count, from fewer than
+  `MIN_JUDGED_TRACES` test traces or fewer than `MIN_PER_CLASS` right or wrong ones (`too_few`).
 - `uncalibrated_minmax_ece`, labelled as such: ECE of the raw measure min–max scaled to [0, 1] over
   the dev traces' range. Not a probability; it shows how far off the raw scale is.
 - The early-stop threshold of `voting.calibrate_threshold` for each η on the dev traces' lowest group
@@ -59,11 +63,24 @@ MEASURES = {
     "bottom10_group": "bottom-10% group confidence (mean of the lowest 10% of window means)",
     "lowest_group": "lowest group confidence (the lowest window mean; Deep Think's early-stop measure)",
 }
+# The fewest test traces a measure is judged by (an interval given): below this, or with fewer right
+# or wrong traces than MIN_PER_CLASS, "too few traces to judge". 10, not more: the page's Deep Think
+# has at most 16 online traces per side, and the intervals themselves show how little 10-20 say.
+MIN_JUDGED_TRACES = 10
+MIN_PER_CLASS = 2
+Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
+ECE_RESAMPLES, ECE_SEED = 1000, 0
 METRICS = {
     "auroc": "AUROC of the raw measure for correctness: the chance a right trace scores higher than a wrong one "
              "(0.5 = no signal, 1 = perfect ranking)",
+    "auroc_ci95": "95% CI of the AUROC: a score interval on Hanley & McNeil's variance (every AUROC whose "
+                  "±1.96 standard errors reach the estimate); null when too_few",
     "ece": "expected calibration error of the Platt-scaled confidence on test, equal-width bins: "
            "Σ (bin share) × |bin accuracy − bin mean confidence| (0 = calibrated)",
+    "ece_ci95": f"95% CI of the ECE: percentile bootstrap over the test traces (Platt fit fixed; {ECE_RESAMPLES} "
+                f"resamples, seed {ECE_SEED}), widened to hold the ECE itself; null when too_few",
+    "too_few": f"why the test traces are too few to judge the measure by (fewer than {MIN_JUDGED_TRACES}, or "
+               f"fewer than {MIN_PER_CLASS} right or {MIN_PER_CLASS} wrong ones), with the count; null when enough",
     "adaptive_ece": "the same over equal-mass bins (each bin holds as many traces)",
     "brier": "Brier score of the Platt-scaled confidence on test: mean (p − right)² (lower is better)",
     "brier_base_rate": "Brier score of predicting the dev accuracy for every test trace: a measure worth having "
@@ -178,6 +195,68 @@ def auroc(scores, y) -> float | None:
     return float((average_ranks(x)[pos].sum() - n1 * (n1 + 1) / 2.0) / (n1 * n0))
 
 
+def too_few(y) -> str | None:
+    """Why these test traces' correctness labels are too few to judge a measure by ("too few traces
+    to judge: 6 test traces ..."), or None when there are at least MIN_JUDGED_TRACES with at least
+    MIN_PER_CLASS right and as many wrong ones."""
+    y = _labels(y)
+    n, right = len(y), int(y.sum())
+    if n < MIN_JUDGED_TRACES:
+        return f"too few traces to judge: {n} test trace{'s' if n != 1 else ''} (at least {MIN_JUDGED_TRACES} needed)"
+    if min(right, n - right) < MIN_PER_CLASS:
+        return (f"too few traces to judge: {n} test traces, {right} right and {n - right} wrong (at least "
+                f"{MIN_PER_CLASS} of each needed)")
+    return None
+
+
+def _auroc_variance(a: np.ndarray, n1: int, n0: int) -> np.ndarray:
+    """Hanley & McNeil's (1982) variance of an AUROC `a` from n1 right and n0 wrong traces,
+    [a(1-a) + (n1-1)(Q1-a²) + (n0-1)(Q2-a²)] / (n1 n0) with Q1 = a/(2-a), Q2 = 2a²/(1+a), written
+    so that it holds at a = 0 and 1 too."""
+    return a * (1 - a) / (n1 * n0) * (1 + (n1 - 1) * (1 - a) / (2 - a) + (n0 - 1) * a / (1 + a))
+
+
+def auroc_interval(scores, y) -> tuple[float, float] | None:
+    """95% CI of `auroc(scores, y)`: every AUROC A in [0, 1] whose Hanley–McNeil interval
+    A ± 1.96·SE(A) reaches the estimate (a score interval, as Wilson's for a proportion: unlike
+    estimate ± 1.96·SE(estimate) it does not shrink to a point at a perfect 0 or 1). Found on a grid
+    of step 1e-4 and widened to hold the estimate. None when `too_few`."""
+    x, y = _scores(scores, y)
+    if too_few(y):
+        return None
+    est = auroc(x, y)
+    n1 = int(y.sum())
+    grid = np.linspace(0.0, 1.0, 10_001)
+    inside = grid[(grid - est) ** 2 <= Z95 ** 2 * _auroc_variance(grid, n1, len(y) - n1)]
+    lo, hi = (inside.min(), inside.max()) if inside.size else (est, est)
+    return float(min(lo, est)), float(max(hi, est))
+
+
+def ece_interval(p, y, bins: int = DEFAULT_BINS, resamples: int = ECE_RESAMPLES,
+                 seed: int = ECE_SEED) -> tuple[float, float] | None:
+    """95% CI of `ece(p, y, bins)`: the 2.5th and 97.5th percentiles of the ECE over `resamples`
+    bootstrap resamples of the traces (with a fixed seed, so a report is reproducible), widened to
+    hold the ECE itself (a resample's ECE is biased up, so the percentiles can sit above a small
+    one). None when `too_few`."""
+    p, y = _probabilities(p, y)
+    bins = BINS.check(bins)
+    if too_few(y):
+        return None
+    n = len(p)
+    picks = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    index = np.minimum(np.floor(p * bins).astype(int), bins - 1)
+    # ECE = Σ_b |Σ_{i in b} (y_i - p_i)| / n: one weighted count per (resample, bin)
+    cell = (np.arange(resamples)[:, None] * bins + index[picks]).ravel()
+    gaps = np.bincount(cell, weights=(y - p)[picks].ravel(), minlength=resamples * bins).reshape(resamples, bins)
+    lo, hi = np.percentile(np.abs(gaps).sum(axis=1) / n, [2.5, 97.5])
+    est = ece(p, y, bins)
+    return float(min(lo, est)), float(max(hi, est))
+
+
+def _pair(interval: tuple[float, float] | None) -> list[float] | None:
+    return None if interval is None else list(interval)
+
+
 def sigmoid(z) -> np.ndarray:
     """1 / (1 + e^−z) without overflow for large |z|."""
     z = np.asarray(z, dtype=float)
@@ -281,17 +360,20 @@ def _accuracy(traces: list[dict]) -> float | None:
 def measure_report(dev_x, dev_y, test_x, test_y, bins: int = DEFAULT_BINS) -> dict:
     """One measure of one row: Platt fitted on dev; AUROC on both splits; on test the calibrated
     ECE, adaptive ECE, Brier score (and the base rate's), the reliability bins, and the labelled
-    uncalibrated min–max ECE. Numbers that cannot be had (an empty split, one class) are None."""
+    uncalibrated min–max ECE; the AUROC's and ECE's 95% CIs, or `too_few`'s reason. Numbers that
+    cannot be had (an empty split, one class, too few traces for an interval) are None."""
     dev_x, dev_y = _scores(dev_x, dev_y)
     test_x, test_y = _scores(test_x, test_y)
     platt = fit_platt(dev_x, dev_y) if len(dev_x) else None
     dev_accuracy = float(dev_y.mean()) if len(dev_y) else None
     test = {"traces": len(test_x), "accuracy": float(test_y.mean()) if len(test_y) else None,
-            "auroc": auroc(test_x, test_y), "ece": None, "adaptive_ece": None, "brier": None,
+            "auroc": auroc(test_x, test_y), "auroc_ci95": _pair(auroc_interval(test_x, test_y)),
+            "too_few": too_few(test_y), "ece": None, "ece_ci95": None, "adaptive_ece": None, "brier": None,
             "brier_base_rate": None, "reliability": [], "uncalibrated_minmax_ece": None}
     if platt is not None and len(test_x):
         p = platt(test_x)
-        test |= {"ece": ece(p, test_y, bins), "adaptive_ece": adaptive_ece(p, test_y, bins), "brier": brier(p, test_y),
+        test |= {"ece": ece(p, test_y, bins), "ece_ci95": _pair(ece_interval(p, test_y, bins)),
+                 "adaptive_ece": adaptive_ece(p, test_y, bins), "brier": brier(p, test_y),
                  "brier_base_rate": brier(np.full(len(test_y), dev_accuracy), test_y),
                  "reliability": reliability_bins(p, test_y, bins),
                  "uncalibrated_minmax_ece": ece(minmax_scale(test_x, dev_x.min(), dev_x.max()), test_y, bins)}
@@ -323,6 +405,12 @@ def threshold_report(dev: list[dict], test: list[dict], eta: float, threshold: f
         out["per_question_dev"] = {"traces": total, "kept": kept, "kept_share": kept / total,
                                    "accuracy_all": right_all / total, "accuracy_kept": right / kept if kept else None}
     return out
+
+
+def side_too_few(side: dict) -> str | None:
+    """A row's (one side of `summarise`) reason its test traces cannot judge its measures, from the
+    first measure that has one (they differ only where a trace lacks a measure), or None."""
+    return next((m["test"]["too_few"] for m in side["measures"].values() if m["test"]["too_few"]), None)
 
 
 def summarise(traces: list[dict], etas: Sequence[float], bins: int = DEFAULT_BINS,

@@ -91,7 +91,9 @@ def is_noop(strategy: str, params: dict) -> bool:
 
 
 def best_point(rows: list[dict], strategy: str, fixed: dict | None = None) -> dict | None:
-    """The grid point with the lowest ΔPPL among those that change anything (None if none does)."""
+    """The grid point with the lowest ΔPPL among those that change anything (None if none does).
+    Lowest is not better than the baseline: `feedback.eval.verdict` judges whether it is (ΔPPL < 0)
+    and whether its CI excludes 0, before anything calls it a recommendation."""
     live = [r for r in rows if not is_noop(strategy, {**(fixed or {}), **r})]
     return min(live, key=lambda r: r["delta_pct"]) if live else None
 

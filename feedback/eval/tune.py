@@ -477,7 +477,8 @@ class Search:
 
 # ---- the best point, scored once on test ----
 def best_trial(rows: list[dict], strategy: str, fixed: dict | None = None) -> dict | None:
-    """The completed trial with the lowest dev ΔPPL, settings with strength 0 left out (first on ties)."""
+    """The completed trial with the lowest dev ΔPPL, settings with strength 0 left out (first on ties).
+    It may still be no better than the baseline: `feedback.eval.verdict` judges it, dev and test."""
     live = [r for r in rows if r["state"] == "complete" and not is_noop(strategy, {**(fixed or {}), **r["params"]})]
     return min(live, key=lambda r: (r["delta_pct"], r["trial"])) if live else None
 

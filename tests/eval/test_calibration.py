@@ -11,11 +11,12 @@ import pytest
 
 from feedback.core.budget import Budget
 from feedback.errors import FeedbackError, Stopped
-from feedback.eval.calibration import (MEASURES, CalibrationConfig, adaptive_ece, auroc, average_ranks, brier,
-                                       builtin_questions, calibrate, check_questions, ece, equal_mass_bins, fit_platt,
+from feedback.eval.calibration import (MEASURES, MIN_JUDGED_TRACES, CalibrationConfig, adaptive_ece, auroc,
+                                       auroc_interval, average_ranks, brier, builtin_questions, calibrate,
+                                       check_questions, ece, ece_interval, equal_mass_bins, fit_platt,
                                        from_deep_think, kept_by_threshold, measure_report, minmax_scale,
-                                       platt_targets, read_questions, reliability_bins, sigmoid, summarise,
-                                       threshold_report)
+                                       platt_targets, read_questions, reliability_bins, side_too_few, sigmoid,
+                                       summarise, threshold_report, too_few)
 from feedback.eval.voting import calibrate_threshold
 
 
@@ -96,6 +97,81 @@ def test_minmax_scale_and_what_a_threshold_keeps():
     kept = kept_by_threshold([1.0, 2.0, 3.0, 4.0], [0, 1, 1, 1], 2.0)
     assert kept == {"traces": 4, "kept": 3, "kept_share": 0.75, "accuracy_all": 0.75, "accuracy_kept": 1.0}
     assert kept_by_threshold([1.0], [1], 5.0)["accuracy_kept"] is None
+
+
+def _separating(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """n traces whose measure predicts being right (p = σ(2x)): an AUROC of about 0.75."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 1, n)
+    return x, (rng.random(n) < sigmoid(2 * x)).astype(float)
+
+
+def test_too_few_traces_or_one_class_cannot_judge_a_measure_and_say_how_many():
+    assert too_few([1, 0] * 5) is None  # 10 traces, 5 right, 5 wrong: enough
+    assert too_few([1, 0] * 4) == "too few traces to judge: 8 test traces (at least 10 needed)"
+    assert too_few([1] * 30) == ("too few traces to judge: 30 test traces, 30 right and 0 wrong (at least 2 of each "
+                                 "needed)")  # one class: nothing to rank, however many
+    assert "1 right and 11 wrong" in too_few([1] + [0] * 11)
+    assert too_few([]) == "too few traces to judge: 0 test traces (at least 10 needed)"
+    x, y = _separating(8)
+    assert auroc_interval(x, y) is None and ece_interval(sigmoid(x), y) is None
+    assert auroc_interval(np.arange(30.0), np.ones(30)) is None and ece_interval(np.full(30, 0.9), np.ones(30)) is None
+
+
+def test_the_auroc_interval_holds_the_estimate_and_narrows_with_more_traces():
+    widths = []
+    for n in (MIN_JUDGED_TRACES, 100, 2000):
+        x, y = _separating(n)
+        lo, hi = auroc_interval(x, y)
+        assert 0 <= lo <= auroc(x, y) <= hi <= 1
+        widths.append(hi - lo)
+    assert widths[0] > widths[1] > widths[2] and widths[2] < 0.06
+    # a perfect ranking from a few traces is not a certainty: the interval reaches well below 1
+    lo, hi = auroc_interval(np.arange(12.0), [0] * 6 + [1] * 6)
+    assert hi == 1.0 and 0.6 < lo < 0.95
+    # moderate samples: close to the textbook estimate ± 1.96 SE, SE from Hanley & McNeil's Q1 and Q2
+    x, y = _separating(400, seed=3)
+    a, n1 = auroc(x, y), int(y.sum())
+    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
+    se = math.sqrt((a * (1 - a) + (n1 - 1) * (q1 - a * a) + (400 - n1 - 1) * (q2 - a * a)) / (n1 * (400 - n1)))
+    lo, hi = auroc_interval(x, y)
+    assert lo == pytest.approx(a - 1.96 * se, abs=0.005) and hi == pytest.approx(a + 1.96 * se, abs=0.005)
+
+
+def test_the_ece_interval_holds_the_estimate_narrows_with_more_traces_and_is_reproducible():
+    widths = []
+    for n in (MIN_JUDGED_TRACES * 3, 300, 3000):
+        x, y = _separating(n, seed=1)
+        p = sigmoid(2 * x)
+        lo, hi = ece_interval(p, y)
+        assert 0 <= lo <= ece(p, y) <= hi <= 1
+        widths.append(hi - lo)
+    assert widths[0] > widths[1] > widths[2]
+    x, y = _separating(40)
+    assert ece_interval(sigmoid(x), y) == ece_interval(sigmoid(x), y)  # a fixed seed
+    assert ece_interval(sigmoid(x), y) != ece_interval(sigmoid(x), y, seed=1)
+    # each resample's ECE is `ece` of the traces it picked (same seed, same picks)
+    p, y = np.r_[np.full(10, 0.2), np.full(10, 0.8)], np.r_[np.zeros(7), np.ones(3), np.ones(6), np.zeros(4)]
+    picks = np.random.default_rng(0).integers(0, 20, size=(200, 20))
+    each = [ece(p[k], y[k]) for k in picks]
+    lo, hi = np.percentile(each, [2.5, 97.5])
+    assert ece_interval(p, y, resamples=200) == (pytest.approx(min(lo, ece(p, y))), pytest.approx(max(hi, ece(p, y))))
+
+
+def test_the_report_carries_each_interval_or_why_there_is_none():
+    x, y = _separating(200)
+    t = measure_report(x[:100], y[:100], x[100:], y[100:])["test"]
+    assert t["too_few"] is None and t["auroc_ci95"][0] <= t["auroc"] <= t["auroc_ci95"][1]
+    assert t["ece_ci95"][0] <= t["ece"] <= t["ece_ci95"][1]
+    few = measure_report(x[:100], y[:100], x[100:106], y[100:106])["test"]
+    assert few["auroc_ci95"] is None and few["ece_ci95"] is None and "6 test traces" in few["too_few"]
+    json.dumps(t)
+    rows = summarise([_trace("b", "dev", 0, bool(c), v) for c, v in zip(y[:40], x[:40])] +
+                     [_trace("b", "test", 1, bool(c), v) for c, v in zip(y[40:46], x[40:46])], [90])
+    assert side_too_few(rows["b"]) == "too few traces to judge: 6 test traces (at least 10 needed)"
+    rows = summarise([_trace("b", "dev", 0, bool(c), v) for c, v in zip(y[:40], x[:40])] +
+                     [_trace("b", "test", 1, bool(c), v) for c, v in zip(y[40:80], x[40:80])], [90])
+    assert side_too_few(rows["b"]) is None
 
 
 def _trace(side, split, question, correct, x):

@@ -64,7 +64,8 @@ def test_sweep_streams_a_heatmap_and_a_csv(client):
     assert len(updates) >= 4  # one per point, then the final one
     heat, status, csv_path = job.outputs()[-1]
     assert "Done: 4 points" in status and '"heatmap"' in heat["plot"] and "strength-0 points left out" in status
-    assert "best" in status and "lam=0.0," not in status  # the no-op points are never "best"
+    # the no-op points are never "best" (nor the lowest, when no point beats the baseline)
+    assert "strength-0 points left out): lam=0.2," in status and "lam=0.0," not in status
     assert open(csv_path, encoding="utf-8").read().startswith("lam,theta,delta_pct")
     assert csv_path.endswith(".csv") and "sweep-deep_cache-" in csv_path
     with pytest.raises(AppError, match="unknown parameter"):
