@@ -73,7 +73,7 @@ def confidence_figure(rows: list[RowResult], threshold: float | None = None,
     differs from column 1 (`divergence`: column index -> step; an int means column 2). Labels sit
     apart: the divergence labels above the plot, the window label at its bottom. Row i's curves
     are traces 2i and 2i + 1, so a live chart can be extended in place: `feed` names the run whose
-    points the page appends (see `feed_lines`), `span` the steps the threshold line covers."""
+    points the page's board adds from its token events, `span` the steps the threshold line covers."""
     traces: list[dict] = []
     annotations: list[dict] = []
     shapes: list[dict] = []
@@ -107,21 +107,10 @@ def confidence_figure(rows: list[RowResult], threshold: float | None = None,
                   **({"meta": {"feed": feed}} if feed else {}))
 
 
-def feed_start(run_id: str) -> str:
-    """The live confidence chart's feed for one run: a hidden block of text that only grows, one
-    line per new token, so each streamed update carries just the new points (Gradio sends the
-    appended part) and the page extends the chart's traces in place instead of drawing it again."""
-    return f'<pre class="fl-feed" data-run="{escape(run_id, quote=True)}">'
-
-
-def feed_lines(index: int, steps) -> str:
-    """`row step confidence group_confidence` for each of row `index`'s new steps."""
-    return "".join(f"{index} {s.step} {s.confidence:.4f} {s.group_confidence:.4f}\n" for s in steps)
-
-
-def memory_figure(samples: list[dict], origin_label: str = "the run began") -> go.Figure:
+def memory_figure(samples: list[dict], origin_label: str = "the run began", feed: str | None = None) -> go.Figure:
     """RSS always; CUDA allocated/reserved/peak only when some sample has them. x = seconds since
-    `origin_label`; the y range spans at least MEMORY_MIN_SPAN_MB so idle noise stays flat."""
+    `origin_label`; the y range spans at least MEMORY_MIN_SPAN_MB so idle noise stays flat. `feed`
+    names the run whose samples the page adds while it streams (the board's `m` events)."""
     t = [s.get("t") for s in samples]
     traces, values_all = [], []
     for i, (key, name) in enumerate(MEMORY_SERIES):
@@ -137,6 +126,8 @@ def memory_figure(samples: list[dict], origin_label: str = "the run began") -> g
             lo, hi = mid - MEMORY_MIN_SPAN_MB / 2, mid + MEMORY_MIN_SPAN_MB / 2
         pad = 0.05 * (hi - lo)
         layout["yaxis"] = dict(range=[max(0.0, lo - pad), hi + pad])
+    if feed:
+        layout["meta"] = {"feed": feed}
     return figure(traces, 240, f"seconds since {origin_label}", "memory (MB)", **layout)
 
 

@@ -145,8 +145,9 @@ def component_for(schema: dict, elem_id: str, value=None, visible: bool = True) 
     if schema["is_layer"]:
         return gr.Slider(lo, hi, value=value, step=1, label=label, info=info, elem_id=elem_id, visible=visible)
     integer = schema["type"] == "int"
+    # the range is in the help and checked by the strategy, naming the parameter (see `bound_number`)
     return gr.Number(value=value, label=label, info=info or None, precision=0 if integer else None,
-                     minimum=lo, maximum=hi, step=1 if integer else 0.01, elem_id=elem_id, visible=visible)
+                     step=1 if integer else 0.01, elem_id=elem_id, visible=visible)
 
 
 @dataclass
@@ -293,10 +294,12 @@ def build_strategy_panel(num_layers: int, selected: str = "residual", prefix: st
 
 
 def bound_number(bound: Bound, value, label: str | None = None, info: str | None = None, **kwargs) -> gr.Number:
-    """A number box whose range and hint are `bound`'s, so the box takes what the handler's
-    `bound.check` takes; `label` (default the bound's name) and `info` (default its range) may say more."""
-    return gr.Number(value, label=label or bound.name, precision=0 if bound.integer else None,
-                     minimum=bound.lo, maximum=bound.hi, info=bound.info if info is None else info, **kwargs)
+    """A number box whose hint says `bound`'s range; `label` (default the bound's name) and `info`
+    (said before the range) may say more. The range is the handler's to check (`bound.check`): a box's
+    own minimum and maximum make Gradio refuse a value before any handler runs, with its own words,
+    and the tab's status line would go on saying whatever it said before."""
+    said = bound.info if info is None or bound.info in info else f"{info}; {bound.info}"
+    return gr.Number(value, label=label or bound.name, precision=0 if bound.integer else None, info=said, **kwargs)
 
 
 def to_components(outputs: dict[str, gr.components.Component], view: dict) -> dict:

@@ -45,5 +45,11 @@ def failure(message) -> gr.Error:
 
 
 def warning(message) -> None:
-    """A warning toast (the request went on, or the page kept what it had)."""
+    """A warning toast (the request went on, or the page kept what it had). Gradio delivers toasts
+    through its queue: an event wired with queue=False would only log it."""
     gr.Warning(plain(message))
+
+
+def info(message) -> None:
+    """A passing note, for what the status line cannot say because a running job is writing it."""
+    gr.Info(plain(message))

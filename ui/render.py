@@ -1,5 +1,7 @@
-"""HTML for generated text (plain, confidence-coloured with detail cards, formatted as Markdown, or
-a word diff against column 1), conversation bubbles, the metrics table, column headings and legends.
+"""HTML the server makes: a finished answer formatted from Markdown or as a word diff against column 1
+(the Compare board shows them), detail-card data for the Perplexity tab's tokens, the metrics table,
+column headings, legends and the status line. (The Compare columns' tokens are drawn by the page
+from their events: `ui.compare.stream`.)
 
 Everything that comes from the model or the user is HTML-escaped, in element content and in
 attributes; the detail card's data is JSON in an attribute, and the page script puts it on screen as
@@ -33,7 +35,6 @@ CONFIDENCE_BINS = (  # (upper bound, label, background)
     (math.inf, "≥ 9 very confident", "transparent"),
 )
 _VISIBLE = {" ": "·", "\n": "↵", "\t": "⇥", "\r": "␍"}
-DIVERGE = '<span class="fl-diverge" title="the columns differ from here on">differs from here</span>'
 CHOSEN_ROW = ("forced", "yes — chosen by you (branch)")
 REPLAYED_ROW = ("forced", "replayed: the text before the branch")
 # Parts of a prompt-level strategy's reply (restate): shown on the card and marked in the text.
@@ -45,13 +46,6 @@ BEST_TITLE = "best of the columns"
 def visible(text: str) -> str:
     """Token text with whitespace made visible, for cards ("∅" for an empty token)."""
     return "".join(_VISIBLE.get(ch, ch) for ch in text) if text else "∅"
-
-
-def token_color(confidence: float) -> str:
-    """Background for a token's confidence on the absolute scale (transparent when undefined)."""
-    if not math.isfinite(confidence):
-        return "transparent"
-    return next(color for bound, _, color in CONFIDENCE_BINS if confidence < bound)
 
 
 def confidence_legend(k: int = 20) -> str:
@@ -76,75 +70,6 @@ def card_attr(title: str, rows: list[tuple[str, str]], top: list[tuple] | None =
     return f'data-card="{escape(json.dumps(data, ensure_ascii=False, separators=(",", ":")), quote=True)}"'
 
 
-def _token_span(step: StepRecord, focusable: bool) -> str:
-    """One token: coloured by confidence, carrying its step (`data-step`) and a card whose top-5
-    alternatives hold their token ids, so a click on one can branch the column there. The token a
-    person chose in a branch is marked plainly; the text replayed before it quietly (class and card)."""
-    # the probability as the card's top-5 list shows it (4 decimals, then one of a percent), so the
-    # chosen token reads the same in both places
-    rows = [("probability", f"{100 * round(step.prob, 4):.1f}%"), ("confidence", f"{step.confidence:.2f}"),
-            ("entropy", f"{step.entropy:.2f} nats"), ("group confidence", f"{step.group_confidence:.2f}"),
-            ("step", str(step.step))]
-    if step.forced:
-        rows.append(CHOSEN_ROW if step.chosen else REPLAYED_ROW)
-    if step.part in PART_ROWS:
-        rows.append(PART_ROWS[step.part])
-    top = [(visible(a.text), a.prob, a.token_id == step.token_id, int(a.token_id)) for a in step.top[:5]]
-    forced = " fl-forced" if step.chosen else " fl-replayed" if step.forced else ""
-    classes = "fl-tok" + forced + (f" fl-part-{step.part}" if step.part in PART_ROWS else "")
-    return (f'<span class="{classes}" data-step="{int(step.step)}" '
-            f'tabindex="{0 if focusable else -1}" style="background-color: '
-            f'{token_color(step.confidence)}" {card_attr(visible(step.text), rows, top)}>'
-            f"{escape(step.text, quote=True)}</span>")
-
-
-class SpanCache:
-    """A streaming row's rendered token spans, so each update renders only the new tokens (the
-    colour scale is absolute, so a span never changes once drawn)."""
-
-    def __init__(self) -> None:
-        self.spans: list[str] = []
-
-    def spans_for(self, steps: list[StepRecord]) -> list[str]:
-        if len(self.spans) > len(steps):
-            self.spans = []
-        self.spans += [_token_span(s, i == 0) for i, s in enumerate(steps[len(self.spans):], start=len(self.spans))]
-        return self.spans
-
-
-def _row_attr(row: str | None) -> str:
-    """` data-row="…"` naming the column a text belongs to (for the page script), or nothing."""
-    return "" if row is None else f' data-row="{escape(row, quote=True)}"'
-
-
-def _text_box(classes: str, row: str | None, body: str, live: bool) -> str:
-    """A column's text box. While it streams the box is left open, with its caret drawn by CSS
-    (`fl-live`): each update then begins with the previous one, so Gradio sends only the new
-    tokens (an "append"), not the whole text again at every step."""
-    if live:
-        return f'<div class="{classes} fl-live"{_row_attr(row)}>{body}'
-    return f'<div class="{classes}"{_row_attr(row)}>{body}</div>'
-
-
-def render_tokens(steps: list[StepRecord], mode: str = "confidence", live: bool = False,
-                  cache: SpanCache | None = None, diverge_at: int | None = None, row: str | None = None) -> str:
-    """One column's text: "plain", or "confidence" (coloured spans with detail cards). With
-    `diverge_at`, a marker stands before the token of that step and what follows is underlined.
-    With `row`, the container says which column it is, so a click on a token can name its column."""
-    if not steps:
-        return _text_box("fl-text fl-empty", row, "…", live)
-    cut = diverge_at if diverge_at is not None and 0 <= diverge_at < len(steps) else None
-    if mode == "plain":
-        body = escape("".join(s.text for s in steps[:cut]), quote=True)
-        if cut is not None:  # left open while live, as the box is: the parser closes both
-            body += (f'{DIVERGE}<span class="fl-plain">{escape("".join(s.text for s in steps[cut:]), quote=True)}'
-                     + ("" if live else "</span>"))
-    else:
-        spans = cache.spans_for(steps) if cache is not None else [_token_span(s, i == 0) for i, s in enumerate(steps)]
-        body = "".join(spans) if cut is None else "".join(spans[:cut]) + DIVERGE + "".join(spans[cut:])
-    return _text_box("fl-text", row, body, live)
-
-
 # ---- markdown view: the answer as formatted text ----
 
 def _markdown_parser() -> MarkdownIt:
@@ -155,15 +80,6 @@ def _markdown_parser() -> MarkdownIt:
 
 
 _MARKDOWN = _markdown_parser()
-
-
-def render_markdown(steps: list[StepRecord], live: bool = False, row: str | None = None) -> str:
-    """One column's answer rendered as Markdown (code fences, lists, tables). While the column
-    streams it is shown as plain text, appended token by token; it is formatted once it finishes
-    (formatting a half-written answer would redraw the whole box at every step)."""
-    if live or not steps:
-        return render_tokens(steps, "plain", live=live, row=row)
-    return f'<div class="fl-text fl-markdown"{_row_attr(row)}>{_MARKDOWN.render(_joined(steps))}</div>'
 
 
 # ---- diff view: a column's words against column 1's ----
@@ -204,39 +120,40 @@ def _deleted(text: str) -> str:
     return f'<del class="fl-del" title="only in column 1">{escape(words, quote=True)}</del>' if words else ""
 
 
-def _word_diff(ref_text: str, text: str, live: bool) -> str:
+def _word_diff(ref_text: str, text: str) -> str:
     """HTML of `text` with its word differences from `ref_text`. Words are compared without the
     whitespace around them, and this column's own words and whitespace are what is shown, so the
-    output minus its <del> elements is exactly `text`. While the column is still streaming
-    (`live`), reference words missing at its end are not shown: it may still write them."""
+    output minus its <del> elements is exactly `text`."""
     ref_units, units = _UNIT.findall(ref_text), _UNIT.findall(text)
     ops = SequenceMatcher(None, [u.rstrip() for u in ref_units], [u.rstrip() for u in units],
                           autojunk=False).get_opcodes()
     parts = []
-    for n, (tag, i1, i2, j1, j2) in enumerate(ops):
+    for tag, i1, i2, j1, j2 in ops:
         own = "".join(units[j1:j2])
         if tag == "equal":
             parts.append(escape(own, quote=True))
             continue
-        if tag in ("delete", "replace") and not (live and n == len(ops) - 1):
+        if tag in ("delete", "replace"):
             parts.append(_deleted("".join(ref_units[i1:i2])))
         if tag in ("insert", "replace"):
             parts.append(_inserted(own))
     return "".join(parts)
 
 
-def render_diff(reference: list[StepRecord], steps: list[StepRecord], live: bool = False) -> str:
-    """A column's text with its word-level differences from the reference column (column 1),
-    from the first token where the two differ; before it the text is plain. Passing the reference
-    column itself (or one that chose the same tokens) gives plain text: the caller says why."""
-    if not steps:
-        return _text_box("fl-text fl-diff fl-empty", None, "…", live)
+def markdown_html(steps: list[StepRecord]) -> str:
+    """A finished answer formatted from Markdown (code fences, lists, tables), as HTML."""
+    return _MARKDOWN.render(_joined(steps))
+
+
+def diff_html(reference: list[StepRecord], steps: list[StepRecord]) -> str:
+    """A finished column's text with its word-level differences from the reference column (column
+    1), from the first token where the two differ; before it the text is plain. The reference
+    column itself (or one that chose the same tokens) is plain text: the caller says why."""
     text = _joined(steps)
     cut = None if reference is steps else _diff_start(reference, steps)
     if cut is None:
-        return _text_box("fl-text fl-diff", None, escape(text, quote=True), live)
-    body = escape(text[:cut], quote=True) + _word_diff(_joined(reference)[cut:], text[cut:], live)
-    return _text_box("fl-text fl-diff", None, body, live)
+        return escape(text, quote=True)
+    return escape(text[:cut], quote=True) + _word_diff(_joined(reference)[cut:], text[cut:])
 
 
 def diff_legend() -> str:
@@ -318,7 +235,7 @@ def stat_items(row: RowResult, live: bool = False, best: set[str] | None = None)
     mean, lowest = confidence_summary(row)
     items = [
         ("tokens", str(len(row.token_ids))),
-        ("tokens/s", _fmt(tps, ".1f")),
+        _speed_item(row, tps),
         ("mean confidence", _fmt(mean, ".2f"), "mean" in best),
         ("lowest group confidence", _fmt(lowest, ".2f"), "lowest_group" in best),
         ("stop", _stop_text(row, live)),
@@ -329,6 +246,19 @@ def stat_items(row: RowResult, live: bool = False, best: set[str] | None = None)
     if m.get("restatement_tokens") is not None:
         items.append(("restatement tokens", str(m["restatement_tokens"])))
     return items + _quality_items(row, best)
+
+
+RATE_NOTE = ("this column's tokens over the time of the steps that made them; each step decodes every running "
+             "column at once, so a column's rate rises when others stop")
+RERUN_RATE_NOTE = ("measured when this column was re-run alone (one column a step); the other columns' rates come "
+                   "from their run, where every step decoded all of them together")
+
+
+def _speed_item(row: RowResult, tps: float | None) -> tuple:
+    """tokens/s, said how it was measured: in its batched run, or alone (a re-run column)."""
+    if row.metrics.get("rerun_alone"):
+        return "tokens/s", f"{_fmt(tps, '.1f')} (alone)", False, RERUN_RATE_NOTE
+    return "tokens/s", _fmt(tps, ".1f"), False, RATE_NOTE
 
 
 def data_table(headers: list[str], rows: list[list], elem_class: str = "", row_ids: list[str] | None = None,
@@ -441,29 +371,6 @@ def md_text(text) -> str:
     Markdown: HTML-escaped and every Markdown character backslash-escaped, so it can make no link
     (not even an autolinked URL), image, code span or heading."""
     return _MARKDOWN_SPECIALS.sub(r"\\\1", escape(str(text), quote=False))
-
-
-_TURN_LABELS = {"user": "you", "assistant": "the model"}
-
-
-def _turn(role: str, content: str, current: bool = False) -> str:
-    """One chat bubble (user or assistant); any other role (system) is a small note."""
-    text = escape(str(content), quote=True)
-    if role in _TURN_LABELS:
-        cls = f"fl-turn fl-{role}" + (" fl-current" if current else "")
-        return f'<div class="{cls}" aria-label="{_TURN_LABELS[role]}">{text}</div>'
-    return f'<div class="fl-turn-note fl-system">{escape(str(role), quote=True)}: {text}</div>'
-
-
-def render_turns(messages: list[dict], prompt: str, own_prompt: bool = False) -> str:
-    """A column's earlier conversation, then its current prompt, as chat bubbles; the caller puts
-    the answer's tokens after it. Empty for a single-turn run on the shared prompt (no bubble for a
-    plain question); a column with its `own_prompt` shows it from the first turn, so what it was
-    asked is on screen beside its answer."""
-    if not messages and not own_prompt:
-        return ""
-    bubbles = "".join(_turn(m.get("role", ""), m.get("content", "")) for m in messages)
-    return f'<div class="fl-turns">{bubbles}{_turn("user", prompt, current=True)}</div>'
 
 
 def status_html(text: str, kind: str = "info") -> str:

@@ -108,9 +108,8 @@ td.fl-best { font-weight: 700; }
 .fl-star { color: var(--color-accent); }
 .fl-heading { font-size: var(--text-xl); font-weight: 600; margin: 0 0 2px; line-height: 1.3;
   color: var(--body-text-color); overflow-wrap: anywhere; }
-.fl-heading.fl-colhead { white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
-.fl-note.fl-colnote { display: -webkit-box; -webkit-box-orient: vertical; -webkit-line-clamp: 2; overflow: hidden;
-  line-height: 1.35; height: 2.7em; overflow-wrap: anywhere; }
+.fl-heading.fl-colhead { font-size: var(--text-lg); }
+.fl-note.fl-colnote { display: block; line-height: 1.35; overflow-wrap: anywhere; }
 @media (max-width: 640px) { .fl-heading.fl-colhead { font-size: var(--text-lg); } }
 .fl-dot { display: inline-block; width: 0.7em; height: 0.7em; border-radius: 50%; margin-right: 0.35em;
   vertical-align: 0.05em; }
@@ -123,13 +122,35 @@ td.fl-best { font-weight: 700; }
 .fl-turn.fl-assistant { align-self: flex-start; background: var(--background-fill-secondary); }
 .fl-turn.fl-current { border: 1px solid rgba(0, 114, 178, 0.5); }
 .fl-turn-note.fl-system { font-size: 0.82em; font-style: italic; text-align: center; opacity: 0.8; }
-/* ---- layout: side by side columns stay side by side on a phone (two to a row) ---- */
-.fl-columns { flex-wrap: nowrap !important; gap: 8px !important; }
-.fl-columns > .column { min-width: 0 !important; flex: 1 1 0 !important; }
+/* ---- the board: the columns side by side; their headings, conversations, texts and buttons each
+   share a row, so the texts start at the same height whatever the headings hold ---- */
+.fl-board-cols { display: grid; grid-template-columns: repeat(var(--n, 2), minmax(0, 1fr));
+  grid-template-rows: auto auto 1fr auto; column-gap: 14px; }
+.fl-bcol { display: grid; grid-row: 1 / span 4; grid-template-rows: subgrid; min-width: 0; }
+.fl-bhead { border-bottom: 2px solid var(--border-color-primary); margin-bottom: 6px; padding-bottom: 2px; }
+.fl-badges { display: flex; flex-wrap: wrap; gap: 2px 0; margin-top: 2px; }
+.fl-badges .fl-badge { margin-left: 0; margin-right: 4px; font-size: 0.75em; }
+.fl-turns.fl-none { display: none; }
+.fl-n3 .fl-word, .fl-n4 .fl-word { display: none; }  /* three or four columns: the buttons keep their sign */
+.fl-board-cols:empty::before { content: "The columns show here when you Generate (set them up under Settings, Columns).";
+  color: var(--body-text-color-subdued); font-style: italic; }
+.fl-board-tabs, .fl-board-legend { display: none; }
+.fl-view-diff .fl-board-legend { display: block; margin-bottom: 6px; }
+.fl-view-plain .fl-tok { background: none !important; cursor: text; }
+.fl-view-plain .fl-tok:hover { outline: none; }
+.fl-text:empty::before { content: "…"; color: var(--body-text-color-subdued); font-style: italic; }
+/* a phone shows one column at a time, chosen by its tab (or a swipe) */
+@media (max-width: 700px) {
+  .fl-board-tabs { display: flex; gap: 4px; overflow-x: auto; margin-bottom: 6px; }
+  .fl-board-tab { flex: 0 0 auto; max-width: 60vw; overflow: hidden; text-overflow: ellipsis; white-space: nowrap;
+    padding: 4px 10px; border-radius: 999px; border: 2px solid var(--border-color-primary); font-size: 0.85em;
+    background: var(--background-fill-secondary); color: var(--body-text-color); cursor: pointer; }
+  .fl-board-tab[aria-selected="true"] { font-weight: 700; background: var(--background-fill-primary); }
+  .fl-board-cols { grid-template-columns: minmax(0, 1fr); }
+  .fl-bcol:not(.fl-shown) { display: none; }
+}
 @media (max-width: 640px) {
-  .fl-columns { flex-wrap: wrap !important; }
-  .fl-columns > .column { flex: 1 1 45% !important; }
-  .fl-text { font-size: 0.8em; line-height: 1.5; }
+  .fl-text { font-size: 0.85em; line-height: 1.5; }
   .fl-stats { font-size: 0.78em; }
   .fl-word { display: none; }  /* the column buttons keep their sign or first word on a phone */
   .fl-col-actions { gap: 4px; }
@@ -178,8 +199,14 @@ HEAD = """
   const row = (table, label, value) => {
     const tr = table.insertRow(); tr.insertCell().textContent = label; tr.insertCell().textContent = value;
   };
+  // a token's card: its data-card attribute (the Perplexity tab's), or the Compare board's arrays
+  const cardOf = (el) => {
+    if (el.dataset.card === undefined) return window.flBoard ? window.flBoard.card(el) : null;
+    try { return JSON.parse(el.dataset.card); } catch (e) { return null; }
+  };
   const fill = (el) => {
-    let d; try { d = JSON.parse(el.dataset.card); } catch (e) { return false; }
+    const d = cardOf(el);
+    if (!d) return false;
     const c = ensure(); c.replaceChildren();
     const title = document.createElement("div"); title.className = "fl-card-title"; title.textContent = d.title;
     c.appendChild(title);
@@ -265,7 +292,11 @@ HEAD = """
     close();
     go.click();
   };
-  const tok = (e) => e.target && e.target.closest ? e.target.closest(".fl-tok[data-card]") : null;
+  // a token with a card: the Perplexity tab's, or the board's (not in its plain view)
+  const tok = (e) => {
+    const t = e.target && e.target.closest ? e.target.closest(".fl-tok[data-card], .fl-board .fl-tok") : null;
+    return t && !t.closest(".fl-view-plain") ? t : null;
+  };
   document.addEventListener("mouseover", (e) => { const t = tok(e); if (t && !pinned) open(t); });
   document.addEventListener("mouseout", (e) => { const t = tok(e); if (t && !pinned) close(); });
   document.addEventListener("focusin", (e) => { const t = tok(e); if (t) { pinned = t; open(t); } });
@@ -296,7 +327,7 @@ HEAD = """
       e.preventDefault(); buttons[0].focus(); return;
     }
     if (!t || !["ArrowRight", "ArrowLeft", "Home", "End"].includes(e.key)) return;
-    const all = Array.from(t.parentElement.querySelectorAll(".fl-tok[data-card]"));
+    const all = Array.from(t.parentElement.querySelectorAll(".fl-tok"));
     const i = all.indexOf(t);
     const j = e.key === "ArrowRight" ? i + 1 : e.key === "ArrowLeft" ? i - 1 : e.key === "Home" ? 0 : all.length - 1;
     if (all[j]) { e.preventDefault(); all[j].focus(); }
@@ -317,8 +348,10 @@ HEAD = """
     if (!button) return;
     const go = document.querySelector({stop: "#fl-stop-go", rate: "#fl-rate-go"}[button.dataset.act] || "#fl-rerun-go");
     if (!go) return;
-    const column = button.dataset.act === "rate" ? `${button.dataset.column} ${button.dataset.verdict}`
-                                                 : button.dataset.column;
+    // a rating sends its verdict; a column's Stop the tokens the board shows of it (what it keeps)
+    const n = button.dataset.column;
+    const column = button.dataset.act === "rate" ? `${n} ${button.dataset.verdict}`
+                 : button.dataset.act === "stop" && window.flBoard ? `${n} ${window.flBoard.shown(Number(n))}` : n;
     window.flRequest = Object.assign(window.flRequest || {}, {column: column});  // read by the event (page_request)
     go.click();
   });
@@ -351,37 +384,9 @@ HEAD = """
     const run = document.querySelector("#generate");
     if (run && !run.disabled) run.click();
   }, true);
-  // A streaming run's confidence chart is extended in place from the feed (#chart-feed: one line
-  // "row step confidence group" per new token), not drawn again at every update. Lines are read
-  // once; the chart must be this run's (its layout names the feed), or they wait for it.
-  const fed = {run: null, lines: 0, queued: false};
-  const extendChart = () => {
-    fed.queued = false;
-    const pre = document.querySelector("#chart-feed pre.fl-feed");
-    const gd = document.querySelector("#conf-plot .js-plotly-plot");
-    if (!pre || !gd || !window.Plotly || !gd.data) return;
-    if (pre.dataset.run !== fed.run) { fed.run = pre.dataset.run; fed.lines = 0; }
-    if (!gd.layout || !gd.layout.meta || gd.layout.meta.feed !== fed.run) return;
-    const lines = pre.textContent.split("\\n");
-    const whole = lines.length - 1;  // the text ends with a newline: the last piece is empty
-    if (whole <= fed.lines) return;
-    const add = new Map();
-    for (let k = fed.lines; k < whole; k++) {
-      const [row, step, conf, group] = lines[k].split(" ").map(Number);
-      for (const [trace, y] of [[2 * row, conf], [2 * row + 1, group]]) {
-        if (trace >= gd.data.length) continue;
-        if (!add.has(trace)) add.set(trace, {x: [], y: []});
-        add.get(trace).x.push(step); add.get(trace).y.push(y);
-      }
-    }
-    fed.lines = whole;
-    const traces = Array.from(add.keys());
-    if (traces.length) window.Plotly.extendTraces(gd, {x: traces.map((t) => add.get(t).x),
-                                                        y: traces.map((t) => add.get(t).y)}, traces);
-  };
-  new MutationObserver(() => {
-    if (!fed.queued) { fed.queued = true; requestAnimationFrame(() => { extendChart(); restoreFocus(); }); }
-  }).observe(document.body, {childList: true, subtree: true, characterData: true});
+  // After a branch made from the keyboard, focus goes back to the branched token (see restoreFocus).
+  new MutationObserver(() => { if (refocus) requestAnimationFrame(restoreFocus); })
+    .observe(document.body, {childList: true, subtree: true});
   // Gradio's Plot draws each new figure into a new element and drops the old one without
   // Plotly.purge: the old chart's window resize handler (responsive charts) kept its whole SVG,
   // data and listeners alive, ~900 DOM nodes a Compare run. A chart that leaves the page loses

@@ -110,7 +110,8 @@ def merge_rerun(result: RunResult, row: str | int, again: RunResult) -> RunResul
     if len(again.rows) != 1 or len(again.config.get("rows") or []) != 1:
         raise FeedbackError("a rerun holds exactly one row")
     rows = list(result.rows)
-    rows[index] = again.rows[0]
+    # its speed was measured with one row a step, the others' with every row of their run: said beside it
+    rows[index] = replace(again.rows[0], metrics=again.rows[0].metrics | {"rerun_alone": True})
     config = dict(result.config)
     config["rows"] = [again.config["rows"][0] if i == index else r for i, r in enumerate(result.config["rows"])]
     div = first_divergence(rows[0].token_ids, rows[1].token_ids) if len(rows) > 1 else None

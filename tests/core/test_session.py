@@ -145,6 +145,8 @@ def test_one_row_rerun_with_new_settings_stands_beside_the_others(tiny_lm):
     assert [r.name for r in merged.rows] == ["base", "fb strong", "hot"]
     assert merged.config["rows"][1]["params"] == {"alpha": 0.4} and merged.rows[0] is first.rows[0]
     assert merged.run_id != first.run_id and merged.prompt_tokens == first.prompt_tokens
+    # its speed was measured alone, the others' in their batch: the row says so
+    assert merged.rows[1].metrics["rerun_alone"] and not any("rerun_alone" in r.metrics for r in first.rows)
     assert rerun(first, 2).rows == [first_spec(first, 2)]  # no spec: the row as it was
 
 

@@ -47,6 +47,11 @@ TIMERS_JS = """
     obs.observe(document.body, {childList: true, subtree: true, characterData: true});
   };
   watch("first_token", () => document.querySelector("#col1-text .fl-tok") !== null);
+  // the tokens a column showed when its Stop was clicked
+  document.addEventListener("click", (e) => {
+    const stop = e.target.closest && e.target.closest(".fl-col-stop");
+    if (stop) window.__fl.column_stop_shown = document.querySelectorAll(`#col${stop.dataset.column}-text .fl-tok`).length;
+  }, true);
   watch("done", () => (document.querySelector("#status")?.textContent || "").includes("Done"));
   // column 1's largest growth in one update: how many tokens one streamed update carries here
   window.__fl.col1 = {last: 0, most: 0};
@@ -152,6 +157,22 @@ def accordion(pg: Page, title: str) -> None:
     pg.locator("button.label-wrap").filter(has_text=title).click()
 
 
+def settings(pg: Page, tab: str) -> None:
+    """Compare's settings on one of their tabs ("Columns", "Model and sampling", "DeepConf", "System
+    prompt and evaluation"), the Settings box opened first if it is closed."""
+    tabs = pg.locator("#settings-tabs")
+    if not tabs.is_visible():
+        pg.locator("#settings button.label-wrap").first.click()
+        expect(tabs).to_be_visible()
+    tabs.get_by_role("tab", name=tab, exact=True).first.click()
+
+
+def close_settings(pg: Page) -> None:
+    if pg.locator("#settings-tabs").is_visible():
+        pg.locator("#settings button.label-wrap").first.click()
+        expect(pg.locator("#settings-tabs")).to_be_hidden()
+
+
 def set_number(pg: Page, elem_id: str, value) -> None:
     """Type a number as a person does. A field that has just appeared (an accordion opening) can
     still be taking its stored value when the first keystrokes land; then it is typed again."""
@@ -180,11 +201,10 @@ def choose(pg: Page, elem_id: str, option: str) -> None:
 
 
 def column_settings(pg: Page, n: int) -> None:
-    """Open (or close) column n's settings accordion; opening waits for its name box."""
-    was_open = pg.locator(f"#col{n}-name").is_visible()
-    pg.locator(f"#col{n}-settings .label-wrap").first.click()
-    if not was_open:
-        expect(pg.locator(f"#col{n}-name")).to_be_visible()
+    """Column n's settings (its tab under Settings, Columns); waits for its name box."""
+    settings(pg, "Columns")
+    pg.locator("#column-tabs").get_by_role("tab", name=f"Column {n}", exact=True).click()
+    expect(pg.locator(f"#col{n}-name")).to_be_visible()
 
 
 def radio(pg: Page, elem_id: str, label: str) -> None:
@@ -192,9 +212,9 @@ def radio(pg: Page, elem_id: str, label: str) -> None:
 
 
 def generate(pg: Page, prompt: str, tokens: int = ANSWER_TOKENS) -> None:
-    accordion(pg, "Sampling")
+    settings(pg, "Model and sampling")
     set_number(pg, "max-new-tokens", tokens)
-    accordion(pg, "Sampling")
+    close_settings(pg)
     pg.locator("#prompt textarea").fill(prompt)
     pg.locator("#generate").click()
     expect(pg.locator("#status")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
@@ -222,8 +242,9 @@ DUPLICATE_IDS = """() => {
 
 def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page, app_url: str):
     assert page.evaluate(DUPLICATE_IDS) == []
-    accordion(page, "Sampling")
+    settings(page, "Model and sampling")
     set_number(page, "max-new-tokens", ANSWER_TOKENS)
+    close_settings(page)
     page.locator("#prompt textarea").fill("Write a four-line poem about a lighthouse in winter.")
     received = streamed_bytes(page)
     page.locator("#generate").click()
@@ -241,11 +262,15 @@ def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page
     expect(page.locator("#status")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
     status = page.locator("#status").inner_text()
     assert "UI build" not in status and "ms" not in status  # no developer timings for users
-    # Each update carries the new tokens, not every column's text and the whole chart again (4
-    # columns x 128 tokens: 285 kB a step when it did, 31 kB since; here ~11 kB for 2 x 48).
+    # at 1440 x 900 the answers are on screen after Generate, without scrolling: 200 px of them at least
+    assert page.evaluate("() => window.scrollY") == 0
+    assert page.locator("#col1-text").bounding_box()["y"] < 900 - 200, page.locator("#col1-text").bounding_box()
+    # Each update carries the new tokens' events, not every column's text and the whole chart again
+    # (4 columns x 128 tokens: 285 kB a step when it did; ~11 kB for 2 x 48 with appended HTML; the
+    # events and the run's JSON at its end: ~2.5 kB a step here)
     per_step = received["bytes"] / ANSWER_TOKENS
     save_metrics(streamed_kb_per_step_2x48=per_step / 1000)
-    assert per_step < 20_000, per_step
+    assert per_step < 8_000, per_step
     expect(page.locator("#generate")).to_be_enabled()
     expect(page.locator("#stop")).to_be_disabled()
     for column in ("col1", "col2"):
@@ -254,9 +279,9 @@ def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page
         expect(metric_cell(page, column, "tokens/s")).not_to_have_text("—")
         expect(stop_cell(page, column)).not_to_have_text("running…")
     # The page starts on the preset that shows a difference, and the headings say what made each column.
-    expect(page.locator("#col2-heading")).to_contain_text("residual")
-    expect(page.locator("#col2-heading")).to_contain_text("alpha=0.1")
-    expect(page.locator("#col1-heading")).to_contain_text("no feedback")
+    expect(page.locator("#col2-title")).to_contain_text("residual")
+    expect(page.locator("#col2-title")).to_contain_text("alpha=0.1")
+    expect(page.locator("#col1-title")).to_contain_text("no feedback")
     assert "differ at step" in status
     expect(page.locator("#col1-text .fl-diverge")).to_have_count(1)  # the text marks where they split
     expect(page.locator("#col2-text .fl-diverge")).to_have_count(1)
@@ -293,13 +318,16 @@ def test_generate_streams_both_columns_with_charts_cards_and_headings(page: Page
     page.mouse.move(5, 5)
     expect(card).to_have_count(0)
 
-    # The plain view: no spans, the same text; then back.
+    # The plain view: the same text without colours or cards, switched in the page (no server call); then back.
     coloured = {c: "".join(spans(page, c).all_text_contents()) for c in ("col1", "col2")}
     radio(page, "token-view", "plain")
+    expect(page.locator(".fl-board.fl-view-plain")).to_have_count(1)
     for column in ("col1", "col2"):
-        expect(spans(page, column)).to_have_count(0, timeout=10_000)
-        body = page.locator(f"#{column}-text .fl-text")
+        assert spans(page, column).first.evaluate("(e) => getComputedStyle(e).backgroundColor") == "rgba(0, 0, 0, 0)"
+        body = page.locator(f"#{column}-text .fl-text").first
         assert body.text_content().replace("differs from here", "") == coloured[column]
+    spans(page, "col2").nth(2).hover()
+    expect(page.locator("#fl-card.fl-open")).to_have_count(0)  # no cards in the plain view
     radio(page, "token-view", "confidence")
     expect(spans(page, "col1")).to_have_count(n_base, timeout=10_000)
     shot(page, "compare-1440-light")
@@ -343,8 +371,9 @@ def help_contrast(pg: Page, selector: str) -> float:
 
 
 def test_stop_ends_a_long_generation(page: Page, app_url: str):
-    accordion(page, "Sampling")
+    settings(page, "Model and sampling")
     set_number(page, "max-new-tokens", 1000)
+    close_settings(page)
     page.locator("#prompt textarea").fill("Write a very long story about a lighthouse keeper and the sea.")
     page.locator("#generate").click()
     expect(page.locator("#status")).to_contain_text("of 1000", timeout=RUN_TIMEOUT_MS)  # the setting took
@@ -356,6 +385,8 @@ def test_stop_ends_a_long_generation(page: Page, app_url: str):
     page.locator("#col2-actions .fl-col-stop").click()
     expect(stop_cell(page, "col2")).to_contain_text("stopped", timeout=15_000)
     col2_final = spans(page, "col2").count()
+    # it keeps what the page showed at the click: not one token more
+    assert col2_final == page.evaluate("() => window.__fl.column_stop_shown"), col2_final
     expect(stop_cell(page, "col1")).to_have_text("running…")
     before = spans(page, "col1").count()
     page.wait_for_function(f"() => document.querySelectorAll('#col1-text .fl-tok').length > {before + 3}",
@@ -375,10 +406,9 @@ def test_stop_ends_a_long_generation(page: Page, app_url: str):
     expect(page.locator("#stop")).to_be_disabled()
     expect(page.locator("#col2-actions .fl-col-stop")).to_be_hidden()
     final = spans(page, "col1").count()
-    # After the click come at most: the tokens made since the last update the page drew (one update's
-    # worth, updates going at most every 0.2 s), those made while the click travelled to the server
-    # (another), and the step in flight. An update carried up to `per_update` tokens before the stop.
-    assert at_stop <= final <= at_stop + 2 * per_update + 2, (at_stop, final, per_update)
+    # The run keeps what the page showed at the click (the page sends it): at most the update that
+    # arrived between counting here and the click itself.
+    assert at_stop <= final <= at_stop + per_update, (at_stop, final, per_update)
     page.wait_for_timeout(1_000)  # nothing may arrive after the run ended
     assert spans(page, "col1").count() == final
     assert health(app_url)["running"] == 0
@@ -388,8 +418,9 @@ def test_stop_ends_a_long_generation(page: Page, app_url: str):
 
 def test_enter_runs_and_an_input_error_leaves_the_previous_run_intact(page: Page):
     # In the prompt Shift+Enter starts a new line and Enter runs (as in the follow-up box).
-    accordion(page, "Sampling")
+    settings(page, "Model and sampling")
     set_number(page, "max-new-tokens", 12)
+    close_settings(page)
     box = page.locator("#prompt textarea")
     box.fill("Name three rivers.")
     box.press("End")
@@ -418,7 +449,7 @@ def test_enter_runs_and_an_input_error_leaves_the_previous_run_intact(page: Page
     expect(page.locator("#col2-actions button.fl-copy")).to_have_text("Copied")
     tokens = "".join(page.locator("#col2-text .fl-tok").all_text_contents())
     assert page.evaluate("() => navigator.clipboard.readText()") == tokens
-    before = {c: page.locator(f"#{c}-text .fl-text").inner_html() for c in ("col1", "col2")}
+    before = {c: page.locator(f"#{c}-text .fl-text").first.inner_html() for c in ("col1", "col2")}
     stats = page.locator("#metrics table").inner_text()
     page.locator("#prompt textarea").fill("   ")
     page.locator("#generate").click()
@@ -426,21 +457,33 @@ def test_enter_runs_and_an_input_error_leaves_the_previous_run_intact(page: Page
     expect(page.locator("#status")).to_contain_text("Not started: prompt is empty")  # line keeps saying it
     page.wait_for_timeout(500)
     for column, html in before.items():
-        assert page.locator(f"#{column}-text .fl-text").inner_html() == html
+        assert page.locator(f"#{column}-text .fl-text").first.inner_html() == html
     assert page.locator("#metrics table").inner_text() == stats
     # Gradio draws an "Error" badge over an event's outputs when it fails; none may cover the results
     assert page.evaluate(SHOWN_ERROR_BADGES) == 0
     expect(page.locator("#generate")).to_be_enabled()
     shot(page, "input-error")
+    # Another refusal, of a number out of its range: the status line says this one, not the last
+    page.locator("#prompt textarea").fill("Name three rivers.")
+    settings(page, "Model and sampling")
+    set_number(page, "temperature", -5)
+    close_settings(page)
+    page.locator("#generate").click()
+    expect(page.locator("#status")).to_contain_text("Not started: temperature", timeout=10_000)
+    expect(page.locator("[data-testid=toast-text]").last).to_contain_text("temperature")
+    settings(page, "Model and sampling")
+    set_number(page, "temperature", 0.7)
+    close_settings(page)
     # Re-run one column with a changed setting: column 2 alone, column 1 keeps its text
     expect(page.locator("#col2-actions .fl-col-stop")).to_be_hidden()  # nothing to stop while idle
     col1_tokens = page.locator("#col1-text .fl-tok").all_text_contents()
     column_settings(page, 2)
     page.locator("#col2-temperature input, #col2-temperature textarea").first.fill("0.9")
+    close_settings(page)
     page.locator("#col2-actions .fl-rerun").click()
     expect(page.locator("#status")).to_contain_text("Re-ran Feedback alone", timeout=RUN_TIMEOUT_MS)
     assert page.locator("#col1-text .fl-tok").all_text_contents() == col1_tokens  # (its divergence mark may move)
-    expect(page.locator("#col2-heading")).to_contain_text("temperature 0.9")
+    expect(page.locator("#col2-title")).to_contain_text("temperature 0.9")
     # Rate it: the rating is kept with the run in this browser's History
     page.locator("#col2-actions .fl-rate[data-verdict='better']").click()
     expect(page.locator("#status")).to_contain_text("Rated Feedback: better")
@@ -476,7 +519,7 @@ def test_every_model_tab_has_a_stop_that_frees_the_model(page: Page, app_url: st
         expect(page.locator(f"#{run}")).to_be_enabled()
 
     # Calibrate (Compare tab): 8 warm-up traces per column.
-    accordion(page, "DeepConf confidence and early stop")
+    settings(page, "DeepConf")
     page.locator("#prompt textarea").fill("Tell a long story about the sea.")
     start_then_stop("", "calibrate", "Calibrating", "Calibration stopped")
     # Perplexity and Sweep on the built-in dev split (20 documents; 12 grid points on 3 documents cut
@@ -488,7 +531,8 @@ def test_every_model_tab_has_a_stop_that_frees_the_model(page: Page, app_url: st
                                              ("Sweep", "sweep", "tokens scored (document", 3, within_point)]:
         page.get_by_role("tab", name=tab).click()
         radio(page, f"{prefix}-source", "builtin:dev")
-        if tab == "Sweep":  # 12 points on 20 documents is over the budget: refused at once, saying why
+        if tab == "Sweep":  # 12 points on 10 whole documents is over the budget: refused at once, saying why
+            set_number(page, "sweep-max-tokens", 100_000)
             page.locator("#sweep-run").click()
             expect(page.locator(".toast-body.error").last).to_contain_text("FEEDBACK_BUDGET_SCORED_TOKENS")
             expect(page.locator("#sweep-status")).to_contain_text("Not started")  # stays after the toast goes
@@ -540,12 +584,14 @@ def test_closing_the_tab_during_a_sweep_frees_the_model_within_seconds(browser: 
 def test_a_column_temperature_starts_empty_and_shows_in_its_heading(page: Page):
     field = page.locator("#col2-temperature input")
     generate(page, "Say hi.", tokens=3)
+    expect(page.locator("#col2-title")).not_to_contain_text("temperature")  # the run was given none ...
     column_settings(page, 2)
-    expect(field).to_have_value("")  # empty: the shared temperature ...
-    expect(page.locator("#col2-heading")).not_to_contain_text("temperature")  # ... and the run was given none
+    expect(field).to_have_value("")  # ... empty: the shared temperature
+    expect(page.locator("#col2-heading")).not_to_contain_text("temperature")
     field.fill("0")
     field.press("Tab")
     expect(page.locator("#col2-heading")).to_contain_text("temperature 0")  # a greedy column
+    column_settings(page, 1)
     expect(page.locator("#col1-heading")).not_to_contain_text("temperature")
 
 
@@ -558,40 +604,41 @@ def test_a_column_stacks_a_second_strategy_after_the_first(page: Page):
     expect(page.locator("#c2-about")).to_contain_text("applied in this order: inner_loop then deep_cache")
     set_number(page, "c2-deep_cache-lam", 0.05)
     expect(page.locator("#c2-preset input")).to_have_value("custom")
-    column_settings(page, 2)
     generate(page, "Name a river.", tokens=6)
-    expect(page.locator("#col2-heading")).to_contain_text("inner_loop+deep_cache")
-    expect(page.locator("#col2-heading")).to_contain_text("deep_cache.lam=0.05")
+    expect(page.locator("#col2-title")).to_contain_text("inner_loop+deep_cache")
+    expect(page.locator("#col2-title")).to_contain_text("deep_cache.lam=0.05")
     column_settings(page, 2)
     choose(page, "c2-strategy", "restate")  # prompt-level: nothing to stack it with
     expect(page.locator("#c2-stack")).to_be_hidden()
 
 
 def test_reload_from_history_restores_every_control(page: Page):
-    accordion(page, "Sampling")
+    settings(page, "Model and sampling")
     set_number(page, "temperature", 0.5)
     set_number(page, "seed", 7)
     set_number(page, "max-new-tokens", 8)
-    accordion(page, "Sampling")
     column_settings(page, 2)
     choose(page, "c2-strategy", "deep_cache")
     choose(page, "c2-preset", "tuned for perplexity")
     expect(page.locator("#c2-deep_cache-lam input")).to_have_value("0.02")
-    accordion(page, "DeepConf confidence and early stop")
+    settings(page, "DeepConf")
     set_number(page, "deepconf-window", 12)
     radio(page, "thr-mode", "fixed")
     set_number(page, "threshold", 3.25)
+    close_settings(page)
     page.locator("#prompt textarea").fill("Name a planet.")
     page.locator("#generate").click()
     expect(page.locator("#status")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
-    heading = page.locator("#col2-heading").inner_text()
+    heading = page.locator("#col2-title").inner_text()
     assert "deep_cache" in heading and "lam=0.02" in heading and "gate=0.9" in heading
     # ... then the person changes everything
     page.locator("#prompt textarea").fill("Something else entirely.")
-    accordion(page, "Sampling")
+    settings(page, "Model and sampling")
     set_number(page, "temperature", 0)
+    settings(page, "DeepConf")
     set_number(page, "deepconf-window", 32)
     radio(page, "thr-mode", "off")
+    column_settings(page, 2)
     choose(page, "c2-strategy", "anchor")
     # ... and reloads the run from History
     page.get_by_role("tab", name="History").click()
@@ -600,14 +647,19 @@ def test_reload_from_history_restores_every_control(page: Page):
     page.get_by_role("option").filter(has_text="Name a planet.").first.click()
     page.locator("#history-reload").click()
     expect(page.locator("#status")).to_contain_text("Reloaded run", timeout=10_000)
-    expected = {"temperature": "0.5", "seed": "7", "max-new-tokens": "8", "deepconf-window": "12",
-                "threshold": "3.25", "c2-strategy": "deep_cache", "c2-preset": "tuned for perplexity",
-                "c2-deep_cache-lam": "0.02", "c2-deep_cache-theta": "50", "c2-deep_cache-gate": "0.9"}
-    for elem_id, value in expected.items():
-        expect(page.locator(f"#{elem_id} input").first).to_have_value(value)
+    expected = {"Model and sampling": {"temperature": "0.5", "seed": "7", "max-new-tokens": "8"},
+                "DeepConf": {"deepconf-window": "12", "threshold": "3.25"},
+                "Column 2": {"c2-strategy": "deep_cache", "c2-preset": "tuned for perplexity",
+                             "c2-deep_cache-lam": "0.02", "c2-deep_cache-theta": "50", "c2-deep_cache-gate": "0.9"}}
+    for tab, values in expected.items():  # each settings tab looked at in turn, as a person would
+        column_settings(page, 2) if tab == "Column 2" else settings(page, tab)
+        for elem_id, value in values.items():
+            expect(page.locator(f"#{elem_id} input").first).to_have_value(value)
+        if tab == "DeepConf":
+            expect(page.locator("#thr-mode input[value=fixed]")).to_be_checked()
     expect(page.locator("#prompt textarea")).to_have_value("Name a planet.")
-    expect(page.locator("#thr-mode input[value=fixed]")).to_be_checked()
     expect(page.locator("#col2-heading")).to_contain_text("lam=0.02")
+    expect(page.locator("#col2-title")).to_contain_text("lam=0.02")  # and the board shows the run
     shot(page, "history-reload")
     # Back in History: rate a column, name the run (markup in a name stays text), find it, delete it.
     page.get_by_role("tab", name="History").click()
@@ -634,15 +686,24 @@ def test_reload_from_history_restores_every_control(page: Page):
     expect(page.locator("#history-note")).to_contain_text("0 run(s) stored")
 
 
-def test_touch_tap_and_keyboard_focus_open_the_card_and_columns_stay_side_by_side(browser: Browser, app_url: str):
+def test_a_phone_shows_one_column_at_a_time_and_tap_and_keys_open_the_card(browser: Browser, app_url: str):
     context, pg = open_app(browser, app_url, width=390, touch=True)
     try:
         generate(pg, "Explain in two sentences why the sky is blue.", 24)
-        base, fb = pg.locator("#col1-text").bounding_box(), pg.locator("#col2-text").bounding_box()
-        assert abs(base["y"] - fb["y"]) < 60 and fb["x"] >= base["x"] + base["width"] - 1  # side by side
+        # one column at a time, the whole width: its tab (or a swipe) shows another
+        expect(pg.locator("#col1-text")).to_be_visible()
+        expect(pg.locator("#col2-text")).to_be_hidden()
+        assert pg.locator("#col1-text").bounding_box()["width"] > 300
+        tabs = pg.locator(".fl-board-tab")
+        expect(tabs).to_have_count(2)
+        expect(tabs.nth(0)).to_have_attribute("aria-selected", "true")
         for name in ("Compare", "Perplexity", "Sweep", "Deep Think", "History"):  # no tab hidden behind "…"
             expect(pg.get_by_role("tab", name=name)).to_be_visible()
         shot(pg, "compare-390-light")
+        tabs.nth(1).tap()
+        expect(pg.locator("#col2-text")).to_be_visible()
+        expect(pg.locator("#col1-text")).to_be_hidden()
+        shot(pg, "compare-390-column-2", full=False)
         token = pg.locator("#col2-text .fl-tok").nth(1)
         token.tap()
         card = pg.locator("#fl-card.fl-open")
@@ -654,6 +715,7 @@ def test_touch_tap_and_keyboard_focus_open_the_card_and_columns_stay_side_by_sid
         pg.keyboard.press("Escape")
         expect(card).to_have_count(0)
         # keyboard: focus the column's first token, then move with the arrow keys
+        tabs.nth(0).tap()
         first = pg.locator("#col1-text .fl-tok").first
         first.focus()
         expect(card).to_be_visible()
@@ -693,10 +755,10 @@ def test_dark_mode_charts_are_dark_at_both_widths(browser: Browser, app_url: str
                 return 0.2126 * r + 0.7152 * g + 0.0722 * b
 
             assert lum(colours["text"]) > 150 and lum(colours["body"]) < 80, colours
-            if width == 1440:
-                column_settings(pg, 2)
-            assert help_contrast(pg, "#c2-residual-alpha") >= 4.5
             shot(pg, f"compare-{width}-dark")
+            column_settings(pg, 2)
+            assert help_contrast(pg, "#c2-residual-alpha") >= 4.5
+            close_settings(pg)
     finally:
         context.close()
 
@@ -734,22 +796,25 @@ CHART_COLOURS = """
 def test_a_prompt_session_variants_branch_follow_up_diff_and_link(page: Page, browser: Browser, app_url: str):
     """A prompt engineer's session in one page: a third column with its own prompt, a run, a
     branch from an alternative token, a follow-up turn, the diff view, and a link that restores it."""
+    settings(page, "Columns")
     page.locator("#add-column").click()
-    expect(page.locator("#col3")).to_be_visible()
-    expect(page.locator("#col4")).to_be_hidden()
+    column_tabs = page.locator("#column-tabs [role=tab]")
+    expect(column_tabs.filter(has_text="Column 3")).to_be_visible()
+    expect(page.locator("#column-tabs [role=tab]:visible").filter(has_text="Column 4")).to_have_count(0)
     column_settings(page, 3)
     expect(page.locator("#col3-heading")).to_contain_text("deep_cache")  # an added column starts on a strategy
     choose(page, "c3-strategy", "none")  # ... this one is a prompt variant instead
     page.locator("#col3-name textarea").fill("Precise")
     page.locator("#col3-prompt textarea").fill("Name the capital of France. Answer in one precise sentence.")
     expect(page.locator("#col3-heading")).to_contain_text("prompt modified")
+    column_settings(page, 2)
     expect(page.locator("#col2-heading")).not_to_contain_text("modified")
-    column_settings(page, 3)
     generate(page, "What is the capital of France?", 10)
     for n in (1, 2, 3):
         expect(page.locator(f"#col{n}-text .fl-tok").first).to_be_visible()
         expect(metric_cell(page, f"col{n}", "self-PPL")).not_to_have_text("—")
-    expect(page.locator("#col3-heading")).to_contain_text("Precise")
+    expect(page.locator("#col3-title")).to_contain_text("Precise")
+    expect(page.locator("#col3-title")).to_contain_text("prompt modified")
     page.wait_for_function(
         "() => document.querySelectorAll('#conf-plot .scatterlayer .trace').length >= 6", timeout=10_000)
     assert len(page.evaluate(CHART_COLOURS)) >= 3  # one colour per column
@@ -790,6 +855,7 @@ def test_a_prompt_session_variants_branch_follow_up_diff_and_link(page: Page, br
     expect(page.locator("#diff-legend")).to_be_visible()
     for n in (1, 2, 3):
         expect(page.locator(f"#col{n}-text .fl-diff")).to_be_visible()
+        expect(page.locator(f"#col{n}-text .fl-text").first).to_be_hidden()  # the tokens wait behind it
     shot(page, "diff-view-1440")
     radio(page, "token-view", "confidence")
 
@@ -800,7 +866,7 @@ def test_a_prompt_session_variants_branch_follow_up_diff_and_link(page: Page, br
     url = page.evaluate("() => window.location.href")
     context, fresh = open_app(browser, url, width=390, scheme="dark")
     try:
-        expect(fresh.locator("#col3")).to_be_visible()
+        expect(fresh.locator(".fl-board-tab")).to_have_count(3)  # the board shows the link's columns, empty
         expect(fresh.locator("#prompt textarea")).to_have_value("What is the capital of France?")
         expect(fresh.locator("#link-note")).to_contain_text("restored from the link")
         column_settings(fresh, 3)
@@ -809,7 +875,7 @@ def test_a_prompt_session_variants_branch_follow_up_diff_and_link(page: Page, br
             "Name the capital of France. Answer in one precise sentence.")
         expect(fresh.locator("#col3-heading")).to_contain_text("prompt modified")
         expect(fresh.locator("#c3-strategy input")).to_have_value("none")
-        fresh.locator("#sampling .label-wrap").first.click()
+        settings(fresh, "Model and sampling")
         expect(fresh.locator("#max-new-tokens input")).to_have_value("10")
         shot(fresh, "link-restored-390-dark")
         assert fresh.errors == []
@@ -823,7 +889,7 @@ def test_a_tampered_link_keeps_the_defaults_and_says_so(browser: Browser, app_ur
     try:
         expect(pg.locator("#link-note")).to_contain_text("not applied")
         expect(pg.locator("#prompt textarea")).to_have_value("")
-        expect(pg.locator("#col3")).to_be_hidden()
+        expect(pg.locator("#col3")).to_have_count(0)  # the default two columns
     finally:
         context.close()
 
@@ -846,7 +912,7 @@ def test_names_from_a_link_are_text_everywhere_they_show(browser: Browser, app_u
     """Column names reach headings from a link a stranger made: each shows as the literal text, and
     no javascript: link, event handler or dialog comes of them, restored or after a run."""
     from feedback.core.records import RowSpec, RunConfig
-    from ui import link
+    from ui.compare import link
 
     cfg = RunConfig(prompt="Say hi.", max_new_tokens=4, rows=[RowSpec(n) for n in HOSTILE_NAMES])
     context, pg = open_app(browser, f"{app_url.rstrip('/')}/?cfg={link.encode(cfg, 'markdown')}")
@@ -855,12 +921,15 @@ def test_names_from_a_link_are_text_everywhere_they_show(browser: Browser, app_u
     try:
         expect(pg.locator("#link-note")).to_contain_text("restored from the link")
         for n, name in enumerate(HOSTILE_NAMES, start=1):
-            expect(pg.locator(f"#col{n}-heading h3")).to_have_text(name)
-        assert pg.evaluate(SCRIPT_SINKS) == {"links": [], "handlers": []}
+            expect(pg.locator(f"#col{n}-title h3")).to_have_text(name)  # on the board
+            column_settings(pg, n)
+            expect(pg.locator(f"#col{n}-heading h3")).to_have_text(name)  # and above its settings
+            assert pg.evaluate(SCRIPT_SINKS) == {"links": [], "handlers": []}
+        close_settings(pg)
         pg.locator("#generate").click()
         expect(pg.locator("#status")).to_contain_text("Done in", timeout=RUN_TIMEOUT_MS)
         for n, name in enumerate(HOSTILE_NAMES, start=1):
-            expect(pg.locator(f"#col{n}-heading h3")).to_have_text(name)
+            expect(pg.locator(f"#col{n}-title h3")).to_have_text(name)
         # the link's token view came with it: the answers are formatted as Markdown
         expect(pg.locator("#token-view input[value='markdown']")).to_be_checked()
         expect(pg.locator("#col1-text .fl-markdown")).to_be_visible()
@@ -886,7 +955,7 @@ def _crafted(field: str, value: str) -> str:
     import zlib
 
     from feedback.core.records import RowSpec, RunConfig
-    from ui import link
+    from ui.compare import link
 
     cfg = RunConfig(prompt="Say hi.", max_new_tokens=4,
                     rows=[RowSpec("Baseline"), RowSpec("Feedback", "residual", {"alpha": 0.1})])
@@ -923,6 +992,8 @@ def test_markup_in_a_link_shows_as_text_and_calls_nothing(browser: Browser, app_
         if applied:
             expect(note).to_contain_text("restored from the link", timeout=LOAD_TIMEOUT_MS)
             if field == "name":
+                expect(pg.locator("#col2-title h3")).to_contain_text(markup)
+                column_settings(pg, 2)
                 expect(pg.locator("#col2-heading h3")).to_contain_text(markup)
             else:
                 expect(pg.locator("#prompt textarea")).to_have_value(markup)
@@ -943,7 +1014,7 @@ def test_markup_in_a_link_shows_as_text_and_calls_nothing(browser: Browser, app_
 
 def test_a_link_over_a_limit_is_refused_on_open_naming_the_field(browser: Browser, app_url: str):
     from feedback.core.records import RunConfig
-    from ui import link
+    from ui.compare import link
 
     data = link.encode(RunConfig(prompt="Say hi.", max_new_tokens=4096))
     context, pg = open_app(browser, f"{app_url.rstrip('/')}/?cfg={data}")
@@ -960,7 +1031,8 @@ def set_columns(pg: Page, want: int) -> None:
     the next: a click while the last one's update is on its way is dropped (Gradio runs a button's
     event once at a time), and a click read against a stale count can wait on a button the update
     then disables (four columns: no more to add). Both happened on a busy CI machine."""
-    shown = pg.locator("#columns > .column:visible")
+    settings(pg, "Columns")
+    shown = pg.locator("#column-tabs [role=tab]:visible")
     while (have := shown.count()) != want:
         pg.locator("#add-column" if have < want else "#remove-column").click()
         expect(shown).to_have_count(have + (1 if have < want else -1))
@@ -969,6 +1041,7 @@ def set_columns(pg: Page, want: int) -> None:
 def test_four_columns_stream_and_their_first_token_comes_soon(page: Page):
     set_columns(page, 4)
     expect(page.locator("#add-column")).to_be_disabled()
+    close_settings(page)
     page.evaluate("""() => {
       const obs = new MutationObserver(() => {
         if (window.__fl.seen.first4 === undefined && document.querySelector('#col4-text .fl-tok'))
@@ -985,14 +1058,29 @@ def test_four_columns_stream_and_their_first_token_comes_soon(page: Page):
         save_metrics(first_token_4_vs_2_columns=ttft4 / data["click_to_first_token_s"])
     assert 0 < ttft4 < 60, ttft4
     shot(page, "workbench-4-columns-1440")
+    # four headings side by side: each wraps rather than being cut, its badges shown
+    for n in (1, 2, 3, 4):
+        cut = page.locator(f"#col{n}-title h3").evaluate("(h) => h.scrollWidth > h.clientWidth + 1")
+        assert not cut, n
+        expect(page.locator(f"#col{n}-title")).to_be_visible()
     page.set_viewport_size({"width": 390, "height": 844})
     shot(page, "workbench-4-columns-390")
+    settings(page, "Columns")
     page.locator("#remove-column").click()
-    expect(page.locator("#col4")).to_be_hidden()
+    expect(page.locator("#column-tabs [role=tab]:visible").filter(has_text="Column 4")).to_have_count(0)
+    close_settings(page)
 
 
-SESSION_HEAP_MB = 150  # measured 31-55 MB over this session here (four runs); clicks 0.09-0.44 s in the page; before the fixes three 4-column runs of
-# 128 tokens alone took the heap from 31 to 147 MB and a History click to 33 s (/tmp probe, same Chromium)
+# The page's targets for a realistic session (4 columns x 200 new tokens, run after run in one tab):
+# the JS heap and the DOM after a collection, and how much the renderer's memory may grow from the
+# first run to the last. Before the board (each update drew whole columns of HTML again) this session
+# took the heap to 80-153 MB, the DOM to 30,000-44,000 nodes and the renderer 280 -> 1,292 MB.
+SESSION_HEAP_MB, SESSION_DOM_NODES, SESSION_RSS_GROWTH_MB = 80, 15_000, 150
+# Page done after the server's last update (target 1.5 s on an idle machine; CI shares its two cores
+# with the suite's other worker, so the test allows more, and the benchmark docs/page_stream.py
+# measures it idle). Before the board: 1.2, 0.9, 3.2, 6.7, 12.6 and 24.8 s over six runs, idle.
+SESSION_PAGE_LAG_S = 5.0
+REALISTIC_RUNS, REALISTIC_COLUMNS, REALISTIC_TOKENS = 3, 4, 200  # six runs: docs/page_stream.py
 
 
 def detached_nodes(cdp) -> tuple[int, int]:
@@ -1012,47 +1100,83 @@ def detached_nodes(cdp) -> tuple[int, int]:
     return sum(n for n, _ in trees), sum(c for _, c in trees)
 
 
-def test_a_long_session_in_one_tab_stays_light_and_answers_clicks(browser: Browser, app_url: str):
-    """One tab, ten jobs: five Compare runs of 2 to 4 columns, a follow-up, a branch, one column
-    re-run, a Deep Think of 16 traces and a Sweep. After each, the renderer's JS heap (after a collection) stays under a bound,
-    a tab click is answered (History read and drawn) in under a second, and the DOM a run replaces is
-    freed; the curve is saved."""
-    context, pg = open_app(browser, app_url)
+# The moment (Date.now()) the status line first says a run is done, after it has said it is under way:
+# until then it holds the last run's "Done in …", which a redraw of the line would match at once.
+DONE_AT_JS = """() => {
+  window.__flDone = null;
+  let running = false;
+  const line = document.querySelector('#status');
+  new MutationObserver((_, o) => {
+    const text = line.textContent;
+    if (!running) { running = /step|Waiting/.test(text) && !/Done/.test(text); return; }
+    if (/Done|stopped/.test(text)) { window.__flDone = Date.now(); o.disconnect(); }
+  }).observe(line, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def renderer(browser_cdp) -> tuple[float, float]:
+    """(CPU seconds so far, RSS MB) of the busiest renderer process: the app's tab."""
+    import psutil
+
+    info = browser_cdp.send("SystemInfo.getProcessInfo")["processInfo"]
+    r = max((p for p in info if p["type"] == "renderer"), key=lambda p: p["cpuTime"])
+    return r["cpuTime"], psutil.Process(r["id"]).memory_info().rss / 1e6
+
+
+def test_a_long_session_of_realistic_runs_keeps_the_page_with_its_model(browser: Browser, app_server):
+    """One tab, the sizes people use: three runs of 4 columns x 200 new tokens (the story example);
+    then a Stop at ~40 tokens shown, a column's Stop, a follow-up, a branch, a column re-run, a Deep
+    Think and a Sweep. After each run the page is done soon after the server's last update; the heap,
+    the DOM and the renderer's memory stay under their bounds; a tab click is answered in under a
+    second or so; what a job replaced is freed; Stop keeps what the page showed. Figures saved."""
+    runner = app_server.app.runner
+    ends: list[float] = []
+    drive = runner.drive
+
+    def watched(*args, **kwargs):  # the server's clock at each job's last update
+        for update in drive(*args, **kwargs):
+            yield update
+            ends.append(time.time())
+
+    runner.drive = watched
+    context, pg = open_app(browser, app_server.url)
     cdp = context.new_cdp_session(pg)
-    heap: list[float] = []
-    clicks: list[float] = []
-
+    browser_cdp = browser.new_browser_cdp_session()
+    heap, nodes, rss, lags, cpu, clicks = [], [], [], [], [], []
     detached: list[tuple[int, int]] = []  # (nodes, charts) no longer in the page but kept alive, after each job
+    runs = 0
 
-    def measure() -> None:
+    def settle() -> None:
         cdp.send("HeapProfiler.collectGarbage")
         metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
         heap.append(metrics["JSHeapUsedSize"] / 1e6)
+        nodes.append(cdp.send("Memory.getDOMCounters")["nodes"])
+        rss.append(renderer(browser_cdp)[1])
         left = detached_nodes(cdp)
         if left[1]:  # a chart just replaced can still have a redraw queued: released once it has run
             pg.wait_for_timeout(1_500)
             cdp.send("HeapProfiler.collectGarbage")
             left = detached_nodes(cdp)
         detached.append(left)
+
+    def history_click() -> None:
+        """From the click to the History tab showing this many runs, timed in the page."""
         pg.wait_for_timeout(500)  # the run is written to History ~0.2 s after "Done" (measured)
-        # timed in the page: from the click to the History tab showing this many runs
         pg.evaluate("""(want) => {
           window.__flClick = {t0: null, t1: null};
           document.addEventListener("click", () => { if (window.__flClick.t0 === null) window.__flClick.t0 = performance.now(); },
                                     {capture: true, once: true});
           const obs = new MutationObserver(() => {
-            // only once clicked: the note may already say so (a Deep Think or Sweep adds no run)
             if (window.__flClick.t0 !== null && (document.querySelector("#history-note")?.textContent || "").includes(want)) {
               window.__flClick.t1 = performance.now(); obs.disconnect();
             }
           });
-          window.__flObs?.disconnect();  // the last measure's, if it never fired
+          window.__flObs?.disconnect();
           window.__flObs = obs;
           obs.observe(document.body, {childList: true, subtree: true, characterData: true});
         }""", f"{runs} run(s)")
         pg.get_by_role("tab", name="History").click()
         expect(pg.locator("#history-note")).to_contain_text(f"{runs} run(s)")
-        # no mutation after the click where the note already said it: then the time it was seen shown
         clicks.append(pg.evaluate("() => ((window.__flClick.t1 ?? performance.now()) - window.__flClick.t0) / 1000"))
         pg.get_by_role("tab", name="Compare").click()
 
@@ -1064,60 +1188,109 @@ def test_a_long_session_in_one_tab_stays_light_and_answers_clicks(browser: Brows
 
     try:
         cdp.send("Performance.enable")
-        accordion(pg, "Sampling")
-        set_number(pg, "max-new-tokens", 8)
-        accordion(pg, "Sampling")
-        runs = 0
-        for n, columns in enumerate([2, 4, 3, 2, 4]):
-            set_columns(pg, columns)
-            pg.locator("#prompt textarea").fill(["Why is the sky blue?", "Name three rivers.", "A haiku."][n % 3])
+        settings(pg, "Model and sampling")
+        set_number(pg, "max-new-tokens", REALISTIC_TOKENS)
+        set_columns(pg, REALISTIC_COLUMNS)
+        close_settings(pg)
+        pg.locator("#examples input").click()  # the story example (a long answer), picked as a person does
+        pg.get_by_role("option", name="Write a short story", exact=False).first.click()
+        expect(pg.locator("#prompt textarea")).to_have_value(
+            "Write a short story about a lighthouse keeper who finds a message in a bottle.")
+        for _ in range(REALISTIC_RUNS):
+            before, cpu0 = len(ends), renderer(browser_cdp)[0]
+            pg.evaluate(DONE_AT_JS)
             done("#status", pg.locator("#generate").click)
+            pg.wait_for_function("() => window.__flDone !== null")
+            lags.append(pg.evaluate("() => window.__flDone") / 1000 - ends[-1])
+            assert len(ends) > before
+            shown = sum(spans(pg, f"col{n}").count() for n in range(1, REALISTIC_COLUMNS + 1))
+            cpu.append(1000 * (renderer(browser_cdp)[0] - cpu0) / shown)
             runs += 1
-            measure()
-        pg.locator("#follow-up textarea").fill("Say it again, shorter.")  # a Continue
+            settle()
+            history_click()
+        shot(pg, "session-4x200-1440", full=False)
+        # Stop at ~40 tokens shown: answered at once, and the run keeps what the page showed
+        pg.evaluate(TIMERS_JS)
+        pg.evaluate(DONE_AT_JS)
+        pg.locator("#generate").click()
+        pg.wait_for_function("() => document.querySelectorAll('#col1-text .fl-tok').length >= 40",
+                             timeout=RUN_TIMEOUT_MS)
+        pg.locator("#stop").click()
+        expect(pg.locator("#status")).to_contain_text("stopped", timeout=RUN_TIMEOUT_MS)
+        pg.wait_for_function("() => window.__flDone !== null")
+        stop_s = pg.evaluate("() => window.__flDone - (performance.timeOrigin + window.__fl.clicks.stop)") / 1000
+        shown_at_stop = spans(pg, "col1").count()
+        pg.wait_for_timeout(1_000)
+        assert spans(pg, "col1").count() == shown_at_stop  # nothing arrives after
+        runs += 1
+        # a column's Stop, at ~40 tokens: that column keeps exactly what the page showed of it
+        pg.evaluate(TIMERS_JS)
+        pg.locator("#generate").click()
+        pg.wait_for_function("() => document.querySelectorAll('#col2-text .fl-tok').length >= 40",
+                             timeout=RUN_TIMEOUT_MS)
+        pg.locator("#col2-actions .fl-col-stop").click()
+        expect(stop_cell(pg, "col2")).to_contain_text("stopped", timeout=15_000)
+        pg.locator("#stop").click()  # the others need not run on to 200 tokens here
+        expect(pg.locator("#status")).to_contain_text("Done", timeout=RUN_TIMEOUT_MS)
+        assert spans(pg, "col2").count() == pg.evaluate("() => window.__fl.column_stop_shown")
+        runs += 1
+        settle()
+        # the rest of a session, shorter: a follow-up, a branch, one column again, a Deep Think, a Sweep
+        settings(pg, "Model and sampling")
+        set_number(pg, "max-new-tokens", 24)
+        close_settings(pg)
+        pg.locator("#follow-up textarea").fill("Say it again, shorter.")
         done("#status", lambda: pg.locator("#follow-up textarea").press("Enter"))
         runs += 1
-        measure()
         pg.locator("#col2-text .fl-tok").nth(2).click()  # a branch from an alternative
         done("#status", pg.locator("#fl-card button.fl-alt").nth(1).click)
         runs += 1
-        measure()
         done("#status", pg.locator("#col2-actions .fl-rerun").click)  # one column again
         runs += 1
-        measure()
+        settle()
+        history_click()
         pg.get_by_role("tab", name="Deep Think").click()
         set_number(pg, "dt-traces", 16)
         set_number(pg, "dt-warmup", 1)
         set_number(pg, "dt-max-new", 8)
         done("#dt-status", pg.locator("#dt-run").click)
-        measure()
         pg.get_by_role("tab", name="Sweep").click()
+        radio(pg, "sweep-source", "pasted text")
         pg.locator("#sweep-text textarea").fill("Rivers carry water to the sea. The sea gives it back as rain. " * 3)
         pg.locator("#sweep-grid-x textarea").fill("lam=0,0.05")
         pg.locator("#sweep-grid-y textarea").fill("")
         done("#sweep-status", pg.locator("#sweep-run").click)
-        # the best point (lam=0.05: lam=0 is the baseline) goes to column 3, the first on deep_cache
+        # the best point (lam=0.05: lam=0 is the baseline) beats the baseline on this text and goes to
+        # column 3, the first on deep_cache
         pg.locator("#sweep-send").click()
         expect(pg.get_by_role("tab", name="Compare")).to_have_attribute("aria-selected", "true")
+        column_settings(pg, 3)
         expect(pg.locator("#col3-heading")).to_contain_text("Sweep best · deep_cache")
         expect(pg.locator("#col3-heading")).to_contain_text("lam=0.05")
-        measure()
-        save_metrics(session_heap_mb_max=max(heap), session_heap_mb_first=heap[0], session_click_s_max=max(clicks))
-        print("session heap MB:", [round(h, 1) for h in heap], "clicks s:", [round(c, 2) for c in clicks])
+        close_settings(pg)
+        settle()
+        save_metrics(session_page_lag_s_max=max(lags), session_heap_mb_max=max(heap), session_dom_nodes_max=max(nodes),
+                     session_rss_growth_mb=rss[REALISTIC_RUNS - 1] - rss[0], session_click_s_max=max(clicks),
+                     session_stop_s=stop_s, session_renderer_cpu_ms_per_token=sum(cpu) / len(cpu))
+        print("page lag s:", [round(x, 2) for x in lags], "heap MB:", [round(h, 1) for h in heap], "DOM:", nodes,
+              "renderer RSS MB:", [round(r) for r in rss], "renderer CPU ms/token:", [round(c, 2) for c in cpu],
+              "clicks s:", [round(c, 2) for c in clicks], "stop s:", round(stop_s, 2))
+        assert max(lags) < SESSION_PAGE_LAG_S, lags
         assert max(heap) < SESSION_HEAP_MB, heap
-        # What a job replaced must not stay alive. Gradio's Plot kept every replaced chart (~900
-        # nodes a Compare run, ~200 listeners) until the page purged charts that leave it; its
-        # Dataframe kept every row it drew, so History (redrawn after each run) grew by its whole
-        # table each time until it became an HTML table. A few hundred small nodes come and go. The
-        # last job's jump is the Deep Think tab's table, out of the page while its tab is hidden and
-        # back when it is shown (measured: repeated Deep Think runs leave nothing behind).
+        # the Compare session's DOM (the last count has the Deep Think and Sweep tabs' charts and tables)
+        assert max(nodes[:-1]) < SESSION_DOM_NODES, nodes
+        assert rss[REALISTIC_RUNS - 1] - rss[0] < SESSION_RSS_GROWTH_MB, rss
+        assert stop_s < SESSION_PAGE_LAG_S, stop_s
+        # What a job replaced must not stay alive (Gradio's Plot once kept every replaced chart; its
+        # Dataframe every row it drew). A few hundred small nodes come and go. The last count has the
+        # Deep Think tab's table, out of the page while its tab is hidden and back when it is shown.
         print("detached DOM nodes, charts after each job:", detached)
         assert all(charts == 0 for _, charts in detached), detached
-        assert max(n for n, _ in detached[:8]) < 1_000, detached  # the Compare runs, follow-ups and History
-        # 1.5 s: CI's two cores are shared by the suite's other worker, this server and the browser (a
-        # click once took 1.05 s there); the fault this guards against took 33 s
+        assert max(n for n, _ in detached[:-1]) < 1_000, detached
+        # 1.5 s: CI's two cores are shared by the suite's other worker, this server and the browser
         assert max(clicks) < 1.5, clicks
         assert not pg.errors, pg.errors
         assert pg.evaluate(DUPLICATE_IDS) == []  # every tab has been drawn by now
     finally:
+        runner.drive = drive
         context.close()

@@ -301,7 +301,7 @@ def test_a_run_reloaded_from_history_is_checked_like_a_new_request(client, confi
         client.predict([_saved_run(**config)], ["r1"], "plain", api_name="/reload")
     # so nothing was restored: Continue and branch have no run to go on from
     with pytest.raises(AppError, match="run a prompt first"):
-        client.predict("more", "plain", api_name="/continue")
+        client.predict("more", api_name="/continue")
 
 
 @pytest.mark.parametrize("route", ["continue", "branch"])
@@ -444,7 +444,7 @@ def test_hostile_values_at_every_gradio_endpoint_get_a_message_not_a_traceback(c
     assert answered > 100 and client.predict("Hi", model="tiny", max_new_tokens=2, api_name="/compare")[-1]["rows"]
     for choice in ("[" * 3000 + "]" * 3000, "[" * 400 + "]" * 400):  # branch requests of deeply nested JSON text
         with pytest.raises(AppError, match="choose an alternative token"):
-            client.predict(choice, True, "plain", api_name="/branch")
+            client.predict(choice, True, api_name="/branch")
     log = capfd.readouterr()
     assert "Traceback" not in log.err + log.out, (log.err + log.out)[-6000:]
 

@@ -20,8 +20,10 @@ def test_every_registered_parameter_gets_a_control_with_its_api_name():
     assert p.keys == expected and set(p.groups) == set(REGISTRY)
     assert p.api_names[:3] == ["residual_alpha", "residual_source_layer", "residual_target_layer"]
     alpha = p.component("residual", "alpha")
-    # a number box with bounds: a typed 5 is refused with a message instead of silently becoming 1
-    assert isinstance(alpha, gr.Number) and (alpha.minimum, alpha.maximum) == (-1.0, 1.0)
+    # a number box that says its range; a typed 5 reaches the strategy, which refuses it naming alpha
+    # (a box's own bounds would have Gradio refuse it in its own words, before any handler)
+    assert isinstance(alpha, gr.Number) and (alpha.minimum, alpha.maximum) == (None, None)
+    assert "(-1 to 1)" in alpha.info
     layer = p.component("residual", "source_layer")
     assert isinstance(layer, gr.Slider) and (layer.minimum, layer.maximum, layer.step) == (0, 29, 1)
     window = p.component("deep_cache", "window")  # 1 to 100,000: typed, not dragged
@@ -113,9 +115,11 @@ def test_a_bound_number_box_takes_its_range_and_hint_from_the_bound():
     with gr.Blocks():
         whole = bound_number(trials, 12)
         share = bound_number(eta, 50, label="custom η %", info="the share kept")
-    assert (whole.minimum, whole.maximum, whole.precision, whole.label, whole.info) == (1, 24, 0, "trials", "1 to 24")
-    assert (share.minimum, share.maximum, share.precision) == (0.0001, 100, None)
-    assert share.label == "custom η %" and share.info == "the share kept"
+    # the range is said, and checked by the handler (Bound.check), not by the box (see bound_number)
+    assert (whole.minimum, whole.maximum, whole.precision, whole.label, whole.info) == (None, None, 0, "trials",
+                                                                                        "1 to 24")
+    assert (share.minimum, share.maximum, share.precision) == (None, None, None)
+    assert share.label == "custom η %" and share.info == "the share kept; 0.0001 to 100"
 
 
 def test_strategy_controls_by_their_api_names():

@@ -9,6 +9,8 @@ import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
 
+from ui.compare import stream
+
 
 @pytest.fixture()
 def client(app_url):
@@ -18,20 +20,21 @@ def client(app_url):
 def test_every_handler_has_a_named_endpoint(client):
     names = set(client.view_api(return_format="dict", print_info=False)["named_endpoints"])
     assert {"/compare", "/continue", "/branch", "/link", "/new_conversation", "/calibrate", "/stop", "/memory",
-            "/rerender", "/select_model", "/history", "/export_json", "/export_csv", "/export_llm_comparator",
+            "/select_model", "/history", "/export_json", "/export_csv", "/export_llm_comparator",
             "/reload", "/perplexity", "/stop_perplexity", "/sweep", "/stop_sweep", "/deepthink",
             "/stop_deepthink"} <= names
 
 
-def columns_of(outputs: tuple, n: int) -> list[dict]:
-    """Compare's outputs as the API returns them: per column slot (4) its heading, conversation and
-    text, then the metrics table, the column count, the diff legend, both charts, the status and the run."""
-    cols = [dict(zip(("heading", "turns", "text"), outputs[3 * i:3 * i + 3])) for i in range(4)]
-    return cols[:n]
+def columns_of(outputs: tuple) -> list[dict]:
+    """Compare's columns from its outputs as the API returns them (the board's document, the metrics
+    table, both charts, the status and the run): each column's heading and its text."""
+    events = stream.parse(outputs[0])
+    heads = events[0][1]["columns"]
+    return [head | {"text": "".join(e[4] for e in events if e[0] == "t" and e[1] == i)} for i, head in enumerate(heads)]
 
 
 def metrics_of(outputs: tuple) -> str:
-    return outputs[12]
+    return outputs[1]
 
 
 def test_compare_streams_both_rows_with_records(client):
@@ -40,9 +43,9 @@ def test_compare_streams_both_rows_with_records(client):
     updates = list(job)
     assert len(updates) >= 2  # streamed, not one final answer
     out = job.outputs()[-1]
-    (base, fb), (conf_plot, status, run) = columns_of(out, 2), (out[-4], out[-2], out[-1])
-    assert "fl-tok" in base["text"] and "fl-tok" in fb["text"] and "Paris" in base["text"]
-    assert "Baseline" in base["heading"] and "residual" in fb["heading"] and "alpha=0.3" in fb["heading"]
+    (base, fb), (conf_plot, status, run) = columns_of(out), (out[-4], out[-2], out[-1])
+    assert "Paris" in base["text"] and [base["text"], fb["text"]] == [r["text"] for r in run["rows"]]
+    assert base["name"] == "Baseline" and fb["strategy"] == "residual" and "alpha=0.3" in fb["params"]
     metrics = metrics_of(out)
     assert "<th scope=\"col\">" in metrics and "tokens" in metrics and "self-PPL" in metrics and "Done in" in status
     assert conf_plot["type"] == "plotly" and "group conf" in conf_plot["plot"]
@@ -64,29 +67,29 @@ def test_three_columns_with_their_own_prompts_then_continue_and_branch(client):
                          c2_name="Precise", c2_prompt="What is the capital of France? Answer in one precise sentence.",
                          c3_name="Anchor", c3_strategy="anchor", c3_prompt="Capital of France?",
                          key_facts="Paris", api_name="/compare")
-    cols, run = columns_of(out, 3), out[-1]
+    cols, run = columns_of(out), out[-1]
     assert [r["name"] for r in run["rows"]] == ["Baseline", "Precise", "Anchor"]
     assert [r["prompt"] for r in run["config"]["rows"]] == [
         None, "What is the capital of France? Answer in one precise sentence.", "Capital of France?"]
-    assert "prompt modified" in cols[1]["heading"] and "prompt modified" not in cols[0]["heading"]
-    assert "key facts" in metrics_of(out) and all("fl-tok" in c["text"] for c in cols)
-    follow = client.predict("And of Italy?", "confidence", api_name="/continue")[-1]
+    assert "prompt modified" in cols[1]["badges"] and "prompt modified" not in cols[0]["badges"]
+    assert "key facts" in metrics_of(out) and [c["text"] for c in cols] == [r["text"] for r in run["rows"]]
+    follow = client.predict("And of Italy?", api_name="/continue")[-1]
     assert [r["name"] for r in follow["rows"]] == ["Baseline", "Precise", "Anchor"]
     history = follow["config"]["rows"][1]["messages"]
     assert history[0]["content"].startswith("What is the capital of France? Answer") and \
         history[1]["content"] == run["rows"][1]["text"]  # each column's own previous answer
     alt = follow["rows"][2]["steps"][1]["top"][1]["token_id"]
     request = '{"row": "Anchor", "step": 1, "token_id": %d}' % alt
-    branched = client.predict(request, True, "confidence", api_name="/branch")[-1]
+    branched = client.predict(request, True, api_name="/branch")[-1]
     steps = branched["rows"][2]["steps"]
     assert steps[1]["token_id"] == alt and steps[1]["forced"] and steps[0]["forced"] and not steps[2]["forced"]
     assert branched["rows"][0]["steps"][1]["token_id"] == alt  # every column forced at the same step
     with pytest.raises(AppError, match="unknown row"):
-        client.predict('{"row": "Nope", "step": 1, "token_id": 5}', True, "confidence", api_name="/branch")
+        client.predict('{"row": "Nope", "step": 1, "token_id": 5}', True, api_name="/branch")
 
 
 def test_a_copied_link_restores_the_same_run(client):
-    from ui import link
+    from ui.compare import link
 
     data = client.predict("Say hi.", "", True, "embedded", 0.0, 1.0, 0, 0.0, 1.0, 5, 0, 20, 32, "off", 4.5, "", "",
                           3, c3_name="Third", c3_strategy="deep_cache", api_name="/link")
@@ -107,7 +110,8 @@ def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(client):
         (dict(prompt="hi", temperature="NaN"), "temperature must be finite, got 'NaN'"),
         (dict(prompt="hi", seed=-5), "seed must be at least 0, got -5"),
         (dict(prompt="hi", model="evil/model"), "Model must be one of: embedded; got 'evil/model'"),
-        (dict(prompt="hi", c2_residual_alpha=5.0), r"column 2: alpha must be between -1 and 1, got 5"),  # not clamped
+        # not clamped: refused by the strategy, naming the column and the parameter
+        (dict(prompt="hi", c2_residual_alpha=5.0), r"row 'Feedback': parameter alpha=5.0 is out of range \[-1.0, 1.0\]"),
         (dict(prompt="hi", c2_strategy="nope"), "column 2: Feedback strategy must be one of: none, .*; got 'nope'"),
         (dict(prompt="hi", columns=5), "columns must be between 2 and 4, got 5"),
         (dict(prompt={"nested": [1]}), r"Prompt must be text, got \{'nested': \[1\]\}"),
@@ -157,7 +161,8 @@ def test_reload_restores_the_prompt_and_every_setting(client):
     assert (prompt, chat, temperature, max_new, seed, k, window) == ("Name a planet.", True, 0.5, 6, 7, 20, 12)
     assert "soft_token" in out and 0.25 in out  # the strategy and its parameter come back too
     assert 3 in out and "Name a planet, briefly." in out  # the third column and its own prompt
-    assert any(isinstance(v, str) and run["rows"][0]["text"].strip()[:5] in v and "fl-tok" not in v for v in out)
+    (board,) = [v for v in out if isinstance(v, str) and v.startswith('["run"')]  # the board draws the run whole
+    assert "".join(e[4] for e in stream.parse(board) if e[0] == "t" and e[1] == 0) == run["rows"][0]["text"]
     with pytest.raises(AppError, match="choose a run to reload"):
         client.predict([], [], "plain", api_name="/reload")
     with pytest.raises(AppError, match="choose a run to reload"):

@@ -1,9 +1,8 @@
-"""HTML rendering of tokens and stats: escaping, detail cards, the absolute colour scale, the
-divergence marker, live mode, branch data on tokens, the diff view, quality metrics and best marks,
-column headings and conversation bubbles."""
+"""HTML the server renders: the diff and Markdown views of finished answers, the metrics table and
+best marks, quality metrics, column headings, legends, escaping everywhere. (The Compare columns'
+tokens are events drawn by the page: tests/ui/compare/test_stream.py.)"""
 from __future__ import annotations
 
-import json
 import random
 import re
 import time
@@ -13,11 +12,10 @@ from html.parser import HTMLParser
 import pytest
 
 from feedback.core.records import Alternative, RowResult, StepRecord
-from ui.render import (CONFIDENCE_BINS, best_marks, column_heading, confidence_legend, diff_legend, render_diff,
-                       render_metrics, render_tokens, render_turns, token_color)
+from ui.render import (best_marks, column_heading, diff_html, diff_legend,
+                       render_metrics)
 from ui.render import md_text
 from ui import render
-from ui.theme import CSS, HEAD
 
 HOSTILE = ['<img src=x onerror=alert(1)>', '"><script>alert(1)</script>', "' onmouseover='x"]
 
@@ -53,116 +51,6 @@ def parse(html: str) -> list[tuple[str, dict[str, str | None]]]:
     return collector.tags
 
 
-def hostile_steps() -> list[StepRecord]:
-    alts = [Alternative(token_id=i, text=t, prob=0.1) for i, t in enumerate(HOSTILE)]
-    return [make_step(i, t, confidence=1.0 + i, top=alts) for i, t in enumerate(HOSTILE)]
-
-
-def cards(html: str) -> list[dict]:
-    return [json.loads(a["data-card"]) for tag, a in parse(html) if tag == "span" and "data-card" in a]
-
-
-@pytest.mark.parametrize("mode", ["plain", "confidence"])
-def test_hostile_text_is_escaped(mode: str) -> None:
-    html = render_tokens(hostile_steps(), mode=mode)
-    assert "<img" not in html and "<script" not in html
-    tags = parse(html)
-    assert {tag for tag, _ in tags} <= {"div", "span"}
-    for _, attrs in tags:
-        assert set(attrs) <= {"class", "style", "tabindex", "data-card", "data-step"}
-    assert len(cards(html)) == (len(HOSTILE) if mode == "confidence" else 0)
-
-
-def test_hostile_text_round_trips_through_the_card_data() -> None:
-    """The card data decodes back to the raw strings (the page script shows them as text only)."""
-    found = cards(render_tokens(hostile_steps()))
-    assert [c["title"] for c in found] == [t.replace(" ", "·") for t in HOSTILE]
-    assert [a[0] for a in found[0]["top"]] == [t.replace(" ", "·") for t in HOSTILE]
-    assert "textContent" in HEAD and "innerHTML" not in HEAD
-
-
-def test_card_has_probability_confidence_and_top5() -> None:
-    probs = [0.4, 0.2, 0.1, 0.05, 0.03, 0.01]
-    top = [Alternative(token_id=100 + 7 if i == 0 else i, text=f"alt{i}", prob=p) for i, p in enumerate(probs)]
-    step = make_step(7, "hello", confidence=2.5, prob=0.4, group=1.75, top=top)
-    (card,) = cards(render_tokens([step]))
-    rows = dict(card["rows"])
-    assert rows == {"probability": "40.0%", "confidence": "2.50", "entropy": "0.25 nats",
-                    "group confidence": "1.75", "step": "7"}
-    assert [t for t, _, _, _ in card["top"]] == [f"alt{i}" for i in range(5)]
-    assert [chosen for _, _, chosen, _ in card["top"]] == [True, False, False, False, False]
-    assert [token_id for _, _, _, token_id in card["top"]] == [107, 1, 2, 3, 4]
-
-
-def test_only_the_first_token_is_in_the_tab_order() -> None:
-    spans = [a for tag, a in parse(render_tokens([make_step(i, "x") for i in range(4)])) if tag == "span"]
-    assert [a["tabindex"] for a in spans] == ["0", "-1", "-1", "-1"]  # arrow keys move between tokens
-    assert "ArrowRight" in HEAD and "focusin" in HEAD and '"click"' in HEAD
-
-
-def test_whitespace_tokens_visible_in_card_but_kept_in_text() -> None:
-    html = render_tokens([make_step(0, " "), make_step(1, "\n")])
-    assert [c["title"] for c in cards(html)] == ["·", "↵"]
-    assert ">\n</span>" in html and "> </span>" in html
-
-
-def test_colour_scale_is_absolute_and_stronger_for_lower_confidence() -> None:
-    """The same confidence gets the same colour in every run, whatever the other tokens are."""
-    alone = render_tokens([make_step(0, "a", 4.5)])
-    mixed = render_tokens([make_step(0, "a", 4.5), make_step(1, "b", 12.0), make_step(2, "c", 1.0)])
-    colour = re.findall(r"background-color: ([^\"]+)", alone)[0]
-    assert re.findall(r"background-color: ([^\"]+)", mixed)[0] == colour == token_color(4.5)
-    alphas = [float(re.findall(r"([\d.]+)\)$", token_color(c))[0]) if "rgba" in token_color(c) else 0.0
-              for c in (2.0, 4.5, 6.0, 8.0, 15.0)]
-    assert alphas == sorted(alphas, reverse=True) and alphas[-1] == 0.0
-    assert token_color(float("nan")) == "transparent"
-    legend = confidence_legend()
-    assert all(escape(label) in legend for _, label, _ in CONFIDENCE_BINS) and "k = 20" in legend
-
-
-def test_divergence_marker_sits_before_the_first_different_token() -> None:
-    steps = [make_step(i, f"t{i}") for i in range(4)]
-    for mode in ("confidence", "plain"):
-        html = render_tokens(steps, mode=mode, diverge_at=2)
-        before, after = html.split("differs from here")
-        assert "t1" in before and "t2" not in before and "t2" in after
-        assert "differs from here" not in render_tokens(steps, mode=mode)
-        assert "differs from here" not in render_tokens(steps, mode=mode, diverge_at=9)
-    assert ".fl-diverge ~ .fl-tok" in CSS  # everything after it is underlined
-
-
-def test_plain_mode_preserves_newlines_and_spacing() -> None:
-    html = render_tokens([make_step(0, "a  b"), make_step(1, "\n\n"), make_step(2, "c & d")], mode="plain")
-    assert html == '<div class="fl-text">a  b\n\nc &amp; d</div>'
-    assert "<br" not in html and "pre-wrap" in CSS
-
-
-def test_caret_only_when_live() -> None:
-    steps = [make_step(0, "a")]
-    for mode in ("plain", "confidence"):
-        assert render_tokens(steps, mode=mode, live=True).startswith('<div class="fl-text fl-live"')
-        assert "fl-live" not in render_tokens(steps, mode=mode) and render_tokens(steps, mode=mode).endswith("</div>")
-    assert "@keyframes" in CSS and ".fl-text.fl-live::after" in CSS
-
-
-@pytest.mark.parametrize("mode", ["confidence", "plain"])
-def test_a_streaming_text_only_grows(mode: str) -> None:
-    """Each live update begins with the one before (until the columns part, which marks the text
-    once), so Gradio's streaming diff sends only the new tokens, not the whole text each step."""
-    steps = [make_step(i, f" w{i}") for i in range(6)]
-    cache = render.SpanCache()
-    shown = [render_tokens(steps[:n], mode, live=True, cache=cache, row="B") for n in range(1, 7)]
-    assert all(later.startswith(earlier) for earlier, later in zip(shown, shown[1:]))
-    parted = [render_tokens(steps[:n], mode, live=True, diverge_at=2, row="B") for n in range(3, 7)]
-    assert all(later.startswith(earlier) for earlier, later in zip(parted, parted[1:]))
-    assert len(shown[-1]) - len(shown[-2]) < len(shown[-1]) / 3  # one token's worth, not the text again
-
-
-def test_empty_steps_placeholder() -> None:
-    assert "fl-empty" in render_tokens([])
-    assert "fl-live" in render_tokens([], live=True)
-
-
 def test_column_heading_names_strategy_and_parameters() -> None:
     assert column_heading("Baseline", None, {}).startswith(
         '<h3 class="fl-heading fl-colhead" title="Baseline">Baseline</h3>')
@@ -192,7 +80,7 @@ def test_md_text_makes_text_literal_inside_markdown() -> None:
 
 
 def stats(html: str) -> dict[str, str]:
-    return dict(re.findall(r'<tr><th scope="row">(.*?)</th><td>(.*?)</td></tr>', html))
+    return dict(re.findall(r'<tr><th scope="row">(.*?)</th><td[^>]*>(.*?)</td></tr>', html))
 
 
 def render_stats(row: RowResult, live: bool = False, best: set[str] | None = None) -> str:
@@ -207,6 +95,16 @@ def test_stats_final_row_uses_metrics() -> None:
     values = stats(render_stats(row))
     assert values == {"tokens": "2", "tokens/s": "42.2", "mean confidence": "2.00",
                       "lowest group confidence": "1.50", "stop": "early_stop @ step 1"}
+
+
+def test_a_columns_speed_says_how_it_was_measured() -> None:
+    """A column re-run alone decoded one row a step, its neighbours all of theirs together: its
+    tokens/s is marked (alone) and both cells say what their figure means."""
+    steps = [make_step(0, "a", time_ms=500.0), make_step(1, "b", time_ms=100.0)]
+    batched, alone = make_row(steps, tokens_per_s=4.6), make_row(steps, tokens_per_s=9.9, metrics={"rerun_alone": True})
+    html = render_metrics([batched, alone])
+    assert stats(render_stats(alone))["tokens/s"] == "9.9 (alone)" and stats(render_stats(batched))["tokens/s"] == "4.6"
+    assert escape(render.RERUN_RATE_NOTE, quote=True) in html and escape(render.RATE_NOTE, quote=True) in html
 
 
 def test_stats_live_computed_from_steps() -> None:
@@ -227,43 +125,6 @@ def test_stats_missing_values_and_escaping() -> None:
     assert empty["mean confidence"] == "—" and empty["stop"] == "—"
     html = render_stats(make_row([], stop_reason="<script>x</script>"))
     assert "<script" not in html and not any(tag == "script" for tag, _ in parse(html))
-
-
-# ---- branch data on tokens ----
-
-def test_tokens_carry_their_step_and_the_container_its_row() -> None:
-    steps = [make_step(i, f"t{i}") for i in range(3)]
-    tags = parse(render_tokens(steps, row="feedback"))
-    assert tags[0] == ("div", {"class": "fl-text", "data-row": "feedback"})
-    assert [a["data-step"] for tag, a in tags if tag == "span"] == ["0", "1", "2"]
-    assert "data-row" not in render_tokens(steps)  # callers that name no row get what they had
-    assert parse(render_tokens([], row="b"))[0][1]["data-row"] == "b"
-
-
-@pytest.mark.parametrize("name", HOSTILE + ['a "quoted" name', "it's & <b>"])
-def test_row_name_is_escaped_in_the_container(name: str) -> None:
-    for mode in ("plain", "confidence"):
-        html = render_tokens([make_step(0, "x")], mode=mode, row=name)
-        assert "<img" not in html and "<script" not in html and "<b>" not in html
-        assert parse(html)[0][1]["data-row"] == name  # a browser reads the name back intact
-
-
-def test_card_alternatives_carry_token_ids_for_the_branch_buttons() -> None:
-    top = [Alternative(token_id=t, text=f"w{t}", prob=0.2) for t in (9, 100, 31)]
-    (card,) = cards(render_tokens([make_step(0, "x", top=top)]))
-    assert card["top"] == [["w9", 0.2, False, 9], ["w100", 0.2, True, 100], ["w31", 0.2, False, 31]]
-    assert "for (const [text, p, chosen, tokenId] of d.top)" in HEAD  # the id a branch button sends
-
-
-def test_the_chosen_token_is_marked_and_the_replay_quietly() -> None:
-    steps = [make_step(0, "a"), make_step(1, "b"), make_step(2, "c")]
-    steps[0].forced = steps[1].forced = steps[1].chosen = True  # step 0 replayed, step 1 the person's choice
-    html = render_tokens(steps)
-    classes = [a["class"] for tag, a in parse(html) if tag == "span"]
-    assert classes == ["fl-tok fl-replayed", "fl-tok fl-forced", "fl-tok"]
-    rows = [dict(c["rows"]) for c in cards(html)]
-    assert rows[0]["forced"] == "replayed: the text before the branch"
-    assert rows[1]["forced"] == "yes — chosen by you (branch)" and "forced" not in rows[2]
 
 
 # ---- diff view ----
@@ -304,12 +165,12 @@ def test_diff_marks_inserted_replaced_and_missing_words() -> None:
     ids: dict[str, int] = {}
     ref = word_steps(["The", " cat", " sat", " on", " the", " mat", "."], ids)
     col = word_steps(["The", " cat", " lay", " on", " a", " big", " mat", "."], ids)
-    html = render_diff(ref, col)
-    assert html == ('<div class="fl-text fl-diff">The cat '
+    html = diff_html(ref, col)
+    assert html == ('The cat '
                     '<del class="fl-del" title="only in column 1">sat</del>'
                     '<mark class="fl-ins" title="not in column 1">lay</mark> on '
                     '<del class="fl-del" title="only in column 1">the</del>'
-                    '<mark class="fl-ins" title="not in column 1">a big</mark> mat.</div>')
+                    '<mark class="fl-ins" title="not in column 1">a big</mark> mat.')
     assert shown_text(html) == "The cat lay on a big mat."
 
 
@@ -318,16 +179,16 @@ def test_diff_is_plain_before_the_first_different_token() -> None:
     ids: dict[str, int] = {}
     ref = word_steps(["a", " b", " c", " x", " y"], ids)
     col = word_steps(["a", " b", " c", " y"], ids)
-    html = render_diff(ref, col)
+    html = diff_html(ref, col)
     before, _ = html.split("<del")
-    assert before == '<div class="fl-text fl-diff">a b c ' and shown_text(html) == "a b c y"
+    assert before == 'a b c ' and shown_text(html) == "a b c y"
 
 
 def test_diff_compares_a_word_split_across_tokens_whole() -> None:
     ids: dict[str, int] = {}
     ref = word_steps(["Hello", " Par", "is", "!"], ids)
     col = word_steps(["Hello", " Par", "king", "!"], ids)
-    html = render_diff(ref, col)
+    html = diff_html(ref, col)
     assert ">Paris!</del>" in html and ">Parking!</mark>" in html
     assert shown_text(html) == "Hello Parking!"
 
@@ -335,33 +196,28 @@ def test_diff_compares_a_word_split_across_tokens_whole() -> None:
 def test_diff_of_the_reference_itself_or_an_identical_column_is_plain() -> None:
     ids: dict[str, int] = {}
     ref = word_steps(["x", " <y>"], ids)
-    assert render_diff(ref, ref) == '<div class="fl-text fl-diff">x &lt;y&gt;</div>'
-    assert render_diff(ref, word_steps(["x", " <y>"], ids)) == render_diff(ref, ref)
-    assert "fl-empty" in render_diff(ref, [])
-    assert render_diff(ref, ref, live=True).startswith('<div class="fl-text fl-diff fl-live">')
+    assert diff_html(ref, ref) == 'x &lt;y&gt;'
+    assert diff_html(ref, word_steps(["x", " <y>"], ids)) == diff_html(ref, ref)
+    assert shown_text(diff_html(ref, [])) == ""  # an empty answer: column 1's words, struck
 
 
-def test_diff_of_a_prefix_and_while_streaming() -> None:
-    """A column that stopped early lacks column 1's last words; while it streams, it may still write
-    them, so they are not shown as missing."""
+def test_diff_of_a_prefix() -> None:
+    """A column that stopped early lacks column 1's last words: they show as missing."""
     ids: dict[str, int] = {}
     ref = word_steps(["one", " two", " three"], ids)
     short = word_steps(["one", " two"], ids)
-    done = render_diff(ref, short)
-    assert done.endswith('<del class="fl-del" title="only in column 1">three</del></div>')
-    assert "<del" not in render_diff(ref, short, live=True)
-    longer = render_diff(short, ref)
-    assert longer.endswith('<mark class="fl-ins" title="not in column 1">three</mark></div>')
+    assert diff_html(ref, short).endswith('<del class="fl-del" title="only in column 1">three</del>')
+    assert diff_html(short, ref).endswith('<mark class="fl-ins" title="not in column 1">three</mark>')
 
 
 def test_diff_escapes_hostile_text_and_reconstructs_it() -> None:
     ids: dict[str, int] = {}
     ref = word_steps(["ok", " " + HOSTILE[1], " end"], ids)
     col = word_steps(["ok", " " + HOSTILE[0], " " + HOSTILE[2], " end"], ids)
-    html = render_diff(ref, col)
+    html = diff_html(ref, col)
     assert "<img" not in html and "<script" not in html
     tags = parse(html)
-    assert {tag for tag, _ in tags} <= {"div", "mark", "del"}
+    assert {tag for tag, _ in tags} <= {"mark", "del"}
     assert all(set(attrs) <= {"class", "title"} for _, attrs in tags)
     assert shown_text(html) == "".join(s.text for s in col)
 
@@ -373,7 +229,7 @@ def test_diff_reconstructs_long_texts_quickly() -> None:
     ref = word_steps([rng.choice(vocab) + rng.choice([" ", "", "\n"]) for _ in range(1000)], ids)
     col = word_steps([s.text if rng.random() < 0.7 else rng.choice(vocab) for s in ref], ids)
     start = time.perf_counter()
-    html = render_diff(ref, col)
+    html = diff_html(ref, col)
     assert time.perf_counter() - start < 2.0
     assert shown_text(html) == "".join(s.text for s in col)
 
@@ -510,58 +366,20 @@ def test_column_heading_escapes_hostile_names() -> None:
     assert {tag for tag, _ in parse(heading)} == {"h3", "span"}
 
 
-# ---- conversation bubbles ----
-
-def test_turns_show_earlier_messages_then_the_prompt() -> None:
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "Hello!\nHow can I help?"}]
-    html = render_turns(messages, "What is 2 + 2?")
-    assert html == ('<div class="fl-turns"><div class="fl-turn-note fl-system">system: Be brief.</div>'
-                    '<div class="fl-turn fl-user" aria-label="you">Hi</div>'
-                    '<div class="fl-turn fl-assistant" aria-label="the model">Hello!\nHow can I help?</div>'
-                    '<div class="fl-turn fl-user fl-current" aria-label="you">What is 2 + 2?</div></div>')
-    assert render_turns([], "What is 2 + 2?") == "" and render_turns(None, "x") == ""
-
-
-def test_a_column_with_its_own_prompt_shows_it_from_the_first_turn() -> None:
-    from feedback.core.records import RowSpec, RunConfig
-    from ui.compare.view import frame
-
-    assert render_turns([], "In one word?", own_prompt=True) == (
-        '<div class="fl-turns"><div class="fl-turn fl-user fl-current" aria-label="you">In one word?</div></div>')
-    turns = frame(RunConfig(prompt="Shared?", rows=[RowSpec("a"), RowSpec("b", prompt="<b>Own</b>?")])).turns
-    assert turns[0] == "" and "&lt;b&gt;Own&lt;/b&gt;?" in turns[1]
-
-
-def test_turns_escape_hostile_text() -> None:
-    messages = [{"role": "user", "content": HOSTILE[0]}, {"role": "assistant", "content": HOSTILE[1]}]
-    html = render_turns(messages, HOSTILE[2])
-    assert "<img" not in html and "<script" not in html
-    assert {tag for tag, _ in parse(html)} == {"div"}
-    assert all(set(attrs) <= {"class", "aria-label"} for _, attrs in parse(html))
-
-
 # ---- markdown view ----
 
 def test_markdown_view_formats_a_finished_answer() -> None:
     text = ["Use ", "`ls`", ":\n\n", "```python\n", "print(1 < 2)\n", "```\n", "\n- one\n- **two**\n"]
-    html = render.render_markdown([make_step(i, t) for i, t in enumerate(text)], row="col")
+    html = render.markdown_html([make_step(i, t) for i, t in enumerate(text)])
     tags = [tag for tag, _ in parse(html)]
     assert {"code", "pre", "ul", "li", "strong"} <= set(tags)
     assert "```" not in html and "print(1 &lt; 2)" in html
-    assert html.startswith('<div class="fl-text fl-markdown" data-row="col">')
-
-
-def test_markdown_view_streams_as_plain_text_until_the_column_finishes() -> None:
-    steps = [make_step(0, "**bold"), make_step(1, "**")]
-    assert render.render_markdown(steps, live=True) == render_tokens(steps, "plain", live=True)
-    assert "<strong>" in render.render_markdown(steps)
 
 
 @pytest.mark.parametrize("hostile", HOSTILE + ["[x](javascript:alert(1))", "![t](https://evil.example/p.png)",
                                                "<iframe src=//evil>"])
 def test_markdown_view_keeps_html_links_and_images_harmless(hostile: str) -> None:
-    html = render.render_markdown([make_step(0, hostile)])
+    html = render.markdown_html([make_step(0, hostile)])
     tags = parse(html)
     assert {tag for tag, _ in tags} <= {"div", "p", "a", "em", "strong", "code"}
     assert not any(name.startswith("on") for _, attrs in tags for name in attrs)

@@ -4,8 +4,9 @@
 - `layout`: the components, where they go;
 - `view`: what a run shows, as plain data built from engine records;
 - `stream`: the columns' token events, the compact append-only text the page's board reads;
-- `board.js`, `board.css`: the board, the one component that draws the columns in the browser;
+- `board.js`: the board, the one component that draws the columns in the browser (its CSS is the page's, `ui.theme`);
 - `work`: a run streamed from the engine (first turn, follow-up, branch, one column again) and Calibrate;
-- `tab`: the handlers and their wiring;
-- `render_cost`: server time spent on what the page is sent, measured on the real handler.
+- `link`: a setup packed into (and validated out of) a shareable page address;
+- `history`: this browser's Compare runs, stored packed (the History tab lists them);
+- `tab`: the handlers and their wiring.
 """

@@ -12,17 +12,19 @@ from pathlib import Path
 
 import gradio as gr
 
+from feedback.core.records import RunConfig
 from feedback.serve.limits import BOX_MAX_CHARS
 from ui import charts, render
 from ui.compare.settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, TOKEN_VIEWS, Page, column_key,
                                  default_row)
+from ui.compare.stream import empty_doc
 from ui.compare.view import heading
 from ui.controls import LazyJSON, StrategyPanel, lazy_json
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
-# (verdict, label): on a phone only the sign shows (the word is `fl-word`); the title says it whole
-RATE_BUTTONS = (("better", '▲<span class="fl-word"> better</span>'), ("worse", '▼<span class="fl-word"> worse</span>'),
-                ("tie", '=<span class="fl-word"> tie</span>'))
+HERE = Path(__file__).resolve().parent
+ASSETS = HERE.parents[1] / "assets"
+# (verdict, sign): on a phone only the sign shows (the word is `fl-word`); the title says it whole
+RATINGS = (("better", "▲"), ("worse", "▼"), ("tie", "="))
 IDLE_POLL_S = 5.0  # memory chart while idle (and the page visible); inside a run it is sampled per step
 
 
@@ -33,15 +35,14 @@ def load_examples() -> list[str]:
 
 @dataclass
 class ColumnControls:
-    """One output column: its box, heading, settings (by setting name; the strategy's is its panel)
-    and outputs (conversation, text)."""
+    """One column's settings: its tab in the Columns settings (shown while the column is), the
+    heading they make (a preview of what the column will run) and the settings by setting name (the
+    strategy's is its panel). What the column shows of a run is the board's."""
 
     index: int
-    box: gr.Column
+    box: gr.Tab
     heading: gr.HTML
     settings: dict
-    turns: gr.HTML
-    text: gr.HTML
 
     @property
     def panel(self) -> StrategyPanel:
@@ -68,12 +69,11 @@ class RunControls:
 
 @dataclass
 class OutputControls:
-    view: gr.Radio  # the token view: confidence, plain or diff
-    diff_legend: gr.HTML
+    view: gr.Radio  # the token view: confidence, plain, markdown or diff (the board switches, no server call)
+    board: gr.HTML  # the columns: the run's token events (ui.compare.stream), drawn by board.js
     conf_plot: gr.Plot
     run_json: LazyJSON  # the finished run: whole for program clients, shown to a person on demand
     last: gr.State  # the last finished run: what Continue, branches and History go on from
-    chart_feed: gr.HTML  # a streaming run's new chart points, which the page script adds to the chart
     metrics: gr.HTML  # one table of every column's metrics
 
 
@@ -161,52 +161,68 @@ class Placed:
 
 
 def build_controls(page: Page) -> CompareControls:
-    """Every component of the Compare tab, inside the current Tab."""
+    """Every component of the Compare tab, inside the current Tab. The prompt and the run buttons
+    come first and every setting sits in one closed box of tabs, so that after Generate the answers
+    are on screen without scrolling (at 1440 x 900)."""
     shared = Placed(page, SHARED)
     with gr.Row(equal_height=False):
-        with gr.Column(scale=3, min_width=300):
+        with gr.Column(scale=4, min_width=300):
             prompt, = shared.place("prompt")
-            run = _run_controls()
-            gr.Examples(load_examples(), inputs=[prompt], label="Examples")
-            with gr.Accordion("System prompt", open=False, elem_id="system-accordion"):
-                shared.place("system_prompt")
-            with gr.Accordion("Evaluation", open=False, elem_id="evaluation"):
-                shared.place("reference", "key_facts")
-        with gr.Column(scale=2, min_width=300):
+            run, link = _run_controls()
+        with gr.Column(scale=1, min_width=200):
             with gr.Row():
-                shared.place("model", "chat_template")
-            with gr.Accordion("Sampling (shared by every column)", open=False, elem_id="sampling"):
+                run.generate.render()
+                run.stop.render()
+            link.button.render()
+            # From the keyboard, the answers are many stops away (examples, settings): this link,
+            # shown when it has focus, goes straight to column 1's first token.
+            gr.HTML('<a class="fl-skip" href="#columns">Skip to the answers (column 1\'s first token)</a>',
+                    elem_id="skip-to-answers", container=False)
+            examples(prompt)
+    with gr.Accordion("Settings: columns, model and sampling, DeepConf, system prompt", open=False,
+                      elem_id="settings"):
+        with gr.Tabs(elem_id="settings-tabs", overflow_behavior="wrap"):  # every tab reachable on a phone
+            with gr.Tab("Columns", id="columns-tab"):
+                with gr.Row():
+                    shared.place("columns")
+                    add = gr.Button("+ Add column", size="sm", elem_id="add-column")
+                    remove = gr.Button("− Remove last column", size="sm", interactive=False, elem_id="remove-column")
+                with gr.Row():
+                    branch_all = gr.Checkbox(True, label="a branch applies to every column", elem_id="branch-all",
+                                             info="click an alternative in a token's card: every column goes on "
+                                                  "from that column's text and the token you chose")
+                    branch_matching = gr.Checkbox(False, label="only columns with the same text up to there",
+                                                  elem_id="branch-matching", info="the others are left as they were")
+                with gr.Tabs(elem_id="column-tabs", overflow_behavior="wrap"):
+                    cols = [build_column(replace(page, column=i)) for i in range(MAX_COLUMNS)]
+            with gr.Tab("Model and sampling", id="sampling-tab", elem_id="sampling"):
+                with gr.Row():
+                    shared.place("model", "chat_template", "max_new_tokens")
+                gr.Markdown("Shared by every column (a column may set its own temperature, top-p and seed).",
+                            elem_classes="fl-note")
                 with gr.Row():
                     shared.place("temperature", "top_p", "top_k")
                 with gr.Row():
                     shared.place("min_p", "repetition_penalty", "seed")
-                shared.place("max_new_tokens")
-            calibration = _deepconf_controls(shared, page)
-            link = _link_controls()
-    with gr.Row(equal_height=True):
-        view = gr.Radio(list(TOKEN_VIEWS), value=TOKEN_VIEWS[0], label="Token view", scale=1, min_width=220,
-                        elem_id="token-view", info="markdown: the answer formatted; diff: each column's words "
-                                                   "against column 1")
-        gr.HTML(render.confidence_legend(), elem_id="legend")
-    diff_legend = gr.HTML(render.diff_legend(), visible=False, elem_id="diff-legend-box")
-    with gr.Row():
-        shared.place("columns")
-        add = gr.Button("+ Add column", size="sm", elem_id="add-column")
-        remove = gr.Button("− Remove last column", size="sm", interactive=False, elem_id="remove-column")
-        branch_all = gr.Checkbox(True, label="a branch applies to every column", elem_id="branch-all",
-                                 info="click an alternative in a token's card: every column goes on from that "
-                                      "column's text and the token you chose")
-        branch_matching = gr.Checkbox(False, label="only columns with the same text up to there",
-                                      elem_id="branch-matching",
-                                      info="the others are left as they were")
-    with gr.Row(equal_height=False, elem_classes="fl-columns", elem_id="columns"):
-        cols = [build_column(replace(page, column=i)) for i in range(MAX_COLUMNS)]
+            with gr.Tab("DeepConf", id="deepconf-tab", elem_id="deepconf"):
+                calibration = _deepconf_controls(shared, page)
+            with gr.Tab("System prompt and evaluation", id="system-tab", elem_id="system-accordion"):
+                shared.place("system_prompt")
+                with gr.Row(elem_id="evaluation"):
+                    shared.place("reference", "key_facts")
+    with gr.Row(equal_height=True, elem_id="view-row"):
+        view = gr.Radio(list(TOKEN_VIEWS), value=TOKEN_VIEWS[0], label="Token view", scale=1, min_width=300,
+                        elem_id="token-view", show_label=False)
+        gr.HTML(render.confidence_legend(), elem_id="legend", scale=3)
+    # before a run: the default columns, headed, empty
+    first = empty_doc(RunConfig(prompt="", rows=[default_row(i, page.num_layers) for i in range(MIN_COLUMNS)]))
+    board = gr.HTML(first, html_template='<div class="fl-board"></div>', js_on_load=board_js(), elem_id="columns",
+                    apply_default_css=False, container=False)
     metrics = gr.HTML(elem_id="metrics")
     follow = _follow_controls(branch_all, branch_matching)
     actions = _column_action_controls()
     gr.Markdown("#### Confidence per decode step")
     conf_plot = gr.Plot(charts.confidence_figure([]), show_label=False, elem_id="conf-plot")
-    chart_feed = gr.HTML("", elem_id="chart-feed", elem_classes="fl-hidden", container=False)
     gr.Markdown("#### Memory")
     mem_plot = gr.Plot(charts.memory_figure([], "the page opened"), show_label=False, elem_id="mem-plot")
     last = gr.State(None)
@@ -214,43 +230,46 @@ def build_controls(page: Page) -> CompareControls:
     memory = MemoryControls(mem_plot, gr.State({}), gr.Timer(IDLE_POLL_S),
                             gr.Checkbox(True, elem_id="fl-page-visible", elem_classes="fl-hidden", container=False,
                                         label="page visible"))
-    return CompareControls(shared.done(), cols, add, remove, run, OutputControls(view, diff_legend, conf_plot, run_json,
-                                                                                 last, chart_feed, metrics),
+    return CompareControls(shared.done(), cols, add, remove, run,
+                           OutputControls(view, board, conf_plot, run_json, last, metrics),
                            memory, follow, link, calibration, actions)
 
 
+def examples(prompt: gr.Textbox) -> gr.Dropdown:
+    """The example prompts, one line each: the one picked goes into the prompt box (in the page;
+    nothing is sent to the server)."""
+    choices = [(_short(p), p) for p in load_examples()]
+    box = gr.Dropdown(choices, value=None, label="Examples", elem_id="examples", info="fills the prompt box")
+    box.input(None, box, prompt, js="(picked) => picked", api_name=False, queue=False, show_progress="hidden")
+    return box
+
+
+def _short(prompt: str, chars: int = 60) -> str:
+    line = " ".join(prompt.split())
+    return line if len(line) <= chars else line[:chars - 1].rstrip() + "…"
+
+
+def board_js() -> str:
+    """The board's script with what it shares with the server: the confidence colours, the card's
+    fixed rows, the rating buttons, the diff legend, the memory chart's least span."""
+    config = {"bins": [[None if bound == float("inf") else bound, color] for bound, _, color in render.CONFIDENCE_BINS],
+              "chosen_row": list(render.CHOSEN_ROW), "replayed_row": list(render.REPLAYED_ROW),
+              "part_rows": {k: list(v) for k, v in render.PART_ROWS.items()},
+              "ratings": [[verdict, sign] for verdict, sign in RATINGS], "diff_legend": render.diff_legend(),
+              "memory_min_span": charts.MEMORY_MIN_SPAN_MB}
+    return (HERE / "board.js").read_text(encoding="utf-8").replace("__CONFIG__", json.dumps(config, ensure_ascii=False))
+
+
 def build_column(page: Page) -> ColumnControls:
-    """Column slot `page.column`: heading, settings (collapsed: every column setting, in the
-    table's order), conversation and text."""
+    """Column `page.column`'s tab of settings: the heading they make, then every column setting in
+    the table's order."""
     index = page.column
     n = index + 1
-    with gr.Column(min_width=0, visible=index < MIN_COLUMNS, elem_id=f"col{n}") as box:
+    with gr.Tab(f"Column {n}", id=f"col{n}-tab", visible=index < MIN_COLUMNS, elem_id=f"col{n}-settings") as box:
         # HTML, never Markdown: a column's name is the user's (or a link's), shown as text
         title = gr.HTML(heading(index, default_row(index, page.num_layers)), elem_id=f"col{n}-heading")
-        with gr.Accordion("Column settings", open=False, elem_id=f"col{n}-settings"):
-            settings = {s.name: s.build(page) for s in COLUMN}
-        turns = gr.HTML(elem_id=f"col{n}-turns")
-        text = gr.HTML(render.render_tokens([]), elem_id=f"col{n}-text")
-        gr.HTML(_column_actions(n), elem_id=f"col{n}-actions", container=False)
-    return ColumnControls(index, box, title, settings, turns, text)
-
-
-def _column_actions(n: int) -> str:
-    """Under a column: Copy answer (the page script copies the text; nothing goes to the server),
-    Re-run (this column alone with its settings as they are now) and the rating buttons (shown
-    while idle), Stop (this column alone; shown while a run streams). The page script sends all but
-    Copy through the hidden column request (`ColumnActions`)."""
-    return (f'<div class="fl-col-actions">'
-            f'<button type="button" class="fl-copy" data-col="col{n}" title="copy this column\'s answer">'
-            'Copy<span class="fl-word"> answer</span></button>'
-            f'<button type="button" class="fl-col-act fl-rerun" data-column="{n}" data-act="rerun" '
-            'title="run this column again with its settings as they are now; the other columns stay">Re-run</button>'
-            f'<button type="button" class="fl-col-act fl-col-stop" data-column="{n}" data-act="stop" '
-            'title="stop this column; the others go on">Stop<span class="fl-word"> column</span></button>'
-            + "".join(f'<button type="button" class="fl-col-act fl-rate" data-column="{n}" data-act="rate" '
-                      f'data-verdict="{verdict}" title="rate this column {verdict}; saved with the run in History '
-                      f'(add a note there)">{label}</button>' for verdict, label in RATE_BUTTONS)
-            + '</div>')
+        settings = {s.name: s.build(page) for s in COLUMN}
+    return ColumnControls(index, box, title, settings)
 
 
 def _column_action_controls() -> ColumnActions:
@@ -262,46 +281,41 @@ def _column_action_controls() -> ColumnActions:
     return ColumnActions(request, rerun, stop, rate)
 
 
-def _run_controls() -> RunControls:
-    with gr.Row():
-        generate = gr.Button("Generate", variant="primary", elem_id="generate")
-        stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop")
-    status = gr.HTML(render.status_html("Ready. Pick an example or type a prompt, then Generate."), elem_id="status")
-    # From the keyboard, the answers are many stops away (examples, settings, columns' settings):
-    # this link, shown when it has focus, goes straight to column 1's first token.
-    gr.HTML('<a class="fl-skip" href="#columns">Skip to the answers (column 1\'s first token)</a>',
-            elem_id="skip-to-answers", container=False)
+def _run_controls() -> tuple[RunControls, "LinkControls"]:
+    """The run buttons and the link's (placed by the caller), the status line and the link's note
+    (here, under the prompt)."""
+    generate = gr.Button("Generate", variant="primary", elem_id="generate", min_width=90, render=False)
+    stop = gr.Button("Stop", variant="stop", interactive=False, elem_id="stop", min_width=70, render=False)
+    button = gr.Button("Copy link", size="sm", elem_id="copy-link", render=False)
+    status = gr.HTML(render.status_html("Ready. Pick an example or type a prompt, then Generate."), elem_id="status",
+                     render=False)
+    note = gr.Markdown(elem_id="link-note", elem_classes="fl-note", render=False)
+    data = gr.Textbox("", visible=True, elem_id="link-data", elem_classes="fl-hidden", container=False,
+                      label="link data")
     # Stop's answer, and what the page sends with Stop (the step it shows; "" from a program)
-    return RunControls(generate, stop, status, gr.Textbox("", visible=False), gr.Button(visible=False))
+    run = RunControls(generate, stop, status, gr.Textbox("", visible=False), gr.Button(visible=False))
+    status.render()
+    note.render()
+    return run, LinkControls(button, note, data)
 
 
 def _deepconf_controls(shared: Placed, page: Page) -> CalibrationControls:
     own = Placed(page, CALIBRATION)
-    with gr.Accordion("DeepConf confidence and early stop", open=False, elem_id="deepconf"):
-        with gr.Row():
-            shared.place("k", "window")
-        with gr.Row():
-            shared.place("threshold_mode", "threshold")
-        gr.Markdown("**Calibrate** runs warm-up traces of the shared prompt (the baseline and the first "
-                    "column with a strategy) and sets the threshold to the percentile that keeps η % of them.",
-                    elem_classes="fl-note")
-        with gr.Row():
-            own.place("eta_preset")
-        with gr.Row():
-            own.place("eta", "warmup")
-        button = gr.Button("Calibrate threshold", elem_id="calibrate")
-        note = gr.Markdown(elem_id="calib-note")
-        plot = gr.Plot(show_label=False, visible=False, elem_id="calib-plot")
-    return CalibrationControls(own.done(), button, note, plot)
-
-
-def _link_controls() -> LinkControls:
     with gr.Row():
-        button = gr.Button("Copy link", size="sm", elem_id="copy-link")
-    note = gr.Markdown(elem_id="link-note", elem_classes="fl-note")
-    data = gr.Textbox("", visible=True, elem_id="link-data", elem_classes="fl-hidden", container=False,
-                      label="link data")
-    return LinkControls(button, note, data)
+        shared.place("k", "window")
+    with gr.Row():
+        shared.place("threshold_mode", "threshold")
+    gr.Markdown("**Calibrate** runs warm-up traces of the shared prompt (the baseline and the first "
+                "column with a strategy) and sets the threshold to the percentile that keeps η % of them.",
+                elem_classes="fl-note")
+    with gr.Row():
+        own.place("eta_preset")
+    with gr.Row():
+        own.place("eta", "warmup")
+    button = gr.Button("Calibrate threshold", elem_id="calibrate")
+    note = gr.Markdown(elem_id="calib-note")
+    plot = gr.Plot(show_label=False, visible=False, elem_id="calib-plot")
+    return CalibrationControls(own.done(), button, note, plot)
 
 
 def _follow_controls(branch_all: gr.Checkbox, branch_matching: gr.Checkbox) -> FollowControls:

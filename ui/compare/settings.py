@@ -143,12 +143,15 @@ class Field:
     def build(self, page: Page) -> gr.components.Component:
         """The control, inside the current Blocks (a column's element id gets its `col<n>-` prefix)."""
         kwargs = dict(self.options)
-        if self.bound is not None and self.control is gr.Number:  # the box shows and enforces the declared range
-            kwargs |= {"minimum": self.bound.lo, "maximum": self.bound.hi}
-            if self.bound.integer:
-                kwargs["precision"] = 0
+        # A number's range is checked by the handler (`Bound.check`, naming the setting), not by the
+        # box: Gradio refuses a value out of a box's own minimum/maximum before any handler runs, so
+        # the status line would keep saying whatever it said before.
+        if self.bound is not None and self.control is gr.Number and self.bound.integer:
+            kwargs["precision"] = 0
         if self.info is not None:
             kwargs["info"] = self.info
+        if self.bound is not None and self.control is gr.Number and self.bound.info not in (self.info or ""):
+            kwargs["info"] = f"{self.info}; {self.bound.info}" if self.info else self.bound.info  # its range, said
         if self.choices is not None:
             kwargs["choices"] = self.choices(page) if callable(self.choices) else list(self.choices)
         if page.column is not None and "elem_id" in kwargs:

@@ -30,11 +30,14 @@ from feedback.errors import FeedbackError
 from feedback.eval.deepthink import DeepThinkConfig, check_budget
 from feedback.serve.limits import check_run, check_saved_run
 from feedback.serve.pool import ModelPool
-from ui import charts, history, link, notice, render
+from ui import charts, notice, render
+from ui.compare import history
+from ui.compare import link
 from ui.compare.layout import CompareControls, build_controls
 from ui.compare.settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, SHARED_BY_NAME, Page, Scope,
                                  column_specs, column_values, read_all, row_spec, run_config)
-from ui.compare.view import CalibrationView, PageView, RunView, confidence_chart, frame, heading, outputs
+from ui.compare.stream import empty_doc
+from ui.compare.view import CalibrationView, PageView, RunView, finished, heading, metrics
 from ui.compare.work import MEMORY_POINTS, CalibrateWork, CompareWork, RerunWork, memory_entry
 from ui.deepconf import resolve_eta
 from ui.runner import ModelRunner, by_name, cancellable_by_clients
@@ -118,20 +121,12 @@ class CompareTab:
         out = self._show_page(v, ui.run.generate)
         if v.columns is not None:
             out |= self.resize(v.columns)
-        for col, html in zip(ui.cols, v.headings or []):
-            out[col.heading] = html
-        for col, html in zip(ui.cols, v.turns or []):
-            out[col.turns] = html
-        for col, html in zip(ui.cols, v.texts or []):
-            out[col.text] = html
+        if v.board is not None:
+            out[ui.out.board] = v.board
         if v.metrics is not None:
             out[ui.out.metrics] = v.metrics
-        if v.diff is not None:
-            out[ui.out.diff_legend] = gr.update(visible=v.diff)
         if v.confidence is not None:
             out[ui.out.conf_plot] = v.confidence
-        if v.feed is not None:
-            out[ui.out.chart_feed] = v.feed
         if v.memory is not None:
             out[ui.memory.plot] = v.memory
         if v.mem_state is not None:
@@ -166,20 +161,20 @@ class CompareTab:
         cfg = check_run(replace(cfg, model=lm.name), lm.num_layers, MAX_COLUMNS, "columns")
         return start_run(lm, cfg, budget=self.runner.budget)
 
-    def _work(self, cfg: RunConfig, view: str, what: str = "Generating") -> CompareWork:
+    def _work(self, cfg: RunConfig, what: str = "Generating") -> CompareWork:
         self.pool.get(cfg.model)  # a model that is not served is refused by name, not replaced
-        return CompareWork(self.served(cfg), view, self.show_run, what)
+        return CompareWork(self.served(cfg), self.show_run, what)
 
     def prepare_compare(self, values: dict) -> CompareWork:
         """Stream every column of one run (validated here, before it waits for the model)."""
-        return self._work(run_config(values), values["view"])
+        return self._work(run_config(values))
 
     def prepare_continue(self, values: dict) -> CompareWork:
         """The next turn of the conversation: every column gets `message` after its own history."""
         if not values["last"]:
             raise FeedbackError("run a prompt first; Continue sends a follow-up to every column")
         cfg = continue_run(RunResult.from_dict(values["last"]), values["message"] or "")
-        return self._work(cfg, values["view"], "Continuing")
+        return self._work(cfg, "Continuing")
 
     def prepare_branch(self, values: dict) -> CompareWork:
         """The last run again, forced to the chosen alternative token at its step (in that column,
@@ -189,7 +184,7 @@ class CompareTab:
         row, step, token = parse_branch(values["choice"])
         cfg = branch(RunResult.from_dict(values["last"]), row, step, token, all_rows=bool(values["all_columns"]),
                      matching_only=bool(values.get("matching_only")))
-        return self._work(cfg, values["view"], f"Branching {row} at step {step}")
+        return self._work(cfg, f"Branching {row} at step {step}")
 
     def prepare_rerun(self, values: dict) -> RerunWork:
         """One column of the last run again, alone, with its settings as its controls have them now
@@ -205,23 +200,29 @@ class CompareTab:
         spec = row_spec(column_values(values, column), Scope(values, column))
         cfg = rerun(before, column, spec)
         self.pool.get(cfg.model)
-        return RerunWork(self.served(cfg), values["view"], self.show_run, before, column)
+        return RerunWork(self.served(cfg), self.show_run, before, column)
 
     def stop_column(self, column: str, request: gr.Request = None) -> str:
-        """Stop one column of this session's running Compare run; the others go on."""
+        """Stop one column of this session's running Compare run; the others go on. The page sends
+        "2 37": column 2, of which it showed 37 tokens, which is what the column keeps (a program
+        sends the column alone and it keeps what was decoded when the stop was read)."""
         try:
             index = parse_column(column)
         except FeedbackError as exc:  # said on the page, not a server error
             return f"Not stopped: {exc}"
+        words = column.split()
+        shown = int(words[1]) if len(words) > 1 and words[1].isdigit() else None
         session = getattr(request, "session_hash", None) or "local"
         works = [w for w in self.runner.jobs.works(session, TAB) if isinstance(w, CompareWork)]
-        if not any(w.stop_column(index) for w in works):
+        if not any(w.stop_column(index, shown) for w in works):
             return f"Column {index + 1} is not running."
         return f"Stopping column {index + 1}…"
 
-    def rate_column(self, hist: list | None, last: dict | None, request: str | None) -> dict:
+    def rate_column(self, hist: list | None, last: dict | None, request: str | None, req: gr.Request = None) -> dict:
         """Rate a column of the last run ("2 better"): stored with that run in History (a note can
-        be added there), for its table and the LLM Comparator export."""
+        be added there), for its table and the LLM Comparator export. Clicked while a run streams
+        (a column's re-run), it rates the run on the page before it, and a toast says so: the status
+        line is the running job's."""
         ui = self.ui
         try:
             index = parse_column(request)
@@ -233,10 +234,14 @@ class CompareTab:
             name = last["rows"][index]["name"]
             new = history.rate(hist, last.get("run_id"), name, verdict[0])
         except FeedbackError as exc:
-            notice.warning(exc)
+            notice.warning(f"Not rated: {exc}")
             return {ui.run.status: render.status_html(f"Not rated: {exc}", "error")}
-        return {self.hist: new, ui.run.status: render.status_html(
-            f"Rated {name}: {verdict[0]} (saved with the run in History, where a note can be added).")}
+        said = f"Rated {name}: {verdict[0]} (saved with the run in History, where a note can be added)."
+        if self.runner is not None and self.runner.jobs.active(getattr(req, "session_hash", None) or "local", TAB):
+            notice.info(f"Rated {name}: {verdict[0]}, in the run shown before the one now running (saved in "
+                        "History, where a note can be added).")
+            return {self.hist: new}
+        return {self.hist: new, ui.run.status: render.status_html(said)}
 
     def prepare_calibrate(self, values: dict) -> CalibrateWork:
         """Warm-up traces of the shared prompt with the baseline and the first column that has a
@@ -264,7 +269,7 @@ class CompareTab:
 
     def stop_run(self, shown: str | None = "", request: gr.Request = None) -> str:
         """Stop this session's Compare or Calibrate run (a waiting one leaves the line). `shown`: the
-        step the page's status line showed at the click (the page sends it); the stopped run then
+        steps the page's columns showed at the click (the page sends it); the stopped run then
         keeps what was on screen."""
         steps = shown.strip() if isinstance(shown, str) else ""
         if steps.isdigit():
@@ -285,12 +290,6 @@ class CompareTab:
         mem["samples"] = [*mem["samples"], memory_entry(mem, memory.sample())][-MEMORY_POINTS:]
         return self.show_run(RunView(memory=charts.memory_figure(mem["samples"], mem.get("label", "the run began")),
                                      mem_state=mem))
-
-    def rerender(self, values: dict) -> dict:
-        """Switch the token view of the last finished run without generating again."""
-        if not values["last"]:
-            return self.show_run(RunView(diff=values["view"] == "diff"))
-        return self.show_run(outputs(RunResult.from_dict(values["last"]).rows, values["view"], live=False))
 
     def change_model(self, model: str) -> dict:
         try:
@@ -329,13 +328,10 @@ class CompareTab:
     def new_conversation(self) -> dict:
         """Forget the last run: the next Generate starts afresh, Continue has nothing to follow."""
         ui = self.ui
-        out = {ui.out.last: None, ui.follow.message: "", ui.follow.row: gr.update(visible=False),
-               ui.run.status: render.status_html("New conversation: type a prompt and Generate."),
-               ui.out.conf_plot: charts.confidence_figure([]), ui.out.chart_feed: ""}  # no chart of the old run
-        for col in ui.cols:
-            out |= {col.turns: "", col.text: render.render_tokens([])}
-        out[ui.out.metrics] = ""
-        return out
+        return {ui.out.last: None, ui.follow.message: "", ui.follow.row: gr.update(visible=False),
+                ui.run.status: render.status_html("New conversation: type a prompt and Generate."),
+                ui.out.conf_plot: charts.confidence_figure([]),  # no chart of the old run
+                ui.out.board: "", ui.out.metrics: ""}
 
     # ---- settings in, settings out (History reload, shared links) ----
     def apply_config(self, cfg: RunConfig) -> dict:
@@ -360,7 +356,7 @@ class CompareTab:
         return ({col.settings["name"]: name} | col.panel.show(strategy, params=params)
                 | {col.heading: heading(column, RowSpec(name=name, strategy=strategy, params=params))})
 
-    def restore(self, data: dict, view: str) -> dict:
+    def restore(self, data: dict, view: str | None = None) -> dict:
         """Every control as the run had it, and the run's columns, conversations, metrics and chart.
         A stored run is the browser's word: it is checked as a new run from this page is (its
         model served here, refused by name rather than replaced; its settings; each column's
@@ -370,8 +366,7 @@ class CompareTab:
         lm = self.pool.get(cfg.model)  # as `_work` does: a model not served is refused, not replaced
         check_saved_run(result, lm.vocab_size, lm.num_layers, MAX_COLUMNS, "columns")
         self.served(cfg)
-        chart = confidence_chart(result.rows, cfg.deepconf.threshold, cfg.deepconf.window)
-        shown = frame(cfg) | outputs(result.rows, view, live=False) | RunView(confidence=chart, result=data)
+        shown = finished(data)  # drawn in the token view the page shows (`view`, the board's to keep)
         # the page now shows this run, not a link's setup: the link's note goes, and with the link
         # data emptied the page script takes the link out of the address bar
         return self.apply_config(cfg) | self.show_run(shown) | {self.ui.link.note: "", self.ui.link.data: ""}
@@ -405,24 +400,23 @@ class CompareTab:
         if cfg.model not in self.pool.allowlist:
             note += f" (Its model {cfg.model!r} is not served here; {self.pool.default!r} is selected.)"
         return self.apply_config(cfg) | {ui.link.note: render.md_text(note), ui.run.status: render.status_html(note),
-                                         ui.out.view: view, ui.link.data: data}
+                                         ui.out.view: view, ui.link.data: data, ui.out.board: empty_doc(cfg)}
 
     # ---- what events update ----
     def restore_outputs(self) -> list:
         """Every component `restore` and `open_link` may update."""
         ui = self.ui
         shared = [x for s in SHARED for x in s.outputs(ui.settings[s.name])]
-        cols = [x for c in ui.cols for x in (c.box, c.heading, *c.setting_outputs(), c.turns, c.text)]
-        return [*shared, ui.add_column, ui.remove_column, *cols, ui.out.metrics, ui.out.diff_legend, ui.out.conf_plot, ui.out.last,
-                ui.out.run_json.data, ui.out.run_json.box, ui.follow.row, ui.run.status, ui.link.note, ui.link.data,
-                ui.out.view]
+        cols = [x for c in ui.cols for x in (c.box, c.heading, *c.setting_outputs())]
+        return [*shared, ui.add_column, ui.remove_column, *cols, ui.out.board, ui.out.metrics, ui.out.conf_plot,
+                ui.out.last, ui.out.run_json.data, ui.out.run_json.box, ui.follow.row, ui.run.status, ui.link.note,
+                ui.link.data, ui.out.view]
 
     def run_outputs(self) -> list:
         """Everything a Compare run (first turn, follow-up or branch) updates."""
         ui = self.ui
-        cols = [x for c in ui.cols for x in (c.box, c.heading, c.turns, c.text)]
-        return [*cols, ui.out.metrics, ui.settings["columns"], ui.add_column, ui.remove_column, ui.out.diff_legend, ui.out.chart_feed,
-                ui.out.conf_plot, ui.memory.plot, ui.run.status, ui.out.run_json.data, ui.out.run_json.box, ui.out.last,
+        # as few as can be: the page does work for every output at every streamed update
+        return [ui.out.board, ui.out.metrics, ui.out.conf_plot, ui.memory.plot, ui.run.status, ui.out.run_json.data, ui.out.run_json.box, ui.out.last,
                 ui.memory.state, ui.follow.row, ui.run.generate, ui.run.stop]
 
     def calibration_outputs(self) -> list:
@@ -446,16 +440,15 @@ class CompareTab:
         ui = self.ui
         settings, outputs = self.settings_inputs(), self.run_outputs()
         run = self._model_event([ui.run.generate.click, ui.settings["prompt"].submit], self.prepare_compare,
-                                settings | {"view": ui.out.view}, outputs, "compare")
+                                settings, outputs, "compare")
         follow = self._model_event([ui.follow.send.click, ui.follow.message.submit], self.prepare_continue,
-                                   {"last": ui.out.last, "message": ui.follow.message, "view": ui.out.view},
-                                   outputs, "continue")
+                                   {"last": ui.out.last, "message": ui.follow.message}, outputs, "continue")
         branch_inputs = {"last": ui.out.last, "choice": ui.follow.branch_request, "all_columns": ui.follow.branch_all,
-                         "view": ui.out.view, "matching_only": ui.follow.branch_matching}
+                         "matching_only": ui.follow.branch_matching}
         branching = self._model_event([ui.follow.branch_go.click], self.prepare_branch, branch_inputs, outputs,
                                       "branch", js=page_request(list(branch_inputs), "choice", "branch"))
         actions = ui.actions
-        rerun_inputs = settings | {"last": ui.out.last, "column": actions.request, "view": ui.out.view}
+        rerun_inputs = settings | {"last": ui.out.last, "column": actions.request}
         again = self._model_event([actions.rerun.click], self.prepare_rerun, rerun_inputs, outputs, "rerun",
                                   js=page_request(list(rerun_inputs), "column", "column"))
         for event in (run, follow, branching, again):
@@ -472,15 +465,17 @@ class CompareTab:
                            concurrency_limit=None, show_progress="hidden",
                            js=page_request(["column"], "column", "column"))
         self.hist = hist
+        # queued (with no limit), so that its toasts reach the page: a queue=False event's only log
         actions.rate.click(self.rate_column, [hist, ui.out.last, actions.request], [hist, ui.run.status],
-                           api_name=False, queue=False, show_progress="hidden",
+                           api_name=False, concurrency_limit=None, show_progress="hidden",
                            js=page_request(["hist", "last", "column"], "column", "column"))
+        # the run's own next update (within HEARTBEAT_S) says it is stopping: one channel, so a reply
+        # of this event cannot come after the run's last update and overwrite how it ended
         ui.run.stop.click(self.stop_run, ui.run.stop_ack, ui.run.stop_ack, api_name="stop", concurrency_limit=None,
                           show_progress="hidden", js=SHOWN_STEP_JS)
         ui.follow.new.click(self.new_conversation, None,
                             [ui.out.last, ui.follow.message, ui.follow.row, ui.run.status, ui.out.conf_plot,
-                             ui.out.chart_feed,
-                             ui.out.metrics, *[x for c in ui.cols for x in (c.turns, c.text)]],
+                             ui.out.board, ui.out.metrics],
                             api_name="new_conversation", show_progress="hidden")
         self._wire_page(settings)
 
@@ -507,10 +502,9 @@ class CompareTab:
                              concurrency_limit=None, show_progress="hidden")
         ui.memory.page_visible.change(lambda visible: gr.Timer(active=bool(visible)), ui.memory.page_visible,
                                       ui.memory.timer, api_name=False, queue=False, show_progress="hidden")
-        shown = {"last": ui.out.last, "view": ui.out.view}
-        ui.out.view.change(by_name(self.rerender, list(shown)), inputs_kwargs=shown,
-                           outputs=[ui.out.diff_legend, ui.out.metrics, *[c.text for c in ui.cols]],
-                           api_name="rerender", show_progress="hidden")
+        # the board has every view of the run it shows: switching is the page's alone
+        ui.out.view.change(None, ui.out.view, None, js="(view) => { window.flBoard?.view(view); }", api_name=False,
+                           queue=False)
         ui.settings["model"].change(self.change_model, ui.settings["model"],
                                     [x for c in ui.cols for x in c.panel.components], api_name="select_model",
                                     show_progress="hidden")
@@ -534,10 +528,10 @@ COPY_LINK_JS = """
 """
 
 
-# Stop sends the step the status line shows ("Generating… step 38 of 160"), "" before the first
+# Stop sends the steps the board shows of the run's columns, "" before the first
 SHOWN_STEP_JS = """() => {
-  const said = (document.querySelector("#status")?.textContent || "").match(/ step (\\d+) of /);
-  return [said ? said[1] : ""];
+  const steps = window.flBoard ? window.flBoard.steps() : 0;
+  return [steps ? String(steps) : ""];
 }"""
 
 

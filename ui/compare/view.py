@@ -1,6 +1,6 @@
-"""What the Compare tab shows, as plain data: views that say what to put on the page (column texts,
-the metrics table and headings, charts, the status line, the finished run), built from engine records and
-configs. The works (`ui.compare.work`) and the tab's handlers build views; only the tab turns a view
+"""What the Compare tab shows, as plain data: views that say what to put on the page (the board's
+document of the columns, the metrics table, charts, the status line, the finished run), built from
+engine records and configs. The works (`ui.compare.work`) and the tab's handlers build views; only the tab turns a view
 into updates of its components.
 """
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 from feedback.core.records import RowResult, RowSpec, RunConfig, RunResult, first_divergence
 from ui import charts, render
 from ui.compare.settings import badges
+from ui.compare.stream import finished_doc, modified
 
 
 @dataclass
@@ -36,17 +37,12 @@ class PageView:
 
 @dataclass
 class RunView(PageView):
-    """What a Compare run (a first turn, a follow-up, a branch, a reload) shows. The per-column
-    lists go from column 1; a column they do not reach is left as it is."""
+    """What a Compare run (a first turn, a follow-up, a branch, a reload) shows."""
 
-    columns: int | None = None  # how many columns the page shows (the others are hidden)
-    headings: list[str] | None = None
-    turns: list[str] | None = None  # each column's conversation so far
-    texts: list[str] | None = None
+    columns: int | None = None  # how many columns the settings show (the others are hidden)
+    board: str | None = None  # the columns: the run's token events (ui.compare.stream)
     metrics: str | None = None  # one table: a row per metric, a column per column
-    diff: bool | None = None  # whether the diff view's legend shows
     confidence: Any = None  # the confidence chart
-    feed: str | None = None  # while streaming, the chart's new points (charts.feed_start / feed_lines)
     memory: Any = None  # the memory chart ...
     mem_state: dict | None = None  # ... and its samples, kept by the page
     result: dict | None = None  # a finished run: its JSON, what Continue and branches go on from
@@ -59,21 +55,6 @@ class CalibrationView(PageView):
     threshold: float | None = None  # early stop set to fixed at this threshold
     note: str | None = None
     histogram: Any = None
-
-
-def _first_user_turn(messages: list[dict] | None) -> str | None:
-    return next((m["content"] for m in messages or [] if m.get("role") == "user"), None)
-
-
-def modified(spec: RowSpec, first: RowSpec | None = None) -> list[str]:
-    """What a column overrides of the run's shared input (for its heading's badges). In a
-    conversation every column's history differs (their own answers); its prompt counts as modified
-    when it began from another question than column 1 (`first`)."""
-    prompt = spec.prompt is not None or (
-        first is not None and spec.messages is not None
-        and _first_user_turn(spec.messages) != _first_user_turn(first.messages))
-    return [what for what, changed in (("prompt", prompt), ("system prompt", spec.system_prompt is not None))
-            if changed]
 
 
 def heading(index: int, spec: RowSpec, first: RowSpec | None = None) -> str:
@@ -125,43 +106,21 @@ def fast_text(result: RunResult) -> str:
     return f" · {precision}" if precision.startswith("fast") else ""
 
 
-def frame(cfg: RunConfig) -> RunView:
-    """What a run shows before its first token: its columns, their headings and each column's
-    conversation so far."""
-    turns = [render.render_turns(spec.messages or [], spec.prompt if spec.prompt is not None else cfg.prompt,
-                                 own_prompt=spec.prompt is not None) for spec in cfg.rows]
-    return RunView(columns=len(cfg.rows), headings=[heading(i, spec, cfg.rows[0]) for i, spec in enumerate(cfg.rows)],
-                   turns=turns)
-
-
-def outputs(rows: list[RowResult], view: str, live: bool, caches: list | None = None) -> RunView:
-    """Every column's text (in the token `view`: "confidence", "plain", "markdown" or "diff") and the
-    metrics table."""
-    div = divergences(rows, live)
-    caches = caches or [None] * len(rows)
-    texts, running = [], [live and row.stop_reason is None for row in rows]
-    for index, (row, cache, streaming) in enumerate(zip(rows, caches, running)):
-        at = div.get(index) if index else min(div.values(), default=None)
-        if view == "diff":
-            texts.append(render.render_diff(rows[0].steps, row.steps, live=streaming))
-        elif view == "markdown":
-            texts.append(render.render_markdown(row.steps, live=streaming, row=row.name))
-        else:
-            texts.append(render.render_tokens(row.steps, view, live=streaming, cache=cache, diverge_at=at,
-                                              row=row.name))
-    metrics = render.render_metrics(rows, running, render.best_marks(rows),
-                                    [charts.row_color(i) for i in range(len(rows))])
-    return RunView(texts=texts, metrics=metrics, diff=view == "diff")
+def metrics(rows: list[RowResult], running: list[bool] | None = None) -> RunView:
+    """The metrics table of `rows` (`running`: which still stream)."""
+    return RunView(metrics=render.render_metrics(rows, running, render.best_marks(rows),
+                                                 [charts.row_color(i) for i in range(len(rows))]))
 
 
 def confidence_chart(rows: list[RowResult], threshold: float | None, window: int, live: bool = False):
     return charts.confidence_figure(rows, threshold, divergences(rows, live), window)
 
 
-def finished(data: dict, view: str) -> RunView:
-    """A stored run (a RunResult dict) as it showed when it finished: columns, conversations,
-    texts in the token `view`, metrics and confidence chart."""
+def finished(data: dict) -> RunView:
+    """A stored run (a RunResult dict) as it showed when it finished: its columns on the board,
+    metrics and confidence chart."""
     result = RunResult.from_dict(data)
     cfg = RunConfig.from_dict(result.config)
     chart = confidence_chart(result.rows, cfg.deepconf.threshold, cfg.deepconf.window)
-    return frame(cfg) | outputs(result.rows, view, live=False) | RunView(confidence=chart, result=data)
+    return (RunView(columns=len(cfg.rows), board=finished_doc(result.run_id, cfg, result.rows).text, confidence=chart,
+                    result=data) | metrics(result.rows))

@@ -21,13 +21,15 @@ from feedback.core.session import keep_shown, merge_rerun
 from feedback.eval.deepthink import DeepThinkConfig, warm_up
 from feedback.serve.gate import Place
 from feedback.serve.gpu_time import GpuWork
-from ui import charts, render
-from ui.compare.view import CalibrationView, PageView, RunView, Status, confidence_chart, done_text, frame, outputs
+from ui import charts
+from ui.compare.stream import BoardDoc, diffs
+from ui.compare.view import CalibrationView, PageView, RunView, Status, confidence_chart, done_text, metrics
 from ui.deepconf import traces_gpu_work
 from ui.runner import GpuTask, Outcome, Work, ended_text, reporting, waiting_text
 from ui.stop_signal import StopSignal
 
-MEMORY_CHART_INTERVAL_S = 1.0  # the memory chart is drawn again at most once a second while a run streams
+STOPPING = "Stopping… the columns keep what the page shows."  # said from Stop's click to the run's end
+METRICS_EVERY_S = 1.0  # the metrics table is drawn again at most once a second while a run streams
 MEMORY_POINTS = 240
 
 
@@ -102,41 +104,42 @@ def run_gpu_work(run: Run) -> GpuWork:
 
 
 class CompareWork(ViewWork):
-    """One Compare run: the engine streams step events; the page gets columns, stats and charts."""
+    """One Compare run: the engine streams step events; the page gets the board's token events
+    (`ui.compare.stream`), the metrics and the charts."""
 
     label = "a Compare run"
     View = RunView
 
-    def __init__(self, run: Run, view: str, show: Callable[[PageView], dict], what: str = "Generating"):
+    def __init__(self, run: Run, show: Callable[[PageView], dict], what: str = "Generating"):
         super().__init__(show)
-        self.engine_run, self.view, self.what = run, view, what
+        self.engine_run, self.what = run, what
         self.config = cfg = run.config  # what the page shows: its columns
         self.rows = [RowResult(r.name, r.strategy, dict(r.params)) for r in run.result.rows]
         self.slots = list(range(len(self.rows)))  # the page column of each engine row
-        self.caches = [render.SpanCache() for _ in self.rows]  # each column's rendered tokens, reused
         self.mem = {"origin": time.time(), "samples": [], "label": "the run began"}
         self.result: RunResult | None = None
-        self.last_chart = 0.0
-        self.feed_id = uuid.uuid4().hex
-        self.feed = charts.feed_start(self.feed_id)  # the live confidence chart's points, only growing
-        self.fed = [0] * len(self.rows)  # steps of each row already in the feed
+        self.last_metrics = 0.0
         self.ui_seconds = 0.0
         self.threshold, self.window = cfg.deepconf.threshold, cfg.deepconf.window
-        self.started = False
+        self.doc: BoardDoc | None = None  # made when the run starts
+        self.ended: set[int] = set()  # columns whose end the board has
         self.prefill: PrefillEvent | None = None  # how far a long prompt has been read
         self.shown: int | None = None  # the steps on the page when Stop was pressed there
+        self.caps: dict[int, int] = {}  # column -> the tokens the page showed when its Stop column was pressed
         self.task = CompareTask(run.lm.name, run_gpu_work(run), cfg)
 
     def shown_at_stop(self, steps: int) -> None:
         """The page's Stop came when it showed `steps` steps: the stopped run keeps those (what the
-        decode made past them, the page had not drawn yet)."""
+        decode made past them, the page had not drawn yet, and it is not sent)."""
         self.shown = steps
 
-    def stop_column(self, column: int) -> bool:
-        """Stop one column (0-based) at its next step, the others going on; False if it is not running."""
+    def stop_column(self, column: int, shown: int | None = None) -> bool:
+        """Stop one column (0-based) at its next step, the others going on; False if it is not
+        running. `shown`: the tokens the page showed of it at the click, which is what it keeps."""
         if column not in self.slots or self.rows[column].stop_reason is not None or self.signal is None:
             return False
         self.signal.stop_row(self.slots.index(column))  # read by the run, wherever it runs
+        self.caps[column] = len(self.rows[column].steps) if shown is None else shown
         return True
 
     def _apply(self, event: StepEvent) -> None:
@@ -148,32 +151,45 @@ class CompareWork(ViewWork):
         if event.memory is not None:
             entry = event.memory.to_dict()  # t: seconds since the run began
             self.mem["samples"] = [*self.mem["samples"], entry][-MEMORY_POINTS:]
+            self.doc.memory(entry)
 
-    def _charts(self, rows: list[RowResult], live: bool) -> RunView:
-        return RunView(confidence=confidence_chart(rows, self.threshold, self.window, live=live),
-                       memory=charts.memory_figure(self.mem["samples"]), mem_state=self.mem)
-
-    def _live_chart(self) -> RunView:
-        """The confidence chart a run starts from: every row's curves, empty, named for the feed."""
-        span = (0, self.config.max_new_tokens - 1)
-        return RunView(confidence=charts.confidence_figure(self.rows, self.threshold, None, self.window,
-                                                           feed=self.feed_id, span=span))
-
-    def _fed(self) -> RunView:
-        """The feed with every row's steps not yet in it."""
+    def _start(self, elapsed: float) -> RunView:
+        """The run began `elapsed` seconds ago: the board's document (a re-run's other columns in
+        it whole), and charts named for it that the page extends from its events."""
+        self.mem["origin"] = time.time() - elapsed
+        first = memory_entry(self.mem, memory.sample())
+        self.mem["samples"] = [first]
+        keys = [k for k, _ in charts.MEMORY_SERIES if k == "rss_mb" or first.get(k) is not None]
+        run_id = uuid.uuid4().hex
+        self.doc = BoardDoc(run_id, self.config, fresh=list(self.slots), memory_keys=keys)
         for i, row in enumerate(self.rows):
-            self.feed += charts.feed_lines(i, row.steps[self.fed[i]:])
-            self.fed[i] = len(row.steps)
-        return RunView(feed=self.feed)
+            if i not in self.slots:
+                self.doc.replay(i, row)
+                self.ended.add(i)
+        span = (0, self.config.max_new_tokens - 1)
+        chart = charts.confidence_figure(self.rows, self.threshold, None, self.window, feed=run_id, span=span)
+        return RunView(busy=True, confidence=chart, mem_state=self.mem,
+                       memory=charts.memory_figure(self.mem["samples"], feed=run_id))
+
+    def _stream(self, rows: list[RowResult], final: bool = False) -> None:
+        """Each decoded column's tokens the board does not have yet, up to what a Stop kept, and
+        the end of each column that has ended (with its formatted answer)."""
+        for c in self.slots:
+            row = rows[c]
+            limit = min(self.caps.get(c, len(row.steps)), len(row.steps) if self.shown is None else self.shown)
+            if final:
+                limit = len(row.steps)
+            self.doc.tokens(c, row.steps[self.doc.shown[c]:limit])
+            if c not in self.ended and (final or (row.stop_reason is not None and c not in self.caps)):
+                self.ended.add(c)
+                self.doc.end(c, row)
+                self.doc.markdown(c, row)
 
     def progress_view(self, items: list, elapsed: float) -> RunView:
         t = time.perf_counter()
         out = RunView()
-        if not self.started:  # the run began `elapsed` seconds ago: the memory chart's time origin
-            self.started = True
-            self.mem["origin"] = time.time() - elapsed
-            self.last_chart = t  # the first tokens go out alone; drawing charts would hold them back
-            out = RunView(busy=True) | frame(self.config) | self._live_chart()
+        if self.doc is None:
+            out = self._start(elapsed)
         for item in items:
             if isinstance(item, StepEvent):
                 self._apply(item)
@@ -182,14 +198,19 @@ class CompareWork(ViewWork):
             elif isinstance(item, RunResult):
                 self.result = self.merged(item)
         if self.result is None:
-            out |= outputs(self.rows, self.view, live=True, caches=self.caches)
-            out |= RunView(status=Status(f"{self._where()} ({elapsed:.0f} s)"))
-            out |= self._fed()
-            if t - self.last_chart >= MEMORY_CHART_INTERVAL_S:
-                self.last_chart = t
-                out |= RunView(memory=charts.memory_figure(self.mem["samples"]), mem_state=self.mem)
+            self._stream(self.rows)
+            out |= RunView(board=self.doc.text, status=self._progress_status(elapsed))
+            if t - self.last_metrics >= METRICS_EVERY_S:  # a table drawn again: not at every update
+                self.last_metrics = t
+                out |= metrics(self.rows, [c in self.slots and c not in self.ended for c in range(len(self.rows))])
         self.ui_seconds += time.perf_counter() - t
         return out
+
+    def _progress_status(self, elapsed: float) -> Status:
+        """Where the run is; once Stop is pressed, that it is stopping and keeps what the page shows."""
+        if self.signal is not None and self.signal.is_set():
+            return Status(STOPPING, "stopped")
+        return Status(f"{self._where()} ({elapsed:.0f} s)")
 
     def _where(self) -> str:
         """How far the run is: reading a long prompt (its chunks), then the decode step."""
@@ -207,21 +228,38 @@ class CompareWork(ViewWork):
     def finish_view(self, outcome: Outcome) -> RunView:
         if self.result is None:  # the run ended without its final result: keep what streamed, say why
             steps = max((len(r.steps) for r in self.fresh_rows()), default=0)
-            kept = outputs(self.rows, self.view, live=False, caches=self.caches) if steps else RunView()
-            return kept | RunView(feed="") | self.ended_early(outcome, f"Stopped after {steps} steps." if steps
+            kept = RunView()
+            if self.doc is not None:
+                self._stream([replace(r, stop_reason=r.stop_reason or "stopped") for r in self.rows], final=True)
+                self.doc.done()
+                kept = RunView(board=self.doc.text) | metrics(self.rows)
+            return kept | self.ended_early(outcome, f"Stopped after {steps} steps." if steps
                                            else "Stopped before the first token.")
         t = time.perf_counter()
-        result = self.result
-        if self.shown is not None and outcome.kind == "stopped":
-            result = keep_shown(result, self.shown, self.slots)
+        result = self.kept(self.result, outcome)
         self.mem["samples"] = [*self.mem["samples"], memory_entry(self.mem, memory.sample())][-MEMORY_POINTS:]
-        out = RunView(busy=False) | frame(self.config)  # the final update stands on its own
-        out |= outputs(result.rows, self.view, live=False, caches=self.caches) | self._charts(result.rows, live=False)
-        out |= RunView(feed="")  # the finished chart is drawn whole; the feed is done with
+        if self.doc is None:  # a run too short for any progress update
+            self._start(0.0)
+        self._stream(result.rows, final=True)
+        for i, html in enumerate(diffs(result.rows)):
+            self.doc.diff(i, html)
+        self.doc.done()
+        out = RunView(busy=False, board=self.doc.text) | metrics(result.rows)
+        out |= RunView(confidence=confidence_chart(result.rows, self.threshold, self.window),
+                       memory=charts.memory_figure(self.mem["samples"]), mem_state=self.mem)
         self.ui_seconds += time.perf_counter() - t
         data = result.to_dict() | {"ui_seconds": self.ui_seconds}
         return out | RunView(result=data, status=Status(self.done_text(result),
                                                         "stopped" if outcome.kind == "stopped" else "info"))
+
+    def kept(self, result: RunResult, outcome: Outcome) -> RunResult:
+        """The result as the page showed it: after Stop, the steps on screen at the click; a column
+        stopped on its own keeps the tokens the page showed of it."""
+        if self.shown is not None and outcome.kind == "stopped":
+            result = keep_shown(result, self.shown, self.slots)
+        for column, shown in self.caps.items():
+            result = keep_shown(result, shown, [column])
+        return result
 
     def merged(self, result: RunResult) -> RunResult:
         """The page's result of the engine's."""
@@ -238,9 +276,9 @@ class RerunWork(CompareWork):
 
     label = "a column's re-run"
 
-    def __init__(self, run: Run, view: str, show: Callable[[PageView], dict], before: RunResult, column: int):
+    def __init__(self, run: Run, show: Callable[[PageView], dict], before: RunResult, column: int):
         name = run.config.rows[0].name
-        super().__init__(run, view, show, what=f"Re-running {name}")
+        super().__init__(run, show, what=f"Re-running {name}")
         self.before, self.column = before, column
         rows = RunConfig.from_dict(before.config).rows
         rows[column] = run.config.rows[0]
@@ -249,8 +287,6 @@ class RerunWork(CompareWork):
         self.rows = list(before.rows)
         self.rows[column] = fresh
         self.slots = [column]
-        self.caches = [render.SpanCache() for _ in self.rows]
-        self.fed = [0] * len(self.rows)
 
     def merged(self, result: RunResult) -> RunResult:
         return merge_rerun(self.before, self.column, result)

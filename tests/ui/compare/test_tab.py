@@ -18,10 +18,13 @@ from feedback.errors import FeedbackError
 from feedback.serve import limits
 from feedback.serve.limits import SERVED_MAX_NEW_TOKENS
 from feedback.strategies import REGISTRY
-from ui import deepconf, history, link
+from ui import deepconf
+from ui.compare import history
+from ui.compare import link
 from ui.compare import settings as compare_settings
 from ui.compare.settings import (CALIBRATION, COLUMN, DEFAULT_COLUMNS, SHARED, Field, column_key, parse_key_facts,
                                  resolve, run_config)
+from ui.compare import stream
 from ui.compare.tab import CompareTab, parse_branch
 from ui.compare.view import divergences, modified
 from ui.controls import api_name
@@ -122,8 +125,8 @@ def test_bad_columns_are_refused_naming_the_column(tab):
 
 
 def compare(t: CompareTab, changes: dict | None = None, **shared) -> dict:
-    """prepare_compare's values: every setting's, and the token view."""
-    return values(t, changes=changes, **shared) | {"view": "confidence"}
+    """prepare_compare's values: every setting's."""
+    return values(t, changes=changes, **shared)
 
 
 def test_prepare_refuses_context_and_model_errors_before_any_waiting(tab, embedded_lm):
@@ -138,10 +141,9 @@ def test_prepare_refuses_context_and_model_errors_before_any_waiting(tab, embedd
 def test_follow_ups_need_a_run_and_a_branch_request():
     t = CompareTab(pool=None, runner=None)
     with pytest.raises(FeedbackError, match="run a prompt first"):
-        t.prepare_continue({"last": None, "message": "and then?", "view": "confidence"})
+        t.prepare_continue({"last": None, "message": "and then?"})
     with pytest.raises(FeedbackError, match="run a prompt first"):
-        t.prepare_branch({"last": None, "choice": '{"row": "a", "step": 1, "token_id": 2}', "all_columns": True,
-                          "view": "confidence"})
+        t.prepare_branch({"last": None, "choice": '{"row": "a", "step": 1, "token_id": 2}', "all_columns": True})
     assert parse_branch(json.dumps({"row": "Feedback", "step": 3, "token_id": 42})) == ("Feedback", 3, 42)
     for bad in ("", "{", '{"row": 1, "step": 2, "token_id": 3}', '{"row": "a", "step": true, "token_id": 3}',
                 '{"row": "a"}'):
@@ -155,13 +157,13 @@ def test_a_finished_run_continues_and_branches_from_the_last_result(tab, embedde
 
     cfg = config(tab, max_new_tokens=4, temperature=0.0, model=embedded_lm.name)
     data = run_to_end(embedded_lm, cfg).to_dict()
-    follow = tab.prepare_continue({"last": data, "message": "And then?", "view": "confidence"}).engine_run.config
+    follow = tab.prepare_continue({"last": data, "message": "And then?"}).engine_run.config
     assert follow.prompt == "And then?" and follow.rows[1].messages[-1]["role"] == "assistant"
     alt = data["rows"][1]["steps"][2]["top"][1]["token_id"]
     request = json.dumps({"row": "Feedback", "step": 2, "token_id": alt})
 
     def branched(choice: str, all_columns: bool) -> RunConfig:
-        values = {"last": data, "choice": choice, "all_columns": all_columns, "view": "confidence"}
+        values = {"last": data, "choice": choice, "all_columns": all_columns}
         return tab.prepare_branch(values).engine_run.config
 
     paired = branched(request, True)
@@ -190,7 +192,7 @@ def test_restore_sets_every_control_and_column_from_a_stored_run(tab, embedded_l
     cfg = config(tab, columns=3, changes=changes, model=embedded_lm.name, threshold_mode="fixed", threshold=3.25,
                  max_new_tokens=3, key_facts="hello")
     data = run_to_end(embedded_lm, cfg).to_dict() | {"run_id": "r1"}
-    out = tab.restore(data, "plain")
+    out = tab.restore(data)
     s = tab.ui.settings
     expected = {s["prompt"]: "hi", s["chat_template"]: True, s["model"]: embedded_lm.name, s["temperature"]: 0.7,
                 s["top_p"]: 0.9, s["top_k"]: 40, s["min_p"]: 0.0, s["repetition_penalty"]: 1.1, s["max_new_tokens"]: 3,
@@ -208,7 +210,14 @@ def test_restore_sets_every_control_and_column_from_a_stored_run(tab, embedded_l
     own = terse.settings
     assert out[own["name"]] == "Terse" and out[own["prompt"]] == "hi, briefly" and out[own["system"]] == "Be terse."
     assert out[terse.panel.strategy] == "none" and "prompt modified" in out[terse.heading]
-    assert out[tab.ui.out.last]["run_id"] == "r1" and "fl-tok" not in out[cols[0].text]  # the plain view asked for
+    assert out[tab.ui.out.last]["run_id"] == "r1"
+    events = stream.parse(out[tab.ui.out.board])  # the board draws the run whole: every token, its views
+    (run,) = [e[1] for e in events if e[0] == "run"]
+    assert run["id"] == "r1" and [c["name"] for c in run["columns"]] == [r["name"] for r in data["rows"]]
+    assert run["fresh"] == [] and run["columns"][2]["badges"][0] == "prompt modified"
+    for i, row in enumerate(data["rows"]):
+        assert [e[3] for e in events if e[0] == "t" and e[1] == i] == row["token_ids"]
+        assert [e[0] for e in events if e[0] in ("end", "md", "diff") and e[1] == i] == ["end", "md", "diff"]
 
 
 def test_a_link_round_trips_every_setting(tab, embedded_lm):
@@ -401,8 +410,8 @@ def test_the_controls_show_their_bounds(tab):
             continue
         control = {"shared": tab.ui.settings, "column": tab.ui.cols[1].settings,
                    "calibration": tab.ui.calibration.settings}[table][s.name]
-        if isinstance(control, gr.Number):
-            assert (control.minimum, control.maximum) == (s.bound.lo, s.bound.hi), s.name
+        if isinstance(control, gr.Number):  # the range said; the handler checks it, naming the setting
+            assert s.bound.info in control.info and (control.minimum, control.maximum) == (None, None), s.name
         elif s.bound.integer:  # a text box (it may be empty) says its range
             assert f"whole number, {s.bound.lo} or more" in control.info, s.name
         else:
@@ -449,8 +458,7 @@ def test_a_column_at_temperature_0_in_a_sampled_run_gives_its_greedy_text(tiny_l
     1.0 decodes exactly what it decodes in an all-greedy run; column 1 samples."""
     t, demo = built_with_page(tiny_lm)
     handler = next(fn.fn for fn in demo.fns.values() if fn.api_name == "compare")
-    base = t.initial_values() | {"prompt": "Say hi.", "model": tiny_lm.name, "max_new_tokens": 8, "seed": 5,
-                                 "view": "plain"}
+    base = t.initial_values() | {"prompt": "Say hi.", "model": tiny_lm.name, "max_new_tokens": 8, "seed": 5}
 
     def run(**change) -> tuple[dict, dict]:
         updates = list(handler(types.SimpleNamespace(session_hash=f"t{len(change)}"), **base | change))
@@ -463,7 +471,8 @@ def test_a_column_at_temperature_0_in_a_sampled_run_gives_its_greedy_text(tiny_l
     assert sampled["rows"][1]["token_ids"] == greedy["rows"][1]["token_ids"]
     assert sampled["rows"][1]["text"] == greedy["rows"][1]["text"]
     assert sampled["rows"][0]["token_ids"] != greedy["rows"][0]["token_ids"]  # column 1 did sample
-    assert "temperature 0" in page[t.ui.cols[1].heading] and "temperature" not in page[t.ui.cols[0].heading]
+    heads = next(e[1]["columns"] for e in stream.parse(page[t.ui.out.board]) if e[0] == "run")
+    assert "temperature 0" in heads[1]["badges"] and not any("temperature" in b for b in heads[0]["badges"])
 
 
 def test_one_column_rerun_with_new_settings_and_one_column_stopped_while_the_others_go_on(tiny_lm):
@@ -472,7 +481,7 @@ def test_one_column_rerun_with_new_settings_and_one_column_stopped_while_the_oth
     streaming run while column 1 runs on."""
     t, demo = built_with_page(tiny_lm)
     fns = {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name}
-    base = t.initial_values() | {"prompt": "Say hi.", "model": tiny_lm.name, "max_new_tokens": 10, "view": "plain",
+    base = t.initial_values() | {"prompt": "Say hi.", "model": tiny_lm.name, "max_new_tokens": 10,
                                  "c2_strategy": "residual", "c2_residual_alpha": 0.1}
     request = types.SimpleNamespace(session_hash="rerun")
     first = list(fns["compare"](request, **base))[-1][t.ui.out.run_json.data]
@@ -491,16 +500,22 @@ def test_one_column_rerun_with_new_settings_and_one_column_stopped_while_the_oth
     assert t.stop_column("2", request) == "Column 2 is not running."
     assert t.stop_column("", request).startswith("Not stopped: choose a column (1 to 4)")  # a message, no traceback
     long = base | {"max_new_tokens": 40, "threshold_mode": "off"}
-    stream = fns["compare"](request, **long)
-    said, last = None, None
-    for update in stream:
+    updates = fns["compare"](request, **long)
+    said, last, board = None, None, ""
+    for update in updates:
+        board = update.get(t.ui.out.board, board)
         if said is None and "step" in str(update.get(t.ui.run.status, "")):
-            said = t.stop_column("2", request)
+            shown = sum(1 for e in stream.parse(board) if e[0] == "t" and e[1] == 1)
+            said = t.stop_column(f"2 {shown}", request)  # as the page sends it: the tokens it showed
         last = update.get(t.ui.out.run_json.data) or last
     assert said == "Stopping column 2…"
     rows = last["rows"]
     assert rows[1]["stop_reason"] == "stopped" and rows[0]["stop_reason"] != "stopped"
-    assert len(rows[1]["token_ids"]) < len(rows[0]["token_ids"])
+    # the column keeps what the page showed at the click, however far the decode got before it stopped
+    assert len(rows[1]["token_ids"]) == shown < len(rows[0]["token_ids"])
+    column_2 = [e for e in stream.parse(board) if e[1:2] == [1]]
+    assert len([e for e in column_2 if e[0] == "t"]) >= shown and ["end", 1, "stopped"] == [
+        e[:3] for e in column_2 if e[0] == "end"][0] and [e[4] for e in column_2 if e[0] == "end"] == [shown]
 
 
 def test_rating_a_column_stores_it_with_the_run_in_history(tab):
@@ -519,12 +534,28 @@ def test_rating_a_column_stores_it_with_the_run_in_history(tab):
         assert tab.hist not in refused and "Not rated" in refused[tab.ui.run.status]
 
 
+def test_a_rating_clicked_while_a_column_re_runs_is_kept_and_said_in_a_toast(tab):
+    """The status line is the running job's (it would overwrite a note there at its next update):
+    the rating is kept with the run on the page before the re-run, and a toast says so."""
+    cfg = RunConfig(prompt="hi", rows=[RowSpec("Baseline"), RowSpec("Feedback", "residual", {"alpha": 0.1})])
+    last = RunResult(config=cfg.to_dict(), rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows],
+                     run_id="r7").to_dict()
+    request = types.SimpleNamespace(session_hash="rating-while-running")
+    job = tab.runner.jobs.begin(request.session_hash, "compare")
+    try:
+        out = tab.rate_column(history.add_run(None, last), last, "2 worse", request)
+    finally:
+        tab.runner.jobs.end(job)
+    assert history.valid(out[tab.hist])[0][0]["ratings"] == {"Feedback": {"verdict": "worse", "note": ""}}
+    assert tab.ui.run.status not in out
+
+
 def test_a_long_prompt_shows_its_reading_in_the_status_line(tab, embedded_lm):
     from feedback.core.engine import PrefillEvent
     from ui.compare.work import CompareWork
 
     cfg = config(tab, model=embedded_lm.name)
-    work = CompareWork(tab.served(cfg), "plain", tab.show_run)
+    work = CompareWork(tab.served(cfg), tab.show_run)
     view = work.progress_view([PrefillEvent(3, 9, 1536, 4475)], 12.0)
     assert view.status.text == "Generating… reading the prompt: 1,536 of 4,475 tokens (chunk 3 of 9) (12 s)"
     assert work.progress_view([], 13.0).status.text.startswith("Generating… reading the prompt")

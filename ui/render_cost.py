@@ -1,5 +1,6 @@
-"""`python -m ui.compare.render_cost`: server time the Compare handler spends building HTML and charts, as a
-share of decode time, measured on the real handler, runner and engine (no browser, no network)."""
+"""`python -m ui.render_cost`: server time the Compare handler spends on what the page is sent (the
+board's token events, the metrics table, the charts), as a share of decode time, measured on the
+real handler, runner and engine (no browser, no network)."""
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,7 @@ def measure(tokens: int, columns: int = 2) -> dict:
     app = FeedbackLensApp(ModelPool(["embedded"]))
     demo = app.build()
     tab = app.compare
-    values = tab.initial_values() | {"prompt": PROMPT, "max_new_tokens": tokens, "columns": columns,
-                                     "view": "confidence"}
+    values = tab.initial_values() | {"prompt": PROMPT, "max_new_tokens": tokens, "columns": columns}
     for col in tab.ui.cols:
         strategy = NONE if col.index == 0 else "residual"
         values |= {column_key(col.index, "strategy"): strategy,

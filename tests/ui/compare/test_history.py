@@ -5,11 +5,12 @@ import csv
 import io
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 
 from feedback.core.records import Alternative, RowResult, RowSpec, RunConfig, RunResult, StepRecord
-from ui import history
+from ui.compare import history
 
 HOSTILE = 'say "hi",\n<b>bold</b> & <script>alert("x")</script>'
 TURNS = [{"role": "user", "content": 'earlier "q"'}, {"role": "assistant", "content": "earlier a\n2"}]
@@ -362,11 +363,41 @@ def test_history_keeps_thirty_four_column_runs():
 
 def test_a_malformed_packed_run_is_skipped_not_an_error():
     stored = history.add_run([], _realistic("ok"))
-    broken = json.loads(json.dumps(stored[0]))
-    broken["id"] = "bad"
-    broken["result"]["rows"][0]["steps"]["logprob"] = broken["result"]["rows"][0]["steps"]["logprob"][:2]
-    runs, skipped = history.valid([broken, *stored])
-    assert [e["id"] for e in runs] == ["ok"] and skipped == 1
+    result = json.loads(stored[0]["result"])
+    result["rows"][0]["steps"]["logprob"] = result["rows"][0]["steps"]["logprob"][:2]
+    broken = [dict(stored[0], id=f"bad{i}", result=r) for i, r in enumerate(
+        [json.dumps(result), "{not json", "[" * 100_000 + "]" * 100_000, json.dumps("text"), 7])]
+    runs, skipped = history.valid([*broken, *stored])
+    assert [e["id"] for e in runs] == ["ok"] and skipped == len(broken)
+
+
+def _leaves(value) -> int:
+    """How many numbers and strings a value holds: what Gradio's page copies one by one (see history.PACKED)."""
+    if isinstance(value, dict):
+        return sum(map(_leaves, value.values()))
+    return sum(map(_leaves, value)) if isinstance(value, list) else 1
+
+
+def test_each_stored_run_is_one_text_so_the_page_copies_history_cheaply():
+    hist: list = []
+    for n in range(5):
+        hist = history.add_run(hist, _realistic(f"r{n}", 4, 64))
+    hist = history.rate(history.rename(hist, "r1", "mine"), "r1", "col2", "better", "crisp")
+    assert all(isinstance(e["result"], str) for e in hist)
+    assert _leaves(hist) < 50  # measured: 18; the same runs as nested lists: 31,283
+    assert _leaves(json.loads(hist[0]["result"])) > 4 * 64 * 20  # what each run's text holds (6,254)
+
+
+def test_runs_stored_before_as_lists_are_read_and_an_edit_writes_them_as_text():
+    new = history.add_run([], _result("new"))
+    old = [dict(e, result=json.loads(e["result"])) for e in history.add_run([], _result("old"))]  # the old form
+    hist = [*new, *old]
+    (a, b), skipped = history.valid(hist)
+    assert skipped == 0 and a["result"] == b["result"] | {"run_id": "new"}  # both read as the same run
+    renamed = history.rename(hist, "old", "kept")
+    assert [type(e["result"]) for e in renamed] == [str, str] and _by_id(renamed, "old")["name"] == "kept"
+    before, after = (json.loads(history.to_json(h))[1] for h in (hist, renamed))
+    assert after == before | {"name": "kept"}  # the run itself unchanged by the rewrite
 
 
 # ---- names, search, deletion, branch labels, ratings ----------------------------------------------
@@ -387,7 +418,8 @@ def test_rename_names_a_run_on_one_line_and_keeps_it_packed():
     hist = _two()
     named = history.rename(hist, "a", "  planet\n <b>run</b> ")
     assert "name" not in hist[1] and named[1]["name"] == "planet <b>run</b>"  # the given history is not changed
-    assert named[1]["result"]["rows"][0]["steps"][history.PACKED] == 1  # written back as stored: still packed
+    stored = json.loads(named[1]["result"])
+    assert stored["rows"][0]["steps"][history.PACKED] == 1  # written back as stored: still packed
     assert _row(named, "a")["name"] == "planet <b>run</b>" and _row(named, "b")["name"] == ""
     assert history.label(named[1]).startswith("a · planet <b>run</b> · ")
     assert "name" not in history.rename(named, "a", " ")[1]  # empty: no name
@@ -534,12 +566,24 @@ def test_llm_comparator_scores_each_pair_of_a_three_column_run_from_its_own_two_
     assert {ex["custom_fields"]["run_name"] for ex in doc["examples"]} == {"three"}
 
 
-def _tab():
+class _Compare:
+    """Compare's side of a reload: the runs it was given to restore."""
+
+    def __init__(self):
+        self.ui = SimpleNamespace(run=SimpleNamespace(status="compare status"))
+        self.restored: list[tuple[str, str]] = []
+
+    def restore(self, result: dict, view: str) -> dict:
+        self.restored.append((result["config"]["prompt"], view))
+        return {}
+
+
+def _tab(compare=None):
     """The History tab's handlers, with names standing in for its components."""
     from ui.history_tab import HistoryTab
-    tab = HistoryTab(compare=None)
+    tab = HistoryTab(compare=compare)
     for part in ("table", "catalog", "ids", "note", "name", "column", "verdict", "rate_note", "status", "hist",
-                 "removed", "picked"):
+                 "removed", "picked", "tabs"):
         setattr(tab, part, part)
     return tab
 
@@ -571,3 +615,50 @@ def test_history_tab_searches_picks_and_edits_by_run_id():
     back = tab.undo(out["hist"], out["removed"], "")
     assert [e["id"] for e in back["hist"]] == ["t", "b", "a"] and back["removed"] is None
     assert _by_id(back["hist"], "t")["ratings"] == {"own": {"verdict": "better", "note": "crisp"}}
+
+
+def drawn_from(out: dict) -> list[str] | None:
+    """The run ids the table says it was drawn from (what the page compares with the runs it holds)."""
+    found = re.search(r'data-runs="([^"]*)"', out["table"])
+    return json.loads(found.group(1).replace("&quot;", '"')) if found else None
+
+
+def test_the_table_says_loading_until_drawn_then_no_runs_yet_or_no_match():
+    from ui.history_tab import EMPTY, LOADING, LOADING_TABLE
+    tab = _tab()
+    assert LOADING in LOADING_TABLE and "no runs" not in LOADING_TABLE  # before the page's load draws it
+    assert drawn_from({"table": LOADING_TABLE}) is None  # drawn from no runs at all: the page keeps saying loading
+    empty = tab.view([])
+    assert EMPTY in empty["table"] and LOADING not in empty["table"] and drawn_from(empty) == []
+    listing = tab.view(history.add_run(_two(), _three("t", prompt="Name a planet")))
+    assert listed(listing) == ["t", "b", "a"] and drawn_from(listing) == ["t", "b", "a"]
+    none = tab.search("nowhere", listing["catalog"], [])
+    assert listed(none) == [] and "no runs match the search" in none["table"] and EMPTY not in none["table"]
+    assert drawn_from(none) == ["t", "b", "a"]  # every stored run, listed or not: the page holds them all
+
+
+def test_undo_chooses_the_deleted_runs_again_and_reload_takes_the_first():
+    compare = _Compare()
+    tab = _tab(compare)
+    hist = history.add_run(_two(), _three("t", prompt="Name a planet"))
+    gone = tab.delete(hist, ["t", "a"], "")
+    assert gone["ids"]["value"] == [] and [e["id"] for e in gone["hist"]] == ["b"]
+    back = tab.undo(gone["hist"], gone["removed"], "")
+    assert [e["id"] for e in back["hist"]] == ["t", "b", "a"] and drawn_from(back) == ["t", "b", "a"]
+    assert back["ids"]["value"] == ["t", "a"] and "Restored 2 runs, chosen again." in back["status"]
+    picked = tab.pick(back["ids"]["value"], None, back["catalog"], None)  # the picker's change fills the fields
+    assert picked["picked"] == "t" and picked["column"]["choices"] == ["baseline", "own", "chat"]
+    out = tab.reload(back["hist"], back["ids"]["value"], "plain")
+    assert compare.restored == [("Name a planet", "plain")] and "Reloaded run t" in out["compare status"]
+    assert out["tabs"]["selected"] == "compare"
+
+
+def test_undo_keeps_the_order_the_runs_were_chosen_in_and_says_when_the_search_hides_them():
+    tab = _tab(_Compare())
+    hist = history.add_run(_two(), _three("t", prompt="Name a planet"))
+    gone = tab.delete(hist, ["a", "t"], "")
+    assert "Deleted 2 runs: a, t." in gone["status"]
+    assert tab.undo(gone["hist"], gone["removed"], "")["ids"]["value"] == ["a", "t"]  # Reload takes a, as before
+    hidden = tab.undo(gone["hist"], gone["removed"], "nowhere")
+    assert hidden["ids"]["value"] == [] and "do not match the search" in hidden["status"]
+    assert [e["id"] for e in hidden["hist"]] == ["t", "b", "a"]
