@@ -141,6 +141,8 @@ td.fl-best { font-weight: 700; }
 .fl-text:empty::before { content: "…"; color: var(--body-text-color-subdued); font-style: italic; }
 /* a phone shows one column at a time, chosen by its tab (or a swipe) */
 @media (max-width: 700px) {
+  #view-row { flex-wrap: wrap !important; }  /* the token views, then the colour legend under them */
+  #view-row > * { flex: 1 1 100% !important; min-width: 100% !important; }
   .fl-board-tabs { display: flex; gap: 4px; overflow-x: auto; margin-bottom: 6px; }
   .fl-board-tab { flex: 0 0 auto; max-width: 60vw; overflow: hidden; text-overflow: ellipsis; white-space: nowrap;
     padding: 4px 10px; border-radius: 999px; border: 2px solid var(--border-color-primary); font-size: 0.85em;

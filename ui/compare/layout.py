@@ -213,7 +213,7 @@ def build_controls(page: Page) -> CompareControls:
     with gr.Row(equal_height=True, elem_id="view-row"):
         view = gr.Radio(list(TOKEN_VIEWS), value=TOKEN_VIEWS[0], label="Token view", scale=1, min_width=300,
                         elem_id="token-view", show_label=False)
-        gr.HTML(render.confidence_legend(), elem_id="legend", scale=3)
+        gr.HTML(render.confidence_legend(), elem_id="legend", scale=3)  # under the views on a phone (CSS)
     # before a run: the default columns, headed, empty
     first = empty_doc(RunConfig(prompt="", rows=[default_row(i, page.num_layers) for i in range(MIN_COLUMNS)]))
     board = gr.HTML(first, html_template='<div class="fl-board"></div>', js_on_load=board_js(), elem_id="columns",
