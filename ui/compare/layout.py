@@ -206,7 +206,7 @@ def build_controls(page: Page) -> CompareControls:
                     shared.place("min_p", "repetition_penalty", "seed")
             with gr.Tab("DeepConf", id="deepconf-tab", elem_id="deepconf"):
                 calibration = _deepconf_controls(shared, page)
-            with gr.Tab("System prompt and evaluation", id="system-tab", elem_id="system-accordion"):
+            with gr.Tab("System prompt and evaluation", id="system-tab", elem_id="system-settings"):
                 shared.place("system_prompt")
                 with gr.Row(elem_id="evaluation"):
                     shared.place("reference", "key_facts")

@@ -90,6 +90,13 @@ class CompareTask(GpuTask):
         yield run.result
 
 
+def _shown_part(row: RowResult, shown: int) -> RowResult:
+    """A column stopped from the page as the page showed it at the click: its first `shown` steps
+    (the run's result is cut the same way, `keep_shown`, when the run ends)."""
+    kept = row.steps[:shown]
+    return replace(row, steps=kept, stop_reason="stopped", stop_step=kept[-1].step if kept else None)
+
+
 def run_gpu_work(run: Run) -> GpuWork:
     """The GPU work of an engine run: its decode, the prefill of each distinct prompt and, at most,
     the scoring after it (the engine's own count: the quality metrics and the reference answer)."""
@@ -180,7 +187,9 @@ class CompareWork(ViewWork):
             if final:
                 limit = len(row.steps)
             self.doc.tokens(c, row.steps[self.doc.shown[c]:limit])
-            if c not in self.ended and (final or (row.stop_reason is not None and c not in self.caps)):
+            if c not in self.ended and (final or row.stop_reason is not None):
+                if not final and c in self.caps:  # stopped from the page: it ends where the page was
+                    row = _shown_part(row, self.caps[c])
                 self.ended.add(c)
                 self.doc.end(c, row)
                 self.doc.markdown(c, row)
