@@ -47,10 +47,11 @@ TIMERS_JS = """
     obs.observe(document.body, {childList: true, subtree: true, characterData: true});
   };
   watch("first_token", () => document.querySelector("#col1-text .fl-tok") !== null);
-  // the tokens a column showed when its Stop was clicked
+  // the tokens a column showed when its Stop was clicked, and column 1's at the main Stop
   document.addEventListener("click", (e) => {
     const stop = e.target.closest && e.target.closest(".fl-col-stop");
     if (stop) window.__fl.column_stop_shown = document.querySelectorAll(`#col${stop.dataset.column}-text .fl-tok`).length;
+    if (e.target.closest && e.target.closest("#stop")) window.__fl.stop_shown = document.querySelectorAll("#col1-text .fl-tok").length;
   }, true);
   watch("done", () => (document.querySelector("#status")?.textContent || "").includes("Done"));
   // column 1's largest growth in one update: how many tokens one streamed update carries here
@@ -407,9 +408,9 @@ def test_stop_ends_a_long_generation(page: Page, app_url: str):
     expect(page.locator("#stop")).to_be_disabled()
     expect(page.locator("#col2-actions .fl-col-stop")).to_be_hidden()
     final = spans(page, "col1").count()
-    # The run keeps what the page showed at the click (the page sends it): at most the update that
-    # arrived between counting here and the click itself.
-    assert at_stop <= final <= at_stop + per_update, (at_stop, final, per_update)
+    # The run keeps what the page showed at the click (the page sends it), counted in the page at the
+    # click itself (updates may arrive between counting here and clicking)
+    assert final == page.evaluate("() => window.__fl.stop_shown") >= at_stop, (at_stop, final, per_update)
     page.wait_for_timeout(1_000)  # nothing may arrive after the run ended
     assert spans(page, "col1").count() == final
     assert health(app_url)["running"] == 0
