@@ -41,10 +41,6 @@ STALE_JS = f"""(hist, table, note) => {{
   const drawn = new DOMParser().parseFromString(table || "", "text/html").querySelector("[data-runs]");
   return drawn && drawn.dataset.runs === held ? [table, note] : [{json.dumps(LOADING_TABLE)}, ""];
 }}"""
-# The same when the history changes, unless History is on screen: no server table would follow
-# there (a run recorded while History is shown is listed the next time the tab opens).
-CHANGED_JS = f"""(hist, table, note) => document.querySelector("#history-table")?.offsetParent
-  ? [table, note] : ({STALE_JS})(hist, table, note)"""
 
 
 def _entries(hist) -> list[dict]:
@@ -284,12 +280,11 @@ class HistoryTab:
         self.view_outputs = [self.table, self.ids, self.note, self.catalog]
         # Only opening this tab reads the history: it is up to 3 MB, sent from the browser with each
         # event that takes it, so switching between the other tabs must not carry it. First, in the
-        # page (no round trip): a table drawn from other runs than those held says they are loading;
-        # also as soon as the history changes (a run recorded in Compare), so the tab opens saying so
-        # (an edit here sends its table with the history, which then matches and stays).
-        for trigger, js in ((hist.change, CHANGED_JS), (tab.select, STALE_JS)):
-            trigger(None, [hist, self.table, self.note], [self.table, self.note], js=js, api_name=False,
-                    queue=False, show_progress="hidden")
+        # page (no round trip): a table drawn from other runs than those held says they are loading.
+        # Only when the tab opens: run on every change of the history as well, it wrote back the table
+        # it had read, and an edit made here (a rating) could lose its new table to the old one.
+        tab.select(None, [hist, self.table, self.note], [self.table, self.note], js=STALE_JS, api_name=False,
+                   queue=False, show_progress="hidden")
         # queue=False: one HTTP request, not the queue's join and event stream, whose status messages
         # each make Gradio's page copy every component's value (Compare's charts and tokens too):
         # measured with 26 runs stored, the table came in ~1.0 s instead of ~2.1 s
