@@ -18,12 +18,10 @@ CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
     pytest.skip(f"browser e2e tests need Debian's chromium at {CHROMIUM} (not found)", allow_module_level=True)
 
-from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Browser, Page, expect  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[2] / "test-output"
 METRICS = OUT / "e2e-metrics.json"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 LOAD_TIMEOUT_MS = 30_000
 RUN_TIMEOUT_MS = 90_000  # generous: the CPU may be shared with other jobs
 # Every answer the page waits for (a column added, a control shown) comes from the server, which the
@@ -86,14 +84,6 @@ def save_metrics(**values: float) -> dict:
 def shot(page: Page, name: str, full: bool = True) -> None:
     OUT.mkdir(exist_ok=True)
     page.screenshot(path=str(OUT / f"e2e-{name}.png"), full_page=full)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Browser:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def health(url: str) -> dict:

@@ -15,14 +15,12 @@ CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
     pytest.skip(f"browser e2e tests need Debian's chromium at {CHROMIUM} (not found)", allow_module_level=True)
 
-from playwright.sync_api import Browser, Page, Route, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Browser, Page, Route, expect  # noqa: E402
 
 from feedback.core.records import RunConfig  # noqa: E402
 from ui.compare import link  # noqa: E402
 from ui.history_tab import EMPTY, LOADING  # noqa: E402
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 LOAD_TIMEOUT_MS = 30_000
 RUN_TIMEOUT_MS = 90_000  # generous: the CPU may be shared with other jobs
 expect.set_options(timeout=15_000)
@@ -40,14 +38,6 @@ WATCH_TABLE_JS = """() => {
   };
   new MutationObserver(look).observe(document.body, {childList: true, subtree: true, characterData: true});
 }"""
-
-
-@pytest.fixture(scope="module")
-def browser() -> Browser:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture()
