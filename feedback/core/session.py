@@ -128,7 +128,7 @@ def keep_shown(result: RunResult, steps: int, rows: list[int] | None = None) -> 
     out = replace(result, rows=list(result.rows))
     cut = [i for i in (rows if rows is not None else range(len(out.rows))) if len(out.rows[i].steps) > steps]
     for i in cut:
-        out.rows[i] = _cut_row(out.rows[i], steps, window)
+        out.rows[i] = cut_row(out.rows[i], steps, window)
     facts = cfg.get("key_facts") or []
     if cut and facts:
         found = quality.key_fact_metrics([r.text for r in out.rows], facts)
@@ -139,7 +139,8 @@ def keep_shown(result: RunResult, steps: int, rows: list[int] | None = None) -> 
     return out
 
 
-def _cut_row(row: RowResult, steps: int, window: int) -> RowResult:
+def cut_row(row: RowResult, steps: int, window: int) -> RowResult:
+    """`row` stopped after its first `steps` steps, its answer's metrics counted again on them."""
     kept = row.steps[:steps]
     ids = row.token_ids[:steps]
     counted = trace_metrics([s.confidence for s in kept], window).to_dict() | quality.text_metrics(ids)

@@ -134,7 +134,6 @@ const start = (info) => {
   grid.className = `fl-board-cols fl-n${S.cols.length}`;
   grid.replaceChildren(...S.cols.map((c) => c.section));
   tabs.replaceChildren(...S.cols.map((c) => c.tab));
-  S.marker = null;
   showColumn(Math.min(S.shown, Math.max(0, S.cols.length - 1)));
   root.dataset.run = S.run;
   delete root.dataset.lagMs;

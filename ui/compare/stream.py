@@ -76,7 +76,7 @@ class BoardDoc:
     """One run's document, built up event by event; `text` is what the page is sent."""
 
     def __init__(self, run_id: str, cfg: RunConfig, fresh: list[int], memory_keys: list[str] | None = None):
-        self.run_id, self.parts, self.seen = run_id, [], set()
+        self.run_id, self.seen = run_id, set()
         self.memory_keys = memory_keys or []
         self.text = ""
         self.shown = [0] * len(cfg.rows)  # tokens of each column in the document

@@ -37,7 +37,7 @@ from ui.compare.layout import CompareControls, build_controls
 from ui.compare.settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, SHARED_BY_NAME, Page, Scope,
                                  column_specs, column_values, read_all, row_spec, run_config)
 from ui.compare.stream import empty_doc
-from ui.compare.view import CalibrationView, PageView, RunView, finished, heading, metrics
+from ui.compare.view import CalibrationView, PageView, RunView, finished, heading
 from ui.compare.work import MEMORY_POINTS, CalibrateWork, CompareWork, RerunWork, memory_entry
 from ui.deepconf import resolve_eta
 from ui.runner import ModelRunner, by_name, cancellable_by_clients

@@ -17,7 +17,7 @@ from typing import Callable
 from feedback.core import memory
 from feedback.core.engine import PrefillEvent, Run, StepEvent, start_run
 from feedback.core.records import RowResult, RunConfig, RunResult
-from feedback.core.session import keep_shown, merge_rerun
+from feedback.core.session import cut_row, keep_shown, merge_rerun
 from feedback.eval.deepthink import DeepThinkConfig, warm_up
 from feedback.serve.gate import Place
 from feedback.serve.gpu_time import GpuWork
@@ -88,13 +88,6 @@ class CompareTask(GpuTask):
             for row in stop.rows() - run.stopped_rows:  # columns stopped on their own, from the page
                 run.stop_row(row)
         yield run.result
-
-
-def _shown_part(row: RowResult, shown: int) -> RowResult:
-    """A column stopped from the page as the page showed it at the click: its first `shown` steps
-    (the run's result is cut the same way, `keep_shown`, when the run ends)."""
-    kept = row.steps[:shown]
-    return replace(row, steps=kept, stop_reason="stopped", stop_step=kept[-1].step if kept else None)
 
 
 def run_gpu_work(run: Run) -> GpuWork:
@@ -188,8 +181,8 @@ class CompareWork(ViewWork):
                 limit = len(row.steps)
             self.doc.tokens(c, row.steps[self.doc.shown[c]:limit])
             if c not in self.ended and (final or row.stop_reason is not None):
-                if not final and c in self.caps:  # stopped from the page: it ends where the page was
-                    row = _shown_part(row, self.caps[c])
+                if not final and c in self.caps:  # stopped from the page: it ends where the page was,
+                    row = cut_row(row, self.caps[c], self.window)  # as `keep_shown` cuts the result
                 self.ended.add(c)
                 self.doc.end(c, row)
                 self.doc.markdown(c, row)
