@@ -8,7 +8,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from feedback.errors import FeedbackError
+from feedback.errors import FeedbackError, one_line
+
+# An unexpected failure prints one line; with this set to 1 the command raises it, traceback and all.
+TRACEBACK_ENV = "FEEDBACK_TRACEBACK"
 
 
 def _param(text: str) -> tuple[str, str]:
@@ -1024,3 +1027,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a failure mid-run (a model's layer, the machine): one line, not 100
+        if os.environ.get(TRACEBACK_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+            raise
+        print(f"error: {args.command} failed: {one_line(exc)} (set {TRACEBACK_ENV}=1 for the traceback)",
+              file=sys.stderr)
+        return 1

@@ -5,7 +5,7 @@ against `model.generate`; 8-bit and 4-bit (bitsandbytes NF4) loading with perple
 the memory sampler's readings against torch's own peak; the engine's decode speed against
 `model.generate` and the memory-bandwidth roofline; the static cache with CUDA graphs
 (`torch.compile`); every strategy's run, its perplexity and the exactness guarantees (strength 0 =
-the baseline, a batched row = the row alone); and the app, started and called through its client.
+the baseline, a left-padded batched row = the row alone, scoring is causal); and the app, started and called through its client.
 
 Each step is timed and recorded as ok, failed (its error; the next step still runs) or skipped
 (why: a CUDA-only step on a CPU machine, a missing package, a step left out, the time budget
@@ -45,7 +45,7 @@ from feedback.core.budget import dtype_bytes, kv_bytes_per_token
 from feedback.core.engine import run_to_end
 from feedback.core.model import LoadedModel, load_model, resolve_dtype
 from feedback.core.records import RowSpec, RunConfig, first_divergence
-from feedback.errors import FeedbackError
+from feedback.errors import FeedbackError, one_line
 
 REPORT_VERSION = 1
 ROOT = Path(__file__).resolve().parents[1]  # app.py and ui/ sit beside the package in the repository
@@ -53,6 +53,10 @@ ROOT = Path(__file__).resolve().parents[1]  # app.py and ui/ sit beside the pack
 # baseline, and a row batched with others against the same row alone (max |Δ logit| over the run).
 ZERO_TOL = 1e-4
 BATCH_TOL = 1e-3
+# Causality: changing a text's last token may move an earlier token's NLL by float noise only (a
+# re-run of layers without the causal mask moved them by ~1e-3 on GPT-2); checked on this many tokens.
+CAUSAL_TOL = 1e-4
+CAUSAL_TOKENS = 64
 CUDA_BUDGET_S = 300.0  # the issue's bound for the whole report on one GPU
 _MB = 2**20
 
@@ -199,15 +203,10 @@ def run_step(step: Step, ctx: Context) -> StepResult:
     except Skip as exc:
         status, summary, details = "skipped", str(exc), {}
     except Exception as exc:  # a step's failure is a finding of the report, not the end of it
-        status, summary = "failed", f"{type(exc).__name__}: {_first_line(exc)}"
+        status, summary = "failed", one_line(exc)
         details = {"traceback": traceback.format_exc().splitlines()[-12:]}
         free_memory()  # after an out-of-memory error the next step starts on a clean allocator
     return StepResult(step.name, step.title, status, time.perf_counter() - started, summary, details)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else "(no message)"
 
 
 def skipped(step: Step, reason: str) -> StepResult:
@@ -222,7 +221,8 @@ def run_steps(steps: list[Step], ctx: Context, out: Path | None = None, show: Ca
     started = time.perf_counter()
     report = {"doctor": REPORT_VERSION, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": _guarded(lambda: machine(ctx)), "plan": asdict(ctx.plan),
-              "tolerances": {"strength_zero_max_abs_logit": ZERO_TOL, "batched_vs_alone_max_abs_logit": BATCH_TOL},
+              "tolerances": {"strength_zero_max_abs_logit": ZERO_TOL, "batched_vs_alone_max_abs_logit": BATCH_TOL,
+                             "causality_max_abs_nll": CAUSAL_TOL},
               "steps": []}
     show(table_header())
     for step in steps:
@@ -250,7 +250,7 @@ def _guarded(fn: Callable[[], dict]) -> dict:
         return fn()
     except Exception as exc:
         free_memory()
-        return {"error": f"{type(exc).__name__}: {_first_line(exc)}"}
+        return {"error": one_line(exc)}
 
 
 def table_header() -> str:
@@ -547,27 +547,42 @@ def strategy_ppl(lm: LoadedModel, name: str, plan: Plan) -> dict:
             "feedback_ppl": res["feedback_ppl"], "delta_ppl_pct": round(res["delta_pct"], 3)}
 
 
+def causality_gap(lm: LoadedModel, name: str, plan: Plan) -> float:
+    """The most an earlier token's NLL under the strategy changes when a text's last token is
+    changed (0 where scoring is causal: a later token never changes an earlier NLL)."""
+    from feedback.eval.corpus import builtin
+    from feedback.eval.perplexity import PPLConfig, token_nlls
+
+    ids = lm.tokenizer(builtin("test")[0].text)["input_ids"][:min(plan.ppl_tokens, CAUSAL_TOKENS)]
+    other = ids[:-1] + [(ids[-1] + 1) % lm.vocab_size]
+    cfg = PPLConfig(name, {}, bootstrap=0)
+    (_, fb), (_, fb2) = token_nlls(lm, ids, cfg), token_nlls(lm, other, cfg)
+    return float(abs(fb[:-1] - fb2[:-1]).max())
+
+
 def strategy_check(lm: LoadedModel, name: str, plan: Plan) -> dict:
     """One strategy: baseline + the strategy at its defaults (+ at strength 0, for a hidden-state
-    strategy) in one batched run, the strategy's row alone, and its perplexity."""
+    strategy) in one batched run beside a longer prompt (so they are left-padded), the strategy's
+    row alone, whether its scoring is causal, and its perplexity."""
     from feedback.strategies import REGISTRY, PromptStrategy
 
     cls = REGISTRY[name]
     hidden = not issubclass(cls, PromptStrategy)
-    rows = [RowSpec("baseline"), RowSpec(name, name, {})]
+    rows = [RowSpec("padding", prompt=BENCH_PROMPT), RowSpec("baseline"), RowSpec(name, name, {})]
     if hidden:  # a prompt-level strategy at strength 0 still adds its markers: no baseline to match
         rows.append(RowSpec("zero", name, {cls.strength_param: 0.0}))
     cfg = RunConfig(prompt=SHORT_PROMPT, model=lm.name, max_new_tokens=plan.strategy_tokens, rows=rows)
     batched, logits = _logits_by_row(lm, cfg)
-    alone, alone_logits = _logits_by_row(lm, dataclasses.replace(cfg, rows=[rows[1]]))
-    base, own = batched.rows[0], batched.rows[1]
+    alone, alone_logits = _logits_by_row(lm, dataclasses.replace(cfg, rows=[rows[2]]))
+    base, own = batched.rows[1], batched.rows[2]
     out = {"tokens": len(own.token_ids), "tokens_per_s": round(own.tokens_per_s, 1),
            "first_difference_from_baseline": first_divergence(base.token_ids, own.token_ids),
-           "batched_same_tokens_as_alone": own.token_ids == alone.rows[0].token_ids,
-           "batched_vs_alone_max_abs": _max_gap(logits[1], alone_logits[0])}
+           "padded_batched_same_tokens_as_alone": own.token_ids == alone.rows[0].token_ids,
+           "padded_batched_vs_alone_max_abs": _max_gap(logits[2], alone_logits[0])}
     if hidden:
-        out |= {"zero_same_tokens_as_baseline": batched.rows[2].token_ids == base.token_ids,
-                "zero_vs_baseline_max_abs": _max_gap(logits[2], logits[0])}
+        out |= {"zero_same_tokens_as_baseline": batched.rows[3].token_ids == base.token_ids,
+                "zero_vs_baseline_max_abs": _max_gap(logits[3], logits[1]),
+                "causality_max_abs_nll": causality_gap(lm, name, plan)}
         out |= _guarded(lambda: strategy_ppl(lm, name, plan))
     else:
         out["ppl"] = "n/a: a prompt-level strategy changes the prompt, not the model"
@@ -576,8 +591,9 @@ def strategy_check(lm: LoadedModel, name: str, plan: Plan) -> dict:
 
 
 def _exact(c: dict, hidden: bool) -> bool:
-    batched = c["batched_same_tokens_as_alone"] and c["batched_vs_alone_max_abs"] <= BATCH_TOL
-    zero = not hidden or (c["zero_same_tokens_as_baseline"] and c["zero_vs_baseline_max_abs"] <= ZERO_TOL)
+    batched = c["padded_batched_same_tokens_as_alone"] and c["padded_batched_vs_alone_max_abs"] <= BATCH_TOL
+    zero = not hidden or (c["zero_same_tokens_as_baseline"] and c["zero_vs_baseline_max_abs"] <= ZERO_TOL
+                          and c["causality_max_abs_nll"] <= CAUSAL_TOL)
     return batched and zero
 
 
@@ -595,7 +611,8 @@ def step_strategies(ctx: Context) -> Outcome:
     checks = {name: _guarded(lambda: strategy_check(lm, name, ctx.plan)) for name in sorted(REGISTRY)}
     ok = all(c.get("exact") and "error" not in c for c in checks.values())
     details = {"dtype": lm.dtype, "prompt": SHORT_PROMPT, "tokens": ctx.plan.strategy_tokens,
-               "tolerances": {"strength_zero": ZERO_TOL, "batched_vs_alone": BATCH_TOL}, **checks}
+               "tolerances": {"strength_zero": ZERO_TOL, "batched_vs_alone": BATCH_TOL, "causality": CAUSAL_TOL},
+               **checks}
     return Outcome("; ".join(_strategy_line(n, c) for n, c in checks.items()), details, ok=ok)
 
 
@@ -656,7 +673,7 @@ def step_app(ctx: Context) -> Outcome:
         try:
             return _app_checks(ctx, url, app)
         except Exception as exc:  # the app's own error is in its log, not in the exception seen here
-            return Outcome(f"{type(exc).__name__}: {_first_line(exc)}", {"app_log_tail": _log_tail(log, 20)}, ok=False)
+            return Outcome(one_line(exc), {"app_log_tail": _log_tail(log, 20)}, ok=False)
         finally:
             _stop(app)
 
@@ -699,7 +716,7 @@ STEPS: tuple[Step, ...] = (
     Step("memory", "the memory sampler during a 2-row run vs torch's own counters", step_memory),
     Step("speed", "engine decode step vs model.generate, share of the bandwidth roofline", step_speed),
     Step("compiled", "static cache + CUDA graphs (torch.compile) vs eager", step_compiled),
-    Step("strategies", "each strategy: 2-row run, PPL, strength 0 = baseline, batched = alone", step_strategies),
+    Step("strategies", "each strategy: a run beside a longer prompt, PPL, strength 0 = baseline, padded batch = alone, causal scoring", step_strategies),
     Step("app", "app.py: /api/health, one /compare through gradio_client", step_app),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)

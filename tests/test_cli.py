@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import feedback.cli as cli_module
 from feedback.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,6 +228,29 @@ def test_bad_input_exits_nonzero_with_one_line(args, message, capsys):
 def test_a_refused_input_in_a_real_process_is_one_line_and_status_2():
     out = cli("generate", "--prompt", "hi", "--param", "alpha=7")
     assert out.returncode == 2 and "alpha=7.0 is out of range" in out.stderr and "Traceback" not in out.stderr
+
+
+def _crash(args):
+    """A failure mid-run as torch reports a model's shape mismatch: a long, many-line message."""
+    raise RuntimeError("The size of tensor a (74) must match the size of tensor b (37) at non-singleton "
+                       "dimension 3\n" + "  frame\n" * 100)
+
+
+def test_a_failure_mid_run_is_one_line_and_status_1(monkeypatch):
+    monkeypatch.setattr(cli_module, "_generate", _crash)
+    monkeypatch.delenv(cli_module.TRACEBACK_ENV, raising=False)
+    out = in_process("generate", "--prompt", "hi")
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        "error: generate failed: RuntimeError: The size of tensor a (74) must match the size of tensor b (37) at "
+        "non-singleton dimension 3 (set FEEDBACK_TRACEBACK=1 for the traceback)"]
+
+
+def test_the_traceback_is_there_when_asked_for(monkeypatch):
+    monkeypatch.setattr(cli_module, "_generate", _crash)
+    monkeypatch.setenv(cli_module.TRACEBACK_ENV, "1")
+    with pytest.raises(RuntimeError, match="size of tensor a"):
+        in_process("generate", "--prompt", "hi")
 
 
 def test_unknown_hub_model_is_a_clear_error(monkeypatch):

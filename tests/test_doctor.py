@@ -72,6 +72,24 @@ def test_cpu_report_runs_what_applies(cpu_report):
     assert app["health"]["status"] == "ok" and all(r["tokens"] > 0 for r in app["compare"]["rows"])
 
 
+@pytest.mark.parametrize("family", ["gpt2", "gemma2", "mistral"])
+def test_the_strategies_step_passes_on_tiny_families_it_once_failed(family, embedded_lm, tmp_path):
+    """GPT-2 (cache and mask passed positionally), Gemma 2 (sliding and full layers in one block)
+    and Mistral (a sliding window the prompt crosses), loaded as `random:<folder>`: every strategy
+    exact beside a longer prompt, with causal scoring (inner_loop once failed all three)."""
+    from tests.tiny_families import write_folder
+
+    folder = write_folder(family, embedded_lm.tokenizer, tmp_path / family)
+    path = tmp_path / "doctor.json"
+    status, _, err = _quiet_main(["doctor", "--device", "cpu", "--model", f"random:{folder}", "--only", "strategies",
+                                  "--out", str(path)])
+    strategies = _steps(json.loads(path.read_text()))["strategies"]
+    assert status == 0 and strategies["status"] == "ok", strategies["summary"]
+    loop = strategies["details"]["inner_loop"]
+    assert loop["exact"] and loop["padded_batched_same_tokens_as_alone"]
+    assert loop["causality_max_abs_nll"] <= strategies["details"]["tolerances"]["causality"]
+
+
 def test_cpu_report_prints_a_table_row_per_step(cpu_report):
     _, report, printed = cpu_report
     lines = printed.splitlines()
@@ -95,7 +113,7 @@ def test_a_step_that_raises_is_recorded_and_the_next_step_runs(embedded_lm, tmp_
     report = run_steps([Step("broken", "an engine run with an empty prompt", _empty_prompt_run), memory], ctx, out,
                        shown.append)
     broken, after = report["steps"]
-    assert broken["status"] == "failed" and broken["summary"] == "FeedbackError: prompt is empty"
+    assert broken["status"] == "failed" and broken["summary"] == "prompt is empty"
     assert any("prompt is empty" in line for line in broken["details"]["traceback"])
     assert after["name"] == "memory" and after["status"] == "ok"
     assert report["failed"] == ["broken"] and json.loads(out.read_text())["steps"] == report["steps"]

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 from feedback.core.budget import Budget
-from feedback.errors import FeedbackError, Stopped
+from feedback.errors import FeedbackError, Stopped, one_line
 from feedback.serve.gate import Busy, Place
 from feedback.serve.gpu_time import GpuClock, GpuWork
 from feedback.serve.limits import gpu_duration_cap_setting
@@ -81,7 +81,7 @@ class Outcome:
             return str(self.error)
         if isinstance(self.error, gr.Error):  # e.g. ZeroGPU's "ZeroGPU worker error: GPU task aborted"
             return f"{self.error.title}: {self.error.message}"
-        return f"{type(self.error).__name__}: {self.error}"
+        return one_line(self.error)
 
 
 class GpuTask:

@@ -140,6 +140,8 @@ class Run:
             i: build_strategy(row.strategy, row.params, lm.num_layers)
             for i, row in enumerate(config.rows) if row.strategy
         }
+        for strategy in self.strategies.values():  # a model a strategy cannot serve exactly: refused now
+            strategy.check_model(lm.model, lm.layers)
         self.prompt_strategies = _prompt_level(self.strategies)
         inputs = [_row_prompt_ids(lm, config, row, self.prompt_strategies.get(i)) for i, row in enumerate(config.rows)]
         row_ids = [ids for ids, _ in inputs]

@@ -51,6 +51,21 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     )
 
 
+def check_layer_state(model: nn.Module) -> None:
+    """Refuse a model whose layers keep state other than attention keys and values (linear
+    attention, state-space or convolution layers): the engine left-pads prompts into one batch and
+    drops finished rows from its cache, which it does exactly only for key/value layers."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+
+    kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=model.config).layers
+                    if not isinstance(layer, DynamicLayer) or isinstance(layer, LinearAttentionCacheLayerMixin)})
+    if kinds:
+        raise FeedbackError(f"unsupported architecture {type(model).__name__}: some of its layers keep a recurrent "
+                            f"state ({', '.join(kinds)}), not only attention keys and values; the engine batches "
+                            "and pads rows exactly only for attention layers")
+
+
 @dataclass
 class LoadedModel:
     """A model ready for the engine, with what the engine needs to know about it."""
@@ -331,6 +346,7 @@ def load_model(
         model.to(dev)
     model.eval()
     decoder_layers(model)  # fail now, not mid-run, on an unsupported architecture
+    check_layer_state(model)
     if auto_attention and dev.type == "cpu" and model.config.model_type in GROUPED_ATTENTION_MODELS:
         from feedback.core.kvcache import GROUPED
 

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 from feedback.core import memory
 from feedback.core.budget import Budget
 from feedback.core.model import LoadedModel
-from feedback.errors import FeedbackError
+from feedback.errors import FeedbackError, one_line
 from feedback.eval import corpus
 
 MODES = ("compare", "ppl", "deepthink")
@@ -211,7 +211,7 @@ def run_batch(lm: LoadedModel, input_path: str | Path, output_path: str | Path, 
                 try:
                     result = run_task(lm, task, budget)
                 except Exception as exc:  # recorded, retried, never fatal for the batch
-                    record |= {"status": "error", "error": f"{type(exc).__name__}: {exc}", "attempts": attempt}
+                    record |= {"status": "error", "error": one_line(exc), "attempts": attempt}
                     continue
                 record |= {"status": "ok", "attempts": attempt, "result": result}
                 record.pop("error", None)

@@ -12,6 +12,8 @@ it changes the row's prompt and the tokens its reply takes, through the methods 
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
+from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
 from feedback.errors import FeedbackError, check_stop
 
@@ -174,13 +177,105 @@ def layer_output(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, tuple) else output
 
 
-def _batch_row(value: Any, b: int, rows: int) -> Any:
-    """Batch row `b` of a layer call's argument, kept as a batch of one (broadcast ones as they are)."""
-    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows and rows > 1:
-        return value[b:b + 1]
+# The names transformers' decoder layers take their KV cache by (GPT-NeoX, Falcon and BLOOM say layer_past).
+CACHE_ARGS = ("cache", "past_key_values", "past_key_value", "layer_past")
+# Arguments laid out [batch x heads, ...] (BLOOM's and Falcon's ALiBi biases): a row's slice is its block of heads.
+HEAD_MAJOR_ARGS = frozenset({"alibi"})
+
+
+def _batch_row(value: Any, b: int, rows: int, head_major: bool = False) -> Any:
+    """Batch row `b` of a layer call's argument, kept as a batch of one (broadcast ones as they are;
+    `head_major`: laid out [rows x heads, ...], the row's block of heads)."""
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and rows > 1:
+        if value.shape[0] == rows:
+            return value[b:b + 1]
+        if head_major and value.shape[0] % rows == 0:
+            heads = value.shape[0] // rows
+            return value[b * heads:(b + 1) * heads]
     if isinstance(value, tuple):
         return tuple(_batch_row(v, b, rows) for v in value)
     return value
+
+
+@dataclass(frozen=True)
+class LayerSignature:
+    """How a decoder layer is called: its named parameters in order, the one its hidden states come
+    in by, and the one it takes its KV cache by."""
+
+    params: tuple[str, ...]
+    states: str
+    cache: str
+
+
+@functools.lru_cache(maxsize=None)
+def _signature_of(layer_type: type) -> LayerSignature | str:
+    """The layer class's call signature, or why a layer of it cannot be re-run (text)."""
+    params = inspect.signature(layer_type.forward).parameters
+    names = [n for n, p in params.items() if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    cache = next((n for n in CACHE_ARGS if n in names), None)
+    if not names:
+        return f"{layer_type.__name__}.forward takes no hidden states by name"
+    if cache is None:
+        return (f"{layer_type.__name__}.forward takes no KV-cache argument this project knows "
+                f"({', '.join(CACHE_ARGS)})")
+    return LayerSignature(tuple(names), names[0], cache)
+
+
+def layer_signature(layer: nn.Module) -> LayerSignature:
+    """`_signature_of` the layer's class; a layer it cannot re-run refused (FeedbackError)."""
+    found = _signature_of(type(layer))
+    if isinstance(found, str):
+        raise FeedbackError(f"this model's decoder layers cannot be re-run exactly: {found}")
+    return found
+
+
+@dataclass
+class LayerCall:
+    """One decoder layer's call as the model made it in the forward in flight, cut to one row:
+    every argument by name (positional ones named from the layer's signature, as GPT-2's cache and
+    mask come), the hidden states left out. Each layer's own call, so a sliding-window layer keeps
+    its own mask and position embeddings."""
+
+    layer: nn.Module
+    signature: LayerSignature
+    arguments: dict[str, Any]
+
+    @property
+    def cache(self) -> Any:
+        """The model's own KV cache in this call (None in a pass without one)."""
+        return self.arguments.get(self.signature.cache)
+
+    def bound(self, states: torch.Tensor, cache: Any) -> dict[str, Any]:
+        """The call's arguments with other hidden states and another KV cache (None: no cache)."""
+        out = {**self.arguments, self.signature.states: states, self.signature.cache: cache}
+        if "use_cache" in self.signature.params or "use_cache" in out:  # else the layer has no such switch
+            out["use_cache"] = cache is not None
+        return out
+
+
+def _call_arguments(sig: LayerSignature, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """A layer call's positional and keyword arguments, all by name."""
+    named = dict(zip(sig.params, args))
+    named.update(kwargs)
+    return named
+
+
+def cache_like(cache: Cache | None) -> Cache | None:
+    """An empty KV cache whose layers keep as many keys as `cache`'s do (a sliding-window layer its
+    window, any other every key), so the mask the model built for its own cache fits it too; None
+    for None. A cache of another kind (static, quantised, recurrent state) is refused by name."""
+    if cache is None:
+        return None
+    layers = []
+    for layer in cache.layers:
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            layers.append(DynamicSlidingWindowLayer(layer.sliding_window))
+        elif isinstance(layer, DynamicLayer) and not isinstance(layer, LinearAttentionCacheLayerMixin):
+            layers.append(DynamicLayer())
+        else:
+            raise FeedbackError(f"a strategy that re-runs layers keeps a KV cache like the model's, and the "
+                                f"model's cache holds a {type(layer).__name__}, which it cannot copy")
+    return Cache(layers=layers)
 
 
 def unit(d: torch.Tensor) -> torch.Tensor:
@@ -299,6 +394,7 @@ class Strategy(ABC):
         self._seen = 0  # this row's real tokens before the forward in flight
         self._span: Span | None = None  # the forward in flight, found at its first hook
         self.reset()
+        self.check_model(model, layers)
         try:
             self._register(model, layers)
         except BaseException:
@@ -347,34 +443,42 @@ class Strategy(ABC):
             return ((new, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": new})
         self._handles.append(self._module(where).register_forward_pre_hook(hook, with_kwargs=True))
 
-    def watch_call(self, where: int | nn.Module, fn: Callable[[torch.Tensor, dict], None]) -> None:
-        """Call `fn(states, kwargs)` with this row's whole slice of a decoder layer's hidden-state input
-        (fp32, padding and sink included) and the call's other keyword arguments cut to this row
-        (attention mask, position embeddings and ids), so the strategy can run layers again on its
-        row alone (see `run_layer`)."""
+    def watch_call(self, where: int | nn.Module, fn: Callable[[torch.Tensor, LayerCall], None]) -> None:
+        """Call `fn(states, call)` with this row's whole slice of a decoder layer's hidden-state input
+        (fp32, padding and sink included) and the layer's call cut to this row (`LayerCall`: its
+        mask, position embeddings and ids, cache, every argument it was given), so the strategy can
+        run the layer again on its row alone (`run_layer`). A layer whose call it cannot re-run is
+        refused here, when the strategy attaches, before any forward."""
+        module = self._module(where)
+        sig = layer_signature(module)
+
         def hook(module, args, kwargs):
-            x = args[0] if args else kwargs["hidden_states"]
+            named = _call_arguments(sig, args, kwargs)
+            x = named.pop(sig.states)
             sp = self.span(x.shape[1])
             if sp is not None:
                 rows = x.shape[0]
-                fn(x[sp.b].to(self.device).float(),
-                   {k: _batch_row(v, sp.b, rows) for k, v in kwargs.items() if k != "hidden_states"})
-        self._handles.append(self._module(where).register_forward_pre_hook(hook, with_kwargs=True))
+                cut = {k: _batch_row(v, sp.b, rows, k in HEAD_MAJOR_ARGS) for k, v in named.items()}
+                fn(x[sp.b].to(self.device).float(), LayerCall(module, sig, cut))
+        self._handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
 
-    def run_layer(self, layer: int, states: torch.Tensor, kwargs: dict, cache: Any = None) -> torch.Tensor:
-        """Decoder layer `layer` applied again to this row's whole states [T, H] (fp32 in and out,
-        the layer's own dtype inside), with `kwargs` from `watch_call` and the strategy's own KV
-        cache (None: a parallel pass that needs none). No hook of any strategy acts meanwhile, so
-        the model's own cache and the other rows are untouched."""
+    def run_layer(self, call: LayerCall, states: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        """A decoder layer applied again to this row's whole states [T, H] (fp32 in and out, the
+        layer's own dtype inside), with its call from `watch_call` and the strategy's own KV cache
+        (`cache_like` the model's; None: a parallel pass that needs none). No hook of any strategy
+        acts meanwhile, so the model's own cache and the other rows are untouched."""
         self.batch.check_stop()
-        module = self.layers[layer]
-        dtype = next(module.parameters()).dtype
+        dtype = next(call.layer.parameters()).dtype
         self.batch.active = False
         try:
-            out = module(states[None].to(dtype), **{**kwargs, "cache": cache, "use_cache": cache is not None})
+            out = call.layer(**call.bound(states[None].to(dtype), cache))
         finally:
             self.batch.active = True
         return layer_output(out)[0].float()
+
+    def check_model(self, model: nn.Module, layers: nn.ModuleList) -> None:
+        """Refuse a model this strategy cannot serve exactly (`FeedbackError`, naming why); called
+        when a run is built, before it starts, and again on attach. Every model passes by default."""
 
     def extra_layer_passes(self) -> int:
         """Decoder-layer applications per token beyond the model's own (its cost, reported)."""

@@ -14,12 +14,17 @@ the row prefills its prompt on its own. Cost: `extra_layer_passes` per token.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
-from transformers import DynamicCache
+from transformers.cache_utils import Cache
 
 from feedback.errors import FeedbackError
-from feedback.strategies.base import Param, Phase, Preset, Strategy
+from feedback.strategies.base import LayerCall, Param, Phase, Preset, Strategy, cache_like, layer_signature
+
+# Layer kinds whose KV cache a pass of the loop can keep as the model keeps its own.
+KV_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 
 
 class InnerLoopStrategy(Strategy):
@@ -65,32 +70,49 @@ class InnerLoopStrategy(Strategy):
 
     def reset(self) -> None:
         self.inputs: torch.Tensor | None = None  # the block's input for this row, this forward [T, H]
-        self.kwargs: dict = {}  # the block's call arguments for this row (mask, positions)
-        self.caches: list[DynamicCache] = []  # one per extra pass (loop) or sub-step (euler)
+        self.calls: dict[int, LayerCall] = {}  # each block layer's own call for this row, this forward
+        self.caches: list[Cache] = []  # one per extra pass (loop) or sub-step (euler)
+
+    def check_model(self, model: nn.Module, layers: nn.ModuleList) -> None:
+        for layer in self._block_layers():
+            layer_signature(layers[layer])
+        text = model.config.get_text_config(decoder=True)
+        kinds = set(getattr(text, "layer_types", None) or ()) - KV_LAYER_TYPES
+        if kinds:
+            raise FeedbackError(f"inner_loop re-runs decoder layers with KV caches of its own, and this model has "
+                                f"{', '.join(sorted(kinds))} layers, whose state it cannot keep")
 
     def extra_layer_passes(self) -> int:
         if self.values["loops"] == 0 or self.values["beta"] == 0:
             return 0
-        k, width = self.values["loops"], self.values["end_layer"] - self.values["start_layer"] + 1
+        k, width = self.values["loops"], len(self._block_layers())
         return (k if self.values["mode"] == "loop" else k + 1) * width
 
+    def _block_layers(self) -> range:
+        return range(self.values["start_layer"], self.values["end_layer"] + 1)
+
     def _register(self, model: nn.Module, layers: nn.ModuleList) -> None:
-        self.watch_call(self.values["start_layer"], self._take_inputs)
+        for layer in self._block_layers():
+            self.watch_call(layer, functools.partial(self._take_call, layer))
         self.edit_output(self.values["end_layer"], self._loop, whole=True)
 
-    def _take_inputs(self, states: torch.Tensor, kwargs: dict) -> None:
-        self.inputs, self.kwargs = states, kwargs
+    def _take_call(self, layer: int, states: torch.Tensor, call: LayerCall) -> None:
+        if layer == self.values["start_layer"]:
+            self.inputs = states
+        self.calls[layer] = call
 
-    def _cache(self, i: int) -> DynamicCache | None:
-        if self.phase == Phase.SEQUENCE:  # one parallel pass over the whole text needs no cache
+    def _cache(self, i: int) -> Cache | None:
+        """Pass i's own KV cache, of the kind of the model's (None in a pass without one)."""
+        model_cache = self.calls[self.values["start_layer"]].cache
+        if self.phase == Phase.SEQUENCE or model_cache is None:  # one parallel pass over a text needs none
             return None
         while len(self.caches) <= i:
-            self.caches.append(DynamicCache(config=self.model.config))
+            self.caches.append(cache_like(model_cache))
         return self.caches[i]
 
-    def _block(self, h: torch.Tensor, cache: DynamicCache | None) -> torch.Tensor:
-        for layer in range(self.values["start_layer"], self.values["end_layer"] + 1):
-            h = self.run_layer(layer, h, self.kwargs, cache)
+    def _block(self, h: torch.Tensor, cache: Cache | None) -> torch.Tensor:
+        for layer in self._block_layers():
+            h = self.run_layer(self.calls[layer], h, cache)
         return h
 
     def _loop(self, y: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
@@ -103,7 +125,7 @@ class InnerLoopStrategy(Strategy):
                 z = (1 - beta) * y + beta * self._block(z, self._cache(i))
             return z
         n, h = k + 1, self.inputs
-        for layer in range(self.values["start_layer"], self.values["end_layer"] + 1):
+        for layer in self._block_layers():
             for i in range(n):
-                h = h + (self.run_layer(layer, h, self.kwargs, self._cache(i)) - h) / n
+                h = h + (self.run_layer(self.calls[layer], h, self._cache(i)) - h) / n
         return (1 - beta) * y + beta * h

@@ -112,6 +112,10 @@ class StackStrategy(Strategy):
             self.detach()
             raise
 
+    def check_model(self, model: nn.Module, layers: nn.ModuleList) -> None:
+        for part in self.parts:
+            part.check_model(model, layers)
+
     def detach(self) -> None:
         for part in self.parts:
             part.detach()

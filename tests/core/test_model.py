@@ -429,3 +429,14 @@ def test_a_random_model_has_the_architecture_and_tokenizer_without_the_weights(t
     assert not torch.equal(head, embedded_lm.model.get_output_embeddings().weight)
     with pytest.raises(FeedbackError, match="one random: is enough"):
         resolve_source("random:random:embedded")
+
+
+def test_a_model_whose_layers_keep_a_recurrent_state_is_refused_at_load(embedded_lm, tmp_path):
+    """Qwen3-Next's linear-attention layers keep a state the engine cannot pad or cut by row: refused
+    by name when it loads, not an AttributeError when a row leaves the batch mid-run."""
+    from tests.tiny_families import write_folder
+
+    folder = write_folder("qwen3_next", embedded_lm.tokenizer, tmp_path / "qwen3_next")
+    with pytest.raises(FeedbackError, match=r"Qwen3NextForCausalLM: some of its layers keep a recurrent state "
+                                            r"\(LinearAttentionLayer\)"):
+        load_model(f"random:{folder}")

@@ -592,3 +592,39 @@ def test_tiny_temperatures_are_refused_never_a_server_error(api, temperature):
     client, _ = api
     r = client.post("/generate", json={"prompt": "Hi", "max_new_tokens": 2, "sampling": {"temperature": temperature}})
     assert r.status_code == 422 and "0 (greedy) or at least 0.01" in r.json()["error"]
+
+
+def test_a_model_failing_mid_run_is_a_one_line_500_and_a_known_misfit_a_422_before_it_runs(embedded_lm):
+    """A layer that fails mid-run (as a shape mismatch does, with torch's many-line message) is one
+    line in a 500, or in the stream's error event; a strategy the model cannot serve exactly is
+    refused with 422, naming why, before anything runs. The server keeps serving."""
+    from transformers import LlamaForCausalLM
+
+    from feedback.core.model import LoadedModel
+    from tests.tiny_families import config
+
+    cfg = config("llama", embedded_lm.tokenizer)
+    cfg.layer_types = ["full_attention", "chunked_attention"] * 2  # a kind inner_loop cannot keep a cache for
+    lm = LoadedModel(LlamaForCausalLM(cfg).eval(), embedded_lm.tokenizer, "tiny", "float32", embedded_lm.device,
+                     eos_token_ids=[embedded_lm.tokenizer.eos_token_id])
+    failing = {"on": False}
+
+    def crash(module, args, output):
+        if failing["on"]:
+            raise RuntimeError("The size of tensor a (74) must match the size of tensor b (37)\n" + "  frame\n" * 50)
+
+    lm.layers[1].register_forward_hook(crash)
+    with serve(lm, ApiSettings()) as (url, _), httpx.Client(base_url=url + "/api", timeout=120) as client:
+        body = {"prompt": "hi", "max_new_tokens": 3}
+        misfit = client.post("/generate", json=body | {"strategy": "inner_loop"})
+        assert misfit.status_code == 422 and "chunked_attention layers" in misfit.json()["error"]
+        lm.model.config.layer_types = None  # a plain Llama again, for the runs below
+        failing["on"] = True
+        r = client.post("/generate", json=body)
+        assert r.status_code == 500 and r.json()["error"] == (
+            "generation failed: RuntimeError: The size of tensor a (74) must match the size of tensor b (37)")
+        with client.stream("POST", "/generate/stream", json=body) as s:
+            last = _ndjson(s)[-1]
+        assert last["event"] == "error" and last["status"] == 500 and "\n" not in last["error"]
+        failing["on"] = False
+        assert client.post("/generate", json=body).status_code == 200

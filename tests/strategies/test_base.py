@@ -1,5 +1,6 @@
 """The strategy base class and the plumbing every strategy shares: parameters parsed from strings,
-the Param schema, attach/detach bookkeeping, BatchView, and the tensor helpers."""
+the Param schema, attach/detach bookkeeping, BatchView, the tensor helpers, and re-running a layer
+from its real call (its signature, a row's cut of its arguments, a KV cache like the model's)."""
 from __future__ import annotations
 
 import math
@@ -7,8 +8,10 @@ import math
 import pytest
 import torch
 
+from feedback.errors import FeedbackError
 from feedback.strategies import BatchView, Phase, build_strategy
-from feedback.strategies.base import RunningMean, causal_mean, rms, unit
+from feedback.strategies.base import (LayerCall, RunningMean, _batch_row, _call_arguments, cache_like, causal_mean,
+                                      layer_signature, rms, unit)
 from feedback.strategies.residual import ResidualStrategy
 
 
@@ -74,3 +77,50 @@ def test_running_mean_chunk_by_chunk_equals_the_causal_mean():
         last = running.add(chunk)
     assert running.count == 7
     assert torch.allclose(last, causal_mean(states)[-1]) and torch.allclose(causal_mean(states)[2], states[:3].mean(0))
+
+
+class _NoCacheLayer(torch.nn.Module):
+    def forward(self, hidden_states, attention_mask=None):
+        return hidden_states
+
+
+def test_a_layer_taking_no_kv_cache_cannot_be_rerun_and_says_why():
+    with pytest.raises(FeedbackError, match="_NoCacheLayer.forward takes no KV-cache argument"):
+        layer_signature(_NoCacheLayer())
+
+
+def test_a_layer_call_names_positional_arguments_and_swaps_the_cache():
+    """GPT-2's blocks take their cache and mask positionally: the call keeps them, by name."""
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    block = GPT2Block(GPT2Config(n_embd=16, n_head=2))
+    sig = layer_signature(block)
+    assert (sig.states, sig.cache) == ("hidden_states", "cache")
+    mask, model_cache, own = torch.zeros(1, 1, 3, 3), object(), object()
+    named = _call_arguments(sig, (torch.zeros(1, 3, 16), model_cache, mask), {"use_cache": True})
+    assert named.pop("hidden_states").shape == (1, 3, 16)
+    call = LayerCall(block, sig, named)
+    assert call.cache is model_cache and call.arguments["attention_mask"] is mask
+    bound = call.bound(torch.ones(1, 3, 16), own)
+    assert bound["cache"] is own and bound["attention_mask"] is mask and bound["use_cache"] is True
+    assert call.bound(torch.ones(1, 3, 16), None)["use_cache"] is False
+
+
+def test_a_row_of_a_batch_x_heads_argument_is_its_block_of_heads():
+    alibi = torch.arange(3 * 4).float().reshape(3 * 4, 1, 1)  # BLOOM's ALiBi: [batch x heads, 1, T]
+    assert _batch_row(alibi, 1, 3, head_major=True).flatten().tolist() == [4, 5, 6, 7]
+    assert _batch_row(torch.zeros(3, 5), 2, 3).shape == (1, 5)
+    assert _batch_row(torch.zeros(1, 5), 0, 3).shape == (1, 5)  # broadcast over rows: kept whole
+
+
+def test_a_cache_like_the_models_keeps_as_many_keys_per_layer():
+    from transformers import DynamicCache, MistralConfig
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    model_cache = DynamicCache(config=MistralConfig(num_hidden_layers=2, sliding_window=16))
+    own = cache_like(model_cache)
+    assert own is not model_cache and all(type(layer) is DynamicSlidingWindowLayer for layer in own.layers)
+    assert {layer.sliding_window for layer in own.layers} == {16}
+    assert all(type(layer) is DynamicLayer for layer in cache_like(DynamicCache(config=None)).layers)
+    assert cache_like(None) is None

@@ -72,3 +72,21 @@ def test_bad_block_refused():
         get_strategy("inner_loop")({"start_layer": 20, "end_layer": 10}, 30)
     with pytest.raises(FeedbackError, match="mode='spin' must be one of"):
         get_strategy("inner_loop")({"mode": "spin"}, 30)
+
+
+def test_a_model_with_layers_whose_state_it_cannot_keep_is_refused_before_the_run(embedded_lm, hook_count):
+    """A layer kind other than full or sliding-window attention (here Llama 4's chunked attention)
+    is refused by name when the run is built: no hook, no forward."""
+    from transformers import LlamaForCausalLM
+
+    from feedback.core.model import LoadedModel
+    from tests.tiny_families import config
+
+    cfg = config("llama", embedded_lm.tokenizer)
+    cfg.layer_types = ["full_attention", "chunked_attention"] * 2
+    lm = LoadedModel(LlamaForCausalLM(cfg).eval(), embedded_lm.tokenizer, "chunked", "float32", torch.device("cpu"))
+    run_cfg = RunConfig(prompt="hi", model="chunked", max_new_tokens=2,
+                        rows=[RowSpec("b"), RowSpec("loop", "inner_loop", LOOP)])
+    with pytest.raises(FeedbackError, match="this model has chunked_attention layers, whose state it cannot keep"):
+        start_run(lm, run_cfg)
+    assert hook_count(lm.model) == 0

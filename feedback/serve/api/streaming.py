@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 from feedback.core.engine import PrefillEvent, Run, StepEvent
 from feedback.core.session import RecentRuns
 from feedback.core.strict_json import json_safe
-from feedback.errors import FeedbackError, Stopped
+from feedback.errors import FeedbackError, Stopped, one_line
 from feedback.serve.api.deps import ApiSettings
 from feedback.serve.api.errors import ApiError
 from feedback.serve.gate import Ticket
@@ -208,7 +208,7 @@ async def _events(run: Run, steps: bool, sse: bool, recent: RecentRuns) -> Async
     except FeedbackError as exc:  # refused once it ran (a request is sized before it waits, so rarely)
         yield event("error", {"error": str(exc), "status": 422}, sse)
     except Exception as exc:  # the stream has started: report in-band, keep serving
-        yield event("error", {"error": f"generation failed: {type(exc).__name__}: {exc}", "status": 500}, sse)
+        yield event("error", {"error": f"generation failed: {one_line(exc)}", "status": 500}, sse)
 
 
 async def answer(run: Run, request: Request, steps: bool, stream_as: str | None, pool: ModelPool,
@@ -232,6 +232,6 @@ async def answer(run: Run, request: Request, steps: bool, stream_as: str | None,
         except FeedbackError:
             raise  # a refusal: 422 naming the field
         except Exception as exc:  # out-of-memory, tokenizer or model errors: this request fails, the server stays
-            raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
+            raise ApiError(500, f"generation failed: {one_line(exc)}") from None
     recent.put(run.result)
     return JSONResponse(json_safe(result_json(run, steps) | {"queued_seconds": round(queued, 4)}))
