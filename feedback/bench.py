@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
+from feedback import ASSETS
 from feedback.core.engine import run_to_end
 from feedback.core.model import LoadedModel, load_model, set_fast_matmul
 from feedback.core.records import RowSpec, RunConfig, first_divergence
@@ -423,7 +424,7 @@ MODES = (("fp32 exact (oneDNN linear, the default)", {"dtype": "float32"}),
          ("fp32 weights, oneDNN bf16 matmuls", {"dtype": "float32", "fast_matmul": True}),
          ("bf16 weights", {"dtype": "bfloat16"}),
          ("int8 weights (weight-only, bf16 activations)", {"dtype": "float32", "load_in_8bit": True}))
-MODE_PPL_TOKENS = 512  # tokens per built-in test document for ΔPPL (the 512-token protocol of docs/RESULTS.md)
+MODE_PPL_TOKENS = 512  # tokens per built-in test document for ΔPPL (the 512-token protocol of docs/results/RESULTS.md)
 
 
 def _greedy_replies(lm: LoadedModel, prompts: list[str], tokens: int) -> list[list[int]]:
@@ -453,7 +454,7 @@ def fast_modes(tokens: int = 16, repeats: int = 3, reply_tokens: int = 64, docs:
 
     from feedback.eval.perplexity import paired_bootstrap
 
-    examples = json.loads((Path(__file__).resolve().parent.parent / "assets" / "examples.json").read_text())
+    examples = json.loads((ASSETS / "examples.json").read_text())
     prompts = [e["prompt"] for e in examples][:8]
     bandwidth = copy_bandwidth_gbs()
     out: dict = {"bandwidth_gbs": bandwidth, "modes": {}}

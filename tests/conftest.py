@@ -62,8 +62,8 @@ def _launched(pool, settings, page_budget=None):
     from types import SimpleNamespace
 
     from ui.layout import FeedbackLensApp
-    from ui.server import KEY_LOGIN_MESSAGE, app_kwargs, page_auth
-    from ui.theme import launch_kwargs
+    from ui.page.server import KEY_LOGIN_MESSAGE, app_kwargs, page_auth
+    from ui.page.theme import launch_kwargs
 
     app = FeedbackLensApp(pool, budget=page_budget)
     demo = app.build()

@@ -30,7 +30,17 @@ def test_every_part_of_the_library_is_in_a_layer():
 def test_every_package_with_modules_is_checked_for_cycles():
     ancestors = set(_lines(_contract()["importlinter:contract:acyclic"]["ancestors"]))
     packages = {f"feedback.{p.parent.name}" for p in (ROOT / "feedback").glob("*/__init__.py")} | {"ui"}
+    packages |= {f"ui.{p.parent.name}" for p in (ROOT / "ui").glob("*/__init__.py")}
     assert packages - ancestors == set()
+
+
+def test_every_ui_package_is_a_tab_or_the_page_and_tabs_import_no_other_tab():
+    """The UI's contract: the layout over the tabs, each tab a package no other tab imports
+    (independent siblings, `|`), over `ui.page`, what they share."""
+    layers = _lines(_contract()["importlinter:contract:ui-tabs"]["layers"])
+    assert _lines(_contract()["importlinter:contract:ui-tabs"]["containers"]) == ["ui"] and layers[-1] == "page"
+    tabs = {name.strip() for name in layers[-2].split("|")}
+    assert {p.parent.name for p in (ROOT / "ui").glob("*/__init__.py")} == tabs | {"page"}
 
 
 def test_the_library_may_not_import_gradio():

@@ -10,13 +10,13 @@ import gradio as gr
 
 from feedback.core.budget import Budget
 from feedback.serve.pool import ModelPool
-from ui.checked import CheckedBlocks
 from ui.compare.tab import CompareTab
-from ui.deepthink_tab import DeepThinkTab
-from ui.history_tab import HistoryTab
-from ui.perplexity_tab import PerplexityTab
-from ui.runner import ModelRunner
-from ui.sweep_tab import SweepTab
+from ui.deepthink.tab import DeepThinkTab
+from ui.history.tab import HistoryTab
+from ui.page.checked import CheckedBlocks
+from ui.page.runner import ModelRunner
+from ui.perplexity.tab import PerplexityTab
+from ui.sweep.tab import SweepTab
 
 INTRO = ("# Feedback Lens\nOne model, one prompt, decodes streamed side by side: a plain **baseline** and "
          "**activation-feedback** decodes, which feed the model's own deep hidden states back into it while it "

@@ -7,9 +7,9 @@ import argparse
 import json
 
 from feedback.serve.pool import ModelPool
-from ui.compare.settings import column_key
-from ui.controls import NONE, api_name
 from ui.layout import FeedbackLensApp
+from ui.page.controls import NONE, api_name
+from ui.page.settings import column_key
 
 PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
 

@@ -20,7 +20,7 @@ import psutil
 
 from feedback.errors import FeedbackError
 
-EXACT_COST = 10  # a token-by-token pass costs ~11x a parallel pass per token (docs/RESULTS.md: 255 vs 22.6 tok/s)
+EXACT_COST = 10  # a token-by-token pass costs ~11x a parallel pass per token (docs/results/RESULTS.md: 255 vs 22.6 tok/s)
 PREFILL_CHUNK = 512  # prompt tokens per prefill forward (bounds the attention scratch of long prompts)
 ENV = {"scored_tokens": "FEEDBACK_BUDGET_SCORED_TOKENS", "decoded_tokens": "FEEDBACK_BUDGET_DECODED_TOKENS",
        "memory_mb": "FEEDBACK_BUDGET_MEMORY_MB"}

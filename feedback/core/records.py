@@ -31,6 +31,20 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 ROLES = ("system", "user", "assistant")
 MAX_KEY_FACTS = 32
 
+# The settings a row may have of its own instead of the run's, declared once: (RowSpec field, the
+# RunConfig setting it stands in for, as a dotted path). A row's None is the run's value. RowSpec
+# declares each field; what reads "which settings may a row override" reads this (the HTTP API's
+# row schema, the page's column settings and History's CSV columns), and tests/core/test_records.py
+# checks it against RowSpec and RunConfig.
+ROW_OVERRIDES: tuple[tuple[str, str], ...] = (
+    ("prompt", "prompt"),
+    ("system_prompt", "system_prompt"),
+    ("temperature", "sampling.temperature"),
+    ("top_p", "sampling.top_p"),
+    ("seed", "seed"),
+    ("threshold", "deepconf.threshold"),
+)
+
 
 @dataclass
 class RowSpec:
@@ -55,7 +69,8 @@ class RowSpec:
 
     def sampling(self, shared: SamplingConfig) -> SamplingConfig:
         """The run's sampling settings with this row's own temperature and top-p in place."""
-        own = {name: getattr(self, name) for name in ("temperature", "top_p") if getattr(self, name) is not None}
+        own = {path.removeprefix("sampling."): getattr(self, name) for name, path in ROW_OVERRIDES
+               if path.startswith("sampling.") and getattr(self, name) is not None}
         return replace(shared, **own)
 
     def seed_for(self, run_seed: int) -> int:

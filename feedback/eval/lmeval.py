@@ -21,10 +21,12 @@ project's own code, never a second model path:
 `lm_eval --model feedback-lens` needs this module imported: lm-eval 0.4.13 fills its model registry
 from its own table and from imports, with no entry point for third-party models. So run its CLI
 through `python -m feedback.eval.lmeval` (the same arguments), or import this module before
-`lm_eval.simple_evaluate(model="feedback-lens", ...)`. Model arguments: `pretrained` (or `model`;
-default embedded), `dtype`, `device`, `strategy`, `param_<NAME>=VALUE` per strategy parameter,
-`mode`, `passes`, `max_length` (2048), `window`, `stride`, `chunk`, `batch_size`, `max_gen_toks`,
-`seed`.
+`lm_eval.simple_evaluate(model="feedback-lens", ...)`. The installed package also declares the
+`lm_eval.models` entry point `feedback-lens` (pyproject.toml), for the lm-eval releases that discover
+plugins by it (EleutherAI/lm-evaluation-harness PR #4013, after 0.4.13). Model arguments:
+`pretrained` (or `model`; default embedded), `dtype`, `device`, `strategy`, `param_<NAME>=VALUE` per
+strategy parameter, `mode`, `passes`, `max_length` (2048), `window`, `stride`, `chunk`, `batch_size`,
+`max_gen_toks`, `seed`.
 
 `run_pair` runs `lm_eval.simple_evaluate` for the baseline and the strategy on the same documents
 and `compare` pairs their per-document results: per metric the two values, the difference, and a
@@ -618,7 +620,9 @@ def _signed(x: float) -> str:
 
 
 def _register() -> None:
-    if model_registry.get(NAME, None) is None:
+    # `in`, not `get`: an entry point already registered under the name (lm-eval's plugin discovery)
+    # stays a lazy placeholder that loads this class, instead of being loaded from inside its own import
+    if NAME not in model_registry:
         model_registry.register(NAME, target=FeedbackLM)
 
 

@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from feedback import ASSETS
 from feedback.core.engine import run_to_end
 from feedback.core.model import LoadedModel
 from feedback.core.records import RowSpec, RunConfig, answer_text
 from feedback.errors import FeedbackError, check_stop
 from feedback.eval.voting import answer_matches, extract_answer
 
-BUILTIN_QUESTIONS = Path(__file__).resolve().parents[2] / "assets" / "questions.jsonl"  # 16, with gold answers
+BUILTIN_QUESTIONS = ASSETS / "questions.jsonl"  # 16, with gold answers
 
 
 def evaluate_qa(lm: LoadedModel, questions: list[dict], rows: list[RowSpec], max_new_tokens: int = 64,

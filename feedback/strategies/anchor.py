@@ -20,7 +20,7 @@ class AnchorStrategy(Strategy):
     name = "anchor"
     description = "the prompt's deep summary pulled back into the last layer during decoding"
     formula = "h^L_t ← h^L_t + α·rms(h^L_t)·normalise(mean over the prompt of h^s − running mean of h^s)"
-    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/RESULTS.md (held-out split).
+    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/results/RESULTS.md (held-out split).
     presets = (
         Preset("visible effect", {"alpha": 0.1}, "changes all 8 example answers, mostly within the first tokens"),
         Preset("best on dev (no clear gain)", {"alpha": 0.02, "source_layer": lambda n: n // 2},

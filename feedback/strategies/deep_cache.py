@@ -46,7 +46,7 @@ class DeepCacheStrategy(Strategy):
     name = "deep_cache"
     description = "continuous cache over deep states mixed into the output distribution"
     formula = "p = (1−λ)·p_LM + λ·Σ_i softmax_i(θ·cos(h_t, h_i))·onehot(x_{i+1}), over the last W positions"
-    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/RESULTS.md (held-out split).
+    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/results/RESULTS.md (held-out split).
     presets = (
         Preset("visible effect", {"lam": 0.1, "theta": 20.0, "gate": -1.0},
                "changes 4 of the 8 example answers; stronger weights (λ ≥ 0.2) make the text loop, "
@@ -58,7 +58,7 @@ class DeepCacheStrategy(Strategy):
     recurrent = False
     strength_param = "lam"
     params = (
-        # lam, theta and gate defaults: the best point of the dev-split sweeps in docs/RESULTS.md
+        # lam, theta and gate defaults: the best point of the dev-split sweeps in docs/results/RESULTS.md
         Param("lam", float, 0.02, "weight of the cache distribution in the mixture", 0.0, 1.0,
               search=(0.002, 0.3), log=True),
         Param("theta", float, 50.0, "sharpness of the cosine-similarity softmax", 0.0, 1000.0,

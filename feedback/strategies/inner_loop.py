@@ -34,7 +34,7 @@ class InnerLoopStrategy(Strategy):
     recurrent = False
     edits_prompt = True
     strength_param = "beta"
-    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity in docs/RESULTS.md.
+    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity in docs/results/RESULTS.md.
     presets = (
         Preset("visible effect", {},
                "the defaults (one extra pass over the middle third, half weight): changes all 8 example answers, "

@@ -24,7 +24,7 @@ class ResidualStrategy(Strategy):
     name = "residual"
     description = "previous token's centred deep state added to a lower layer's residual stream"
     formula = "x_t ← x_t + α·rms(x_t)·u_{t−1} at the target layer's input; u = the source layer's state, centred and normalised"
-    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/RESULTS.md (held-out split).
+    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/results/RESULTS.md (held-out split).
     presets = (
         Preset("visible effect", {"alpha": 0.1},
                "changes the answer on all 8 example prompts (first difference after 1–26 tokens); text stays fluent"),

@@ -19,7 +19,7 @@ class SoftTokenStrategy(Strategy):
     name = "soft_token"
     description = "previous step's predicted distribution mixed into the next input embedding"
     formula = "e'_t = e(x_t) + β·(ē_t − e(x_t)); ē_t = the embedding expected under the previous step's top-k distribution"
-    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/RESULTS.md (held-out split).
+    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/results/RESULTS.md (held-out split).
     presets = (
         Preset("visible effect", {"beta": 0.3},
                "changes 7 of the 8 example answers (first difference after 3–52 tokens)"),

@@ -50,7 +50,7 @@ def test_with_keys_required_every_gradio_route_needs_a_key_or_a_login(door):
     for a login that takes an API key, and no route answers without a key or that login — not even
     to a client that says it is a browser page (which the earlier, program-only check let in), and
     none of the routes Gradio's own login leaves open but the login page's own."""
-    from ui.server import KEY_LOGIN_MESSAGE
+    from ui.page.server import KEY_LOGIN_MESSAGE
 
     body = {"data": ["Say hi.", True, "tiny"]}
     join = {"data": [], "fn_index": 0, "session_hash": "x"}

@@ -19,7 +19,7 @@ from playwright.sync_api import Browser, Page, Route, expect  # noqa: E402
 
 from feedback.core.records import RunConfig  # noqa: E402
 from ui.compare import link  # noqa: E402
-from ui.history_tab import EMPTY, LOADING  # noqa: E402
+from ui.history.tab import EMPTY, LOADING  # noqa: E402
 
 LOAD_TIMEOUT_MS = 30_000
 RUN_TIMEOUT_MS = 90_000  # generous: the CPU may be shared with other jobs

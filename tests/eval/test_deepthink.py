@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from feedback import ASSETS
 from feedback.core.engine import run_to_end
 from feedback.core.records import DeepConfConfig, RowSpec, RunConfig
 from feedback.core.sampling import SamplingConfig
@@ -114,9 +115,7 @@ def test_questions_file_and_accuracy(tiny_lm, tmp_path):
 
 
 def test_builtin_questions_are_well_formed():
-    from pathlib import Path
-
-    qs = load_questions(Path(__file__).resolve().parents[2] / "assets" / "questions.jsonl")
+    qs = load_questions(ASSETS / "questions.jsonl")
     assert len(qs) >= 12 and all(str(q["answer"]).strip() for q in qs)
 
 

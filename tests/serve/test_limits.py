@@ -164,12 +164,13 @@ CLI_LOADS_FIRST = {"bootstrap", "traces"}  # these commands load the model befor
 @pytest.mark.parametrize("case", sorted(CLI))
 def test_the_command_line_refuses_the_next_value_in_one_line(case, capsys, monkeypatch):
     from feedback import cli
+    from feedback.cli import common
 
     if case not in CLI_LOADS_FIRST:
         def no_model(*_args, **_kwargs):
             raise AssertionError("the model was loaded before the value was refused")
 
-        monkeypatch.setattr(cli, "_load", no_model)
+        monkeypatch.setattr(common, "load", no_model)
     try:
         code = cli.main(CLI[case](LIBRARY[case].over))
     except SystemExit as exc:  # argparse usage errors

@@ -1,5 +1,5 @@
 """The real app's model handlers and quick settings for each, shared by the tests that run every
-model tab (tests/ui/test_runner.py, tests/ui/test_zerogpu.py)."""
+model tab (tests/ui/page/test_runner.py, tests/ui/test_zerogpu.py)."""
 from __future__ import annotations
 
 import json

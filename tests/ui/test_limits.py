@@ -14,7 +14,7 @@ from feedback.core.records import DEEPCONF_WINDOW, SEED
 from feedback.core.sampling import MIN_TEMPERATURE, TEMPERATURE, TOP_P
 from feedback.eval.perplexity import PASSES
 from feedback.serve.limits import MAX_DOCS, MAX_TOKENS_PER_DOC, TRACE_MAX_NEW_TOKENS, TRACES, TRIALS, WARMUP_TRACES
-from ui.deepconf import ETA
+from ui.page.deepconf import ETA
 
 # Deep Think samples, so its temperature box starts at the sampling floor instead of 0 (greedy).
 SAMPLED = Bound(TEMPERATURE.name, MIN_TEMPERATURE, TEMPERATURE.hi)

@@ -24,8 +24,8 @@ from feedback.serve.limits import GPU_DURATION_CAP_ENV, GPU_DURATION_CAP_S, gpu_
 from tests.ui.model_handlers import (MODEL_HANDLERS, SETTINGS, handler_values, line_free, model_handlers,
                                      remember_compare, start)
 from tests.ui.zerogpu_double import ZeroGPU
-from ui.recall_section import recall_gpu_work
-from ui.runner import GpuTask, ModelRunner, Outcome, Work
+from ui.page.runner import GpuTask, ModelRunner, Outcome, Work
+from ui.perplexity.recall import recall_gpu_work
 
 STREAM_ITEM_MAX_BYTES = 16_000  # a progress item: one step's tokens, one scored window, one line of text
 

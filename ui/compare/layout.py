@@ -1,6 +1,6 @@
 """The Compare tab's components, built in one place (`build_controls`) and held in small objects:
 the shared settings and every column's (their controls made by their entries in
-`ui.compare.settings`), the run buttons and status line, the outputs, the memory chart, the
+`ui.page.settings`), the run buttons and status line, the outputs, the memory chart, the
 conversation and branch controls, the link and Calibrate. The layout decides only where each
 control goes.
 """
@@ -12,24 +12,24 @@ from pathlib import Path
 
 import gradio as gr
 
+import feedback
 from feedback.core.records import RunConfig
 from feedback.serve.limits import BOX_MAX_CHARS
-from ui import charts, render
-from ui.compare.settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, TOKEN_VIEWS, Page, column_key,
-                                 default_row)
 from ui.compare.stream import empty_doc
 from ui.compare.view import heading
-from ui.controls import LazyJSON, StrategyPanel, lazy_json
+from ui.page import charts, render
+from ui.page.controls import LazyJSON, StrategyPanel, lazy_json
+from ui.page.settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, TOKEN_VIEWS, Page, column_key,
+                              default_row)
 
 HERE = Path(__file__).resolve().parent
-ASSETS = HERE.parents[1] / "assets"
 # (verdict, sign): on a phone only the sign shows (the word is `fl-word`); the title says it whole
 RATINGS = (("better", "▲"), ("worse", "▼"), ("tie", "="))
 IDLE_POLL_S = 5.0  # memory chart while idle (and the page visible); inside a run it is sampled per step
 
 
 def load_examples() -> list[str]:
-    data = json.loads((ASSETS / "examples.json").read_text(encoding="utf-8"))
+    data = json.loads((feedback.ASSETS / "examples.json").read_text(encoding="utf-8"))
     return [e["prompt"] for e in data]
 
 
@@ -119,7 +119,7 @@ class LinkControls:
 
 @dataclass
 class CalibrationControls:
-    settings: dict  # Calibrate's own settings by name (ui.compare.settings.CALIBRATION)
+    settings: dict  # Calibrate's own settings by name (ui.page.settings.CALIBRATION)
     button: gr.Button
     note: gr.Markdown
     plot: gr.Plot

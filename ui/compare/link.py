@@ -1,5 +1,5 @@
 """Shareable links: a Compare configuration (prompts, sampling, seed, DeepConf, evaluation, and the
-columns with every column setting of `ui.compare.settings`) and the token view (a diff is shared as
+columns with every column setting of `ui.page.settings`) and the token view (a diff is shared as
 a diff) packed into the page URL, and read back when the page opens.
 
 The data is compact JSON, deflated and base64url-encoded (`?cfg=…`). Nothing in a link is trusted:
@@ -16,7 +16,7 @@ import zlib
 
 from feedback.core.records import RowSpec, RunConfig
 from feedback.errors import FeedbackError
-from ui.compare.settings import ROW_FIELDS, TOKEN_VIEWS  # ROW_FIELDS: what a link keeps of each row
+from ui.page.settings import ROW_FIELDS, TOKEN_VIEWS  # ROW_FIELDS: what a link keeps of each row
 
 PARAM = "cfg"
 VERSION = 1

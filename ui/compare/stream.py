@@ -27,8 +27,8 @@ import json
 import time
 
 from feedback.core.records import RowResult, RowSpec, RunConfig, StepRecord
-from ui import charts, render
-from ui.compare.settings import badges
+from ui.page import charts, render
+from ui.page.settings import badges
 
 FORCED, CHOSEN, RESTATE, TRANSITION = 1, 2, 4, 8
 TOP = 5  # alternatives a token's card lists

@@ -6,7 +6,7 @@ settings, Continue the conversation in every column, branch from any alternative
 a word diff or formatted Markdown, copy a link that restores the setup. Live confidence and memory charts; Calibrate sets the
 early-stop threshold.
 
-Where things are: the settings are declared once in `ui.compare.settings` (controls, checks, their
+Where things are: the settings are declared once in `ui.page.settings` (controls, checks, their
 place in a RunConfig); the components are built by `ui.compare.layout`; what a run shows is a view
 (`ui.compare.view`), streamed by the works in `ui.compare.work`. This module holds the handlers,
 each getting its controls' values as one dict by name, and maps views onto the components. The model
@@ -30,19 +30,20 @@ from feedback.errors import FeedbackError
 from feedback.eval.deepthink import DeepThinkConfig, check_budget
 from feedback.serve.limits import check_run, check_saved_run
 from feedback.serve.pool import ModelPool
-from ui import charts, notice, render
-from ui.compare import history
 from ui.compare import link
 from ui.compare.layout import CompareControls, build_controls
-from ui.compare.settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, SHARED_BY_NAME, Page, Scope,
-                                 column_specs, column_values, read_all, row_spec, run_config)
 from ui.compare.stream import empty_doc
 from ui.compare.view import CalibrationView, PageView, RunView, finished, heading
 from ui.compare.work import MEMORY_POINTS, CalibrateWork, CompareWork, RerunWork, memory_entry
-from ui.deepconf import resolve_eta
-from ui.runner import ModelRunner, by_name, cancellable_by_clients
+from ui.page import charts, notice, render
+from ui.page import history
+from ui.page.deepconf import resolve_eta
+from ui.page.handoff import COMPARE_TAB
+from ui.page.runner import ModelRunner, by_name, cancellable_by_clients
+from ui.page.settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, SHARED_BY_NAME, Page, Scope,
+                              column_specs, column_values, read_all, row_spec, run_config)
 
-TAB = "compare"
+TAB = COMPARE_TAB
 log = logging.getLogger("feedback_lens.ui")
 # Warm-up traces when Compare is greedy (every greedy trace is the same) sample as Deep Think does.
 CALIBRATION_SAMPLING = (DeepThinkConfig.temperature, DeepThinkConfig.top_p)

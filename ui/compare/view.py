@@ -9,9 +9,9 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from feedback.core.records import RowResult, RowSpec, RunConfig, RunResult, first_divergence
-from ui import charts, render
-from ui.compare.settings import badges
 from ui.compare.stream import finished_doc, modified
+from ui.page import charts, render
+from ui.page.settings import badges
 
 
 @dataclass

@@ -21,12 +21,12 @@ from feedback.core.session import cut_row, keep_shown, merge_rerun
 from feedback.eval.deepthink import DeepThinkConfig, warm_up
 from feedback.serve.gate import Place
 from feedback.serve.gpu_time import GpuWork
-from ui import charts
 from ui.compare.stream import BoardDoc, diffs
 from ui.compare.view import CalibrationView, PageView, RunView, Status, confidence_chart, done_text, metrics
-from ui.deepconf import traces_gpu_work
-from ui.runner import GpuTask, Outcome, Work, ended_text, reporting, waiting_text
-from ui.stop_signal import StopSignal
+from ui.page import charts
+from ui.page.deepconf import traces_gpu_work
+from ui.page.runner import GpuTask, Outcome, Work, ended_text, reporting, waiting_text
+from ui.page.stop_signal import StopSignal
 
 STOPPING = "Stopping… the columns keep what the page shows."  # said from Stop's click to the run's end
 METRICS_EVERY_S = 1.0  # the metrics table is drawn again at most once a second while a run streams

@@ -21,8 +21,9 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from feedback.core.bounds import Bound
-from feedback.core.records import (DEEPCONF_K, DEEPCONF_WINDOW, MAX_KEY_FACTS, MAX_PROMPT_CHARS, RUN_ID_PATTERN,
-                                   DeepConfConfig, RowResult, RowSpec, RunConfig, RunResult, default_rows)
+from feedback.core.records import (DEEPCONF_K, DEEPCONF_WINDOW, MAX_KEY_FACTS, MAX_PROMPT_CHARS, ROW_OVERRIDES,
+                                   RUN_ID_PATTERN, DeepConfConfig, RowResult, RowSpec, RunConfig, RunResult,
+                                   default_rows)
 from feedback.core.sampling import (MIN_P, MIN_TEMPERATURE, REPETITION_PENALTY, TEMPERATURE, TOP_K, TOP_P,
                                     SamplingConfig, check_temperature)
 from feedback.errors import FeedbackError
@@ -156,15 +157,28 @@ class MessageIn(_Body):
     content: str = Field(max_length=MAX_PROMPT_CHARS)
 
 
+OVERRIDDEN = dict(ROW_OVERRIDES)  # a row's field -> the run's setting it stands in for (a dotted path)
+
+
+def own(name: str, what: str) -> str:
+    """The description of a row's own value of a run setting (`name`, one of `ROW_OVERRIDES`): what
+    it is, and that null leaves the run's."""
+    return f"{what}; null: the run's `{OVERRIDDEN[name]}`"
+
+
 class RowIn(_Body):
+    """A `RowSpec` as the API takes it: the same fields (tests/serve/api/test_schemas.py compares
+    them), each with its JSON type and served bounds; a row's own settings are `ROW_OVERRIDES`."""
+
     name: Name
     strategy: RowStrategyName | None = Field(None, description=f"null for a plain baseline row; {STRATEGY_HELP}")
     params: Params
     seed_offset: whole(**within(SMALL_SEED)) = Field(0, description="rows with equal offsets share random draws")
-    threshold: float | None = Field(None, description="this row's early-stop threshold; null: the run's")
+    threshold: float | None = Field(None, description=own("threshold", "this row's early-stop threshold"))
     prompt: filled(MAX_PROMPT_CHARS) | None = Field(
-        None, description="this row's own prompt (a prompt variant; its newest user turn); null: the run's")
-    system_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS, description="null: the run's")
+        None, description=own("prompt", "this row's own prompt (a prompt variant; its newest user turn)"))
+    system_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS,
+                                      description=own("system_prompt", "this row's own system prompt"))
     messages: list[MessageIn] | None = Field(None, max_length=MAX_MESSAGES,
                                              description="this row's earlier conversation turns, before its prompt "
                                                          "(chat template only)")
@@ -175,10 +189,10 @@ class RowIn(_Body):
         0, description="how many of `prefix`'s last tokens a person chose (marked `chosen` in the steps); the rest "
                        "replay earlier text")
     temperature: Temperature | None = Field(
-        None, description=f"this row's sampling temperature (0 = greedy; otherwise at least {MIN_TEMPERATURE:g}); "
-                          "null: the run's")
-    top_p: float | None = Field(None, gt=TOP_P.lo, le=TOP_P.hi, description="this row's top-p (1 = off); null: the run's")
-    seed: whole(**within(SERVED_SEED)) | None = Field(None, description="this row's seed; null: the run's")
+        None, description=own("temperature", f"this row's sampling temperature (0 = greedy; otherwise at least "
+                                             f"{MIN_TEMPERATURE:g})"))
+    top_p: float | None = Field(None, gt=TOP_P.lo, le=TOP_P.hi, description=own("top_p", "this row's top-p (1 = off)"))
+    seed: whole(**within(SERVED_SEED)) | None = Field(None, description=own("seed", "this row's seed"))
 
 
 # A run needs a prompt unless every row brings its own

@@ -5,14 +5,15 @@ from __future__ import annotations
 import itertools
 import re
 import sys
+from dataclasses import MISSING, fields
 
 import jsonschema_rs
 import pytest
 from pydantic import ValidationError
 
-from feedback.core.records import RUN_ID_PATTERN, _run_id
+from feedback.core.records import ROW_OVERRIDES, RUN_ID_PATTERN, RowSpec, _run_id
 from feedback.errors import FeedbackError
-from feedback.serve.api.schemas import NOT_BLANK, STRATEGY_GRAMMAR, GenerateIn
+from feedback.serve.api.schemas import NOT_BLANK, STRATEGY_GRAMMAR, GenerateIn, RowIn
 from feedback.strategies import REGISTRY, get_strategy
 
 SPACES = ["", " ", "\t", "\n", "\x1c", "\x85", "\u3000", "\ufeff"]  # \x1c and \x85: Python's only; \ufeff: ECMA's only
@@ -55,3 +56,26 @@ def test_an_integer_is_what_json_schema_calls_one(value, taken):
     else:
         with pytest.raises(ValidationError, match="max_new_tokens"):
             GenerateIn.model_validate(body)
+
+
+REQUIRED_IN_THE_API = {"name"}  # a request names each row; "baseline" is only the library's default
+
+
+def test_the_api_row_has_the_library_row_s_fields_and_defaults():
+    spec = {f.name: f for f in fields(RowSpec)}
+    api = RowIn.model_fields
+    assert set(api) == set(spec), f"only in RowIn: {sorted(set(api) - set(spec))}, " \
+                                  f"only in RowSpec: {sorted(set(spec) - set(api))}"
+    for name, f in api.items():
+        if name in REQUIRED_IN_THE_API:
+            assert f.is_required(), name
+        else:
+            library = spec[name].default_factory() if spec[name].default_factory is not MISSING else spec[name].default
+            assert f.get_default(call_default_factory=True) == library, name
+    assert RowSpec(**RowIn(name="r").model_dump()) == RowSpec("r")
+
+
+def test_each_setting_a_row_may_override_is_null_for_the_run_s():
+    for name, path in ROW_OVERRIDES:
+        assert getattr(RowIn.model_validate({"name": "r", name: None}), name) is None
+        assert RowIn.model_fields[name].description.endswith(f"null: the run's `{path}`"), name

@@ -9,10 +9,10 @@ from html import escape
 from pathlib import Path
 
 from feedback.core.records import Alternative, RowResult, RowSpec, RunConfig, StepRecord
-from ui import charts, render
 from ui.compare import stream
 from ui.compare.layout import board_js
 from ui.compare.stream import BoardDoc, finished_doc, parse
+from ui.page import charts, render
 
 HOSTILE = ['<img src=x onerror=alert(1)>', '"><script>alert(1)</script>', "' onmouseover='x"]
 BOARD_JS = Path(stream.__file__).with_name("board.js").read_text(encoding="utf-8")

@@ -18,16 +18,16 @@ from feedback.errors import FeedbackError
 from feedback.serve import limits
 from feedback.serve.limits import SERVED_MAX_NEW_TOKENS
 from feedback.strategies import REGISTRY
-from ui import deepconf
-from ui.compare import history
 from ui.compare import link
-from ui.compare import settings as compare_settings
-from ui.compare.settings import (CALIBRATION, COLUMN, DEFAULT_COLUMNS, SHARED, Field, column_key, parse_key_facts,
-                                 resolve, run_config)
 from ui.compare import stream
 from ui.compare.tab import CompareTab, parse_branch
 from ui.compare.view import divergences, modified
-from ui.controls import api_name
+from ui.page import deepconf
+from ui.page import history
+from ui.page import settings as compare_settings
+from ui.page.controls import api_name
+from ui.page.settings import (CALIBRATION, COLUMN, DEFAULT_COLUMNS, SHARED, Field, column_key, parse_key_facts,
+                              resolve, run_config)
 
 SHARED_VALUES = dict(prompt="hi", system_prompt="", chat_template=True, model="embedded", temperature=0.7, top_p=0.9,
                      top_k=40, min_p=0.0, repetition_penalty=1.1, max_new_tokens=64, seed=3, k=20, window=16,
@@ -40,7 +40,7 @@ def built(lm) -> CompareTab:
 
 def built_with_page(lm) -> tuple[CompareTab, gr.Blocks]:
     from feedback.serve.pool import ModelPool
-    from ui.runner import ModelRunner
+    from ui.page.runner import ModelRunner
 
     pool = ModelPool.serving(lm)
     t = CompareTab(pool, ModelRunner(pool))

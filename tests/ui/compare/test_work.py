@@ -14,7 +14,7 @@ from ui.compare.tab import CompareTab
 @pytest.fixture(scope="module")
 def page(tiny_lm):
     from feedback.serve.pool import ModelPool
-    from ui.runner import ModelRunner
+    from ui.page.runner import ModelRunner
 
     pool = ModelPool.serving(tiny_lm)
     t = CompareTab(pool, ModelRunner(pool))

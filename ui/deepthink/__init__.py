@@ -1,0 +1,1 @@
+"""The Deep Think tab: voting over sampled traces (`tab`) and its calibration panel (`calibration`)."""

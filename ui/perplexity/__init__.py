@@ -1,0 +1,1 @@
+"""The Perplexity tab: ΔPPL on a text (`tab`) and its Recall section (`recall`)."""
