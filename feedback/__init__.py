@@ -1,4 +1,5 @@
 """Feedback Lens: compare a baseline decode with an activation-feedback decode of one model."""
+
 import os
 
 # libgomp reads its wait policy once, when torch first loads. Its default lets idle threads

@@ -6,6 +6,7 @@ timed in CPU time of this process (every thread), which a neighbour's load distu
 wall time; a ratio is taken per round, and the bench reports their median with the lowest and
 highest beside it (`spread`). The load average before and after is stated. Reported, never asserted.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable
 
 import torch
 from transformers import DynamicCache
@@ -77,8 +77,14 @@ def ratio(a: Callable[[], float], b: Callable[[], float], rounds: int) -> Ratio:
     """Time a and b in turn (a b a b ...); each returns its own cost in CPU seconds."""
     pairs = [(a(), b()) for _ in range(max(1, rounds))]
     per_round = [x / y for x, y in pairs]
-    return Ratio(statistics.median(per_round), min(per_round), max(per_round),
-                 statistics.median(x for x, _ in pairs), statistics.median(y for _, y in pairs), len(pairs))
+    return Ratio(
+        statistics.median(per_round),
+        min(per_round),
+        max(per_round),
+        statistics.median(x for x, _ in pairs),
+        statistics.median(y for _, y in pairs),
+        len(pairs),
+    )
 
 
 def _cpu() -> float:
@@ -86,13 +92,24 @@ def _cpu() -> float:
     return time.process_time()
 
 
-def step_marks(lm: LoadedModel, rows: list[RowSpec], tokens: int, prompt: str = BENCH_PROMPT,
-               chat_template: bool = True, clock: Callable[[], float] = _cpu) -> list[float]:
+def step_marks(
+    lm: LoadedModel,
+    rows: list[RowSpec],
+    tokens: int,
+    prompt: str = BENCH_PROMPT,
+    chat_template: bool = True,
+    clock: Callable[[], float] = _cpu,
+) -> list[float]:
     """`clock` read at each forward of a run: the engine hands its observer every forward's logits,
     so the clock is read there. The first mark carries the prefill; each later one a decode step."""
     marks: list[float] = []
-    run_to_end(lm, RunConfig(prompt=prompt, model=lm.name, max_new_tokens=tokens, rows=rows,
-                             chat_template=chat_template), observer=lambda step, live, logits: marks.append(clock()))
+    run_to_end(
+        lm,
+        RunConfig(
+            prompt=prompt, model=lm.name, max_new_tokens=tokens, rows=rows, chat_template=chat_template
+        ),
+        observer=lambda step, live, logits: marks.append(clock()),
+    )
     if len(marks) < 2:
         raise FeedbackError("the run stopped after its first token: no decode step to time")
     return marks
@@ -103,8 +120,9 @@ def mean_step_s(marks: list[float]) -> float:
     return (marks[-1] - marks[0]) / (len(marks) - 1)
 
 
-def _engine_step_s(lm: LoadedModel, rows: list[RowSpec], tokens: int, prompt: str = BENCH_PROMPT,
-                   chat_template: bool = True) -> float:
+def _engine_step_s(
+    lm: LoadedModel, rows: list[RowSpec], tokens: int, prompt: str = BENCH_PROMPT, chat_template: bool = True
+) -> float:
     """Mean CPU time of the decode steps after the first."""
     return mean_step_s(step_marks(lm, rows, tokens, prompt, chat_template))
 
@@ -121,10 +139,15 @@ def _generate_run(lm: LoadedModel, tokens: int) -> tuple[float, list[int]]:
     ids = torch.tensor([lm.encode(BENCH_PROMPT)], device=lm.device)
     with torch.inference_mode():
         t = _cpu()
-        out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False,
-                                pad_token_id=lm.tokenizer.eos_token_id)
+        out = lm.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=tokens,
+            do_sample=False,
+            pad_token_id=lm.tokenizer.eos_token_id,
+        )
         elapsed = _cpu() - t
-    return elapsed, out[0, ids.shape[1]:].tolist()
+    return elapsed, out[0, ids.shape[1] :].tolist()
 
 
 def _raw_step_s(lm: LoadedModel, batch: int, tokens: int, clock: Callable[[], float] = _cpu) -> float:
@@ -159,14 +182,17 @@ def scaling(lm: LoadedModel, tokens: int, repeats: int, shapes=SCALING) -> dict[
     for rows, ctx in shapes:
         prompt = prompt_of(lm, ctx)
         many = [RowSpec(f"r{i}") for i in range(rows)]
-        out[f"rows{rows}_ctx{ctx}_vs_row1"] = ratio(lambda: _engine_step_s(lm, many, tokens, prompt, False),
-                                                    lambda: _engine_step_s(lm, many[:1], tokens, prompt, False),
-                                                    repeats)
+        out[f"rows{rows}_ctx{ctx}_vs_row1"] = ratio(
+            lambda many=many, prompt=prompt: _engine_step_s(lm, many, tokens, prompt, False),
+            lambda many=many, prompt=prompt: _engine_step_s(lm, many[:1], tokens, prompt, False),
+            repeats,
+        )
     return out
 
 
-def deepthink_throughput(lm: LoadedModel, tokens: int, repeats: int, traces: int = DEEPTHINK[0],
-                         ctx: int = DEEPTHINK[1]) -> dict[str, Ratio]:
+def deepthink_throughput(
+    lm: LoadedModel, tokens: int, repeats: int, traces: int = DEEPTHINK[0], ctx: int = DEEPTHINK[1]
+) -> dict[str, Ratio]:
     """Deep Think's shape: `traces` sampled traces of one `ctx`-token prompt, decoded as one batched
     run, against the same traces run one by one (each with its own seed offset, so the same tokens):
     the speedup in trace-tokens per CPU second."""
@@ -180,14 +206,21 @@ def deepthink_throughput(lm: LoadedModel, tokens: int, repeats: int, traces: int
         """CPU seconds per trace-token of these runs, one after another."""
         t, n = _cpu(), 0
         for specs in specs_list:
-            res = run_to_end(lm, RunConfig(prompt=prompt, max_new_tokens=tokens, rows=specs, chat_template=False,
-                                           sampling=sampling))
+            res = run_to_end(
+                lm,
+                RunConfig(
+                    prompt=prompt, max_new_tokens=tokens, rows=specs, chat_template=False, sampling=sampling
+                ),
+            )
             n += sum(len(r.token_ids) for r in res.rows)
         return (_cpu() - t) / n
 
     # speedup = separate cost per token ÷ batched cost per token
-    return {f"deepthink{traces}_speedup": ratio(lambda: per_token([[spec] for spec in rows]), lambda: per_token([rows]),
-                                                repeats)}
+    return {
+        f"deepthink{traces}_speedup": ratio(
+            lambda: per_token([[spec] for spec in rows]), lambda: per_token([rows]), repeats
+        )
+    }
 
 
 def _prefill_s(lm: LoadedModel, prompts: list[str]) -> float:
@@ -218,42 +251,59 @@ def prefill(lm: LoadedModel, tokens: int, repeats: int) -> dict[str, Ratio]:
     four different prompts of that length ÷ one row."""
     texts = prompt_of(lm, 5 * tokens)
     ids = lm.tokenizer(texts, add_special_tokens=False)["input_ids"]
-    prompts = [lm.tokenizer.decode(ids[i * tokens:(i + 1) * tokens]) for i in range(4)]
+    prompts = [lm.tokenizer.decode(ids[i * tokens : (i + 1) * tokens]) for i in range(4)]
     name = f"prefill_{tokens // 1024}k" if tokens >= 1024 else f"prefill_{tokens}"
     quality = f"quality_overhead_{name.removeprefix('prefill_')}"
-    return {f"{name}_vs_sdpa": ratio(lambda: _prefill_s(lm, prompts[:1]), lambda: _sdpa_forward_s(lm, prompts[0]),
-                                     repeats),
-            f"{name}_rows4_vs_row1": ratio(lambda: _prefill_s(lm, prompts), lambda: _prefill_s(lm, prompts[:1]),
-                                           repeats),
-            # the quality metrics after a long prompt: a 64-token baseline + feedback run with them ÷ without
-            quality: _quality_overhead(lm, 64, repeats, prompts[0], chat_template=False)}
+    return {
+        f"{name}_vs_sdpa": ratio(
+            lambda: _prefill_s(lm, prompts[:1]), lambda: _sdpa_forward_s(lm, prompts[0]), repeats
+        ),
+        f"{name}_rows4_vs_row1": ratio(
+            lambda: _prefill_s(lm, prompts), lambda: _prefill_s(lm, prompts[:1]), repeats
+        ),
+        # the quality metrics after a long prompt: a 64-token baseline + feedback run with them ÷ without
+        quality: _quality_overhead(lm, 64, repeats, prompts[0], chat_template=False),
+    }
 
 
 def batch_invariance(lm: LoadedModel, tokens: int = 24) -> dict:
     """How far a row's logits move with its batch: two identical rows (bitwise?), and one row in a
     2-row and a 16-row batch against the same row alone (max |Δ logit| over the run)."""
+
     def logits(rows):
         seen = []
-        run_to_end(lm, RunConfig(prompt=SHORT_PROMPT, max_new_tokens=tokens, rows=rows),
-                   observer=lambda step, live, lg: seen.append(lg.clone()))
+        run_to_end(
+            lm,
+            RunConfig(prompt=SHORT_PROMPT, max_new_tokens=tokens, rows=rows),
+            observer=lambda step, live, lg: seen.append(lg.clone()),
+        )
         return seen
 
     alone, two = logits([RowSpec("a")]), logits([RowSpec("a"), RowSpec("b")])
     sixteen = logits([RowSpec(f"r{i}") for i in range(16)])
     gap = lambda batch: max((a[0] - b[0]).abs().max().item() for a, b in zip(alone, batch))  # noqa: E731
-    return {"identical_rows_bitwise_equal": all(torch.equal(lg[0], lg[1]) for lg in two),
-            "rows2_vs_alone_max_abs": gap(two), "rows16_vs_alone_max_abs": gap(sixteen)}
+    return {
+        "identical_rows_bitwise_equal": all(torch.equal(lg[0], lg[1]) for lg in two),
+        "rows2_vs_alone_max_abs": gap(two),
+        "rows16_vs_alone_max_abs": gap(sixteen),
+    }
 
 
-def _quality_overhead(lm: LoadedModel, tokens: int, repeats: int, prompt: str = BENCH_PROMPT,
-                      chat_template: bool = True) -> Ratio:
+def _quality_overhead(
+    lm: LoadedModel, tokens: int, repeats: int, prompt: str = BENCH_PROMPT, chat_template: bool = True
+) -> Ratio:
     """CPU time of a baseline + feedback run with the forward-pass quality metrics (self and prompt
     perplexity) ÷ the same run without them."""
+
     def run(quality: bool) -> float:
         rows = [RowSpec("baseline"), RowSpec("feedback", "residual", {})]
         t = _cpu()
-        run_to_end(lm, RunConfig(prompt=prompt, max_new_tokens=tokens, rows=rows, quality=quality,
-                                 chat_template=chat_template))
+        run_to_end(
+            lm,
+            RunConfig(
+                prompt=prompt, max_new_tokens=tokens, rows=rows, quality=quality, chat_template=chat_template
+            ),
+        )
         return _cpu() - t
 
     return ratio(lambda: run(True), lambda: run(False), repeats)
@@ -267,6 +317,7 @@ def sync(device: torch.device) -> None:
 
 def device_clock(device: torch.device) -> Callable[[], float]:
     """A wall clock read once `device` has done the work queued on it (on CPU, at once)."""
+
     def read() -> float:
         sync(device)
         return time.perf_counter()
@@ -274,7 +325,10 @@ def device_clock(device: torch.device) -> Callable[[], float]:
     return read
 
 
-def copy_bandwidth_gbs(device: torch.device = torch.device("cpu")) -> float:
+CPU = torch.device("cpu")
+
+
+def copy_bandwidth_gbs(device: torch.device = CPU) -> float:
     """Memory bandwidth of `device` from a large copy (bytes read + written per second), best of
     five after a warm-up: 256 MiB on CPU, 1 GiB on a GPU."""
     n = (256 if device.type == "cuda" else 64) * 2**20
@@ -303,8 +357,10 @@ def weight_bytes(lm: LoadedModel) -> int:
 
 def _cold_start_s(dtype: str) -> float:
     """load_model() from the prepared cache in a fresh process (interpreter and imports excluded)."""
-    code = ("import time; from feedback.core.model import load_model; t = time.perf_counter(); "
-            f"load_model('embedded', dtype={dtype!r}); print(time.perf_counter() - t)")
+    code = (
+        "import time; from feedback.core.model import load_model; t = time.perf_counter(); "
+        f"load_model('embedded', dtype={dtype!r}); print(time.perf_counter() - t)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
@@ -313,8 +369,13 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
 
 
-def measure(tokens: int = 64, repeats: int = 5, dtype: str = "auto", lm: LoadedModel | None = None,
-            quick: bool = False) -> dict:
+def measure(
+    tokens: int = 64,
+    repeats: int = 5,
+    dtype: str = "auto",
+    lm: LoadedModel | None = None,
+    quick: bool = False,
+) -> dict:
     lm = lm or load_model("embedded", dtype=dtype)
     load_before = _load()
     base, fb = RowSpec("baseline"), RowSpec("feedback", "residual", {})
@@ -329,22 +390,36 @@ def measure(tokens: int = 64, repeats: int = 5, dtype: str = "auto", lm: LoadedM
     four = [base] + [RowSpec(f"alpha{a}", "residual", {"alpha": a}) for a in (0.05, 0.1, 0.2)]
     ratios: dict[str, Ratio] = {
         # generate's CPU time ÷ the engine's for the same greedy run (above 1: the engine is faster)
-        "baseline_vs_generate": ratio(lambda: side(_generate_run, gen_tokens), lambda: side(_engine_run, eng_tokens),
-                                      repeats),
-        "side_by_side_overhead": ratio(lambda: _engine_step_s(lm, [base, fb], tokens),
-                                       lambda: _raw_step_s(lm, 2, tokens), repeats),
-        "feedback_row_overhead": ratio(lambda: _engine_step_s(lm, [base, fb], tokens),
-                                       lambda: _engine_step_s(lm, [base, RowSpec("baseline2")], tokens), repeats),
-        "two_rows_vs_two_generations": ratio(lambda: _engine_step_s(lm, [base, fb], tokens),
-                                             lambda: 2 * _engine_step_s(lm, [base], tokens), repeats),
+        "baseline_vs_generate": ratio(
+            lambda: side(_generate_run, gen_tokens), lambda: side(_engine_run, eng_tokens), repeats
+        ),
+        "side_by_side_overhead": ratio(
+            lambda: _engine_step_s(lm, [base, fb], tokens), lambda: _raw_step_s(lm, 2, tokens), repeats
+        ),
+        "feedback_row_overhead": ratio(
+            lambda: _engine_step_s(lm, [base, fb], tokens),
+            lambda: _engine_step_s(lm, [base, RowSpec("baseline2")], tokens),
+            repeats,
+        ),
+        "two_rows_vs_two_generations": ratio(
+            lambda: _engine_step_s(lm, [base, fb], tokens),
+            lambda: 2 * _engine_step_s(lm, [base], tokens),
+            repeats,
+        ),
         # rows with their own prompts: left-padded into one batch (mask and position ids every step)
-        "mixed_prompts_overhead": ratio(lambda: _engine_step_s(lm, [RowSpec("short", prompt=SHORT_PROMPT),
-                                                                    RowSpec("long", prompt=BENCH_PROMPT)], tokens),
-                                        lambda: _engine_step_s(lm, [RowSpec("a"), RowSpec("b")], tokens), repeats),
-        "rows4_vs_forward4": ratio(lambda: _engine_step_s(lm, four, tokens), lambda: _raw_step_s(lm, 4, tokens),
-                                   repeats),
-        "raw_batch2_vs_batch1": ratio(lambda: _raw_step_s(lm, 2, tokens), lambda: _raw_step_s(lm, 1, tokens),
-                                      repeats),
+        "mixed_prompts_overhead": ratio(
+            lambda: _engine_step_s(
+                lm, [RowSpec("short", prompt=SHORT_PROMPT), RowSpec("long", prompt=BENCH_PROMPT)], tokens
+            ),
+            lambda: _engine_step_s(lm, [RowSpec("a"), RowSpec("b")], tokens),
+            repeats,
+        ),
+        "rows4_vs_forward4": ratio(
+            lambda: _engine_step_s(lm, four, tokens), lambda: _raw_step_s(lm, 4, tokens), repeats
+        ),
+        "raw_batch2_vs_batch1": ratio(
+            lambda: _raw_step_s(lm, 2, tokens), lambda: _raw_step_s(lm, 1, tokens), repeats
+        ),
         "quality_overhead": _quality_overhead(lm, 2 * tokens, repeats),
     }
     ratios |= scaling(lm, max(4, tokens // 4), repeats, QUICK_SCALING if quick else SCALING)
@@ -358,8 +433,13 @@ def measure(tokens: int = 64, repeats: int = 5, dtype: str = "auto", lm: LoadedM
     # the roofline is about time on the clock: the fastest of a few bare one-row steps, wall time
     wall_step = min(_raw_step_s(lm, 1, tokens, time.perf_counter) for _ in range(max(1, repeats)))
     return {
-        "model": lm.name, "dtype": lm.dtype, "device": str(lm.device), "tokens": tokens, "rounds": repeats,
-        "threads": torch.get_num_threads(), "timing": "CPU time, sides interleaved per round",
+        "model": lm.name,
+        "dtype": lm.dtype,
+        "device": str(lm.device),
+        "tokens": tokens,
+        "rounds": repeats,
+        "threads": torch.get_num_threads(),
+        "timing": "CPU time, sides interleaved per round",
         "load_average": {"before": load_before, "after": _load()},
         "same_tokens_as_generate": gen_tokens == eng_tokens,
         **{key: r.median for key, r in ratios.items()},
@@ -367,12 +447,15 @@ def measure(tokens: int = 64, repeats: int = 5, dtype: str = "auto", lm: LoadedM
         "cold_start_s": _cold_start_s(lm.dtype),
         "quality_tokens": 2 * tokens,
         # the weights read once at the copy bandwidth ÷ a bare one-row step's wall time
-        "roofline_fraction": weights / (bandwidth * 1e9) / wall_step, "raw_step_wall_ms": wall_step * 1e3,
+        "roofline_fraction": weights / (bandwidth * 1e9) / wall_step,
+        "raw_step_wall_ms": wall_step * 1e3,
         # each ratio's two sides, medians: a decode step's CPU ms, or a whole run's (generate, quality), or
         # CPU ms per trace-token (Deep Think)
         "sides_cpu_ms": {key: {"a": r.a * 1e3, "b": r.b * 1e3} for key, r in ratios.items()},
-        "weights_mb": weights / 2**20, "bandwidth_gbs": bandwidth,
-        "attention": lm.model.config._attn_implementation, "deepthink_shape": list(deep_shape),
+        "weights_mb": weights / 2**20,
+        "bandwidth_gbs": bandwidth,
+        "attention": lm.model.config._attn_implementation,
+        "deepthink_shape": list(deep_shape),
         "batch_invariance": invariance,
     }
 
@@ -387,8 +470,11 @@ def api_overhead(lm: LoadedModel, tokens: int = 64, repeats: int = 3) -> dict:
     from feedback.serve.pool import ModelPool
 
     rows = [RowSpec("baseline"), RowSpec("feedback", "residual", {})]
-    body = {"prompt": BENCH_PROMPT, "max_new_tokens": tokens,
-            "rows": [{"name": r.name, "strategy": r.strategy} for r in rows]}
+    body = {
+        "prompt": BENCH_PROMPT,
+        "max_new_tokens": tokens,
+        "rows": [{"name": r.name, "strategy": r.strategy} for r in rows],
+    }
     seen: dict[str, list] = {}
 
     def timed(name: str, fn) -> float:
@@ -397,10 +483,16 @@ def api_overhead(lm: LoadedModel, tokens: int = 64, repeats: int = 3) -> dict:
         return _cpu() - t
 
     def direct() -> list:
-        return [r.token_ids for r in run_to_end(lm, RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens,
-                                                              rows=rows)).rows]
+        return [
+            r.token_ids
+            for r in run_to_end(lm, RunConfig(prompt=BENCH_PROMPT, max_new_tokens=tokens, rows=rows)).rows
+        ]
 
-    with local_server(ModelPool.serving(lm)) as url, httpx.Client(base_url=url + "/api", timeout=600) as client:
+    with (
+        local_server(ModelPool.serving(lm)) as url,
+        httpx.Client(base_url=url + "/api", timeout=600) as client,
+    ):
+
         def streamed() -> list:
             with client.stream("POST", "/generate/stream", json=body) as r:
                 events = [json.loads(line) for line in r.iter_lines() if line]
@@ -410,26 +502,39 @@ def api_overhead(lm: LoadedModel, tokens: int = 64, repeats: int = 3) -> dict:
             return [row["token_ids"] for row in client.post("/generate", json=body).json()["rows"]]
 
         whole()  # warm-up: first request, server threads
-        out = {"api_stream_vs_engine": ratio(lambda: timed("stream", streamed), lambda: timed("engine", direct),
-                                             repeats),
-               "api_generate_vs_engine": ratio(lambda: timed("generate", whole), lambda: timed("engine", direct),
-                                               repeats)}
-    return {**{k: r.median for k, r in out.items()}, "spread": {k: [r.low, r.high] for k, r in out.items()},
-            "api_same_tokens": seen["stream"] == seen["engine"] == seen["generate"]}
+        out = {
+            "api_stream_vs_engine": ratio(
+                lambda: timed("stream", streamed), lambda: timed("engine", direct), repeats
+            ),
+            "api_generate_vs_engine": ratio(
+                lambda: timed("generate", whole), lambda: timed("engine", direct), repeats
+            ),
+        }
+    return {
+        **{k: r.median for k, r in out.items()},
+        "spread": {k: [r.low, r.high] for k, r in out.items()},
+        "api_same_tokens": seen["stream"] == seen["engine"] == seen["generate"],
+    }
 
 
 # The ways this machine can run the model, exact first: (label, load_model keywords)
-MODES = (("fp32 exact (oneDNN linear, the default)", {"dtype": "float32"}),
-         ("fp32 exact (PyTorch's MKL linear)", {"dtype": "float32", "onednn_linear": False}),
-         ("fp32 weights, oneDNN bf16 matmuls", {"dtype": "float32", "fast_matmul": True}),
-         ("bf16 weights", {"dtype": "bfloat16"}),
-         ("int8 weights (weight-only, bf16 activations)", {"dtype": "float32", "load_in_8bit": True}))
-MODE_PPL_TOKENS = 512  # tokens per built-in test document for ΔPPL (the 512-token protocol of docs/results/RESULTS.md)
+MODES = (
+    ("fp32 exact (oneDNN linear, the default)", {"dtype": "float32"}),
+    ("fp32 exact (PyTorch's MKL linear)", {"dtype": "float32", "onednn_linear": False}),
+    ("fp32 weights, oneDNN bf16 matmuls", {"dtype": "float32", "fast_matmul": True}),
+    ("bf16 weights", {"dtype": "bfloat16"}),
+    ("int8 weights (weight-only, bf16 activations)", {"dtype": "float32", "load_in_8bit": True}),
+)
+MODE_PPL_TOKENS = (
+    512  # tokens per built-in test document for ΔPPL (the 512-token protocol of docs/results/RESULTS.md)
+)
 
 
 def _greedy_replies(lm: LoadedModel, prompts: list[str], tokens: int) -> list[list[int]]:
-    return [run_to_end(lm, RunConfig(prompt=p, max_new_tokens=tokens, rows=[RowSpec("b")])).rows[0].token_ids
-            for p in prompts]
+    return [
+        run_to_end(lm, RunConfig(prompt=p, max_new_tokens=tokens, rows=[RowSpec("b")])).rows[0].token_ids
+        for p in prompts
+    ]
 
 
 def _test_nlls(lm: LoadedModel, docs: int | None) -> list:
@@ -462,7 +567,9 @@ def fast_modes(tokens: int = 16, repeats: int = 3, reply_tokens: int = 64, docs:
     for label, kwargs in MODES:
         lm = load_model("embedded", **kwargs)
         _raw_step_s(lm, 2, 4)  # warm-up
-        pair = ratio(lambda: _raw_step_s(lm, 2, tokens), lambda: _raw_step_s(lm, 1, tokens), repeats)
+        pair = ratio(
+            lambda lm=lm: _raw_step_s(lm, 2, tokens), lambda lm=lm: _raw_step_s(lm, 1, tokens), repeats
+        )
         wall = min(_raw_step_s(lm, 1, tokens, time.perf_counter) for _ in range(repeats))
         replies, nlls = _greedy_replies(lm, prompts, reply_tokens), _test_nlls(lm, docs)
         ref_replies, ref_nlls = ref_replies or replies, ref_nlls or nlls
@@ -471,31 +578,41 @@ def fast_modes(tokens: int = 16, repeats: int = 3, reply_tokens: int = 64, docs:
         lo, hi, _ = paired_bootstrap(diffs, 2000, 0) if any(np.any(d) for d in diffs) else (0.0, 0.0, "")
         stored = weight_bytes(lm)
         out["modes"][label] = {
-            "precision": lm.precision, "step_ms_row1": pair.b * 1e3, "step_ms_row2": pair.a * 1e3,
-            "pair_vs_row": pair.median, "pair_vs_row_spread": [pair.low, pair.high],
-            "weights_mb": stored / 2**20, "wall_step_ms": wall * 1e3,
+            "precision": lm.precision,
+            "step_ms_row1": pair.b * 1e3,
+            "step_ms_row2": pair.a * 1e3,
+            "pair_vs_row": pair.median,
+            "pair_vs_row_spread": [pair.low, pair.high],
+            "weights_mb": stored / 2**20,
+            "wall_step_ms": wall * 1e3,
             "bandwidth_fraction": stored / (bandwidth * 1e9) / wall,
-            "replies_equal": sum(a == b for a, b in zip(replies, ref_replies)), "replies": len(prompts),
+            "replies_equal": sum(a == b for a, b in zip(replies, ref_replies)),
+            "replies": len(prompts),
             "tokens_equal_before_first_difference": sum(_agree(a, b) for a, b in zip(replies, ref_replies)),
             "tokens": sum(len(r) for r in ref_replies),
-            "delta_ppl_pct": 100 * math.expm1(mean), "delta_ppl_ci_pct": [100 * math.expm1(lo), 100 * math.expm1(hi)],
+            "delta_ppl_pct": 100 * math.expm1(mean),
+            "delta_ppl_ci_pct": [100 * math.expm1(lo), 100 * math.expm1(hi)],
             "test_tokens": int(sum(d.size for d in nlls)),
         }
-        del lm
+        lm = None  # one mode's model at a time
     set_fast_matmul(False)
     return out
 
 
 def _modes_text(modes: dict) -> str:
-    lines = [f"modes (copy bandwidth {modes['bandwidth_gbs']:.1f} GB/s; agreement and ΔPPL against the first):"]
+    lines = [
+        f"modes (copy bandwidth {modes['bandwidth_gbs']:.1f} GB/s; agreement and ΔPPL against the first):"
+    ]
     for label, m in modes["modes"].items():
         lines.append(
             f"  {label:40} 1 row {m['step_ms_row1']:6.1f} ms CPU, pair_vs_row {m['pair_vs_row']:.2f} "
-            f"[{m['pair_vs_row_spread'][0]:.2f}–{m['pair_vs_row_spread'][1]:.2f}], {m['weights_mb']:.0f} MB at "
-            f"{m['bandwidth_fraction']:.2f} of bandwidth ({m['wall_step_ms']:.1f} ms wall); greedy replies equal "
-            f"{m['replies_equal']}/{m['replies']} ({m['tokens_equal_before_first_difference']}/{m['tokens']} tokens "
-            f"before the first difference); ΔPPL {m['delta_ppl_pct']:+.3f} % [{m['delta_ppl_ci_pct'][0]:+.3f}, "
-            f"{m['delta_ppl_ci_pct'][1]:+.3f}] over {m['test_tokens']} test tokens")
+            f"[{m['pair_vs_row_spread'][0]:.2f}–{m['pair_vs_row_spread'][1]:.2f}], "
+            f"{m['weights_mb']:.0f} MB at {m['bandwidth_fraction']:.2f} of bandwidth "
+            f"({m['wall_step_ms']:.1f} ms wall); greedy replies equal {m['replies_equal']}/{m['replies']} "
+            f"({m['tokens_equal_before_first_difference']}/{m['tokens']} tokens before the first "
+            f"difference); ΔPPL {m['delta_ppl_pct']:+.3f} % [{m['delta_ppl_ci_pct'][0]:+.3f}, "
+            f"{m['delta_ppl_ci_pct'][1]:+.3f}] over {m['test_tokens']} test tokens"
+        )
     return "\n".join(lines)
 
 
@@ -512,9 +629,13 @@ def _step_in_process(threads: int, wait: str, tokens: int) -> float:
     """A bare one-row decode step (ms, wall time: what a neighbour's load costs is the point) in a fresh
     process with these threads and wait policy (the policy is read once, when torch loads, so it
     needs its own process)."""
-    code = ("import torch, time; from feedback.core.model import load_model; from feedback.bench import _raw_step_s; "
-            f"torch.set_num_threads({threads}); lm = load_model('embedded', dtype='float32'); _raw_step_s(lm, 1, 4); "
-            f"print(min(_raw_step_s(lm, 1, {tokens}, time.perf_counter) for _ in range(2)) * 1e3)")
+    code = (
+        "import torch, time; from feedback.core.model import load_model; "
+        "from feedback.bench import _raw_step_s; "
+        f"torch.set_num_threads({threads}); lm = load_model('embedded', dtype='float32'); "
+        "_raw_step_s(lm, 1, 4); "
+        f"print(min(_raw_step_s(lm, 1, {tokens}, time.perf_counter) for _ in range(2)) * 1e3)"
+    )
     env = {**os.environ, "OMP_WAIT_POLICY": wait}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return float(out.stdout.strip().splitlines()[-1])
@@ -566,43 +687,73 @@ def run_bench(args) -> int:
         print(json.dumps(report, indent=2))
         return 0
     load = report["load_average"]
-    print(f"model {report['model']} {report['dtype']} on {report['device']} ({report['threads']} threads), "
-          f"{report['tokens']} tokens; every ratio: CPU time, the two sides in turn over {report['rounds']} rounds, "
-          f"median [lowest–highest]; load average {load['before']} before, {load['after']} after")
+    print(
+        f"model {report['model']} {report['dtype']} on {report['device']} ({report['threads']} threads), "
+        f"{report['tokens']} tokens; every ratio: CPU time, the two sides in turn "
+        f"over {report['rounds']} rounds, "
+        f"median [lowest–highest]; load average {load['before']} before, {load['after']} after"
+    )
     print(f"{'metric':32} {'median':>9}  {'spread':15} target")
     for key in TARGETS:
         if key in report["spread"]:  # --quick measures the scaling ratios on other shapes
             print(_line(report, key, _verdict(key, report[key])))
-    for key in sorted(k for k in report["spread"] if k.startswith("rows") and k.endswith("_vs_row1")
-                      and k not in TARGETS):
+    for key in sorted(
+        k for k in report["spread"] if k.startswith("rows") and k.endswith("_vs_row1") and k not in TARGETS
+    ):
         print(_line(report, key, "(--quick shape, no target)"))
-    for key in sorted(k for k in report["spread"] if k.startswith(("prefill_", "quality_overhead_"))
-                      and k not in TARGETS):
-        print(_line(report, key, "(four rows of different prompts ÷ one)" if "rows4" in key else
-                    "(--quick shape, no target)"))
-    print("  (quality_overhead_<n>: a 64-token baseline + feedback run after an n-token prompt, with the quality "
-          "metrics ÷ without)")
-    print(f"  (quality_overhead: a {report['quality_tokens']}-token baseline + feedback run with self and "
-          "prompt perplexity ÷ without)")
+    for key in sorted(
+        k for k in report["spread"] if k.startswith(("prefill_", "quality_overhead_")) and k not in TARGETS
+    ):
+        print(
+            _line(
+                report,
+                key,
+                "(four rows of different prompts ÷ one)" if "rows4" in key else "(--quick shape, no target)",
+            )
+        )
+    print(
+        "  (quality_overhead_<n>: a 64-token baseline + feedback run after an n-token prompt, "
+        "with the quality metrics ÷ without)"
+    )
+    print(
+        f"  (quality_overhead: a {report['quality_tokens']}-token baseline + feedback run with self and "
+        "prompt perplexity ÷ without)"
+    )
     print(_line(report, "two_rows_vs_two_generations", "(< 1 means batching pays)"))
     print(_line(report, "raw_batch2_vs_batch1", "(a bare forward of 2 rows ÷ 1 row)"))
     traces, ctx = report["deepthink_shape"]
-    print(_line(report, f"deepthink{traces}_speedup", f"({traces} traces of a {ctx}-token prompt, batched ÷ one by "
-                                                     f"one, per trace-token; attention: {report['attention']})"))
+    print(
+        _line(
+            report,
+            f"deepthink{traces}_speedup",
+            f"({traces} traces of a {ctx}-token prompt, batched ÷ one by "
+            f"one, per trace-token; attention: {report['attention']})",
+        )
+    )
     if "api_stream_vs_engine" in report:
         print(_line(report, "api_stream_vs_engine", "(HTTP API, NDJSON stream, local)"))
         print(_line(report, "api_generate_vs_engine", "(HTTP API, whole result)"))
         print(f"same greedy tokens through the API: {report['api_same_tokens']}")
-    print(f"{'roofline_fraction':32} {report['roofline_fraction']:9.3f}  ({report['weights_mb']:.0f} MB weights at "
-          f"{report['bandwidth_gbs']:.1f} GB/s ÷ a bare one-row step, {report['raw_step_wall_ms']:.1f} ms wall)")
-    print(f"{'cold_start_s':32} {report['cold_start_s']:9.3f}  {_verdict('cold_start_s', report['cold_start_s'])} "
-          "(wall time)")
-    print("each ratio's sides, CPU ms (A / B; a step, a whole run, or a trace-token): "
-          + ", ".join(f"{k} {v['a']:.1f} / {v['b']:.1f}" for k, v in report["sides_cpu_ms"].items()))
+    print(
+        f"{'roofline_fraction':32} {report['roofline_fraction']:9.3f}  "
+        f"({report['weights_mb']:.0f} MB weights at "
+        f"{report['bandwidth_gbs']:.1f} GB/s ÷ a bare one-row step, {report['raw_step_wall_ms']:.1f} ms wall)"
+    )
+    print(
+        f"{'cold_start_s':32} {report['cold_start_s']:9.3f}  "
+        f"{_verdict('cold_start_s', report['cold_start_s'])} (wall time)"
+    )
+    print(
+        "each ratio's sides, CPU ms (A / B; a step, a whole run, or a trace-token): "
+        + ", ".join(f"{k} {v['a']:.1f} / {v['b']:.1f}" for k, v in report["sides_cpu_ms"].items())
+    )
     print(f"same greedy tokens as model.generate: {report['same_tokens_as_generate']}")
     inv = report["batch_invariance"]
-    print(f"batch invariance: identical rows bitwise equal {inv['identical_rows_bitwise_equal']}; a row in 2 / 16 "
-          f"rows vs alone: max |Δ logit| {inv['rows2_vs_alone_max_abs']:.1e} / {inv['rows16_vs_alone_max_abs']:.1e}")
+    print(
+        f"batch invariance: identical rows bitwise equal {inv['identical_rows_bitwise_equal']}; "
+        f"a row in 2 / 16 rows vs alone: max |Δ logit| {inv['rows2_vs_alone_max_abs']:.1e} / "
+        f"{inv['rows16_vs_alone_max_abs']:.1e}"
+    )
     for where, steps in report.get("busy_machine", {}).items():
         print(f"decode step ms, {where:5}: " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()))
     if report.get("modes"):

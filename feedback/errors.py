@@ -1,4 +1,5 @@
 """The one exception type for user errors: shown as a one-line message, never a traceback."""
+
 from __future__ import annotations
 
 import threading

@@ -1,4 +1,5 @@
 """Shared fixtures: the real embedded model (behaviour) and a tiny random Llama (mechanics)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -32,15 +33,29 @@ def tiny_lm(embedded_lm: LoadedModel) -> LoadedModel:
 
     torch.manual_seed(0)
     tok = embedded_lm.tokenizer
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     model = LlamaForCausalLM(cfg).eval()
     model.set_attn_implementation("eager")  # as load_model does on CPU: batch-invariant
     if linear.wanted(torch.device("cpu")):
         linear.use_onednn(model)  # as load_model does on CPU
-    return LoadedModel(model=model, tokenizer=tok, name="tiny", dtype="float32",
-                       device=torch.device("cpu"), eos_token_ids=[tok.eos_token_id])
+    return LoadedModel(
+        model=model,
+        tokenizer=tok,
+        name="tiny",
+        dtype="float32",
+        device=torch.device("cpu"),
+        eos_token_ids=[tok.eos_token_id],
+    )
 
 
 def _hook_count(model: torch.nn.Module) -> int:
@@ -71,9 +86,16 @@ def _launched(pool, settings, page_budget=None):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                            auth=page_auth(settings, None), auth_message=KEY_LOGIN_MESSAGE if settings.gradio_keys else None,
-                            app_kwargs=app_kwargs(pool, settings), **launch_kwargs())
+    _, url, _ = demo.launch(
+        server_name="127.0.0.1",
+        server_port=port,
+        prevent_thread_lock=True,
+        quiet=True,
+        auth=page_auth(settings, None),
+        auth_message=KEY_LOGIN_MESSAGE if settings.gradio_keys else None,
+        app_kwargs=app_kwargs(pool, settings),
+        **launch_kwargs(),
+    )
     try:
         yield SimpleNamespace(url=url, pool=pool, app=app)
     finally:

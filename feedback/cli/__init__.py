@@ -5,26 +5,59 @@ One module per command, each with its flags beside its handler: `add_parser(sub)
 subcommand and its flags, `run(args) -> int` runs it. The flags several commands share, the model
 loader and the output helpers are `feedback.cli.common`. `main` turns what a command raises into
 one line on stderr and an exit status."""
+
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 
-from feedback.cli import (batch, bench, calibrate, common, deepthink, doctor, generate, lmeval, merge, ppl, prepare,
-                          qa, recall, sweep, tune)
+from feedback.cli import (
+    batch,
+    bench,
+    calibrate,
+    common,
+    deepthink,
+    doctor,
+    generate,
+    lmeval,
+    merge,
+    ppl,
+    prepare,
+    qa,
+    recall,
+    sweep,
+    tune,
+)
 from feedback.errors import FeedbackError, one_line
 
 # An unexpected failure prints one line; with this set to 1 the command raises it, traceback and all.
 TRACEBACK_ENV = "FEEDBACK_TRACEBACK"
 
 # Every command, in the order `python -m feedback --help` lists them.
-COMMANDS = (generate, prepare, ppl, sweep, tune, deepthink, qa, calibrate, lmeval, recall, batch, merge, bench, doctor)
+COMMANDS = (
+    generate,
+    prepare,
+    ppl,
+    sweep,
+    tune,
+    deepthink,
+    qa,
+    calibrate,
+    lmeval,
+    recall,
+    batch,
+    merge,
+    bench,
+    doctor,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every command in COMMANDS."""
-    parser = common.Parser(prog="python -m feedback", description="Feedback Lens: baseline vs activation feedback")
+    parser = common.Parser(
+        prog="python -m feedback", description="Feedback Lens: baseline vs activation feedback"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=common.Parser)
     for command in COMMANDS:
         command.add_parser(sub)
@@ -47,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a failure mid-run (a model's layer, the machine): one line, not 100
         if os.environ.get(TRACEBACK_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
             raise
-        print(f"error: {args.command} failed: {one_line(exc)} (set {TRACEBACK_ENV}=1 for the traceback)",
-              file=sys.stderr)
+        print(
+            f"error: {args.command} failed: {one_line(exc)} (set {TRACEBACK_ENV}=1 for the traceback)",
+            file=sys.stderr,
+        )
         return 1

@@ -1,5 +1,6 @@
 """`batch`: run a JSONL file of tasks, appending each result to a JSONL file (rerun to resume);
 under accelerate launch, torchrun or MPI each process runs its share into a part file (see `merge`)."""
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,11 @@ def add_parser(sub) -> None:
     p.add_argument("output", help="JSONL results; rerun with the same file to resume")
     common.add_model_args(p)
     p.add_argument("--retries", type=int, help="retries of a failing task before it is recorded")
-    p.add_argument("--lenient", action="store_true",
-                   help="ignore unknown task fields instead of recording the line as invalid")
+    p.add_argument(
+        "--lenient",
+        action="store_true",
+        help="ignore unknown task fields instead of recording the line as invalid",
+    )
 
 
 def run(args) -> int:
@@ -27,29 +31,56 @@ def run(args) -> int:
     rank, world, device = _launcher_shard()
     tag = f"[rank {rank}/{world}] " if world > 1 else ""
     if world > 1 and args.device_map:
-        print(f"warning: {tag}--device-map with {world} processes: every rank spreads its own copy of the model "
-              "over all devices; for a model that needs several GPUs run one process", file=sys.stderr)
+        print(
+            f"warning: {tag}--device-map with {world} processes: every rank spreads its own copy of the "
+            "model over all devices; for a model that needs several GPUs run one process",
+            file=sys.stderr,
+        )
     lm = common.load(args, device=device if args.device_map is None else "auto")
 
     def progress(done: int, total: int, elapsed: float) -> None:
         rate = done / elapsed if elapsed > 0 else 0.0
         eta = (total - done) / rate if rate > 0 else float("nan")
         end = "\n" if world > 1 or done == total else ""  # ranks share stderr: whole lines only
-        print(f"\r  {tag}[{done}/{total}] {rate:.2f} tasks/s, ETA {eta:.0f} s", end=end, file=sys.stderr, flush=True)
+        print(
+            f"\r  {tag}[{done}/{total}] {rate:.2f} tasks/s, ETA {eta:.0f} s",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
 
-    summary = run_batch(lm, args.input, args.output, **common.given(args, "retries"), shard=(rank, world),
-                        warn=lambda msg: print(f"warning: {tag}{msg}", file=sys.stderr), progress=progress,
-                        lenient=args.lenient, budget=Budget.from_env(served=False))
+    summary = run_batch(
+        lm,
+        args.input,
+        args.output,
+        **common.given(args, "retries"),
+        shard=(rank, world),
+        warn=lambda msg: print(f"warning: {tag}{msg}", file=sys.stderr),
+        progress=progress,
+        lenient=args.lenient,
+        budget=Budget.from_env(served=False),
+    )
     print(tag + summary_line(summary))
     if world > 1:
-        print(f"{tag}wrote {summary['output']}; once every rank is done: python -m feedback merge {args.output}")
+        print(
+            f"{tag}wrote {summary['output']}; once every rank is done: python -m feedback merge {args.output}"
+        )
     return 0
 
 
 def _launcher_shard() -> tuple[int, int, str]:
     """(rank, processes, device) under accelerate launch, torchrun or MPI; (0, 1, "auto") when run plainly."""
-    if not any(os.environ.get(k) for k in ("WORLD_SIZE", "LOCAL_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE",
-                                           "MV2_COMM_WORLD_SIZE", "ACCELERATE_USE_CPU")):
+    if not any(
+        os.environ.get(k)
+        for k in (
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "PMI_SIZE",
+            "OMPI_COMM_WORLD_SIZE",
+            "MV2_COMM_WORLD_SIZE",
+            "ACCELERATE_USE_CPU",
+        )
+    ):
         return 0, 1, "auto"
     import torch
     from accelerate import PartialState

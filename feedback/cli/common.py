@@ -1,6 +1,7 @@
 """What the commands share: the parser class, the flag groups several commands take (model loading,
 strategy, sampled traces, perplexity scoring), the argument types of those flags, the one model
 loader, and the output helpers (the whole result as JSON, a progress line)."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,6 +20,7 @@ class Parser(argparse.ArgumentParser):
 
 
 # ---- argument types ----
+
 
 def param(text: str) -> tuple[str, str]:
     """KEY=VALUE -> (key, value)."""
@@ -52,8 +54,9 @@ def max_memory(text: str) -> dict:
         device, sep, amount = item.partition("=")
         device, amount = device.strip(), amount.strip()
         if not sep or not amount or not (device.isdigit() or device in ("cpu", "disk", "mps")):
-            raise argparse.ArgumentTypeError(f"--max-memory expects DEVICE=AMOUNT,... (e.g. 0=20GiB,cpu=64GiB), "
-                                             f"got {item!r}")
+            raise argparse.ArgumentTypeError(
+                f"--max-memory expects DEVICE=AMOUNT,... (e.g. 0=20GiB,cpu=64GiB), got {item!r}"
+            )
         out[int(device) if device.isdigit() else device] = amount
     return out
 
@@ -68,30 +71,55 @@ def given(args, *names: str, **renamed: str) -> dict:
 
 # ---- flag groups ----
 
+
 def add_model_args(p) -> None:
     """The model to load and how: every command that loads a model takes these (see `load`)."""
     p.add_argument("--model", default=None, help="embedded (default) | hub id | local folder | file.gguf")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--fast-matmul", action="store_true",
-                   help="fast, not bit-exact: bf16 matmuls on fp32 weights (CPU, oneDNN); results say so")
+    p.add_argument(
+        "--fast-matmul",
+        action="store_true",
+        help="fast, not bit-exact: bf16 matmuls on fp32 weights (CPU, oneDNN); results say so",
+    )
     g = p.add_argument_group("large models")
-    g.add_argument("--device-map", default=None, help="e.g. auto: spread layers over GPUs, then CPU (accelerate)")
-    g.add_argument("--max-memory", type=max_memory, default=None, metavar="DEV=AMOUNT,...",
-                   help="memory cap per device for --device-map, e.g. 0=20GiB,1=20GiB,cpu=64GiB")
+    g.add_argument(
+        "--device-map", default=None, help="e.g. auto: spread layers over GPUs, then CPU (accelerate)"
+    )
+    g.add_argument(
+        "--max-memory",
+        type=max_memory,
+        default=None,
+        metavar="DEV=AMOUNT,...",
+        help="memory cap per device for --device-map, e.g. 0=20GiB,1=20GiB,cpu=64GiB",
+    )
     quant = g.add_mutually_exclusive_group()
     quant.add_argument("--load-in-4bit", action="store_true", help="bitsandbytes NF4 weights (CUDA only)")
-    quant.add_argument("--load-in-8bit", action="store_true", help="int8 weights: bitsandbytes on CUDA; on CPU the "
-                       "decoder's layers as int8 weights (per-channel scales, bf16 activations), not bit-exact")
+    quant.add_argument(
+        "--load-in-8bit",
+        action="store_true",
+        help="int8 weights: bitsandbytes on CUDA; on CPU the "
+        "decoder's layers as int8 weights (per-channel scales, bf16 activations), not bit-exact",
+    )
     g.add_argument("--trust-remote-code", action="store_true", help="run the model repository's own code")
 
 
 def add_strategy_args(p, default: str | None, required: bool = False) -> None:
     """--strategy (a name or a '+' stack) and its repeated --param KEY=VALUE."""
-    p.add_argument("--strategy", default=default, required=required,
-                   help="feedback strategy, or several joined by '+' applied in that order (a stack: "
-                        "inner_loop+deep_cache)" + (f" (default {default})" if default else ""))
-    p.add_argument("--param", action="append", type=param, default=[], metavar="KEY=VALUE",
-                   help="a strategy parameter; a stack's are named STRATEGY.PARAM (deep_cache.lam=0.05)")
+    p.add_argument(
+        "--strategy",
+        default=default,
+        required=required,
+        help="feedback strategy, or several joined by '+' applied in that order (a stack: "
+        "inner_loop+deep_cache)" + (f" (default {default})" if default else ""),
+    )
+    p.add_argument(
+        "--param",
+        action="append",
+        type=param,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a strategy parameter; a stack's are named STRATEGY.PARAM (deep_cache.lam=0.05)",
+    )
 
 
 def add_trace_args(p) -> None:
@@ -108,10 +136,16 @@ def add_trace_args(p) -> None:
 
 def add_ppl_args(p) -> None:
     """Teacher-forced scoring of a corpus (ppl, sweep, tune), with the model flags; see `ppl_config`."""
-    p.add_argument("--data", default="builtin:dev", help="builtin:dev | builtin:test | file.txt | file.jsonl | folder")
+    p.add_argument(
+        "--data", default="builtin:dev", help="builtin:dev | builtin:test | file.txt | file.jsonl | folder"
+    )
     add_model_args(p)
-    p.add_argument("--mode", default=None, choices=["exact", "parallel", "jacobi"],
-                   help="default: parallel for non-recurrent strategies, jacobi for recurrent ones")
+    p.add_argument(
+        "--mode",
+        default=None,
+        choices=["exact", "parallel", "jacobi"],
+        help="default: parallel for non-recurrent strategies, jacobi for recurrent ones",
+    )
     # Numbers default to None: a flag left out keeps PPLConfig's own default (see `given`).
     p.add_argument("--passes", type=int, help="jacobi passes (the first is clean)")
     p.add_argument("--window", type=int, help="tokens per scoring window")
@@ -125,6 +159,7 @@ def add_ppl_args(p) -> None:
 
 # ---- what the shared flags build ----
 
+
 def load(args, device: str = "auto", model: str | None = None, dtype: str | None = None):
     """The one model loader, with every model flag of the command line. `model`/`dtype`: a saved
     run's, used unless --model / --dtype were given."""
@@ -133,9 +168,17 @@ def load(args, device: str = "auto", model: str | None = None, dtype: str | None
     if args.max_memory and not args.device_map:
         raise FeedbackError("--max-memory needs --device-map (e.g. --device-map auto)")
     dtype = args.dtype if args.dtype != "auto" or not dtype else dtype
-    return load_model(args.model or model or "embedded", dtype=dtype, device=device, device_map=args.device_map,
-                      max_memory=args.max_memory, load_in_4bit=args.load_in_4bit, load_in_8bit=args.load_in_8bit,
-                      trust_remote_code=args.trust_remote_code, fast_matmul=args.fast_matmul or None)
+    return load_model(
+        args.model or model or "embedded",
+        dtype=dtype,
+        device=device,
+        device_map=args.device_map,
+        max_memory=args.max_memory,
+        load_in_4bit=args.load_in_4bit,
+        load_in_8bit=args.load_in_8bit,
+        trust_remote_code=args.trust_remote_code,
+        fast_matmul=args.fast_matmul or None,
+    )
 
 
 def ppl_config(args, params: dict | None = None):
@@ -144,12 +187,26 @@ def ppl_config(args, params: dict | None = None):
 
     if args.max_tokens is not None:  # refused before the model loads, as the config would refuse it after
         TOKENS_PER_DOC.check(args.max_tokens)
-    return PPLConfig(strategy=args.strategy, params=dict(args.param) if params is None else params, mode=args.mode,
-                     **given(args, "passes", "window", "stride", "chunk", "max_docs", "bootstrap", "seed",
-                             max_tokens_per_doc="max_tokens"))
+    return PPLConfig(
+        strategy=args.strategy,
+        params=dict(args.param) if params is None else params,
+        mode=args.mode,
+        **given(
+            args,
+            "passes",
+            "window",
+            "stride",
+            "chunk",
+            "max_docs",
+            "bootstrap",
+            "seed",
+            max_tokens_per_doc="max_tokens",
+        ),
+    )
 
 
 # ---- output ----
+
 
 def json_result(args, res: dict, indent: int | None = 1, printed_indent: int | None = None) -> bool:
     """A command's whole result as JSON: written to --out when given, printed with --json (True: then
@@ -163,7 +220,9 @@ def json_result(args, res: dict, indent: int | None = 1, printed_indent: int | N
 
 def progress(done: int, total: int, name: str) -> None:
     """One progress line on stderr, rewritten in place until the last item."""
-    print(f"\r  [{done}/{total}] {name[:40]:40}", end="" if done < total else "\n", file=sys.stderr, flush=True)
+    print(
+        f"\r  [{done}/{total}] {name[:40]:40}", end="" if done < total else "\n", file=sys.stderr, flush=True
+    )
 
 
 def warn(msg: str) -> None:

@@ -1,6 +1,7 @@
 """`deepthink`: DeepConf's multi-trace vote per side (the baseline and a feedback strategy), with an
 early-stop threshold calibrated on warm-up traces; on one prompt (every trace shown) or on a question
 file (accuracy per side)."""
+
 from __future__ import annotations
 
 import json
@@ -33,12 +34,19 @@ def deepthink_config(args, prompt: str):
     """The DeepThinkConfig of the flags, for `prompt`."""
     from feedback.eval.deepthink import DeepThinkConfig
 
-    return DeepThinkConfig(prompt=prompt, **common.given(args, "traces", "warmup", "eta", "window", "k",
-                                                         "max_new_tokens", "temperature", "top_p", "seed"),
-                           strategy=args.strategy, params=dict(args.param),
-                           answer_regex=args.answer_regex, shared_threshold=args.shared_threshold,
-                           check=args.check, chat_template=not args.no_chat_template,
-                           expected=getattr(args, "expected", None))
+    return DeepThinkConfig(
+        prompt=prompt,
+        **common.given(
+            args, "traces", "warmup", "eta", "window", "k", "max_new_tokens", "temperature", "top_p", "seed"
+        ),
+        strategy=args.strategy,
+        params=dict(args.param),
+        answer_regex=args.answer_regex,
+        shared_threshold=args.shared_threshold,
+        check=args.check,
+        chat_template=not args.no_chat_template,
+        expected=getattr(args, "expected", None),
+    )
 
 
 def run(args) -> int:
@@ -74,11 +82,16 @@ def _questions(args, lm, questions) -> int:
     if args.json:
         print(json.dumps(res))
         return 0
-    print(f"{res['questions']} questions, {base.traces} traces + {base.warmup} warm-up per side, eta {base.eta}%")
+    print(
+        f"{res['questions']} questions, {base.traces} traces + {base.warmup} warm-up per side, "
+        f"eta {base.eta}%"
+    )
     print(f"{'side':10} {'single':>7} {'majority':>9} {'deepconf':>9} {'tokens':>9} {'saved':>8}")
     for side, a in res["accuracy"].items():
-        print(f"{side:10} {a['single']:7.1%} {a['majority']:9.1%} {a['deepconf']:9.1%} {a['tokens_spent']:9d} "
-              f"{a['tokens_saved']:8d}")
+        print(
+            f"{side:10} {a['single']:7.1%} {a['majority']:9.1%} {a['deepconf']:9.1%} {a['tokens_spent']:9d} "
+            f"{a['tokens_saved']:8d}"
+        )
     return 0
 
 
@@ -105,13 +118,25 @@ def _print_side(side: str, s: dict, traces: int) -> None:
     """One side of a --prompt run: threshold, answer and votes, tokens, then a line per trace."""
     votes = s["votes"]
     print(f"=== {side} === threshold {s['threshold']:.3f}, {s['stopped']} of {traces} online traces stopped")
-    print(f"answer: {s['answer']!r}{_mark(s['correct'])} (share {s['share']:.0%}; majority "
-          f"{votes['majority']['answer']!r}{_mark(votes['majority']['correct'])}, tail-weighted "
-          f"{votes['tail']['answer']!r}{_mark(votes['tail']['correct'])})")
+    print(
+        f"answer: {s['answer']!r}{_mark(s['correct'])} (share {s['share']:.0%}; majority "
+        f"{votes['majority']['answer']!r}{_mark(votes['majority']['correct'])}, tail-weighted "
+        f"{votes['tail']['answer']!r}{_mark(votes['tail']['correct'])})"
+    )
     print(f"tokens spent {s['tokens_spent']}, saved {s['tokens_saved']} ({s['tokens_saved_method']})")
     for t in s["traces"]:
-        flag = ("stopped" if t["stopped"] else "filtered" if t["excluded"] else
-                "voted" if t["answer"] is not None else "no answer")
+        flag = (
+            "stopped"
+            if t["stopped"]
+            else "filtered"
+            if t["excluded"]
+            else "voted"
+            if t["answer"] is not None
+            else "no answer"
+        )
         low = t["lowest_group"]
-        print(f"  {t['phase']:6} {t['name']:14} {flag:9} {t['tokens']:4d} tok  "
-              f"lowest {low if low is None else round(low, 2)!s:>6}  answer {t['answer']!r}{_mark(t['correct'])}")
+        print(
+            f"  {t['phase']:6} {t['name']:14} {flag:9} {t['tokens']:4d} tok  "
+            f"lowest {low if low is None else round(low, 2)!s:>6}  "
+            f"answer {t['answer']!r}{_mark(t['correct'])}"
+        )

@@ -1,5 +1,6 @@
 """`lmeval`: lm-evaluation-harness tasks for the baseline and a strategy on the same documents,
 paired: per metric both values, the difference and a paired 95% interval (`feedback.eval.lmeval`)."""
+
 from __future__ import annotations
 
 import sys
@@ -12,19 +13,34 @@ NAME = "lmeval"
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(NAME, help="lm-evaluation-harness tasks, baseline and a strategy on the same documents: "
-                       "per metric both values, the difference and a paired 95%% interval")
-    p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names (e.g. arc_easy,hellaswag)")
-    p.add_argument("--include-path", default=None, metavar="DIR", help="a folder of task YAML files of your own")
+    p = sub.add_parser(
+        NAME,
+        help="lm-evaluation-harness tasks, baseline and a strategy on the same documents: "
+        "per metric both values, the difference and a paired 95%% interval",
+    )
+    p.add_argument(
+        "--tasks", required=True, help="comma-separated lm-eval task names (e.g. arc_easy,hellaswag)"
+    )
+    p.add_argument(
+        "--include-path", default=None, metavar="DIR", help="a folder of task YAML files of your own"
+    )
     common.add_model_args(p)
     common.add_strategy_args(p, None, required=True)
     # Numbers default to None: a flag left out keeps run_pair's own default (see `common.given`).
-    p.add_argument("--mode", default=None, choices=["exact", "parallel", "jacobi"],
-                   help="how the strategy scores (as ppl; default: parallel, jacobi for recurrent strategies)")
+    p.add_argument(
+        "--mode",
+        default=None,
+        choices=["exact", "parallel", "jacobi"],
+        help="how the strategy scores (as ppl; default: parallel, jacobi for recurrent strategies)",
+    )
     p.add_argument("--passes", type=int, help="jacobi passes (the first is clean)")
-    p.add_argument("--max-length", type=int, help="tokens per sequence at most (default 2048, capped by the model)")
+    p.add_argument(
+        "--max-length", type=int, help="tokens per sequence at most (default 2048, capped by the model)"
+    )
     p.add_argument("--window", type=int, help="rolling window in tokens (default max-length + 1)")
-    p.add_argument("--stride", type=int, help="new tokens per rolling window (default window - 1, as lm-eval)")
+    p.add_argument(
+        "--stride", type=int, help="new tokens per rolling window (default window - 1, as lm-eval)"
+    )
     p.add_argument("--limit", type=float, default=None, help="documents per task (below 1: a share of them)")
     p.add_argument("--num-fewshot", type=int)
     p.add_argument("--batch-size", type=int, help="rows per batch (baseline scoring, generation)")
@@ -39,21 +55,45 @@ def run(args) -> int:
     try:
         from feedback.eval.lmeval import format_table, run_pair
     except ImportError as exc:
-        raise FeedbackError(f"lmeval needs lm-evaluation-harness: pip install lm-eval==0.4.13 ({exc})") from None
+        raise FeedbackError(
+            f"lmeval needs lm-evaluation-harness: pip install lm-eval==0.4.13 ({exc})"
+        ) from None
 
     tasks = _checked_tasks(args)
     lm = common.load(args)
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
-    res = run_pair(lm, tasks, args.strategy, dict(args.param), include_path=args.include_path, limit=limit,
-                   log=None if args.json else lambda msg: print(msg, file=sys.stderr, flush=True),
-                   **common.given(args, "mode", "passes", "max_length", "window", "stride", "num_fewshot",
-                                  "batch_size", "max_gen_toks", "bootstrap", "seed"))
+    res = run_pair(
+        lm,
+        tasks,
+        args.strategy,
+        dict(args.param),
+        include_path=args.include_path,
+        limit=limit,
+        log=None if args.json else lambda msg: print(msg, file=sys.stderr, flush=True),
+        **common.given(
+            args,
+            "mode",
+            "passes",
+            "max_length",
+            "window",
+            "stride",
+            "num_fewshot",
+            "batch_size",
+            "max_gen_toks",
+            "bootstrap",
+            "seed",
+        ),
+    )
     if common.json_result(args, res, printed_indent=1):
         return 0
     side = res["feedback_side"]
-    print(f"{lm.name}: baseline vs {side['strategy']} (" + ", ".join(f"{k}={v}" for k, v in side["params"].items())
-          + f"), mode {side['mode']}" + (f" ({side['passes']} passes)" if side["passes"] else "")
-          + f", {res['wall_seconds']:.1f} s")
+    print(
+        f"{lm.name}: baseline vs {side['strategy']} ("
+        + ", ".join(f"{k}={v}" for k, v in side["params"].items())
+        + f"), mode {side['mode']}"
+        + (f" ({side['passes']} passes)" if side["passes"] else "")
+        + f", {res['wall_seconds']:.1f} s"
+    )
     print(format_table(res["comparison"]))
     return 0
 

@@ -1,5 +1,6 @@
 """`ppl`: teacher-forced perplexity of a corpus, the baseline against a feedback strategy (the
 baseline alone without --strategy), with ΔPPL and its paired-bootstrap 95% CI."""
+
 from __future__ import annotations
 
 from feedback.cli import common
@@ -8,8 +9,11 @@ NAME = "ppl"
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(NAME, help="teacher-forced perplexity, baseline vs a feedback strategy (omit "
-                       "--strategy for the baseline only)")
+    p = sub.add_parser(
+        NAME,
+        help="teacher-forced perplexity, baseline vs a feedback strategy (omit "
+        "--strategy for the baseline only)",
+    )
     common.add_ppl_args(p)
     common.add_strategy_args(p, None)
     p.add_argument("--out", default=None, help="also write the JSON result to this file")
@@ -38,13 +42,20 @@ def run(args) -> int:
 
 def _print_result(args, result: dict) -> None:
     """The corpus, both perplexities and ΔPPL with its CI."""
-    print(f"{result['documents']} documents, {result['tokens']} tokens, mode {result['mode']}"
-          f"{' (approximate, %d passes)' % result['passes'] if result['approximate'] else ''}, "
-          f"{result['wall_seconds']:.1f} s")
+    approximate = f" (approximate, {result['passes']} passes)" if result["approximate"] else ""
+    print(
+        f"{result['documents']} documents, {result['tokens']} tokens, mode {result['mode']}{approximate}, "
+        f"{result['wall_seconds']:.1f} s"
+    )
     print(f"baseline PPL  {result['baseline_ppl']:.3f}")
     if "feedback_ppl" in result:
         lo, hi = result["ci95"]
-        print(f"feedback PPL  {result['feedback_ppl']:.3f}   ({args.strategy} "
-              + ", ".join(f"{k}={v}" for k, v in result["config"]["params"].items()) + ")")
-        print(f"ΔPPL          {result['delta_pct']:+.3f} %   95% CI [{lo:+.3f}, {hi:+.3f}] % "
-              f"(paired bootstrap over {result['ci_method']})")
+        print(
+            f"feedback PPL  {result['feedback_ppl']:.3f}   ({args.strategy} "
+            + ", ".join(f"{k}={v}" for k, v in result["config"]["params"].items())
+            + ")"
+        )
+        print(
+            f"ΔPPL          {result['delta_pct']:+.3f} %   95% CI [{lo:+.3f}, {hi:+.3f}] % "
+            f"(paired bootstrap over {result['ci_method']})"
+        )

@@ -1,4 +1,5 @@
 """`prepare`: convert the embedded GGUF model into the local cache once, and print the cache folder."""
+
 from __future__ import annotations
 
 import sys

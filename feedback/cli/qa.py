@@ -1,5 +1,6 @@
 """`qa`: a question set with gold answers, answered greedily per row: accuracy and the gold answer's
 perplexity per row (how a prompt-level strategy such as restate is scored)."""
+
 from __future__ import annotations
 
 import sys
@@ -11,12 +12,24 @@ NAME = "qa"
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(NAME, help="a question set with gold answers, greedy: accuracy and the gold answer's "
-                       "perplexity per row (how a prompt-level strategy such as restate is scored)")
-    p.add_argument("--questions", default=None, help="JSONL of {question, answer} (default: the built-in 16, "
-                   "feedback/assets/questions.jsonl)")
-    p.add_argument("--row", action="append", type=common.row, default=[], metavar="NAME[:STRATEGY][,K=V...]",
-                   help="a row; repeat (default: baseline, and restate)")
+    p = sub.add_parser(
+        NAME,
+        help="a question set with gold answers, greedy: accuracy and the gold answer's "
+        "perplexity per row (how a prompt-level strategy such as restate is scored)",
+    )
+    p.add_argument(
+        "--questions",
+        default=None,
+        help="JSONL of {question, answer} (default: the built-in 16, feedback/assets/questions.jsonl)",
+    )
+    p.add_argument(
+        "--row",
+        action="append",
+        type=common.row,
+        default=[],
+        metavar="NAME[:STRATEGY][,K=V...]",
+        help="a row; repeat (default: baseline, and restate)",
+    )
     p.add_argument("--max-new-tokens", type=int, help="new tokens per answer at most")
     common.add_model_args(p)
     p.add_argument("--out", default=None, help="also write the whole result (every answer) as JSON here")
@@ -30,15 +43,19 @@ def run(args) -> int:
     rows = _rows(args)
     questions = load_questions(args.questions or BUILTIN_QUESTIONS)
     lm = common.load(args)
-    res = evaluate_qa(lm, questions, rows, **common.given(args, "max_new_tokens"),
-                      progress=None if args.json else _progress)
+    res = evaluate_qa(
+        lm, questions, rows, **common.given(args, "max_new_tokens"), progress=None if args.json else _progress
+    )
     if common.json_result(args, res):
         return 0
     print(f"{res['questions']} questions, greedy, {res['max_new_tokens']} new tokens at most")
     for name, s in res["rows"].items():
         ppl = "n/a" if s["gold_ppl"] is None else f"{s['gold_ppl']:.2f}"
-        print(f"  {name:14} accuracy {s['accuracy']:6.1%} ({s['right']}/{res['questions']})  gold-answer PPL {ppl:>8}"
-              f"  mean tokens {s['mean_tokens']:.1f}")
+        print(
+            f"  {name:14} accuracy {s['accuracy']:6.1%} ({s['right']}/{res['questions']})  "
+            f"gold-answer PPL {ppl:>8}"
+            f"  mean tokens {s['mean_tokens']:.1f}"
+        )
     return 0
 
 
@@ -52,11 +69,15 @@ def _rows(args) -> list:
     from feedback.strategies import build_strategy
 
     rows = [RowSpec(name, strategy, params) for name, strategy, params in args.row] or [
-        RowSpec("baseline"), RowSpec("restate", "restate")]
+        RowSpec("baseline"),
+        RowSpec("restate", "restate"),
+    ]
     if len({r.name for r in rows}) != len(rows):
         raise FeedbackError("row names must differ")
     if args.max_new_tokens is not None and not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS_CAP:
-        raise FeedbackError(f"--max-new-tokens must be in [1, {MAX_NEW_TOKENS_CAP}], got {args.max_new_tokens}")
+        raise FeedbackError(
+            f"--max-new-tokens must be in [1, {MAX_NEW_TOKENS_CAP}], got {args.max_new_tokens}"
+        )
     for r in rows:
         if r.strategy:
             build_strategy(r.strategy, r.params, 10_000)  # names and values, before the model loads

@@ -1,5 +1,6 @@
 """`sweep`: ΔPPL over a grid of a strategy's parameters, into sweep.csv and (for one or two grid
 parameters) a heatmap sweep.html; the last line names the best point only when it beats the baseline."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,9 @@ def add_parser(sub) -> None:
     common.add_ppl_args(p)
     common.add_strategy_args(p, None, required=True)
     p.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...")
-    p.add_argument("--out-dir", default=None, help="where sweep.csv and sweep.html go (default sweep-STRATEGY)")
+    p.add_argument(
+        "--out-dir", default=None, help="where sweep.csv and sweep.html go (default sweep-STRATEGY)"
+    )
     p.add_argument("--json", action="store_true", help="also print the rows as JSON")
 
 
@@ -36,9 +39,12 @@ def run(args) -> int:
 
     def report(row: dict, done: int, total: int) -> None:
         point = ", ".join(f"{k}={row[k]}" for k in names)
-        print(f"[{done}/{total}] {point}: ΔPPL {row['delta_pct']:+.3f}% "
-              f"[{row['ci95_low']:+.3f}, {row['ci95_high']:+.3f}] ({row['wall_seconds']:.1f} s)",
-              file=sys.stderr, flush=True)
+        print(
+            f"[{done}/{total}] {point}: ΔPPL {row['delta_pct']:+.3f}% "
+            f"[{row['ci95_low']:+.3f}, {row['ci95_high']:+.3f}] ({row['wall_seconds']:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     rows = run_sweep(lm, docs, args.strategy, grid, cfg, fixed, report)
     _write(args, rows, names)
@@ -58,8 +64,12 @@ def _write(args, rows: list[dict], names: list[str]) -> None:
     if len(names) <= 2:
         from feedback.eval.figures import sweep_heatmap
 
-        fig = sweep_heatmap(rows, names[0], names[1] if len(names) == 2 else None,
-                            f"{args.strategy} on {args.data}: ΔPPL % vs baseline ({rows[0]['mode']})")
+        fig = sweep_heatmap(
+            rows,
+            names[0],
+            names[1] if len(names) == 2 else None,
+            f"{args.strategy} on {args.data}: ΔPPL % vs baseline ({rows[0]['mode']})",
+        )
         fig.write_html(out / "sweep.html", include_plotlyjs=True)
     else:
         print("note: a heatmap needs one or two grid parameters; wrote the CSV only", file=sys.stderr)
@@ -74,7 +84,9 @@ def best_line(best: dict | None, names: list[str]) -> str:
     if best is None:
         return "best: none (every point has strength 0, i.e. measures the baseline again)"
     judged = verdict(best["delta_pct"], [best["ci95_low"], best["ci95_high"]])
-    point = (", ".join(f"{k}={best[k]}" for k in names) + f" ΔPPL {best['delta_pct']:+.3f}% "
-             f"{ci_text(best['ci95_low'], best['ci95_high'])} ({judged.text}; points with strength 0 left out)")
+    point = (
+        ", ".join(f"{k}={best[k]}" for k in names) + f" ΔPPL {best['delta_pct']:+.3f}% "
+        f"{ci_text(best['ci95_low'], best['ci95_high'])} ({judged.text}; points with strength 0 left out)"
+    )
     why = not_recommended(judged)
     return f"best: {point}" if why is None else f"best: none ({why}); the lowest ΔPPL: {point}"

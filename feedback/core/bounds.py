@@ -5,13 +5,13 @@ validate with it, the HTTP API's pydantic fields take `ge`/`le` from it, the pag
 their `minimum`/`maximum` and the command line its checks, so a limit cannot drift between doors
 and every refusal names the field the same way.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
 from feedback.errors import FeedbackError
-
 
 # A ceiling this high is an integer type's (a seed's), not a choice: refusals say "at least 0".
 TYPE_CEILING = 2**53
@@ -29,8 +29,11 @@ class Bound:
         """The range as a control's hint shows it: "1 to 1,024", "at least 0"."""
         show = (lambda v: f"{int(v):,}") if self.integer else (lambda v: f"{v:,g}")
         if self.lo is None or self.hi is None:
-            return "any number" if self.lo is None and self.hi is None else (
-                f"at least {show(self.lo)}" if self.hi is None else f"at most {show(self.hi)}")
+            return (
+                "any number"
+                if self.lo is None and self.hi is None
+                else (f"at least {show(self.lo)}" if self.hi is None else f"at most {show(self.hi)}")
+            )
         return f"{show(self.lo)} to {show(self.hi)}"
 
     def check(self, value, name: str | None = None) -> float | int:
@@ -49,7 +52,9 @@ class Bound:
             raise FeedbackError(f"{name} must be a whole number, got {value!r}")
         out = int(number) if self.integer else number
         if (self.lo is not None and out < self.lo) or (self.hi is not None and out > self.hi):
-            raise FeedbackError(f"{name} must be {self._range(self.lo is not None and out < self.lo)}, got {out}")
+            raise FeedbackError(
+                f"{name} must be {self._range(self.lo is not None and out < self.lo)}, got {out}"
+            )
         return out
 
     def _range(self, below: bool = False) -> str:
@@ -60,6 +65,6 @@ class Bound:
             return f"between {self.lo:g} and {hi:g}"
         return f"at least {self.lo:g}" if self.lo is not None else f"at most {hi:g}"
 
-    def with_hi(self, hi: float) -> "Bound":
+    def with_hi(self, hi: float) -> Bound:
         """The same field with a lower ceiling (a served cap under a library limit)."""
         return Bound(self.name, self.lo, hi if self.hi is None else min(self.hi, hi), self.integer)

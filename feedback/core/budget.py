@@ -10,6 +10,7 @@ Three budgets, each a setting with a default sized for a small shared machine:
 The page, the Gradio API and the HTTP API use the same budgets (`Budget.from_env()`); the command
 line and the batch runner are the owner's own jobs and unlimited unless the variables are set.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,10 +21,14 @@ import psutil
 
 from feedback.errors import FeedbackError
 
-EXACT_COST = 10  # a token-by-token pass costs ~11x a parallel pass per token (docs/results/RESULTS.md: 255 vs 22.6 tok/s)
+# a token-by-token pass costs ~11x a parallel pass per token (docs/results/RESULTS.md: 255 vs 22.6 tok/s)
+EXACT_COST = 10
 PREFILL_CHUNK = 512  # prompt tokens per prefill forward (bounds the attention scratch of long prompts)
-ENV = {"scored_tokens": "FEEDBACK_BUDGET_SCORED_TOKENS", "decoded_tokens": "FEEDBACK_BUDGET_DECODED_TOKENS",
-       "memory_mb": "FEEDBACK_BUDGET_MEMORY_MB"}
+ENV = {
+    "scored_tokens": "FEEDBACK_BUDGET_SCORED_TOKENS",
+    "decoded_tokens": "FEEDBACK_BUDGET_DECODED_TOKENS",
+    "memory_mb": "FEEDBACK_BUDGET_MEMORY_MB",
+}
 # Served defaults: about 5 minutes of work on the 2-core development CPU (parallel scoring ran ~500
 # token-forwards/s; a 2-row decode step ~0.12 s), and a quarter of the memory free at start.
 DEFAULT_SCORED_TOKENS = 150_000
@@ -70,7 +75,8 @@ def check_fits(mb: float, how: str, device) -> None:
         raise FeedbackError(
             f"this run needs about {_fmt(mb)} MB for its key/value cache ({how}); the memory cap is "
             f"{_fmt(cap)} MB ({MEMORY_CAP_ENV}, default 80 % of free memory): use fewer rows, a shorter "
-            "prompt or fewer new tokens")
+            "prompt or fewer new tokens"
+        )
 
 
 def _fmt(n: float) -> str:
@@ -86,15 +92,22 @@ class Budget:
     memory_mb: int | None = None  # None here; `from_env` fills in the served default
 
     @classmethod
-    def unlimited(cls) -> "Budget":
+    def unlimited(cls) -> Budget:
         return cls(None, None, None)
 
     @classmethod
-    def from_env(cls, served: bool = True) -> "Budget":
+    def from_env(cls, served: bool = True) -> Budget:
         """The FEEDBACK_BUDGET_* settings; unset ones take the served defaults (`served`) or none.
         0 or "none" means unlimited."""
-        defaults = ({"scored_tokens": DEFAULT_SCORED_TOKENS, "decoded_tokens": DEFAULT_DECODED_TOKENS,
-                     "memory_mb": default_memory_mb()} if served else {k: None for k in ENV})
+        defaults = (
+            {
+                "scored_tokens": DEFAULT_SCORED_TOKENS,
+                "decoded_tokens": DEFAULT_DECODED_TOKENS,
+                "memory_mb": default_memory_mb(),
+            }
+            if served
+            else {k: None for k in ENV}
+        )
         values = {}
         for field, var in ENV.items():
             raw = os.environ.get(var, "").strip().lower()
@@ -107,7 +120,9 @@ class Budget:
             try:
                 values[field] = int(raw.replace("_", ""))
             except ValueError:
-                raise FeedbackError(f"{var} must be a whole number (0 or none = unlimited), got {raw!r}") from None
+                raise FeedbackError(
+                    f"{var} must be a whole number (0 or none = unlimited), got {raw!r}"
+                ) from None
             if values[field] < 0:
                 raise FeedbackError(f"{var} must not be negative, got {raw!r}")
         return cls(**values)
@@ -117,21 +132,24 @@ class Budget:
             raise FeedbackError(
                 f"this request would score {_fmt(cost)} token-forwards ({how}); the server's budget is "
                 f"{_fmt(self.scored_tokens)} per request ({ENV['scored_tokens']}): score less text, fewer "
-                "points or passes, or use parallel mode")
+                "points or passes, or use parallel mode"
+            )
 
     def check_decoding(self, cost: int, how: str) -> None:
         if self.decoded_tokens is not None and cost > self.decoded_tokens:
             raise FeedbackError(
                 f"this request would decode {_fmt(cost)} tokens ({how}); the server's budget is "
                 f"{_fmt(self.decoded_tokens)} per request ({ENV['decoded_tokens']}): ask for fewer rows, "
-                "traces or new tokens")
+                "traces or new tokens"
+            )
 
     def check_memory(self, mb: float, how: str) -> None:
         if self.memory_mb is not None and mb > self.memory_mb:
             raise FeedbackError(
                 f"this request needs about {_fmt(mb)} MB of memory ({how}); the server allows "
                 f"{_fmt(self.memory_mb)} MB per request ({ENV['memory_mb']}): use a shorter prompt, "
-                "fewer rows or fewer new tokens")
+                "fewer rows or fewer new tokens"
+            )
 
 
 def scoring_cost(window_tokens: int, mode: str | None, passes: int, feedback_points: int) -> int:
@@ -152,7 +170,9 @@ def kv_bytes_per_token(model_config, dtype_bytes: int) -> int:
     return cfg.num_hidden_layers * 2 * kv_heads * head_dim * dtype_bytes
 
 
-def generation_memory_mb(model_config, dtype_bytes: int, rows: int, prompt_tokens: int, new_tokens: int) -> float:
+def generation_memory_mb(
+    model_config, dtype_bytes: int, rows: int, prompt_tokens: int, new_tokens: int
+) -> float:
     """The cache of `rows` rows of prompt + new tokens, and eager attention's fp32 scores for one
     prefill chunk (the largest transient of a run)."""
     cfg = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config

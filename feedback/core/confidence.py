@@ -3,12 +3,13 @@
 Token confidence is C = -(1/k) * sum of the top-k log-probabilities of the full distribution,
 computed from raw (untempered) logits in fp32. High C means a peaked, confident distribution.
 """
+
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import torch
 
@@ -97,7 +98,9 @@ class TraceMetrics:
 
 
 def trace_metrics(
-    confidences: Sequence[float], window: int = DEFAULT_WINDOW, tail_tokens: int | None = None,
+    confidences: Sequence[float],
+    window: int = DEFAULT_WINDOW,
+    tail_tokens: int | None = None,
     bottom_fraction: float = 0.1,
 ) -> TraceMetrics:
     """Mean, tail (last `tail_tokens`, default the window), bottom-10% group mean, lowest group."""

@@ -1,4 +1,5 @@
 """Incremental detokenisation: the text each new token adds, correct for multi-byte characters."""
+
 from __future__ import annotations
 
 
@@ -19,16 +20,16 @@ class IncrementalDecoder:
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        done = self._decode(self.ids[self.prefix:self.read])
-        text = self._decode(self.ids[self.prefix:])
+        done = self._decode(self.ids[self.prefix : self.read])
+        text = self._decode(self.ids[self.prefix :])
         if len(text) > len(done) and not text.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
-            return text[len(done):]
+            return text[len(done) :]
         return ""
 
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character at the very end)."""
-        done = self._decode(self.ids[self.prefix:self.read])
-        text = self._decode(self.ids[self.prefix:])
+        done = self._decode(self.ids[self.prefix : self.read])
+        text = self._decode(self.ids[self.prefix :])
         self.prefix = self.read = len(self.ids)
-        return text[len(done):]
+        return text[len(done) :]

@@ -5,6 +5,7 @@ converted once with transformers' GGUF loader, and cached as safetensors + token
 template. The cache is written to a temporary folder and renamed into place, so an interrupted
 conversion never leaves a half-written cache behind.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -13,8 +14,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from feedback.errors import FeedbackError
 

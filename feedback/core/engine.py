@@ -7,35 +7,50 @@ forward for all rows. Row 0 is usually the baseline; other rows carry a feedback
 act on their own batch position only. A row may be forced to start its reply with given tokens (a
 branch replays its tokens up to a step, then the chosen alternative): forced steps are decoded like
 any other, so feedback state evolves exactly as it did, and are marked in the records. A row may
-sample with its own temperature, top-p and seed. A row with a prompt-level strategy (`PromptStrategy`) runs the
-plain model: its strategy rewrites the row's prompt and may replace the tokens it takes. Rows that
+sample with its own temperature, top-p and seed. A row with a prompt-level strategy (`PromptStrategy`) runs
+the plain model: its strategy rewrites the row's prompt and may replace the tokens it takes. Rows that
 finish (EOS, max tokens, early stop) leave the batch and the KV cache. `start_run` builds a `Run`;
 iterating it yields a `StepEvent` per step (with `prefill_events` set, first a `PrefillEvent`
 per chunk of a long prompt) and `Run.result` holds the `RunResult`; `run_to_end`
 runs one to its end.
 """
+
 from __future__ import annotations
 
 import math
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import torch
 from transformers.cache_utils import Cache
 
 from feedback.core import memory, quality
-from feedback.core.budget import (PREFILL_CHUNK, Budget, check_fits, dtype_bytes, generation_memory_mb,
-                                   kv_bytes_per_token)
+from feedback.core.budget import (
+    PREFILL_CHUNK,
+    Budget,
+    check_fits,
+    dtype_bytes,
+    generation_memory_mb,
+    kv_bytes_per_token,
+)
 from feedback.core.confidence import GroupWindow, distribution_stats, trace_metrics
 from feedback.core.detok import IncrementalDecoder
 from feedback.core.forward import hooked_forward
 from feedback.core.kvcache import run_cache
 from feedback.core.model import LoadedModel
 from feedback.core.prefill_scores import PrefillScores
-from feedback.core.records import (Alternative, RowResult, RowSpec, RunConfig, RunResult, StepRecord, first_divergence,
-                                   tokens_per_second)
+from feedback.core.records import (
+    Alternative,
+    RowResult,
+    RowSpec,
+    RunConfig,
+    RunResult,
+    StepRecord,
+    first_divergence,
+    tokens_per_second,
+)
 from feedback.core.sampling import Sampler
 from feedback.errors import FeedbackError, Stopped
 from feedback.strategies import BatchView, Phase, PromptStrategy, Strategy, build_strategy
@@ -108,14 +123,17 @@ def _prompt_level(strategies: dict[int, Strategy]) -> dict[int, PromptStrategy]:
     return {i: s for i, s in strategies.items() if isinstance(s, PromptStrategy)}
 
 
-def _row_prompt_ids(lm: LoadedModel, cfg: RunConfig, row: RowSpec,
-                    strategy: PromptStrategy | None) -> tuple[list[int], tuple[int, int] | None]:
+def _row_prompt_ids(
+    lm: LoadedModel, cfg: RunConfig, row: RowSpec, strategy: PromptStrategy | None
+) -> tuple[list[int], tuple[int, int] | None]:
     """The row's input ids, and where its prompt text stands in them (what prompt PPL scores)."""
     text = row.prompt if row.prompt is not None else cfg.prompt
     asked = strategy.rewrite_prompt(text) if strategy is not None else text
     system = row.system_prompt if row.system_prompt is not None else cfg.system_prompt
     # the span is looked for only where prompt PPL will read it (it renders the template again)
-    ids, span = lm.encode_with_span(asked, text if cfg.quality else None, cfg.chat_template, system, row.messages)
+    ids, span = lm.encode_with_span(
+        asked, text if cfg.quality else None, cfg.chat_template, system, row.messages
+    )
     if not ids:
         raise FeedbackError(f"row {row.name}: the prompt has no tokens")
     return ids, span
@@ -125,33 +143,50 @@ class Run:
     """One generation run. Iterate it (in any single thread) for events; `stop()` from any thread
     ends it within one step (or one prefill chunk); `result` is complete once iteration ends."""
 
-    def __init__(self, lm: LoadedModel, config: RunConfig, stop_event: threading.Event | None = None,
-                 observer: LogitsObserver | None = None, budget: Budget | None = None):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        config: RunConfig,
+        stop_event: threading.Event | None = None,
+        observer: LogitsObserver | None = None,
+        budget: Budget | None = None,
+    ):
         self.lm = lm
         self.config = config.validate()
         if config.model not in (lm.name, None, ""):
             raise FeedbackError(f"this run asks for model {config.model!r} but the engine holds {lm.name!r}")
         self.stop_event = stop_event or threading.Event()
         self.stopped_rows: set[int] = set()  # rows asked to stop on their own (`stop_row`); the others go on
-        self.prefill_events = False  # also yield a PrefillEvent per chunk of a long prompt (a door showing progress)
+        self.prefill_events = (
+            False  # also yield a PrefillEvent per chunk of a long prompt (a door showing progress)
+        )
         self.observer = observer
         # Build (and so validate) every strategy before any hook touches the model.
         self.strategies: dict[int, Strategy] = {
             i: build_strategy(row.strategy, row.params, lm.num_layers)
-            for i, row in enumerate(config.rows) if row.strategy
+            for i, row in enumerate(config.rows)
+            if row.strategy
         }
         for strategy in self.strategies.values():  # a model a strategy cannot serve exactly: refused now
             strategy.check_model(lm.model, lm.layers)
         self.prompt_strategies = _prompt_level(self.strategies)
-        inputs = [_row_prompt_ids(lm, config, row, self.prompt_strategies.get(i)) for i, row in enumerate(config.rows)]
+        inputs = [
+            _row_prompt_ids(lm, config, row, self.prompt_strategies.get(i))
+            for i, row in enumerate(config.rows)
+        ]
         row_ids = [ids for ids, _ in inputs]
         self._check_rows(row_ids)
-        self.reference_ids = (lm.tokenizer(config.reference, add_special_tokens=False)["input_ids"]
-                              if config.reference else None)
+        self.reference_ids = (
+            lm.tokenizer(config.reference, add_special_tokens=False)["input_ids"]
+            if config.reference
+            else None
+        )
         # Rows with the same prompt, token for token, share one prefill sequence, unless a row's
         # strategy changes the prompt's own states: that row prefills on its own.
-        keys = [(tuple(ids), i if i in self.strategies and self.strategies[i].edits_prompt else -1)
-                for i, ids in enumerate(row_ids)]
+        keys = [
+            (tuple(ids), i if i in self.strategies and self.strategies[i].edits_prompt else -1)
+            for i, ids in enumerate(row_ids)
+        ]
         group_of: dict[tuple, int] = {}
         for key in keys:
             group_of.setdefault(key, len(group_of))
@@ -167,7 +202,9 @@ class Run:
         longest = max(len(ids) for ids in row_ids)
         need = generation_memory_mb(lm.model.config, dtype_bytes(lm.dtype), rows, longest, new)
         if self.scores is not None:
-            need += self.scores.memory_mb(kv_bytes_per_token(lm.model.config, dtype_bytes(lm.dtype)), lm.vocab_size)
+            need += self.scores.memory_mb(
+                kv_bytes_per_token(lm.model.config, dtype_bytes(lm.dtype)), lm.vocab_size
+            )
         how = f"{longest} prompt + {new} new tokens, {rows} rows"
         # token-forwards scored after decoding, at most; also refuses a reference that cannot fit the context
         self.scored_after = scored = self._scoring_after(row_ids)
@@ -175,18 +212,35 @@ class Run:
             budget.check_decoding(rows * new, f"{rows} rows x {new} new tokens")
             budget.check_memory(need, how)
             if scored:
-                budget.check_scoring(scored, "the quality metrics and the reference answer, scored after the run")
+                budget.check_scoring(
+                    scored, "the quality metrics and the reference answer, scored after the run"
+                )
         check_fits(need, how, lm.device)
         self.result = RunResult(
             config={**config.to_dict(), "model": lm.name, "dtype": lm.dtype, "precision": lm.precision},
-            rows=[RowResult(r.name, r.strategy, self.strategies[i].values if i in self.strategies else {})
-                  for i, r in enumerate(config.rows)],
+            rows=[
+                RowResult(r.name, r.strategy, self.strategies[i].values if i in self.strategies else {})
+                for i, r in enumerate(config.rows)
+            ],
             prompt_tokens=len(self.prompt_ids),
         )
-        thresholds = [r.threshold if r.threshold is not None else config.deepconf.threshold for r in config.rows]
-        self.rows = [RowState(i, spec, self.result.rows[i], ids, group_of[key], thresholds[i],
-                              IncrementalDecoder(lm.tokenizer), GroupWindow(config.deepconf.window), span)
-                     for i, (spec, (ids, span), key) in enumerate(zip(config.rows, inputs, keys))]
+        thresholds = [
+            r.threshold if r.threshold is not None else config.deepconf.threshold for r in config.rows
+        ]
+        self.rows = [
+            RowState(
+                i,
+                spec,
+                self.result.rows[i],
+                ids,
+                group_of[key],
+                thresholds[i],
+                IncrementalDecoder(lm.tokenizer),
+                GroupWindow(config.deepconf.window),
+                span,
+            )
+            for i, (spec, (ids, span), key) in enumerate(zip(config.rows, inputs, keys))
+        ]
         self._alt_text: dict[int, str] = {}
         self._started = False
 
@@ -197,8 +251,11 @@ class Run:
 
     def _plan_scores(self, spans: list[tuple[int, int] | None]) -> PrefillScores:
         """What the prefill scores for prompt PPL and keeps for the feedback rows' self-PPL."""
-        wanted = [(g, span, self._rescored(i)) for i, (g, span) in enumerate(zip(self.plain_group, spans))
-                  if g is not None]
+        wanted = [
+            (g, span, self._rescored(i))
+            for i, (g, span) in enumerate(zip(self.plain_group, spans))
+            if g is not None
+        ]
         return PrefillScores.plan([len(ids) for ids in self.groups], wanted)
 
     def _check_rows(self, row_ids: list[list[int]]) -> None:
@@ -207,12 +264,15 @@ class Run:
         for row, ids in zip(self.config.rows, row_ids):
             if len(ids) + self.config.max_new_tokens > limit:
                 who = f"row {row.name}: prompt" if row.prompt is not None or row.messages else "prompt"
-                raise FeedbackError(f"{who} is {len(ids)} tokens; with max_new_tokens={self.config.max_new_tokens} "
-                                    f"it exceeds the model context of {limit} tokens")
+                raise FeedbackError(
+                    f"{who} is {len(ids)} tokens; with max_new_tokens={self.config.max_new_tokens} "
+                    f"it exceeds the model context of {limit} tokens"
+                )
             bad = [t for t in row.prefix or [] if t >= vocab]
             if bad:
-                raise FeedbackError(f"row {row.name}: prefix token id {bad[0]} is outside the vocabulary "
-                                    f"(0 to {vocab - 1})")
+                raise FeedbackError(
+                    f"row {row.name}: prefix token id {bad[0]} is outside the vocabulary (0 to {vocab - 1})"
+                )
 
     def _reference_context(self, index: int, prompt_ids: list[int]) -> int:
         """The most tokens row `index` scores its reference after: its prompt, and a prompt-level
@@ -227,8 +287,11 @@ class Run:
         cfg, new, cost = self.config, self.config.max_new_tokens, 0
         if cfg.quality:  # the prefill scores the prompts; a row without a plain prompt sequence reads its own
             cost += sum(len(ids) for i, ids in enumerate(row_ids) if self.plain_group[i] is None)
-            cost += sum(new + (len(ids) if self.plain_group[i] is None else 0)
-                        for i, ids in enumerate(row_ids) if self._rescored(i))
+            cost += sum(
+                new + (len(ids) if self.plain_group[i] is None else 0)
+                for i, ids in enumerate(row_ids)
+                if self._rescored(i)
+            )
         if self.reference_ids is not None:
             limit = self.lm.context_length
             for i, (row, ids) in enumerate(zip(cfg.rows, row_ids)):
@@ -236,8 +299,10 @@ class Run:
                 if context + len(self.reference_ids) > limit:
                     raise FeedbackError(
                         f"reference is {len(self.reference_ids)} tokens; after row {row.name}'s "
-                        f"{context}-token {'prompt and reply' if i in self.prompt_strategies else 'prompt'} it "
-                        f"exceeds the model context of {limit} tokens: shorten the reference")
+                        f"{context}-token "
+                        f"{'prompt and reply' if i in self.prompt_strategies else 'prompt'} it "
+                        f"exceeds the model context of {limit} tokens: shorten the reference"
+                    )
                 cost += context + len(self.reference_ids)
         return cost
 
@@ -261,8 +326,12 @@ class Run:
     def _loop(self) -> Iterator[StepEvent]:
         cfg, lm = self.config, self.lm
         batch = BatchView(Phase.PREFILL, [r.index for r in self.rows])
-        sampler = Sampler(cfg.sampling, [r.spec.seed_for(cfg.seed) for r in self.rows], lm.device,
-                          [r.spec.sampling(cfg.sampling) for r in self.rows])
+        sampler = Sampler(
+            cfg.sampling,
+            [r.spec.seed_for(cfg.seed) for r in self.rows],
+            lm.device,
+            [r.spec.sampling(cfg.sampling) for r in self.rows],
+        )
         t0 = time.perf_counter()
         self.result.memory.append(memory.sample(t0, lm.device).to_dict())
         completed, prefilled = False, None
@@ -287,8 +356,9 @@ class Run:
             prefilled = None  # the KV cache goes before the quality passes run
             self._finish(t0, with_quality=completed and (cfg.quality or cfg.reference is not None))
 
-    def _decode(self, batch: BatchView, sampler: Sampler, t0: float, state: DecodeState,
-                logits: torch.Tensor) -> Iterator[StepEvent]:
+    def _decode(
+        self, batch: BatchView, sampler: Sampler, t0: float, state: DecodeState, logits: torch.Tensor
+    ) -> Iterator[StepEvent]:
         """Step after step until every row has finished or the run is stopped."""
         batch.phase, batch.live_rows = Phase.DECODE, [r.index for r in state.live]
         step, step_start, last_mem = 0, t0, t0
@@ -378,7 +448,9 @@ class Run:
         return out
 
     @torch.inference_mode()
-    def _prefill_done(self, batch: BatchView, out, cache, mask, needs_history: bool) -> tuple[DecodeState, torch.Tensor]:
+    def _prefill_done(
+        self, batch: BatchView, out, cache, mask, needs_history: bool
+    ) -> tuple[DecodeState, torch.Tensor]:
         """Each row takes its prompt's cache (copied per row) and last logits."""
         device = self.lm.device
         lengths = [len(ids) for ids in self.groups]
@@ -391,8 +463,13 @@ class Run:
         history = None
         if needs_history:  # padding repeats the row's first token: penalising it twice is the same penalty
             history = torch.tensor([[g[0]] * (width - len(g)) + g for g in self.groups], device=device)[take]
-        state = DecodeState(list(self.rows), cache, mask[take] if mask is not None else None,
-                            torch.tensor(lengths, device=device)[take] if mask is not None else None, history)
+        state = DecodeState(
+            list(self.rows),
+            cache,
+            mask[take] if mask is not None else None,
+            torch.tensor(lengths, device=device)[take] if mask is not None else None,
+            history,
+        )
         return state, out.logits[:, -1, :].float()[take]
 
     @torch.inference_mode()
@@ -407,16 +484,29 @@ class Run:
             given = torch.tensor(forced, device=tokens.device)
             tokens = torch.where(given >= 0, given, tokens)
         chosen = stats.logprobs.gather(1, tokens[:, None])
-        values = torch.cat([tokens[:, None].double(), chosen.double(), stats.confidence[:, None].double(),
-                            stats.entropy[:, None].double(), stats.top_logprobs[:, :N_TOP].exp().double(),
-                            stats.top_ids[:, :N_TOP].double()], dim=1)
+        values = torch.cat(
+            [
+                tokens[:, None].double(),
+                chosen.double(),
+                stats.confidence[:, None].double(),
+                stats.entropy[:, None].double(),
+                stats.top_logprobs[:, :N_TOP].exp().double(),
+                stats.top_ids[:, :N_TOP].double(),
+            ],
+            dim=1,
+        )
         return tokens, values.tolist()  # the one device->host transfer of the step
 
-    def _steer(self, step: int, live: list[RowState], tokens: torch.Tensor, forced: list[int]) -> torch.Tensor:
+    def _steer(
+        self, step: int, live: list[RowState], tokens: torch.Tensor, forced: list[int]
+    ) -> torch.Tensor:
         """Prompt-level strategies see each sampled token and may replace it (their markers). A
         user's forced token still wins, and the strategy moves on as if its own had been taken."""
-        steered = [(pos, self.prompt_strategies[r.index]) for pos, r in enumerate(live)
-                   if r.index in self.prompt_strategies]
+        steered = [
+            (pos, self.prompt_strategies[r.index])
+            for pos, r in enumerate(live)
+            if r.index in self.prompt_strategies
+        ]
         if not steered:
             return tokens
         ids = tokens.tolist()
@@ -424,16 +514,33 @@ class Run:
             ids[pos], live[pos].part = strategy.choose(step, ids[pos])
         return torch.tensor(ids, device=tokens.device, dtype=tokens.dtype)
 
-    def _record(self, step: int, live: list[RowState], values: list[list[float]], step_ms: float) -> StepEvent:
+    def _record(
+        self, step: int, live: list[RowState], values: list[list[float]], step_ms: float
+    ) -> StepEvent:
         """Step records for the live rows, and which of them finished at this step."""
         cfg, eos = self.config, set(self.lm.eos_token_ids)
         event = StepEvent(step, {})
         for row, v in zip(live, values):
             tid, logprob, conf, ent = int(v[0]), v[1], v[2], v[3]
-            alts = [Alternative(int(aid), self._alt(int(aid)), p) for p, aid in zip(v[4:4 + N_TOP], v[4 + N_TOP:])]
-            rec = StepRecord(step, tid, row.decoder.push(tid), logprob, math.exp(logprob), conf, ent,
-                             row.window.push(conf), alts, step_ms, forced=step < len(row.prefix), part=row.part,
-                             chosen=len(row.prefix) - row.spec.chosen <= step < len(row.prefix))
+            alts = [
+                Alternative(int(aid), self._alt(int(aid)), p)
+                for p, aid in zip(v[4 : 4 + N_TOP], v[4 + N_TOP :])
+            ]
+            rec = StepRecord(
+                step,
+                tid,
+                row.decoder.push(tid),
+                logprob,
+                math.exp(logprob),
+                conf,
+                ent,
+                row.window.push(conf),
+                alts,
+                step_ms,
+                forced=step < len(row.prefix),
+                part=row.part,
+                chosen=len(row.prefix) - row.spec.chosen <= step < len(row.prefix),
+            )
             row.confs.append(conf)
             row.result.steps.append(rec)
             row.result.token_ids.append(tid)
@@ -509,10 +616,14 @@ class Run:
                 r.stop_reason, r.stop_step = "stopped", r.steps[-1].step
             r.tokens_per_s = tokens_per_second(r.steps) or 0.0
             r.decode_seconds = sum(s.time_ms for s in r.steps[1:]) / 1000.0
-            r.metrics = trace_metrics(row.confs, cfg.deepconf.window).to_dict() | quality.text_metrics(r.token_ids)
+            r.metrics = trace_metrics(row.confs, cfg.deepconf.window).to_dict() | quality.text_metrics(
+                r.token_ids
+            )
             if row.index in self.strategies:  # what the row's strategy cost and did
                 r.metrics |= self.strategies[row.index].report()
-        facts = quality.key_fact_metrics([row.result.text for row in self.rows], cfg.key_facts, self.stop_event)
+        facts = quality.key_fact_metrics(
+            [row.result.text for row in self.rows], cfg.key_facts, self.stop_event
+        )
         for row, found in zip(self.rows, facts):
             row.result.metrics |= found
         if with_quality:
@@ -530,7 +641,7 @@ class Run:
     def _quality(self) -> None:
         """The quality metrics that take forward passes (see feedback/core/quality.py). Each pass
         looks at the run's stop between chunks and between decoder layers (raising `Stopped`)."""
-        cfg, lm, stop = self.config, self.lm, self.stop_event
+        cfg = self.config
         for row in self.rows:
             r = row.result
             if cfg.quality:
@@ -547,11 +658,16 @@ class Run:
             context = row.prompt_ids + strategy.context_tokens(r.token_ids)
             text = strategy.reference_text(self.config.reference)
             ids = self.lm.tokenizer(text, add_special_tokens=False)["input_ids"]
-            if len(context) + len(ids) > self.lm.context_length:  # a reply longer than sized for (its markers)
+            if (
+                len(context) + len(ids) > self.lm.context_length
+            ):  # a reply longer than sized for (its markers)
                 return {"reference_ppl": None, "reference_ppl_with_strategy": True}
             return quality.reference_ppl(self.lm, context, ids, None, {}, self.stop_event) | {
-                "reference_ppl_with_strategy": True}
-        return quality.reference_ppl(self.lm, row.prompt_ids, reference, r.strategy, r.params, self.stop_event)
+                "reference_ppl_with_strategy": True
+            }
+        return quality.reference_ppl(
+            self.lm, row.prompt_ids, reference, r.strategy, r.params, self.stop_event
+        )
 
     def _self_ppl(self, row: RowState) -> float | None:
         """A plain row already scored its own answer while decoding: each step records the chosen
@@ -580,14 +696,23 @@ class Run:
         return quality.span_ppl(self.lm, row.prompt_ids, row.span, self.stop_event)
 
 
-def start_run(lm: LoadedModel, config: RunConfig, stop_event: threading.Event | None = None,
-              observer: LogitsObserver | None = None, budget: Budget | None = None) -> Run:
+def start_run(
+    lm: LoadedModel,
+    config: RunConfig,
+    stop_event: threading.Event | None = None,
+    observer: LogitsObserver | None = None,
+    budget: Budget | None = None,
+) -> Run:
     """A validated run of `config` on `lm`, not started: iterate it for its events."""
     return Run(lm, config, stop_event, observer, budget)
 
 
-def run_to_end(lm: LoadedModel, config: RunConfig, stop_event: threading.Event | None = None,
-               observer: LogitsObserver | None = None) -> RunResult:
+def run_to_end(
+    lm: LoadedModel,
+    config: RunConfig,
+    stop_event: threading.Event | None = None,
+    observer: LogitsObserver | None = None,
+) -> RunResult:
     """Run `config` on `lm` until every row has finished (or `stop_event` is set); its result."""
     run = start_run(lm, config, stop_event, observer)
     for _ in run:

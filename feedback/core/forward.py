@@ -6,6 +6,7 @@ window scorers give per-token negative log-likelihoods of a token window three w
 pass, a chunked prefill on a KV cache, or token by token as in generation); perplexity and the
 quality metrics both score through them.
 """
+
 from __future__ import annotations
 
 import threading
@@ -25,8 +26,11 @@ def hooked_forward(lm: LoadedModel, batch: BatchView, strategies, **inputs):
     set: long single forwards (a perplexity window) end within a layer, not a window."""
     with lm.forward_lock:
         batch.active = True
-        checks = ([layer.register_forward_pre_hook(lambda *_: batch.check_stop()) for layer in lm.layers]
-                  if batch.stop is not None else [])
+        checks = (
+            [layer.register_forward_pre_hook(lambda *_: batch.check_stop()) for layer in lm.layers]
+            if batch.stop is not None
+            else []
+        )
         try:
             out = lm.model(**inputs)
         finally:
@@ -44,8 +48,9 @@ def nll_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -logp.gather(1, targets[:, None])[:, 0]
 
 
-def window_logits_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int,
-                           stop: threading.Event | None = None) -> torch.Tensor:
+def window_logits_parallel(
+    lm: LoadedModel, ids: torch.Tensor, strategy, passes: int, stop: threading.Event | None = None
+) -> torch.Tensor:
     """The logits that predict ids[1:] after `passes` full-sequence forwards (the strategy, if any,
     on row 0); `stop` is checked before each pass and, inside one, between layers."""
     batch = BatchView(Phase.SEQUENCE, [0], stop=stop)
@@ -63,13 +68,16 @@ def window_logits_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes:
             strategy.detach()
 
 
-def window_nll_parallel(lm: LoadedModel, ids: torch.Tensor, strategy, passes: int,
-                        stop: threading.Event | None = None) -> torch.Tensor:
+def window_nll_parallel(
+    lm: LoadedModel, ids: torch.Tensor, strategy, passes: int, stop: threading.Event | None = None
+) -> torch.Tensor:
     """NLL of ids[1:] from `passes` full-sequence forwards (`window_logits_parallel`)."""
     return nll_of(window_logits_parallel(lm, ids, strategy, passes, stop), ids[1:])
 
 
-def window_nll_chunked(lm: LoadedModel, ids: torch.Tensor, chunk: int, stop: threading.Event | None = None) -> torch.Tensor:
+def window_nll_chunked(
+    lm: LoadedModel, ids: torch.Tensor, chunk: int, stop: threading.Event | None = None
+) -> torch.Tensor:
     """Baseline NLL of ids[1:] with a chunked prefill: `chunk` tokens per forward on a growing KV
     cache, so peak memory for logits is [chunk, V] rather than [window, V]; `stop` is checked
     before each chunk and between its layers."""
@@ -79,15 +87,21 @@ def window_nll_chunked(lm: LoadedModel, ids: torch.Tensor, chunk: int, stop: thr
         cache = DynamicCache(config=lm.model.config)
         for start in range(0, ids.shape[0] - 1, chunk):
             check_stop(stop, "the perplexity evaluation")
-            piece = ids[start:start + chunk]
+            piece = ids[start : start + chunk]
             out = hooked_forward(lm, batch, [], input_ids=piece[None], cache=cache, use_cache=True)
-            targets = ids[start + 1:start + 1 + piece.shape[0]]
-            nll.append(nll_of(out.logits[0, :targets.shape[0]], targets))
+            targets = ids[start + 1 : start + 1 + piece.shape[0]]
+            nll.append(nll_of(out.logits[0, : targets.shape[0]], targets))
     return torch.cat(nll)
 
 
-def continuation_nll(lm: LoadedModel, cache, last_logits: torch.Tensor, ids: torch.Tensor, chunk: int,
-                     stop: threading.Event | None = None) -> torch.Tensor:
+def continuation_nll(
+    lm: LoadedModel,
+    cache,
+    last_logits: torch.Tensor,
+    ids: torch.Tensor,
+    chunk: int,
+    stop: threading.Event | None = None,
+) -> torch.Tensor:
     """Baseline NLL of every token of `ids` [T] read after a prompt already in `cache` (one row),
     whose last position's logits are `last_logits` [V]: the first token is scored by those, the
     rest by forwards of `chunk` tokens on the cache; `stop` is checked before each chunk and between
@@ -97,15 +111,18 @@ def continuation_nll(lm: LoadedModel, cache, last_logits: torch.Tensor, ids: tor
     with torch.inference_mode():
         for start in range(0, ids.shape[0] - 1, chunk):
             check_stop(stop, "the self-perplexity")
-            piece = ids[start:min(start + chunk, ids.shape[0] - 1)]  # the last token predicts nothing scored
+            piece = ids[
+                start : min(start + chunk, ids.shape[0] - 1)
+            ]  # the last token predicts nothing scored
             out = hooked_forward(lm, batch, [], input_ids=piece[None], cache=cache, use_cache=True)
-            targets = ids[start + 1:start + 1 + piece.shape[0]]
-            nll.append(nll_of(out.logits[0, :targets.shape[0]], targets))
+            targets = ids[start + 1 : start + 1 + piece.shape[0]]
+            nll.append(nll_of(out.logits[0, : targets.shape[0]], targets))
     return torch.cat(nll)
 
 
-def window_logits_exact(lm: LoadedModel, ids: torch.Tensor, strategy,
-                        stop: threading.Event | None = None) -> torch.Tensor:
+def window_logits_exact(
+    lm: LoadedModel, ids: torch.Tensor, strategy, stop: threading.Event | None = None
+) -> torch.Tensor:
     """The logits that predict ids[1:], decoding token by token with the KV cache, exactly as in
     generation; checks `stop` at every token (this mode is slow, ~1 forward per token)."""
     batch = BatchView(Phase.PREFILL, [0])
@@ -118,14 +135,17 @@ def window_logits_exact(lm: LoadedModel, ids: torch.Tensor, strategy,
             batch.phase = Phase.DECODE
             for t in range(1, ids.shape[0] - 1):
                 check_stop(stop, "the perplexity evaluation")
-                out = hooked_forward(lm, batch, [strategy], input_ids=ids[None, t:t + 1], cache=cache,
-                                     use_cache=True)
+                out = hooked_forward(
+                    lm, batch, [strategy], input_ids=ids[None, t : t + 1], cache=cache, use_cache=True
+                )
                 logits.append(out.logits[0, -1])
             return torch.stack(logits)
     finally:
         strategy.detach()
 
 
-def window_nll_exact(lm: LoadedModel, ids: torch.Tensor, strategy, stop: threading.Event | None = None) -> torch.Tensor:
+def window_nll_exact(
+    lm: LoadedModel, ids: torch.Tensor, strategy, stop: threading.Event | None = None
+) -> torch.Tensor:
     """NLL of ids[1:] decoding token by token (`window_logits_exact`)."""
     return nll_of(window_logits_exact(lm, ids, strategy, stop), ids[1:])

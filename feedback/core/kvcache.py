@@ -16,6 +16,7 @@ from `DynamicCache` appending by concatenation — the whole cache copied per la
   SDPA kernel with grouped heads. It is registered with transformers' `AttentionInterface` (with
   SDPA's boolean mask) and selected by name, so the model code is untouched.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,16 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 GROUPED = "feedback_grouped"
 
 
-def grouped_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs):
+def grouped_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+):
     """Attention without repeating key/value heads. query [B, H, Q, D]; key, value [B, Hkv, T, D];
     returns ([B, Q, H, D], weights [B, H, Q, T] or None) as transformers' attention functions do.
 
@@ -42,26 +51,43 @@ def grouped_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     if query.shape[2] > 1 and not (dropout and module.training):
         # no mask: no padding and no cached prefix (transformers' SDPA mask says so), so causal alone;
         # the kernel then skips the blocks above the diagonal
-        out = nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                         is_causal=attention_mask is None, scale=scaling,
-                                                         enable_gqa=True)
+        out = nn.functional.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            is_causal=attention_mask is None,
+            scale=scaling,
+            enable_gqa=True,
+        )
         return out.transpose(1, 2).contiguous(), None
     return _eager_grouped(module, query, key, value, attention_mask, scaling, dropout)
 
 
-def _eager_grouped(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0):
+def _eager_grouped(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+):
     """Eager attention reading each key/value head for its group of query heads (a reshape of the queries)."""
     b, h, q, d = query.shape
     if attention_mask is None and q > 1:  # SDPA's "causal alone" (no padding, no cached prefix)
-        attention_mask = torch.ones(q, key.shape[2], dtype=torch.bool, device=query.device).tril(key.shape[2] - q)
+        attention_mask = torch.ones(q, key.shape[2], dtype=torch.bool, device=query.device).tril(
+            key.shape[2] - q
+        )
         attention_mask = attention_mask[None, None]
     kv = key.shape[1]
     g = h // kv
     grouped = query.reshape(b, kv, g * q, d)  # query heads h = kv_head * g + i, each g in a row
     scores = torch.matmul(grouped, key.transpose(2, 3)) * scaling
     scores = scores.view(b, kv, g, q, -1)
-    if attention_mask is not None:  # boolean, True where a key is attended: [B, 1, Q, T], broadcast over heads
+    if (
+        attention_mask is not None
+    ):  # boolean, True where a key is attended: [B, 1, Q, T], broadcast over heads
         scores = scores.masked_fill(~attention_mask[:, :, None], torch.finfo(scores.dtype).min)
     weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
@@ -91,7 +117,7 @@ class PreallocatedLayer(DynamicLayer):
         self.is_initialized = True
 
     def _views(self) -> None:
-        self.keys, self.values = self._k[:, :, :self.length], self._v[:, :, :self.length]
+        self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -99,14 +125,17 @@ class PreallocatedLayer(DynamicLayer):
         n = key_states.shape[-2]
         if self.length + n > self.capacity:  # never for an engine run (sized to it); grow, don't fail
             self.capacity = max(2 * self.capacity, self.length + n)
-            grow = lambda buf: torch.cat([buf, buf.new_empty(*buf.shape[:2], self.capacity - buf.shape[2],  # noqa: E731
-                                                                 buf.shape[3])], dim=2)
-            self._k, self._v = grow(self._k), grow(self._v)
-        self._k[:, :, self.length:self.length + n] = key_states
-        self._v[:, :, self.length:self.length + n] = value_states
+            self._k, self._v = self._grown(self._k), self._grown(self._v)
+        self._k[:, :, self.length : self.length + n] = key_states
+        self._v[:, :, self.length : self.length + n] = value_states
         self.length += n
         self._views()
         return self.keys, self.values
+
+    def _grown(self, buf: torch.Tensor) -> torch.Tensor:
+        """`buf` with room for `capacity` positions (its filled part kept)."""
+        room = buf.new_empty(*buf.shape[:2], self.capacity - buf.shape[2], buf.shape[3])
+        return torch.cat([buf, room], dim=2)
 
     def get_seq_length(self) -> int:
         return self.length
@@ -128,7 +157,10 @@ class PreallocatedLayer(DynamicLayer):
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.is_initialized:
-            self._k, self._v = self._k.repeat_interleave(repeats, dim=0), self._v.repeat_interleave(repeats, dim=0)
+            self._k, self._v = (
+                self._k.repeat_interleave(repeats, dim=0),
+                self._v.repeat_interleave(repeats, dim=0),
+            )
             self._views()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
@@ -161,8 +193,10 @@ def run_cache(config, capacity: int) -> Cache:
 def row_kv(cache: Cache, row: int, start: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Copies of one row's keys and values in every layer, from position `start` on (a left-padded
     row's padding left out)."""
-    return [(layer.keys[row:row + 1, :, start:].clone(), layer.values[row:row + 1, :, start:].clone())
-            for layer in cache.layers]
+    return [
+        (layer.keys[row : row + 1, :, start:].clone(), layer.values[row : row + 1, :, start:].clone())
+        for layer in cache.layers
+    ]
 
 
 def cache_from(config, kv: list[tuple[torch.Tensor, torch.Tensor]], capacity: int) -> Cache:

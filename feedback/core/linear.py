@@ -11,6 +11,7 @@ rounding only (at most 1.2e-4 over a prompt's vocabulary, the order of a differe
 
 `FEEDBACK_LINEAR=aten` keeps PyTorch's own kernel (what ran before, for comparison).
 """
+
 from __future__ import annotations
 
 import os
@@ -49,7 +50,11 @@ def use_onednn(model: nn.Module) -> int:
     model.requires_grad_(False)
     changed = 0
     for module in model.modules():
-        if type(module) is nn.Linear and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu":
+        if (
+            type(module) is nn.Linear
+            and module.weight.dtype == torch.float32
+            and module.weight.device.type == "cpu"
+        ):
             module.__class__ = OneDnnLinear
             changed += 1
     return changed
@@ -71,7 +76,9 @@ class Int8WeightLinear(nn.Module):
         scales = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
         self.register_buffer("qweight", torch.round(weight / scales[:, None]).clamp(-128, 127).to(torch.int8))
         self.register_buffer("scales", scales.to(torch.bfloat16))
-        self.bias = None if source.bias is None else nn.Parameter(source.bias.detach().clone(), requires_grad=False)
+        self.bias = (
+            None if source.bias is None else nn.Parameter(source.bias.detach().clone(), requires_grad=False)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
@@ -84,8 +91,11 @@ def quantize_int8(model: nn.Module) -> int:
     """The decoder's linear layers as `Int8WeightLinear` (the output head stays fp32: the logits keep
     their precision, and whatever reads the head's weight still finds it). Returns how many changed."""
     head = model.get_output_embeddings()
-    targets = [(name, module) for name, module in model.named_modules()
-               if type(module) is nn.Linear and module is not head]
+    targets = [
+        (name, module)
+        for name, module in model.named_modules()
+        if type(module) is nn.Linear and module is not head
+    ]
     for name, module in targets:
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, attr, Int8WeightLinear(module))

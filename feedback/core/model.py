@@ -1,4 +1,5 @@
 """Load a causal LM (embedded default, hub id, local folder or GGUF file) and find its decoder layers."""
+
 from __future__ import annotations
 
 import os
@@ -58,12 +59,19 @@ def check_layer_state(model: nn.Module) -> None:
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
-    kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=model.config).layers
-                    if not isinstance(layer, DynamicLayer) or isinstance(layer, LinearAttentionCacheLayerMixin)})
+    kinds = sorted(
+        {
+            type(layer).__name__
+            for layer in DynamicCache(config=model.config).layers
+            if not isinstance(layer, DynamicLayer) or isinstance(layer, LinearAttentionCacheLayerMixin)
+        }
+    )
     if kinds:
-        raise FeedbackError(f"unsupported architecture {type(model).__name__}: some of its layers keep a recurrent "
-                            f"state ({', '.join(kinds)}), not only attention keys and values; the engine batches "
-                            "and pads rows exactly only for attention layers")
+        raise FeedbackError(
+            f"unsupported architecture {type(model).__name__}: some of its layers keep a recurrent "
+            f"state ({', '.join(kinds)}), not only attention keys and values; the engine batches "
+            "and pads rows exactly only for attention layers"
+        )
 
 
 @dataclass
@@ -112,14 +120,25 @@ class LoadedModel:
                 return int(getattr(cfg, key))
         return 2048
 
-    def encode(self, prompt: str, chat_template: bool = True, system: str | None = None,
-               messages: list[dict] | None = None) -> list[int]:
+    def encode(
+        self,
+        prompt: str,
+        chat_template: bool = True,
+        system: str | None = None,
+        messages: list[dict] | None = None,
+    ) -> list[int]:
         """Token ids of a prompt — the newest user turn after `messages` (earlier turns) — through
         the model's chat template when asked and available."""
         return self.encode_with_span(prompt, None, chat_template, system, messages)[0]
 
-    def encode_with_span(self, prompt: str, find: str | None, chat_template: bool = True, system: str | None = None,
-                         messages: list[dict] | None = None) -> tuple[list[int], tuple[int, int] | None]:
+    def encode_with_span(
+        self,
+        prompt: str,
+        find: str | None,
+        chat_template: bool = True,
+        system: str | None = None,
+        messages: list[dict] | None = None,
+    ) -> tuple[list[int], tuple[int, int] | None]:
         """`encode`'s ids, and the token range [start, end) of the text `find` inside the newest user
         turn (its last occurrence there; tokens that overlap it count), or None where `find` is
         empty, not found (a template that rewrites content) or the tokenizer gives no offsets."""
@@ -128,8 +147,11 @@ class LoadedModel:
         needle = (find or "").strip()
         if needle:
             # the user turn ends where the assistant's header starts: the text is looked for before it
-            turn_end = (len(tok.apply_chat_template(turns, add_generation_prompt=False, tokenize=False))
-                        if turns else len(text))
+            turn_end = (
+                len(tok.apply_chat_template(turns, add_generation_prompt=False, tokenize=False))
+                if turns
+                else len(text)
+            )
             try:
                 enc = tok(text, add_special_tokens=special, return_offsets_mapping=True)
             except (NotImplementedError, ValueError):  # a slow tokenizer has no offsets
@@ -139,15 +161,19 @@ class LoadedModel:
                 return list(enc["input_ids"]), span
         return list(tok(text, add_special_tokens=special)["input_ids"]), None
 
-    def _render(self, prompt: str, chat_template: bool, system: str | None,
-                messages: list[dict] | None) -> tuple[str, list[dict] | None, bool]:
+    def _render(
+        self, prompt: str, chat_template: bool, system: str | None, messages: list[dict] | None
+    ) -> tuple[str, list[dict] | None, bool]:
         """The text the model reads, the chat turns it was rendered from (None without a template),
         and whether the tokenizer adds its special tokens (only without a template)."""
         tok = self.tokenizer
         if chat_template and getattr(tok, "chat_template", None):
             history = list(messages or [])
-            head = ([{"role": "system", "content": system}]
-                    if system and not (history and history[0]["role"] == "system") else [])
+            head = (
+                [{"role": "system", "content": system}]
+                if system and not (history and history[0]["role"] == "system")
+                else []
+            )
             turns = head + history + [{"role": "user", "content": prompt}]
             return tok.apply_chat_template(turns, add_generation_prompt=True, tokenize=False), turns, False
         if messages:
@@ -188,7 +214,7 @@ def resolve_source(spec: str | None) -> tuple[str, str]:
     for speed and exactness checks where its weights cannot be brought (a machine lent for minutes,
     without the network: a folder of config.json and the tokenizer's files is enough)."""
     if spec and spec.startswith(RANDOM_PREFIX):
-        inner = spec[len(RANDOM_PREFIX):] or embedded.EMBEDDED_NAME
+        inner = spec[len(RANDOM_PREFIX) :] or embedded.EMBEDDED_NAME
         if inner.startswith(RANDOM_PREFIX):
             raise FeedbackError(f"model spec {spec!r}: one random: is enough")
         return "random", resolve_source(inner)[1]
@@ -214,7 +240,9 @@ def _random_model(location: str, kwargs: dict) -> nn.Module:
 
     config = AutoConfig.from_pretrained(location, trust_remote_code=kwargs.get("trust_remote_code", False))
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, **{k: v for k, v in kwargs.items() if k != "local_files_only"})
+    return AutoModelForCausalLM.from_config(
+        config, **{k: v for k, v in kwargs.items() if k != "local_files_only"}
+    )
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -305,11 +333,15 @@ def load_model(
         raise FeedbackError("choose one of 4-bit and 8-bit loading, not both")
     cpu_int8 = load_in_8bit and dev.type == "cpu"
     if cpu_int8 and dtype_name != "float32":
-        raise FeedbackError("8-bit weights on CPU compute in float32 around int8 products: use dtype float32 or auto")
+        raise FeedbackError(
+            "8-bit weights on CPU compute in float32 around int8 products: use dtype float32 or auto"
+        )
     if (load_in_4bit or load_in_8bit) and not cpu_int8:
         if not torch.cuda.is_available():
-            raise FeedbackError("4-bit loading uses bitsandbytes and needs a CUDA GPU; none is available "
-                                "(8-bit weights run on CPU too)")
+            raise FeedbackError(
+                "4-bit loading uses bitsandbytes and needs a CUDA GPU; none is available "
+                "(8-bit weights run on CPU too)"
+            )
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
@@ -332,8 +364,9 @@ def load_model(
     if kind == "random" and (device_map is not None or "quantization_config" in kwargs):
         raise FeedbackError("a random: model is built in place: no --device-map, no bitsandbytes weights")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code,
-                                                  local_files_only=local_only)
+        tokenizer = AutoTokenizer.from_pretrained(
+            location, trust_remote_code=trust_remote_code, local_files_only=local_only
+        )
         if kind == "random":
             model = _random_model(location, kwargs)
         else:

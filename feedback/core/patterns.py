@@ -6,6 +6,7 @@ refused up front naming its field, before any model work. Each search runs with 
 (the `regex` module's `timeout`), so a pattern that backtracks catastrophically costs at most
 `MATCH_TIMEOUT_S` per text it is tried on, never minutes of the model line.
 """
+
 from __future__ import annotations
 
 from feedback.errors import FeedbackError

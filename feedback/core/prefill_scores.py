@@ -12,6 +12,7 @@ Only prefill sequences the plain model computed count ("plain groups"): a row wh
 prompt's own states prefills on its own, and is scored from a plain sequence with the same tokens
 when the run has one (the baseline beside it, usually), else by a separate pass.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,7 +37,9 @@ class PrefillScores:
     spans: dict[int, Span] = field(default_factory=dict)  # plain group -> tokens whose NLL is wanted
     keep_cache: set[int] = field(default_factory=set)  # plain groups a feedback row's self-PPL reads after
     nll: dict[int, torch.Tensor] = field(default_factory=dict)  # group -> NLL of each token (NaN: not scored)
-    kept: dict[int, tuple[list, torch.Tensor]] = field(default_factory=dict)  # group -> (its keys/values, last logits)
+    kept: dict[int, tuple[list, torch.Tensor]] = field(
+        default_factory=dict
+    )  # group -> (its keys/values, last logits)
 
     @classmethod
     def plan(cls, lengths: list[int], wanted: list[tuple[int, Span | None, bool]]) -> PrefillScores:
@@ -81,8 +84,12 @@ class PrefillScores:
             # `kept` holds every position of the group's range, so its rows are one run: a view, not a copy
             first, last = int(rows[0]), int(rows[-1]) + 1
             targets = at[first:last] + 1
-            nll = self.nll.setdefault(group, torch.full((self.lengths[group],), math.nan, dtype=torch.float64))
-            nll[targets - pad] = nll_of(logits[group, first:last], ids[group, targets.to(ids.device)]).double().cpu()
+            nll = self.nll.setdefault(
+                group, torch.full((self.lengths[group],), math.nan, dtype=torch.float64)
+            )
+            nll[targets - pad] = (
+                nll_of(logits[group, first:last], ids[group, targets.to(ids.device)]).double().cpu()
+            )
 
     def keep(self, cache, last_logits: torch.Tensor) -> None:
         """After the prefill, before rows take their copies: the kept groups' keys and values (their
@@ -95,13 +102,14 @@ class PrefillScores:
         prefill did not score them (the span has no token with context, or no plain group)."""
         if group is None or span is None or group not in self.nll:
             return None
-        part = self.nll[group][max(span[0], 1):span[1]]
+        part = self.nll[group][max(span[0], 1) : span[1]]
         if not part.numel() or torch.isnan(part).any():
             return None
         return math.exp(part.mean().item())
 
-    def self_ppl(self, lm: LoadedModel, group: int | None, answer: list[int],
-                 stop: threading.Event | None = None) -> float | None:
+    def self_ppl(
+        self, lm: LoadedModel, group: int | None, answer: list[int], stop: threading.Event | None = None
+    ) -> float | None:
         """The answer's perplexity under the plain model read after the kept prompt of `group`;
         None where that prompt was not kept."""
         if group not in self.kept or not answer:
@@ -119,5 +127,9 @@ class PrefillScores:
         """What scoring adds to a run's memory: the kept prompts' keys and values, and one chunk's
         logits for every group (with their log-softmax)."""
         kept = sum(self.lengths[g] for g in self.keep_cache) * kv_bytes_per_token
-        logits = (len(self.lengths) + 1) * min(self.width, PREFILL_CHUNK) * vocab * logit_bytes if self.spans else 0
+        logits = (
+            (len(self.lengths) + 1) * min(self.width, PREFILL_CHUNK) * vocab * logit_bytes
+            if self.spans
+            else 0
+        )
         return (kept + logits) / 2**20

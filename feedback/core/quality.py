@@ -19,6 +19,7 @@ Ones that take forward passes (`RunConfig.quality`):
   strategy where one parallel pass scores it exactly (non-recurrent strategies), else by the plain
   model (`reference_ppl_with_strategy` says which).
 """
+
 from __future__ import annotations
 
 import math
@@ -37,7 +38,7 @@ KEY_FACTS_TIMEOUT_S = 2 * patterns.MATCH_TIMEOUT_S  # every key-fact search of o
 
 
 def distinct(ids: list[int], n: int) -> float | None:
-    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
     return len(set(grams)) / len(grams) if grams else None
 
 
@@ -45,7 +46,7 @@ def repeat_rate(ids: list[int], n: int = 3) -> float | None:
     """Share of n-grams that already occurred earlier in the sequence."""
     seen, repeats, total = set(), 0, 0
     for i in range(len(ids) - n + 1):
-        gram = tuple(ids[i:i + n])
+        gram = tuple(ids[i : i + n])
         total += 1
         repeats += gram in seen
         seen.add(gram)
@@ -54,10 +55,11 @@ def repeat_rate(ids: list[int], n: int = 3) -> float | None:
 
 def longest_repeat(ids: list[int]) -> int:
     """Length of the longest span that occurs at least twice (occurrences may overlap)."""
+
     def repeats(length: int) -> bool:
         seen = set()
         for i in range(len(ids) - length + 1):
-            gram = tuple(ids[i:i + length])
+            gram = tuple(ids[i : i + length])
             if gram in seen:
                 return True
             seen.add(gram)
@@ -94,8 +96,11 @@ def key_fact_metrics(texts: list[str], facts: list[str], stop: threading.Event |
                 hits.append(fact.casefold() in text.casefold())
                 continue
             left = deadline - time.monotonic()
-            hit = None if left <= 0 or (stop is not None and stop.is_set()) else patterns.search(
-                pattern, text, min(patterns.MATCH_TIMEOUT_S, left))
+            hit = (
+                None
+                if left <= 0 or (stop is not None and stop.is_set())
+                else patterns.search(pattern, text, min(patterns.MATCH_TIMEOUT_S, left))
+            )
             if hit is None:
                 break
             hits.append(hit)
@@ -108,8 +113,11 @@ def key_fact_metrics(texts: list[str], facts: list[str], stop: threading.Event |
     judged = len(facts) - len(unjudged)
     out = []
     for row in found:
-        m = {"key_facts_found": row, "key_facts_total": len(facts),
-             "key_fact_recall": len(row) / judged if judged else None}
+        m = {
+            "key_facts_found": row,
+            "key_facts_total": len(facts),
+            "key_fact_recall": len(row) / judged if judged else None,
+        }
         if unjudged:
             m["key_facts_unjudged"] = list(unjudged)
         out.append(m)
@@ -118,16 +126,28 @@ def key_fact_metrics(texts: list[str], facts: list[str], stop: threading.Event |
 
 def text_metrics(ids: list[int]) -> dict:
     """The cheap metrics of one answer's tokens."""
-    return {"length": len(ids), "distinct_1": distinct(ids, 1), "distinct_2": distinct(ids, 2),
-            "repeat_3gram_rate": repeat_rate(ids, 3), "longest_repeat": longest_repeat(ids)}
+    return {
+        "length": len(ids),
+        "distinct_1": distinct(ids, 1),
+        "distinct_2": distinct(ids, 2),
+        "repeat_3gram_rate": repeat_rate(ids, 3),
+        "longest_repeat": longest_repeat(ids),
+    }
 
 
 # Which way each comparable metric is better, so a view can mark the best column without knowing
 # the metrics' meaning. Keys absent here (length, key_facts_found, …) are never ranked.
 HIGHER_IS_BETTER: dict[str, bool] = {
-    "distinct_1": True, "distinct_2": True, "key_fact_recall": True, "mean": True, "lowest_group": True,
-    "repeat_3gram_rate": False, "longest_repeat": False,
-    "self_ppl": False, "prompt_ppl": False, "reference_ppl": False,
+    "distinct_1": True,
+    "distinct_2": True,
+    "key_fact_recall": True,
+    "mean": True,
+    "lowest_group": True,
+    "repeat_3gram_rate": False,
+    "longest_repeat": False,
+    "self_ppl": False,
+    "prompt_ppl": False,
+    "reference_ppl": False,
 }
 
 
@@ -167,20 +187,22 @@ def sequence_nll(lm: LoadedModel, ids: list[int], stop: threading.Event | None =
     return window_nll_chunked(lm, torch.tensor(ids, device=lm.device), PREFILL_CHUNK, stop)
 
 
-def self_ppl(lm: LoadedModel, prompt_ids: list[int], answer_ids: list[int],
-             stop: threading.Event | None = None) -> float | None:
+def self_ppl(
+    lm: LoadedModel, prompt_ids: list[int], answer_ids: list[int], stop: threading.Event | None = None
+) -> float | None:
     """The answer's perplexity under the plain model after the row's full input."""
     if not answer_ids:
         return None
     return span_ppl(lm, prompt_ids + answer_ids, (len(prompt_ids), len(prompt_ids) + len(answer_ids)), stop)
 
 
-def span_ppl(lm: LoadedModel, ids: list[int], span: tuple[int, int],
-             stop: threading.Event | None = None) -> float | None:
+def span_ppl(
+    lm: LoadedModel, ids: list[int], span: tuple[int, int], stop: threading.Event | None = None
+) -> float | None:
     """The perplexity of ids[span[0]:span[1]] after what precedes them (a first token at position 0
     is unscored), by the plain model."""
     nll = sequence_nll(lm, ids, stop)  # nll[i] scores token i + 1
-    return _ppl(nll[max(span[0], 1) - 1:span[1] - 1])
+    return _ppl(nll[max(span[0], 1) - 1 : span[1] - 1])
 
 
 def text_ppl(lm: LoadedModel, text: str, stop: threading.Event | None = None) -> float | None:
@@ -189,8 +211,14 @@ def text_ppl(lm: LoadedModel, text: str, stop: threading.Event | None = None) ->
     return _ppl(sequence_nll(lm, ids, stop)) if len(ids) >= 2 else None
 
 
-def reference_ppl(lm: LoadedModel, prompt_ids: list[int], reference_ids: list[int], strategy: str | None,
-                  params: dict, stop: threading.Event | None = None) -> dict:
+def reference_ppl(
+    lm: LoadedModel,
+    prompt_ids: list[int],
+    reference_ids: list[int],
+    strategy: str | None,
+    params: dict,
+    stop: threading.Event | None = None,
+) -> dict:
     """The reference answer's perplexity after this prompt, with the strategy when one parallel
     pass scores it exactly; `stop` ends the scoring within a chunk or a decoder layer."""
     if not reference_ids:
@@ -204,5 +232,7 @@ def reference_ppl(lm: LoadedModel, prompt_ids: list[int], reference_ids: list[in
         built = build_strategy(strategy, values, lm.num_layers)
         nll = window_nll_parallel(lm, torch.tensor(ids, device=lm.device), built, 1, stop)
         return {"reference_ppl": _ppl(nll[split:]), "reference_ppl_with_strategy": True}
-    return {"reference_ppl": _ppl(sequence_nll(lm, ids, stop)[split:]),
-            "reference_ppl_with_strategy": strategy is None}
+    return {
+        "reference_ppl": _ppl(sequence_nll(lm, ids, stop)[split:]),
+        "reference_ppl_with_strategy": strategy is None,
+    }

@@ -1,4 +1,5 @@
 """Serialisable run description (`RunConfig`) and outcome (`RunResult`), plain dataclasses."""
+
 from __future__ import annotations
 
 import json
@@ -69,8 +70,11 @@ class RowSpec:
 
     def sampling(self, shared: SamplingConfig) -> SamplingConfig:
         """The run's sampling settings with this row's own temperature and top-p in place."""
-        own = {path.removeprefix("sampling."): getattr(self, name) for name, path in ROW_OVERRIDES
-               if path.startswith("sampling.") and getattr(self, name) is not None}
+        own = {
+            path.removeprefix("sampling."): getattr(self, name)
+            for name, path in ROW_OVERRIDES
+            if path.startswith("sampling.") and getattr(self, name) is not None
+        }
         return replace(shared, **own)
 
     def seed_for(self, run_seed: int) -> int:
@@ -86,9 +90,12 @@ class RowSpec:
             except FeedbackError as exc:
                 raise FeedbackError(f"{where}: {exc}") from None
         if not isinstance(self.params, dict):
-            raise FeedbackError(f"{where}: params must be a mapping of names to values, got {self.params!r:.80}")
-        if self.threshold is not None and (not isinstance(self.threshold, (int, float))
-                                           or not math.isfinite(self.threshold)):
+            raise FeedbackError(
+                f"{where}: params must be a mapping of names to values, got {self.params!r:.80}"
+            )
+        if self.threshold is not None and (
+            not isinstance(self.threshold, (int, float)) or not math.isfinite(self.threshold)
+        ):
             raise FeedbackError(f"{where}: threshold must be a finite number, got {self.threshold!r}")
         if self.temperature is not None:
             if not isinstance(self.temperature, (int, float)):  # text is parsed by the door that takes it
@@ -109,34 +116,49 @@ class RowSpec:
             if value is None:
                 continue
             if not isinstance(value, str) or (name == "prompt" and not value.strip()):
-                raise FeedbackError(f"{where}: {name} is empty" if isinstance(value, str)
-                                    else f"{where}: {name} must be text, got {value!r}")
+                raise FeedbackError(
+                    f"{where}: {name} is empty"
+                    if isinstance(value, str)
+                    else f"{where}: {name} must be text, got {value!r}"
+                )
             if len(value) > MAX_PROMPT_CHARS:
-                raise FeedbackError(f"{where}: {name} is limited to {MAX_PROMPT_CHARS} characters, got {len(value)}")
+                raise FeedbackError(
+                    f"{where}: {name} is limited to {MAX_PROMPT_CHARS} characters, got {len(value)}"
+                )
         if self.messages is not None:
             if not isinstance(self.messages, list):
-                raise FeedbackError(f"{where}: messages must be a list of {{role, content}}, got {self.messages!r}")
+                raise FeedbackError(
+                    f"{where}: messages must be a list of {{role, content}}, got {self.messages!r}"
+                )
             for i, m in enumerate(self.messages):
                 if not isinstance(m, dict) or set(m) != {"role", "content"}:
                     raise FeedbackError(f"{where}: messages[{i}] must have exactly a role and a content")
                 if m["role"] not in ROLES:
-                    raise FeedbackError(f"{where}: messages[{i}].role must be one of {', '.join(ROLES)}, "
-                                        f"got {m['role']!r}")
+                    raise FeedbackError(
+                        f"{where}: messages[{i}].role must be one of {', '.join(ROLES)}, got {m['role']!r}"
+                    )
                 if not isinstance(m["content"], str):
                     raise FeedbackError(f"{where}: messages[{i}].content must be text")
             if sum(len(m["content"]) for m in self.messages) > MAX_PROMPT_CHARS:
                 raise FeedbackError(f"{where}: messages are limited to {MAX_PROMPT_CHARS} characters in all")
         if self.prefix is not None:
-            if not isinstance(self.prefix, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                           and t >= 0 for t in self.prefix):
+            if not isinstance(self.prefix, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.prefix
+            ):
                 raise FeedbackError(f"{where}: prefix must be a list of token ids, got {self.prefix!r}")
             if len(self.prefix) > max_new_tokens:
-                raise FeedbackError(f"{where}: prefix has {len(self.prefix)} tokens but max_new_tokens is "
-                                    f"{max_new_tokens}")
-        if not isinstance(self.chosen, int) or isinstance(self.chosen, bool) or \
-                not 0 <= self.chosen <= len(self.prefix or []):
-            raise FeedbackError(f"{where}: chosen must be a whole number from 0 to the prefix's length "
-                                f"({len(self.prefix or [])}), got {self.chosen!r}")
+                raise FeedbackError(
+                    f"{where}: prefix has {len(self.prefix)} tokens but max_new_tokens is {max_new_tokens}"
+                )
+        if (
+            not isinstance(self.chosen, int)
+            or isinstance(self.chosen, bool)
+            or not 0 <= self.chosen <= len(self.prefix or [])
+        ):
+            raise FeedbackError(
+                f"{where}: chosen must be a whole number from 0 to the prefix's length "
+                f"({len(self.prefix or [])}), got {self.chosen!r}"
+            )
 
 
 DEEPCONF_K = Bound("DeepConf k", 1, 1000, integer=True)  # top-k of the full distribution per token
@@ -148,7 +170,9 @@ def _check_integer(bound: Bound, value, name: str | None = None) -> None:
     """Refuse `value` unless it is an integer inside `bound`. The library takes numbers only (a door
     that takes text parses it first), so unlike `Bound.check` this accepts no text or 2.0."""
     if not isinstance(value, int) or not bound.lo <= value <= bound.hi:
-        raise FeedbackError(f"{name or bound.name} must be an integer in [{bound.lo}, {bound.hi}], got {value!r}")
+        raise FeedbackError(
+            f"{name or bound.name} must be an integer in [{bound.lo}, {bound.hi}], got {value!r}"
+        )
 
 
 @dataclass
@@ -157,7 +181,7 @@ class DeepConfConfig:
     window: int = DEFAULT_WINDOW
     threshold: float | None = None  # fixed early-stop threshold on group confidence; None = off
 
-    def validate(self) -> "DeepConfConfig":
+    def validate(self) -> DeepConfConfig:
         _check_integer(DEEPCONF_K, self.k)
         _check_integer(DEEPCONF_WINDOW, self.window, f"DeepConf {DEEPCONF_WINDOW.name}")
         if self.threshold is not None and (
@@ -189,27 +213,38 @@ class RunConfig:
     deepconf: DeepConfConfig = field(default_factory=DeepConfConfig)
     rows: list[RowSpec] = field(default_factory=default_rows)
     reference: str | None = None  # a reference answer: its perplexity under each row's prompt (quality)
-    key_facts: list[str] = field(default_factory=list)  # texts (or /regex/) whose recall in each answer is measured
-    quality: bool = False  # also the metrics that take forward passes: self and prompt PPL (reference PPL: when set)
+    key_facts: list[str] = field(
+        default_factory=list
+    )  # texts (or /regex/) whose recall in each answer is measured
+    quality: bool = (
+        False  # also the metrics that take forward passes: self and prompt PPL (reference PPL: when set)
+    )
 
-    def validate(self) -> "RunConfig":
+    def validate(self) -> RunConfig:
         if not isinstance(self.prompt, str):
             raise FeedbackError(f"prompt must be text, got {self.prompt!r}")
         if not self.prompt.strip() and (not self.rows or any(r.prompt is None for r in self.rows)):
             raise FeedbackError("prompt is empty")
         if len(self.prompt) > MAX_PROMPT_CHARS:
             raise FeedbackError(f"prompt is limited to {MAX_PROMPT_CHARS} characters, got {len(self.prompt)}")
-        if self.reference is not None and (not isinstance(self.reference, str) or not self.reference.strip()
-                                           or len(self.reference) > MAX_PROMPT_CHARS):
+        if self.reference is not None and (
+            not isinstance(self.reference, str)
+            or not self.reference.strip()
+            or len(self.reference) > MAX_PROMPT_CHARS
+        ):
             raise FeedbackError(f"reference must be non-empty text of at most {MAX_PROMPT_CHARS} characters")
-        if not isinstance(self.key_facts, list) or len(self.key_facts) > MAX_KEY_FACTS or not all(
-                isinstance(f, str) and f.strip() for f in self.key_facts):
+        if (
+            not isinstance(self.key_facts, list)
+            or len(self.key_facts) > MAX_KEY_FACTS
+            or not all(isinstance(f, str) and f.strip() for f in self.key_facts)
+        ):
             raise FeedbackError(f"key_facts must be a list of at most {MAX_KEY_FACTS} non-empty texts")
         for n, fact in enumerate(self.key_facts, start=1):  # a /pattern/ that cannot compile is refused now
             key_fact_pattern(fact, f"key fact {n}")
         if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP:
-            raise FeedbackError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS_CAP}], "
-                                f"got {self.max_new_tokens!r}")
+            raise FeedbackError(
+                f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS_CAP}], got {self.max_new_tokens!r}"
+            )
         _check_integer(SEED, self.seed)
         if not self.rows or len(self.rows) > MAX_ROWS:
             raise FeedbackError(f"a run needs 1 to {MAX_ROWS} rows, got {len(self.rows)}")
@@ -226,7 +261,7 @@ class RunConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RunConfig":
+    def from_dict(cls, data: dict) -> RunConfig:
         """A config from a dict: a request's, or a result's (whose notes on how it ran are left out)."""
         if not isinstance(data, dict):
             raise FeedbackError(f"invalid run config: expected a mapping, got {type(data).__name__}")
@@ -282,7 +317,7 @@ class RowResult:
     tokens_per_s: float = 0.0
 
 
-def answer_text(row: "RowResult") -> str:
+def answer_text(row: RowResult) -> str:
     """The part of a reply that answers: after a restatement (a prompt-level strategy's parts), else all."""
     if any(s.part for s in row.steps):
         return "".join(s.text for s in row.steps if s.part != "restate")
@@ -295,19 +330,23 @@ def tokens_per_second(steps: list[StepRecord]) -> float | None:
     return (len(steps) - 1) / seconds if len(steps) > 1 and seconds > 0 else None
 
 
-def confidence_summary(row: "RowResult") -> tuple[float | None, float | None]:
+def confidence_summary(row: RowResult) -> tuple[float | None, float | None]:
     """(mean token confidence, lowest group confidence) of a row: its final metrics once it has
     them, else from its steps so far (a row still streaming)."""
     if row.metrics.get("mean") is not None:
         return row.metrics.get("mean"), row.metrics.get("lowest_group")
     if not row.steps:
         return None, None
-    return (math.fsum(s.confidence for s in row.steps) / len(row.steps),
-            min(s.group_confidence for s in row.steps))
+    return (
+        math.fsum(s.confidence for s in row.steps) / len(row.steps),
+        min(s.group_confidence for s in row.steps),
+    )
 
 
 RUN_ID_HEX = 8  # a run id is a uuid4's first hex digits
-RUN_ID_PATTERN = f"^[0-9a-f]{{{RUN_ID_HEX}}}$"  # every id `_run_id` makes, and nothing else (the API's run_id)
+RUN_ID_PATTERN = (
+    f"^[0-9a-f]{{{RUN_ID_HEX}}}$"  # every id `_run_id` makes, and nothing else (the API's run_id)
+)
 
 
 def _run_id() -> str:
@@ -332,16 +371,19 @@ class RunResult:
         return json.dumps(self.to_dict(), **kwargs)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RunResult":
+    def from_dict(cls, data: dict) -> RunResult:
         """Rebuild a result from `to_dict()` output (history, exports, replay)."""
+
         def known(kind, d: dict) -> dict:  # extra keys (e.g. UI annotations) are ignored
             names = {f.name for f in fields(kind)}
             return {k: v for k, v in d.items() if k in names}
 
         rows = []
         for r in data["rows"]:
-            steps = [StepRecord(**{**known(StepRecord, s), "top": [Alternative(**a) for a in s.get("top", [])]})
-                     for s in r["steps"]]
+            steps = [
+                StepRecord(**{**known(StepRecord, s), "top": [Alternative(**a) for a in s.get("top", [])]})
+                for s in r["steps"]
+            ]
             rows.append(RowResult(**{**known(RowResult, r), "steps": steps}))
         return cls(**{**known(cls, data), "rows": rows})
 

@@ -1,12 +1,19 @@
 """Next-token selection: greedy or sampled through transformers' own logits processors, seeded per row."""
+
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, astuple, dataclass
 
 import torch
-from transformers import (LogitsProcessorList, MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
-                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+from transformers import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from feedback.core.bounds import Bound
 from feedback.errors import FeedbackError
@@ -21,7 +28,8 @@ TOP_K = Bound("top_k", 0, 1_000_000, integer=True)  # 0 = off
 
 @dataclass
 class SamplingConfig:
-    """Decoding settings of a run (a row may have its own temperature and top-p). temperature 0 means greedy."""
+    """Decoding settings of a run (a row may have its own temperature and top-p). temperature 0 means
+    greedy."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -33,11 +41,17 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def validate(self) -> "SamplingConfig":
+    def validate(self) -> SamplingConfig:
         def finite(bound: Bound, value: float) -> None:
             # numbers only, as the library takes them (a door that takes text parses it first)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or not bound.lo <= value <= bound.hi:
-                raise FeedbackError(f"{bound.name} must be a finite number in [{bound.lo}, {bound.hi}], got {value!r}")
+            if (
+                not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or not bound.lo <= value <= bound.hi
+            ):
+                raise FeedbackError(
+                    f"{bound.name} must be a finite number in [{bound.lo}, {bound.hi}], got {value!r}"
+                )
 
         finite(TEMPERATURE, self.temperature)
         check_temperature(self.temperature)  # the floor above 0
@@ -45,7 +59,9 @@ class SamplingConfig:
         finite(MIN_P, self.min_p)
         finite(REPETITION_PENALTY, self.repetition_penalty)
         if not isinstance(self.top_k, int) or not TOP_K.lo <= self.top_k <= TOP_K.hi:
-            raise FeedbackError(f"top_k must be an integer in [{TOP_K.lo}, {TOP_K.hi}] (0 = off), got {self.top_k!r}")
+            raise FeedbackError(
+                f"top_k must be an integer in [{TOP_K.lo}, {TOP_K.hi}] (0 = off), got {self.top_k!r}"
+            )
         if self.top_p == 0.0:
             raise FeedbackError("top_p must be > 0 (1 = off)")
         return self
@@ -77,8 +93,10 @@ def check_temperature(value, name: str = TEMPERATURE.name) -> float:
     `FeedbackError` naming the field (`name`)."""
     value = TEMPERATURE.check(value, name)
     if 0.0 < value < MIN_TEMPERATURE:
-        raise FeedbackError(f"{name} must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {value!r}: "
-                            "dividing logits by a smaller one overflows to inf")
+        raise FeedbackError(
+            f"{name} must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {value!r}: "
+            "dividing logits by a smaller one overflows to inf"
+        )
     return value
 
 
@@ -91,8 +109,13 @@ class Sampler:
     set of processors acts on the whole batch (a greedy run without overrides is an argmax, as fast as
     it was); otherwise each group goes through its own processors, a greedy group by argmax."""
 
-    def __init__(self, cfg: SamplingConfig, seeds: list[int], device: torch.device,
-                 row_configs: list[SamplingConfig] | None = None):
+    def __init__(
+        self,
+        cfg: SamplingConfig,
+        seeds: list[int],
+        device: torch.device,
+        row_configs: list[SamplingConfig] | None = None,
+    ):
         self.cfg = cfg
         configs = row_configs or [cfg] * len(seeds)
         self.keys = [astuple(c) for c in configs]  # a row's settings, as a key its group is found by
@@ -127,11 +150,16 @@ class Sampler:
             tokens[idx] = self._pick(key, rows, None if history is None else history[idx], logits[idx])
         return tokens
 
-    def _pick(self, key: tuple, rows: list[int], history: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:
-        """Tokens for the batch positions `rows` (their logits and history given), all with one group's settings."""
+    def _pick(
+        self, key: tuple, rows: list[int], history: torch.Tensor | None, logits: torch.Tensor
+    ) -> torch.Tensor:
+        """Tokens for the batch positions `rows` (their logits and history given), all with one group's
+        settings."""
         procs, greedy = self.groups[key]
         scores = procs(history, logits) if len(procs) else logits
         if greedy:
             return scores.argmax(dim=-1)
         probs = torch.softmax(scores, dim=-1)
-        return torch.cat([torch.multinomial(probs[j], 1, generator=self.generators[i]) for j, i in enumerate(rows)])
+        return torch.cat(
+            [torch.multinomial(probs[j], 1, generator=self.generators[i]) for j, i in enumerate(rows)]
+        )

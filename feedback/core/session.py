@@ -4,6 +4,7 @@ any token ("what if it had picked that one?"), and one row run again (after its 
 Each builds a new `RunConfig` from a finished `RunResult`; the engine runs it like any other, so the
 UI, CLI, API and batch runner share them.
 """
+
 from __future__ import annotations
 
 import threading
@@ -12,7 +13,14 @@ from dataclasses import replace
 
 from feedback.core import quality
 from feedback.core.confidence import DEFAULT_WINDOW, trace_metrics
-from feedback.core.records import RowResult, RowSpec, RunConfig, RunResult, first_divergence, tokens_per_second
+from feedback.core.records import (
+    RowResult,
+    RowSpec,
+    RunConfig,
+    RunResult,
+    first_divergence,
+    tokens_per_second,
+)
 from feedback.errors import FeedbackError
 
 
@@ -35,8 +43,10 @@ def _row_index(result: RunResult, row: str | int) -> int:
 def conversation(cfg: RunConfig, spec: RowSpec, answer: RowResult) -> list[dict[str, str]]:
     """A row's conversation after its turn: its earlier turns, its prompt, its own answer."""
     prompt = spec.prompt if spec.prompt is not None else cfg.prompt
-    return list(spec.messages or []) + [{"role": "user", "content": prompt},
-                                        {"role": "assistant", "content": answer.text}]
+    return list(spec.messages or []) + [
+        {"role": "user", "content": prompt},
+        {"role": "assistant", "content": answer.text},
+    ]
 
 
 def continue_run(result: RunResult, user_message: str) -> RunConfig:
@@ -50,13 +60,21 @@ def continue_run(result: RunResult, user_message: str) -> RunConfig:
         raise FeedbackError("a conversation needs the chat template; this run had it off")
     if [r.name for r in result.rows] != [r.name for r in cfg.rows]:
         raise FeedbackError("the result's rows do not match its config's rows")
-    rows = [replace(spec, prompt=None, prefix=None, chosen=0, messages=conversation(cfg, spec, answer))
-            for spec, answer in zip(cfg.rows, result.rows)]
+    rows = [
+        replace(spec, prompt=None, prefix=None, chosen=0, messages=conversation(cfg, spec, answer))
+        for spec, answer in zip(cfg.rows, result.rows)
+    ]
     return replace(cfg, prompt=user_message, rows=rows).validate()
 
 
-def branch(result: RunResult, row: str | int, step: int, tokens: int | list[int], all_rows: bool = True,
-           matching_only: bool = False) -> RunConfig:
+def branch(
+    result: RunResult,
+    row: str | int,
+    step: int,
+    tokens: int | list[int],
+    all_rows: bool = True,
+    matching_only: bool = False,
+) -> RunConfig:
     """A branch is "this text so far, then this token": `row`'s answer up to `step` is replayed,
     then `tokens` (one id or several, the person's choice) are forced, then decoding goes on.
 
@@ -72,8 +90,9 @@ def branch(result: RunResult, row: str | int, step: int, tokens: int | list[int]
         raise FeedbackError(f"the branch needs one or more token ids, got {tokens!r}")
     own = result.rows[target].token_ids
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < len(own):
-        raise FeedbackError(f"step {step!r} is outside row {result.rows[target].name}'s answer "
-                            f"(steps 0 to {len(own) - 1})")
+        raise FeedbackError(
+            f"step {step!r} is outside row {result.rows[target].name}'s answer (steps 0 to {len(own) - 1})"
+        )
     text = own[:step]
     rows = []
     for i, (spec, answer) in enumerate(zip(cfg.rows, result.rows)):
@@ -95,8 +114,18 @@ def rerun(result: RunResult, row: str | int, spec: RowSpec | None = None) -> Run
     cfg = _config_of(result)
     index = _row_index(result, row)
     old = cfg.rows[index]
-    new = old if spec is None else replace(spec, messages=old.messages, prefix=old.prefix, chosen=old.chosen,
-                                           seed_offset=old.seed_offset, threshold=old.threshold)
+    new = (
+        old
+        if spec is None
+        else replace(
+            spec,
+            messages=old.messages,
+            prefix=old.prefix,
+            chosen=old.chosen,
+            seed_offset=old.seed_offset,
+            threshold=old.threshold,
+        )
+    )
     others = [r.name for i, r in enumerate(cfg.rows) if i != index]
     if new.name in others:
         raise FeedbackError(f"row names must be different: another row is already called {new.name!r}")
@@ -113,9 +142,13 @@ def merge_rerun(result: RunResult, row: str | int, again: RunResult) -> RunResul
     # its speed was measured with one row a step, the others' with every row of their run: said beside it
     rows[index] = replace(again.rows[0], metrics=again.rows[0].metrics | {"rerun_alone": True})
     config = dict(result.config)
-    config["rows"] = [again.config["rows"][0] if i == index else r for i, r in enumerate(result.config["rows"])]
+    config["rows"] = [
+        again.config["rows"][0] if i == index else r for i, r in enumerate(result.config["rows"])
+    ]
     div = first_divergence(rows[0].token_ids, rows[1].token_ids) if len(rows) > 1 else None
-    return replace(again, config=config, rows=rows, prompt_tokens=result.prompt_tokens, first_divergence_step=div)
+    return replace(
+        again, config=config, rows=rows, prompt_tokens=result.prompt_tokens, first_divergence_step=div
+    )
 
 
 def keep_shown(result: RunResult, steps: int, rows: list[int] | None = None) -> RunResult:
@@ -144,17 +177,29 @@ def cut_row(row: RowResult, steps: int, window: int) -> RowResult:
     kept = row.steps[:steps]
     ids = row.token_ids[:steps]
     counted = trace_metrics([s.confidence for s in kept], window).to_dict() | quality.text_metrics(ids)
-    return replace(row, steps=kept, token_ids=ids, text="".join(s.text for s in kept), stop_reason="stopped",
-                   stop_step=kept[-1].step if kept else None, tokens_per_s=tokens_per_second(kept) or 0.0,
-                   decode_seconds=sum(s.time_ms for s in kept[1:]) / 1000.0, metrics=row.metrics | counted)
+    return replace(
+        row,
+        steps=kept,
+        token_ids=ids,
+        text="".join(s.text for s in kept),
+        stop_reason="stopped",
+        stop_step=kept[-1].step if kept else None,
+        tokens_per_s=tokens_per_second(kept) or 0.0,
+        decode_seconds=sum(s.time_ms for s in kept[1:]) / 1000.0,
+        metrics=row.metrics | counted,
+    )
 
 
 def answers_only(result: RunResult) -> RunResult:
     """What a follow-up needs of a result (config, each row's tokens and text), without the
     per-step records that make a result large."""
-    rows = [RowResult(r.name, r.strategy, dict(r.params), list(r.token_ids), r.text, r.stop_reason, r.stop_step)
-            for r in result.rows]
-    return RunResult(config=result.config, rows=rows, prompt_tokens=result.prompt_tokens, run_id=result.run_id)
+    rows = [
+        RowResult(r.name, r.strategy, dict(r.params), list(r.token_ids), r.text, r.stop_reason, r.stop_step)
+        for r in result.rows
+    ]
+    return RunResult(
+        config=result.config, rows=rows, prompt_tokens=result.prompt_tokens, run_id=result.run_id
+    )
 
 
 class RecentRuns:
@@ -176,6 +221,8 @@ class RecentRuns:
     def get(self, run_id: str) -> RunResult:
         with self._lock:
             if run_id not in self._runs:
-                raise FeedbackError(f"no recent run {run_id!r} on this server (it keeps the last {self.capacity}); "
-                                    "send the run itself instead")
+                raise FeedbackError(
+                    f"no recent run {run_id!r} on this server (it keeps the last {self.capacity}); "
+                    "send the run itself instead"
+                )
             return self._runs[run_id]

@@ -1,4 +1,5 @@
 """Values made fit for strict JSON, for every layer that writes results out (the HTTP API, tuning logs)."""
+
 from __future__ import annotations
 
 import math

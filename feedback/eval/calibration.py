@@ -33,14 +33,15 @@ the online traces that were not stopped as test), so the page needs no extra mod
 
 The maths is plain numpy, small functions, each tested against hand-computed values.
 """
+
 from __future__ import annotations
 
 import math
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -48,13 +49,30 @@ from feedback.core.bounds import Bound
 from feedback.core.budget import Budget, dtype_bytes, generation_memory_mb
 from feedback.core.engine import start_run
 from feedback.core.model import LoadedModel
-from feedback.core.records import (DEEPCONF_K, DEEPCONF_WINDOW, MAX_NEW_TOKENS_CAP, MAX_PROMPT_CHARS, MAX_ROWS, SEED,
-                                   DeepConfConfig, RowResult, RowSpec, RunConfig, answer_text)
+from feedback.core.records import (
+    DEEPCONF_K,
+    DEEPCONF_WINDOW,
+    MAX_NEW_TOKENS_CAP,
+    MAX_PROMPT_CHARS,
+    MAX_ROWS,
+    SEED,
+    DeepConfConfig,
+    RowResult,
+    RowSpec,
+    RunConfig,
+    answer_text,
+)
 from feedback.core.sampling import SamplingConfig
 from feedback.errors import FeedbackError, Stopped, check_stop
 from feedback.eval.deepthink import SIDES, load_questions
 from feedback.eval.qa import BUILTIN_QUESTIONS
-from feedback.eval.voting import answer_matches, calibrate_threshold, check_eta, compile_answer_regex, extract_answer
+from feedback.eval.voting import (
+    answer_matches,
+    calibrate_threshold,
+    check_eta,
+    compile_answer_regex,
+    extract_answer,
+)
 from feedback.strategies import build_strategy
 
 MEASURES = {
@@ -71,22 +89,22 @@ MIN_PER_CLASS = 2
 Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 ECE_RESAMPLES, ECE_SEED = 1000, 0
 METRICS = {
-    "auroc": "AUROC of the raw measure for correctness: the chance a right trace scores higher than a wrong one "
-             "(0.5 = no signal, 1 = perfect ranking)",
+    "auroc": "AUROC of the raw measure for correctness: the chance a right trace scores higher than a "
+    "wrong one (0.5 = no signal, 1 = perfect ranking)",
     "auroc_ci95": "95% CI of the AUROC: a score interval on Hanley & McNeil's variance (every AUROC whose "
-                  "±1.96 standard errors reach the estimate); null when too_few",
+    "±1.96 standard errors reach the estimate); null when too_few",
     "ece": "expected calibration error of the Platt-scaled confidence on test, equal-width bins: "
-           "Σ (bin share) × |bin accuracy − bin mean confidence| (0 = calibrated)",
-    "ece_ci95": f"95% CI of the ECE: percentile bootstrap over the test traces (Platt fit fixed; {ECE_RESAMPLES} "
-                f"resamples, seed {ECE_SEED}), widened to hold the ECE itself; null when too_few",
+    "Σ (bin share) × |bin accuracy − bin mean confidence| (0 = calibrated)",
+    "ece_ci95": "95% CI of the ECE: percentile bootstrap over the test traces (Platt fit fixed; "
+    f"{ECE_RESAMPLES} resamples, seed {ECE_SEED}), widened to hold the ECE itself; null when too_few",
     "too_few": f"why the test traces are too few to judge the measure by (fewer than {MIN_JUDGED_TRACES}, or "
-               f"fewer than {MIN_PER_CLASS} right or {MIN_PER_CLASS} wrong ones), with the count; null when enough",
+    f"fewer than {MIN_PER_CLASS} right or {MIN_PER_CLASS} wrong ones), with the count; null when enough",
     "adaptive_ece": "the same over equal-mass bins (each bin holds as many traces)",
     "brier": "Brier score of the Platt-scaled confidence on test: mean (p − right)² (lower is better)",
-    "brier_base_rate": "Brier score of predicting the dev accuracy for every test trace: a measure worth having "
-                       "has a lower Brier score than this",
+    "brier_base_rate": "Brier score of predicting the dev accuracy for every test trace: a measure worth "
+    "having has a lower Brier score than this",
     "uncalibrated_minmax_ece": "ECE of the raw measure min–max scaled to [0, 1] over the dev range: not a "
-                               "probability, uncalibrated; for comparison only",
+    "probability, uncalibrated; for comparison only",
 }
 DEFAULT_BINS = 10
 BINS = Bound("bins", 2, 100, integer=True)
@@ -97,6 +115,7 @@ SPLIT_RULE = "dev: questions at even positions (0, 2, 4, ...); test: odd positio
 
 
 # ---------------------------------------------------------------- the maths (numpy, no fitting library)
+
 
 def _labels(y) -> np.ndarray:
     y = np.asarray(y, dtype=float).reshape(-1)
@@ -124,8 +143,13 @@ def _probabilities(p, y) -> tuple[np.ndarray, np.ndarray]:
 
 def _bin(p: np.ndarray, y: np.ndarray, lo: float, hi: float) -> dict:
     n = len(p)
-    return {"lo": lo, "hi": hi, "count": n, "confidence": float(p.mean()) if n else None,
-            "accuracy": float(y.mean()) if n else None}
+    return {
+        "lo": lo,
+        "hi": hi,
+        "count": n,
+        "confidence": float(p.mean()) if n else None,
+        "accuracy": float(y.mean()) if n else None,
+    }
 
 
 def reliability_bins(p, y, bins: int = DEFAULT_BINS) -> list[dict]:
@@ -147,7 +171,10 @@ def equal_mass_bins(p, y, bins: int = DEFAULT_BINS) -> list[dict]:
     if len(p) == 0:
         return []
     order = np.argsort(p, kind="stable")
-    return [_bin(p[g], y[g], float(p[g].min()), float(p[g].max())) for g in np.array_split(order, min(bins, len(p)))]
+    return [
+        _bin(p[g], y[g], float(p[g].min()), float(p[g].max()))
+        for g in np.array_split(order, min(bins, len(p)))
+    ]
 
 
 def _gap(table: list[dict]) -> float | None:
@@ -202,10 +229,15 @@ def too_few(y) -> str | None:
     y = _labels(y)
     n, right = len(y), int(y.sum())
     if n < MIN_JUDGED_TRACES:
-        return f"too few traces to judge: {n} test trace{'s' if n != 1 else ''} (at least {MIN_JUDGED_TRACES} needed)"
+        return (
+            f"too few traces to judge: {n} test trace{'s' if n != 1 else ''} "
+            f"(at least {MIN_JUDGED_TRACES} needed)"
+        )
     if min(right, n - right) < MIN_PER_CLASS:
-        return (f"too few traces to judge: {n} test traces, {right} right and {n - right} wrong (at least "
-                f"{MIN_PER_CLASS} of each needed)")
+        return (
+            f"too few traces to judge: {n} test traces, {right} right and {n - right} wrong (at least "
+            f"{MIN_PER_CLASS} of each needed)"
+        )
     return None
 
 
@@ -227,13 +259,14 @@ def auroc_interval(scores, y) -> tuple[float, float] | None:
     est = auroc(x, y)
     n1 = int(y.sum())
     grid = np.linspace(0.0, 1.0, 10_001)
-    inside = grid[(grid - est) ** 2 <= Z95 ** 2 * _auroc_variance(grid, n1, len(y) - n1)]
+    inside = grid[(grid - est) ** 2 <= Z95**2 * _auroc_variance(grid, n1, len(y) - n1)]
     lo, hi = (inside.min(), inside.max()) if inside.size else (est, est)
     return float(min(lo, est)), float(max(hi, est))
 
 
-def ece_interval(p, y, bins: int = DEFAULT_BINS, resamples: int = ECE_RESAMPLES,
-                 seed: int = ECE_SEED) -> tuple[float, float] | None:
+def ece_interval(
+    p, y, bins: int = DEFAULT_BINS, resamples: int = ECE_RESAMPLES, seed: int = ECE_SEED
+) -> tuple[float, float] | None:
     """95% CI of `ece(p, y, bins)`: the 2.5th and 97.5th percentiles of the ECE over `resamples`
     bootstrap resamples of the traces (with a fixed seed, so a report is reproducible), widened to
     hold the ECE itself (a resample's ECE is biased up, so the percentiles can sit above a small
@@ -247,7 +280,9 @@ def ece_interval(p, y, bins: int = DEFAULT_BINS, resamples: int = ECE_RESAMPLES,
     index = np.minimum(np.floor(p * bins).astype(int), bins - 1)
     # ECE = Σ_b |Σ_{i in b} (y_i - p_i)| / n: one weighted count per (resample, bin)
     cell = (np.arange(resamples)[:, None] * bins + index[picks]).ravel()
-    gaps = np.bincount(cell, weights=(y - p)[picks].ravel(), minlength=resamples * bins).reshape(resamples, bins)
+    gaps = np.bincount(cell, weights=(y - p)[picks].ravel(), minlength=resamples * bins).reshape(
+        resamples, bins
+    )
     lo, hi = np.percentile(np.abs(gaps).sum(axis=1) / n, [2.5, 97.5])
     est = ece(p, y, bins)
     return float(min(lo, est)), float(max(hi, est))
@@ -341,16 +376,25 @@ def kept_by_threshold(lowest, correct, threshold: float) -> dict:
     x, y = _scores(lowest, correct)
     kept = x >= threshold
     n, k = len(x), int(kept.sum())
-    return {"traces": n, "kept": k, "kept_share": k / n if n else None,
-            "accuracy_all": float(y.mean()) if n else None, "accuracy_kept": float(y[kept].mean()) if k else None}
+    return {
+        "traces": n,
+        "kept": k,
+        "kept_share": k / n if n else None,
+        "accuracy_all": float(y.mean()) if n else None,
+        "accuracy_kept": float(y[kept].mean()) if k else None,
+    }
 
 
 # ---------------------------------------------------------------- per row: every number of the report
 
+
 def _values(traces: list[dict], measure: str) -> tuple[np.ndarray, np.ndarray]:
     """A measure and the correctness of the traces that have it (an empty trace has none)."""
     have = [t for t in traces if t.get(measure) is not None and math.isfinite(t[measure])]
-    return (np.array([t[measure] for t in have], dtype=float), np.array([bool(t["correct"]) for t in have], dtype=float))
+    return (
+        np.array([t[measure] for t in have], dtype=float),
+        np.array([bool(t["correct"]) for t in have], dtype=float),
+    )
 
 
 def _accuracy(traces: list[dict]) -> float | None:
@@ -366,19 +410,36 @@ def measure_report(dev_x, dev_y, test_x, test_y, bins: int = DEFAULT_BINS) -> di
     test_x, test_y = _scores(test_x, test_y)
     platt = fit_platt(dev_x, dev_y) if len(dev_x) else None
     dev_accuracy = float(dev_y.mean()) if len(dev_y) else None
-    test = {"traces": len(test_x), "accuracy": float(test_y.mean()) if len(test_y) else None,
-            "auroc": auroc(test_x, test_y), "auroc_ci95": _pair(auroc_interval(test_x, test_y)),
-            "too_few": too_few(test_y), "ece": None, "ece_ci95": None, "adaptive_ece": None, "brier": None,
-            "brier_base_rate": None, "reliability": [], "uncalibrated_minmax_ece": None}
+    test = {
+        "traces": len(test_x),
+        "accuracy": float(test_y.mean()) if len(test_y) else None,
+        "auroc": auroc(test_x, test_y),
+        "auroc_ci95": _pair(auroc_interval(test_x, test_y)),
+        "too_few": too_few(test_y),
+        "ece": None,
+        "ece_ci95": None,
+        "adaptive_ece": None,
+        "brier": None,
+        "brier_base_rate": None,
+        "reliability": [],
+        "uncalibrated_minmax_ece": None,
+    }
     if platt is not None and len(test_x):
         p = platt(test_x)
-        test |= {"ece": ece(p, test_y, bins), "ece_ci95": _pair(ece_interval(p, test_y, bins)),
-                 "adaptive_ece": adaptive_ece(p, test_y, bins), "brier": brier(p, test_y),
-                 "brier_base_rate": brier(np.full(len(test_y), dev_accuracy), test_y),
-                 "reliability": reliability_bins(p, test_y, bins),
-                 "uncalibrated_minmax_ece": ece(minmax_scale(test_x, dev_x.min(), dev_x.max()), test_y, bins)}
-    return {"platt": None if platt is None else {"a": platt.a, "b": platt.b},
-            "dev": {"traces": len(dev_x), "accuracy": dev_accuracy, "auroc": auroc(dev_x, dev_y)}, "test": test}
+        test |= {
+            "ece": ece(p, test_y, bins),
+            "ece_ci95": _pair(ece_interval(p, test_y, bins)),
+            "adaptive_ece": adaptive_ece(p, test_y, bins),
+            "brier": brier(p, test_y),
+            "brier_base_rate": brier(np.full(len(test_y), dev_accuracy), test_y),
+            "reliability": reliability_bins(p, test_y, bins),
+            "uncalibrated_minmax_ece": ece(minmax_scale(test_x, dev_x.min(), dev_x.max()), test_y, bins),
+        }
+    return {
+        "platt": None if platt is None else {"a": platt.a, "b": platt.b},
+        "dev": {"traces": len(dev_x), "accuracy": dev_accuracy, "auroc": auroc(dev_x, dev_y)},
+        "test": test,
+    }
 
 
 def threshold_report(dev: list[dict], test: list[dict], eta: float, threshold: float | None = None) -> dict:
@@ -402,8 +463,13 @@ def threshold_report(dev: list[dict], test: list[dict], eta: float, threshold: f
             kept, right = kept + int(mask.sum()), right + int(y[mask].sum())
             total, right_all = total + len(x), right_all + int(y.sum())
     if total:
-        out["per_question_dev"] = {"traces": total, "kept": kept, "kept_share": kept / total,
-                                   "accuracy_all": right_all / total, "accuracy_kept": right / kept if kept else None}
+        out["per_question_dev"] = {
+            "traces": total,
+            "kept": kept,
+            "kept_share": kept / total,
+            "accuracy_all": right_all / total,
+            "accuracy_kept": right / kept if kept else None,
+        }
     return out
 
 
@@ -413,8 +479,12 @@ def side_too_few(side: dict) -> str | None:
     return next((m["test"]["too_few"] for m in side["measures"].values() if m["test"]["too_few"]), None)
 
 
-def summarise(traces: list[dict], etas: Sequence[float], bins: int = DEFAULT_BINS,
-              thresholds: dict[str, float] | None = None) -> dict:
+def summarise(
+    traces: list[dict],
+    etas: Sequence[float],
+    bins: int = DEFAULT_BINS,
+    thresholds: dict[str, float] | None = None,
+) -> dict:
     """Per side: traces and accuracy per split, every measure's `measure_report`, and each η's
     `threshold_report`. `traces`: dicts with side, split ("dev"/"test"), question, correct and the
     measures. `thresholds`: a side's threshold to report instead of calibrating one (used for
@@ -429,13 +499,17 @@ def summarise(traces: list[dict], etas: Sequence[float], bins: int = DEFAULT_BIN
             tx, ty = _values(test, m)
             measures[m] = measure_report(dx, dy, tx, ty, bins)
         given = (thresholds or {}).get(side)
-        out[side] = {"traces": {"dev": len(dev), "test": len(test)},
-                     "accuracy": {"dev": _accuracy(dev), "test": _accuracy(test)}, "measures": measures,
-                     "thresholds": [threshold_report(dev, test, eta, given) for eta in etas]}
+        out[side] = {
+            "traces": {"dev": len(dev), "test": len(test)},
+            "accuracy": {"dev": _accuracy(dev), "test": _accuracy(test)},
+            "measures": measures,
+            "thresholds": [threshold_report(dev, test, eta, given) for eta in etas],
+        }
     return out
 
 
 # ---------------------------------------------------------------- sampling traces through the engine
+
 
 @dataclass
 class CalibrationConfig:
@@ -448,7 +522,9 @@ class CalibrationConfig:
     seed: int = 0
     window: int = 16  # DeepConf group window: short answers need a short one, or every measure is the mean
     k: int = 20
-    etas: list[float] = field(default_factory=lambda: [10.0, 90.0])  # η: share of traces an early stop keeps, %
+    etas: list[float] = field(
+        default_factory=lambda: [10.0, 90.0]
+    )  # η: share of traces an early stop keeps, %
     bins: int = DEFAULT_BINS
     answer_regex: str | None = None
     chat_template: bool = True
@@ -458,8 +534,9 @@ class CalibrationConfig:
         SAMPLES.check(self.samples)
         BINS.check(self.bins)
         if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_CAP:
-            raise FeedbackError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS_CAP}], "
-                                f"got {self.max_new_tokens!r}")
+            raise FeedbackError(
+                f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS_CAP}], got {self.max_new_tokens!r}"
+            )
         SEED.check(self.seed)
         DEEPCONF_K.check(self.k)
         DEEPCONF_WINDOW.check(self.window)
@@ -472,8 +549,10 @@ class CalibrationConfig:
         build_strategy(self.strategy, self.params, num_layers)
         warnings = []
         if self.window > self.max_new_tokens:
-            warnings.append(f"window {self.window} > max_new_tokens {self.max_new_tokens}: every trace is shorter "
-                            "than the window, so its lowest and bottom-10% group confidences are its mean")
+            warnings.append(
+                f"window {self.window} > max_new_tokens {self.max_new_tokens}: every trace is shorter "
+                "than the window, so its lowest and bottom-10% group confidences are its mean"
+            )
         if self.temperature == 0 and self.samples > 1:
             warnings.append("temperature 0 is greedy: every sample of a question is the same trace")
         return warnings
@@ -491,8 +570,10 @@ def read_questions(source: str | Path | None) -> list[dict]:
 
 def check_questions(questions: list[dict]) -> list[dict]:
     if not isinstance(questions, list) or len(questions) < MIN_QUESTIONS:
-        raise FeedbackError(f"calibration needs at least {MIN_QUESTIONS} questions (one dev, one test), "
-                            f"got {len(questions) if isinstance(questions, list) else questions!r}")
+        raise FeedbackError(
+            f"calibration needs at least {MIN_QUESTIONS} questions (one dev, one test), "
+            f"got {len(questions) if isinstance(questions, list) else questions!r}"
+        )
     for n, q in enumerate(questions, start=1):
         if not isinstance(q, dict) or not isinstance(q.get("question"), str) or not q["question"].strip():
             raise FeedbackError(f"question {n} needs a non-empty 'question' text")
@@ -514,8 +595,10 @@ def prompt_tokens(lm: LoadedModel, questions: list[dict], cfg: CalibrationConfig
     for n, q in enumerate(questions, start=1):
         size = len(lm.encode(q["question"], cfg.chat_template))
         if size + cfg.max_new_tokens > lm.context_length:
-            raise FeedbackError(f"question {n} is {size} tokens; with max_new_tokens={cfg.max_new_tokens} it "
-                                f"exceeds the model context of {lm.context_length} tokens")
+            raise FeedbackError(
+                f"question {n} is {size} tokens; with max_new_tokens={cfg.max_new_tokens} it "
+                f"exceeds the model context of {lm.context_length} tokens"
+            )
         longest = max(longest, size)
     return longest
 
@@ -530,28 +613,46 @@ def check_budget(lm: LoadedModel, questions: list[dict], cfg: CalibrationConfig,
     """Refuse, before any work, a calibration the budget does not allow: every trace's tokens, and
     the memory of one question's run (both rows' samples at once, the longest question)."""
     rows = len(SIDES) * cfg.samples
-    budget.check_decoding(decoded_tokens(len(questions), cfg),
-                          f"{len(questions)} questions x {len(SIDES)} rows x {cfg.samples} samples x "
-                          f"{cfg.max_new_tokens} new tokens")
+    budget.check_decoding(
+        decoded_tokens(len(questions), cfg),
+        f"{len(questions)} questions x {len(SIDES)} rows x {cfg.samples} samples x "
+        f"{cfg.max_new_tokens} new tokens",
+    )
     prompt = prompt_tokens(lm, questions, cfg)
-    budget.check_memory(generation_memory_mb(lm.model.config, dtype_bytes(lm.dtype), rows, prompt, cfg.max_new_tokens),
-                        f"{rows} traces at once, {prompt} prompt + {cfg.max_new_tokens} new tokens")
+    budget.check_memory(
+        generation_memory_mb(lm.model.config, dtype_bytes(lm.dtype), rows, prompt, cfg.max_new_tokens),
+        f"{rows} traces at once, {prompt} prompt + {cfg.max_new_tokens} new tokens",
+    )
 
 
 def _rows(cfg: CalibrationConfig) -> list[RowSpec]:
     """Both rows' samples; sample i of each row shares a seed (common random numbers)."""
-    return [RowSpec(f"{side}-{i}", cfg.strategy if side == "feedback" else None,
-                    dict(cfg.params) if side == "feedback" else {}, seed_offset=i)
-            for side in SIDES for i in range(cfg.samples)]
+    return [
+        RowSpec(
+            f"{side}-{i}",
+            cfg.strategy if side == "feedback" else None,
+            dict(cfg.params) if side == "feedback" else {},
+            seed_offset=i,
+        )
+        for side in SIDES
+        for i in range(cfg.samples)
+    ]
 
 
-def sample_question(lm: LoadedModel, question: str, cfg: CalibrationConfig,
-                    stop: threading.Event | None = None) -> list[RowResult]:
+def sample_question(
+    lm: LoadedModel, question: str, cfg: CalibrationConfig, stop: threading.Event | None = None
+) -> list[RowResult]:
     """One engine run: `samples` traces of the question per row, run to their end."""
-    run_cfg = RunConfig(prompt=question, model=lm.name, chat_template=cfg.chat_template,
-                        max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                        sampling=SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p),
-                        deepconf=DeepConfConfig(cfg.k, cfg.window, None), rows=_rows(cfg))
+    run_cfg = RunConfig(
+        prompt=question,
+        model=lm.name,
+        chat_template=cfg.chat_template,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        sampling=SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p),
+        deepconf=DeepConfConfig(cfg.k, cfg.window, None),
+        rows=_rows(cfg),
+    )
     run = start_run(lm, run_cfg, stop_event=stop)
     for _ in run:
         pass
@@ -565,15 +666,29 @@ def judge(row: RowResult, index: int, question: dict, pattern=None) -> dict:
     answer = extract_answer(answer_text(row), pattern, question["question"])
     side, _, sample = row.name.rpartition("-")
     m = row.metrics
-    return {"question": index, "split": split_of(index), "side": side, "sample": int(sample), "answer": answer,
-            "gold": str(question["answer"]), "correct": bool(answer_matches(answer, str(question["answer"]))),
-            "tokens": len(row.token_ids), "stop_reason": row.stop_reason, **{k: m.get(k) for k in MEASURES},
-            "text": row.text}
+    return {
+        "question": index,
+        "split": split_of(index),
+        "side": side,
+        "sample": int(sample),
+        "answer": answer,
+        "gold": str(question["answer"]),
+        "correct": bool(answer_matches(answer, str(question["answer"]))),
+        "tokens": len(row.token_ids),
+        "stop_reason": row.stop_reason,
+        **{k: m.get(k) for k in MEASURES},
+        "text": row.text,
+    }
 
 
-def calibrate(lm: LoadedModel, questions: list[dict], cfg: CalibrationConfig,
-              progress: Callable[[int, int, str], None] | None = None, stop: threading.Event | None = None,
-              budget: Budget | None = None) -> dict:
+def calibrate(
+    lm: LoadedModel,
+    questions: list[dict],
+    cfg: CalibrationConfig,
+    progress: Callable[[int, int, str], None] | None = None,
+    stop: threading.Event | None = None,
+    budget: Budget | None = None,
+) -> dict:
     """Sample, judge and summarise (see the module's docstring); a JSON-serialisable report with every
     trace. `progress(done, total, question)` hears of each question; setting `stop` ends the work
     within a decode step (raising `Stopped`); with `budget`, a job it does not allow is refused first."""
@@ -590,11 +705,19 @@ def calibrate(lm: LoadedModel, questions: list[dict], cfg: CalibrationConfig,
         traces += [judge(row, i, q, pattern) for row in sample_question(lm, q["question"], cfg, stop)]
         if progress:
             progress(i + 1, len(questions), q["question"])
-    return {"config": asdict(cfg), "model": lm.name, "dtype": lm.dtype, "warnings": warnings,
-            "questions": len(questions), "split": {"rule": SPLIT_RULE, "dev": len(questions[::2]),
-                                                   "test": len(questions[1::2])},
-            "measures": MEASURES, "metrics": METRICS, "sides": summarise(traces, cfg.etas, cfg.bins),
-            "traces": traces, "wall_seconds": time.perf_counter() - started}
+    return {
+        "config": asdict(cfg),
+        "model": lm.name,
+        "dtype": lm.dtype,
+        "warnings": warnings,
+        "questions": len(questions),
+        "split": {"rule": SPLIT_RULE, "dev": len(questions[::2]), "test": len(questions[1::2])},
+        "measures": MEASURES,
+        "metrics": METRICS,
+        "sides": summarise(traces, cfg.etas, cfg.bins),
+        "traces": traces,
+        "wall_seconds": time.perf_counter() - started,
+    }
 
 
 def from_deep_think(report: dict, bins: int = DEFAULT_BINS) -> dict | None:
@@ -611,8 +734,21 @@ def from_deep_think(report: dict, bins: int = DEFAULT_BINS) -> dict | None:
             if t["phase"] != "warmup" and t["stopped"]:
                 skipped[side] += 1
                 continue
-            traces.append({"side": side, "question": 0, "split": "dev" if t["phase"] == "warmup" else "test",
-                           "correct": bool(t["correct"]), **{k: t.get(k) for k in MEASURES}})
+            traces.append(
+                {
+                    "side": side,
+                    "question": 0,
+                    "split": "dev" if t["phase"] == "warmup" else "test",
+                    "correct": bool(t["correct"]),
+                    **{k: t.get(k) for k in MEASURES},
+                }
+            )
     eta = report["config"]["eta"]
-    return {"expected": expected, "eta": eta, "stopped_left_out": skipped, "measures": MEASURES, "metrics": METRICS,
-            "sides": summarise(traces, [eta], bins, thresholds=report.get("thresholds"))}
+    return {
+        "expected": expected,
+        "eta": eta,
+        "stopped_left_out": skipped,
+        "measures": MEASURES,
+        "metrics": METRICS,
+        "sides": summarise(traces, [eta], bins, thresholds=report.get("thresholds")),
+    }

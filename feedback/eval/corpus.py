@@ -1,5 +1,6 @@
 """Evaluation texts: the built-in corpus (CPython's Python Language Reference topics, with a fixed
 dev/test split by topic name), a .txt file, a JSONL file with a `text` field, or a folder of .txt."""
+
 from __future__ import annotations
 
 import hashlib

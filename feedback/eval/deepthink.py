@@ -12,6 +12,7 @@ Tokens spent count every generated token, stopped traces included. Tokens saved 
 difference; otherwise they are reported as an upper bound (each stopped trace run to the end).
 Baseline and feedback trace i share a seed (common random numbers).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,15 @@ from feedback.core.model import LoadedModel
 from feedback.core.records import DeepConfConfig, RowResult, RowSpec, RunConfig, answer_text
 from feedback.core.sampling import SamplingConfig
 from feedback.errors import FeedbackError, Stopped
-from feedback.eval.voting import (Trace, answer_matches, calibrate_threshold, check_eta, compile_answer_regex,
-                                  extract_answer, vote)
+from feedback.eval.voting import (
+    Trace,
+    answer_matches,
+    calibrate_threshold,
+    check_eta,
+    compile_answer_regex,
+    extract_answer,
+    vote,
+)
 from feedback.strategies import build_strategy
 
 MAX_TRACES = 64
@@ -36,7 +44,7 @@ SIDES = ("baseline", "feedback")
 # What each vote means, for reports and the UI.
 VOTE_KINDS = {
     "lowest_group": "DeepConf's answer: the traces kept (top η% by lowest group confidence, stopped ones "
-                    "excluded) vote with that confidence as weight",
+    "excluded) vote with that confidence as weight",
     "majority": "one vote per trace that was not stopped, confidence ignored",
     "tail": "like DeepConf's answer, but weighted by the mean confidence of each trace's last window",
 }
@@ -73,8 +81,10 @@ class DeepThinkConfig:
         build_strategy(self.strategy, self.params, num_layers)
         warnings = []
         if self.window > self.max_new_tokens:
-            warnings.append(f"window {self.window} > max_new_tokens {self.max_new_tokens}: no trace can fill its "
-                            "window, so no early stop can happen")
+            warnings.append(
+                f"window {self.window} > max_new_tokens {self.max_new_tokens}: no trace can fill its "
+                "window, so no early stop can happen"
+            )
         return warnings
 
 
@@ -83,8 +93,16 @@ def _rows(cfg: DeepThinkConfig, n: int, offset: int, thresholds: dict[str, float
     for side in SIDES:
         strategy = cfg.strategy if side == "feedback" else None
         params = dict(cfg.params) if side == "feedback" else {}
-        rows += [RowSpec(f"{side}-{offset + i}", strategy, params, seed_offset=offset + i,
-                         threshold=thresholds.get(side)) for i in range(n)]
+        rows += [
+            RowSpec(
+                f"{side}-{offset + i}",
+                strategy,
+                params,
+                seed_offset=offset + i,
+                threshold=thresholds.get(side),
+            )
+            for i in range(n)
+        ]
     return rows
 
 
@@ -92,27 +110,45 @@ def check_budget(lm: LoadedModel, cfg: DeepThinkConfig, budget: Budget, warm_up_
     """Refuse, before any work, a Deep Think (or its warm-up alone) the budget does not allow: all
     its traces' tokens, and the memory of its largest batched run."""
     per_side = cfg.warmup if warm_up_only else cfg.warmup + cfg.traces + (cfg.traces if cfg.check else 0)
-    budget.check_decoding(2 * per_side * cfg.max_new_tokens,
-                          f"2 sides x {per_side} traces x {cfg.max_new_tokens} new tokens")
+    budget.check_decoding(
+        2 * per_side * cfg.max_new_tokens, f"2 sides x {per_side} traces x {cfg.max_new_tokens} new tokens"
+    )
     prompt = len(lm.encode(cfg.prompt, cfg.chat_template))
     rows = 2 * (cfg.warmup if warm_up_only else max(cfg.warmup, cfg.traces))
-    budget.check_memory(generation_memory_mb(lm.model.config, dtype_bytes(lm.dtype), rows, prompt, cfg.max_new_tokens),
-                        f"{rows} traces at once, {prompt} prompt + {cfg.max_new_tokens} new tokens")
+    budget.check_memory(
+        generation_memory_mb(lm.model.config, dtype_bytes(lm.dtype), rows, prompt, cfg.max_new_tokens),
+        f"{rows} traces at once, {prompt} prompt + {cfg.max_new_tokens} new tokens",
+    )
 
 
-def _run(lm: LoadedModel, cfg: DeepThinkConfig, rows: list[RowSpec], stop: threading.Event | None = None,
-         progress=None, phase: str = "") -> list[RowResult]:
+def _run(
+    lm: LoadedModel,
+    cfg: DeepThinkConfig,
+    rows: list[RowSpec],
+    stop: threading.Event | None = None,
+    progress=None,
+    phase: str = "",
+) -> list[RowResult]:
     """One batched engine run of these traces; `progress(message)` hears of every decode step.
     Raises `Stopped` when `stop` is set (within one decode step)."""
-    run_cfg = RunConfig(prompt=cfg.prompt, model=lm.name, chat_template=cfg.chat_template,
-                        max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                        sampling=SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p),
-                        deepconf=DeepConfConfig(cfg.k, cfg.window, None), rows=rows)
+    run_cfg = RunConfig(
+        prompt=cfg.prompt,
+        model=lm.name,
+        chat_template=cfg.chat_template,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        sampling=SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p),
+        deepconf=DeepConfConfig(cfg.k, cfg.window, None),
+        rows=rows,
+    )
     run = start_run(lm, run_cfg, stop_event=stop)
     for event in run:
         if progress:
             live = len(rows) - sum(r.stop_reason is not None for r in run.result.rows)
-            progress(f"{phase}: step {event.step + 1} of {cfg.max_new_tokens}, {live} of {len(rows)} traces running")
+            progress(
+                f"{phase}: step {event.step + 1} of {cfg.max_new_tokens}, "
+                f"{live} of {len(rows)} traces running"
+            )
     if stop is not None and stop.is_set():
         raise Stopped(f"Deep Think was stopped during the {phase or 'run'}")
     return run.result.rows
@@ -122,29 +158,52 @@ def _trace(row: RowResult, pattern, phase: str, cfg: DeepThinkConfig) -> dict:
     m = row.metrics
     stopped = row.stop_reason == "early_stop"
     answer = extract_answer(answer_text(row), pattern, cfg.prompt)  # a restate trace: after its restatement
-    return {"name": row.name, "phase": phase, "text": row.text, "answer": answer,
-            "correct": answer_matches(answer, cfg.expected),
-            "stopped": stopped, "excluded": stopped, "stop_reason": row.stop_reason, "stop_step": row.stop_step,
-            "tokens": len(row.token_ids), "lowest_group": m.get("lowest_group"), "tail": m.get("tail"),
-            "mean": m.get("mean"), "bottom10_group": m.get("bottom10_group"),
-            "group_confidence": [s.group_confidence for s in row.steps]}
+    return {
+        "name": row.name,
+        "phase": phase,
+        "text": row.text,
+        "answer": answer,
+        "correct": answer_matches(answer, cfg.expected),
+        "stopped": stopped,
+        "excluded": stopped,
+        "stop_reason": row.stop_reason,
+        "stop_step": row.stop_step,
+        "tokens": len(row.token_ids),
+        "lowest_group": m.get("lowest_group"),
+        "tail": m.get("tail"),
+        "mean": m.get("mean"),
+        "bottom10_group": m.get("bottom10_group"),
+        "group_confidence": [s.group_confidence for s in row.steps],
+    }
 
 
 def _as_vote_trace(t: dict) -> Trace:
     nan = math.nan
-    return Trace(t["answer"], t["excluded"], t["tokens"], t["lowest_group"] if t["lowest_group"] is not None else nan,
-                 t["tail"] if t["tail"] is not None else nan)
+    return Trace(
+        t["answer"],
+        t["excluded"],
+        t["tokens"],
+        t["lowest_group"] if t["lowest_group"] is not None else nan,
+        t["tail"] if t["tail"] is not None else nan,
+    )
 
 
-def warm_up(lm: LoadedModel, cfg: DeepThinkConfig, stop: threading.Event | None = None,
-            progress=None, budget: Budget | None = None) -> tuple[dict, dict, dict]:
+def warm_up(
+    lm: LoadedModel,
+    cfg: DeepThinkConfig,
+    stop: threading.Event | None = None,
+    progress=None,
+    budget: Budget | None = None,
+) -> tuple[dict, dict, dict]:
     """Warm-up traces per side (never stopped), their lowest group confidences, and the thresholds."""
     pattern = compile_answer_regex(cfg.answer_regex)
     if budget is not None:
         check_budget(lm, cfg, budget, warm_up_only=True)
     warm_rows = _run(lm, cfg, _rows(cfg, cfg.warmup, 0, {}), stop, progress, "warm-up")
-    warm = {side: [_trace(r, pattern, "warmup", cfg) for r in warm_rows if r.name.startswith(side)]
-            for side in SIDES}
+    warm = {
+        side: [_trace(r, pattern, "warmup", cfg) for r in warm_rows if r.name.startswith(side)]
+        for side in SIDES
+    }
     lows = {side: [t["lowest_group"] for t in warm[side] if t["lowest_group"] is not None] for side in SIDES}
     if cfg.shared_threshold:
         shared = calibrate_threshold(lows["baseline"] + lows["feedback"], cfg.eta)
@@ -154,8 +213,13 @@ def warm_up(lm: LoadedModel, cfg: DeepThinkConfig, stop: threading.Event | None 
     return warm, lows, thresholds
 
 
-def deep_think(lm: LoadedModel, cfg: DeepThinkConfig, progress=None, stop: threading.Event | None = None,
-               budget: Budget | None = None) -> dict:
+def deep_think(
+    lm: LoadedModel,
+    cfg: DeepThinkConfig,
+    progress=None,
+    stop: threading.Event | None = None,
+    budget: Budget | None = None,
+) -> dict:
     """Warm-up, calibrate, run online with early stop, vote; a JSON-serialisable report per side.
     `progress(message)` hears of each phase and decode step; setting `stop` ends it (raising
     `Stopped`) within one decode step. With `budget`, a run it does not allow is refused first."""
@@ -167,26 +231,44 @@ def deep_think(lm: LoadedModel, cfg: DeepThinkConfig, progress=None, stop: threa
     warm, lows, thresholds = warm_up(lm, cfg, stop, progress)
     phase = "online (thresholds " + ", ".join(f"{side} {thresholds[side]:.2f}" for side in SIDES) + ")"
     online_rows = _run(lm, cfg, _rows(cfg, cfg.traces, cfg.warmup, thresholds), stop, progress, phase)
-    online = {side: [_trace(r, pattern, "online", cfg) for r in online_rows if r.name.startswith(side)]
-              for side in SIDES}
+    online = {
+        side: [_trace(r, pattern, "online", cfg) for r in online_rows if r.name.startswith(side)]
+        for side in SIDES
+    }
 
     full_lengths: dict[str, int] = {}
     if cfg.check:  # same seeds, no threshold: the stopped traces' full lengths
-        stopped = [r for r in _rows(cfg, cfg.traces, cfg.warmup, {})
-                   if any(t["name"] == r.name and t["stopped"] for side in SIDES for t in online[side])]
+        stopped = [
+            r
+            for r in _rows(cfg, cfg.traces, cfg.warmup, {})
+            if any(t["name"] == r.name and t["stopped"] for side in SIDES for t in online[side])
+        ]
         if stopped:
-            full_lengths = {r.name: len(r.token_ids)
-                            for r in _run(lm, cfg, stopped, stop, progress, "check: finishing the stopped traces")}
+            full_lengths = {
+                r.name: len(r.token_ids)
+                for r in _run(lm, cfg, stopped, stop, progress, "check: finishing the stopped traces")
+            }
 
-    report = {"config": asdict(cfg), "model": lm.name, "dtype": lm.dtype, "warnings": warnings,
-              "thresholds": thresholds, "sides": {}}
+    report = {
+        "config": asdict(cfg),
+        "model": lm.name,
+        "dtype": lm.dtype,
+        "warnings": warnings,
+        "thresholds": thresholds,
+        "sides": {},
+    }
     for side in SIDES:
         # warm-up traces below the threshold would have been stopped: they do not vote either
-        warm_votes = [t | {"excluded": t["lowest_group"] is not None and t["lowest_group"] < thresholds[side]}
-                      for t in warm[side]]
+        warm_votes = [
+            t | {"excluded": t["lowest_group"] is not None and t["lowest_group"] < thresholds[side]}
+            for t in warm[side]
+        ]
         voters = [_as_vote_trace(t) for t in warm_votes + online[side]]
-        votes = {"lowest_group": vote(voters, "lowest_group", cfg.eta), "majority": vote(voters),
-                 "tail": vote(voters, "tail", cfg.eta)}
+        votes = {
+            "lowest_group": vote(voters, "lowest_group", cfg.eta),
+            "majority": vote(voters),
+            "tail": vote(voters, "tail", cfg.eta),
+        }
         spent = sum(t["tokens"] for t in warm[side] + online[side])
         stopped = [t for t in online[side] if t["stopped"]]
         if cfg.check:
@@ -196,14 +278,22 @@ def deep_think(lm: LoadedModel, cfg: DeepThinkConfig, progress=None, stop: threa
             saved = sum(cfg.max_new_tokens - t["tokens"] for t in stopped)
             saved_method = "upper bound: each stopped trace counted as running to max_new_tokens"
         report["sides"][side] = {
-            "answer": votes["lowest_group"].answer, "share": votes["lowest_group"].share,
+            "answer": votes["lowest_group"].answer,
+            "share": votes["lowest_group"].share,
             "correct": answer_matches(votes["lowest_group"].answer, cfg.expected),
-            "votes": {name: asdict(v) | {"correct": answer_matches(v.answer, cfg.expected),
-                                         "meaning": VOTE_KINDS[name]} for name, v in votes.items()},
+            "votes": {
+                name: asdict(v)
+                | {"correct": answer_matches(v.answer, cfg.expected), "meaning": VOTE_KINDS[name]}
+                for name, v in votes.items()
+            },
             "single_trace_answer": online[side][0]["answer"] if online[side] else None,
-            "warmup_lowest_groups": lows[side], "threshold": thresholds[side],
-            "tokens_spent": spent, "tokens_saved": saved, "tokens_saved_method": saved_method,
-            "stopped": len(stopped), "traces": warm_votes + online[side],
+            "warmup_lowest_groups": lows[side],
+            "threshold": thresholds[side],
+            "tokens_spent": spent,
+            "tokens_saved": saved,
+            "tokens_saved_method": saved_method,
+            "stopped": len(stopped),
+            "traces": warm_votes + online[side],
         }
     report["wall_seconds"] = time.perf_counter() - started
     return report
@@ -232,8 +322,10 @@ def load_questions(path: str | Path) -> list[dict]:
 def accuracy(lm: LoadedModel, questions: list[dict], base: DeepThinkConfig, progress=None) -> dict:
     """Per side: accuracy of the single first trace, the majority vote and DeepConf's weighted vote,
     with tokens spent and saved, over a question set with gold answers."""
-    tallies = {side: {"single": 0, "majority": 0, "deepconf": 0, "tokens_spent": 0, "tokens_saved": 0}
-               for side in SIDES}
+    tallies = {
+        side: {"single": 0, "majority": 0, "deepconf": 0, "tokens_spent": 0, "tokens_saved": 0}
+        for side in SIDES
+    }
     items = []
     for i, q in enumerate(questions):
         gold = str(q["answer"])
@@ -242,8 +334,11 @@ def accuracy(lm: LoadedModel, questions: list[dict], base: DeepThinkConfig, prog
         item = {"question": q["question"], "gold": gold}
         for side in SIDES:
             s = rep["sides"][side]
-            got = {"single": s["single_trace_answer"], "majority": s["votes"]["majority"]["answer"],
-                   "deepconf": s["votes"]["lowest_group"]["answer"]}
+            got = {
+                "single": s["single_trace_answer"],
+                "majority": s["votes"]["majority"]["answer"],
+                "deepconf": s["votes"]["lowest_group"]["answer"],
+            }
             for method, answer in got.items():
                 tallies[side][method] += int(bool(answer_matches(answer, gold)))
             tallies[side]["tokens_spent"] += s["tokens_spent"]
@@ -253,6 +348,8 @@ def accuracy(lm: LoadedModel, questions: list[dict], base: DeepThinkConfig, prog
         if progress:
             progress(i + 1, len(questions), q["question"])
     n = len(questions)
-    summary = {side: {k: (v / n if k in ("single", "majority", "deepconf") else v) for k, v in t.items()}
-               for side, t in tallies.items()}
+    summary = {
+        side: {k: (v / n if k in ("single", "majority", "deepconf") else v) for k, v in t.items()}
+        for side, t in tallies.items()
+    }
     return {"questions": n, "accuracy": summary, "items": items, "config": asdict(base)}

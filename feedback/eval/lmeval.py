@@ -33,13 +33,15 @@ and `compare` pairs their per-document results: per metric the two values, the d
 95% interval (an exact conditional interval and McNemar's exact test on the discordant documents for
 0/1 metrics such as acc; a paired bootstrap over documents of the task's own aggregation otherwise).
 """
+
 from __future__ import annotations
 
 import contextlib
 import math
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,8 +50,14 @@ from lm_eval.api.registry import model_registry
 from tqdm import tqdm
 
 from feedback.core.engine import start_run
-from feedback.core.forward import (hooked_forward, window_logits_exact, window_logits_parallel, window_nll_chunked,
-                                   window_nll_exact, window_nll_parallel)
+from feedback.core.forward import (
+    hooked_forward,
+    window_logits_exact,
+    window_logits_parallel,
+    window_nll_chunked,
+    window_nll_exact,
+    window_nll_parallel,
+)
 from feedback.core.model import LoadedModel, load_model
 from feedback.core.records import MAX_ROWS, RowSpec, RunConfig, answer_text
 from feedback.core.sampling import SamplingConfig
@@ -58,30 +66,52 @@ from feedback.eval.perplexity import PPLConfig, windows
 from feedback.strategies import BatchView, Phase, PromptStrategy, build_strategy, get_strategy
 
 NAME = "feedback-lens"
-PARAM_PREFIX = "param_"  # model_args: param_alpha=0.2 is the strategy's alpha (names such as mode, window clash)
+PARAM_PREFIX = (
+    "param_"  # model_args: param_alpha=0.2 is the strategy's alpha (names such as mode, window clash)
+)
 DEFAULT_MAX_LENGTH = 2048  # lm-eval's HF default max_length (capped by the model's context)
 DEFAULT_BATCH = 8
-BATCH_TOKENS = 8192  # padded tokens per batched baseline forward at most (one long sequence alone may pass it)
+BATCH_TOKENS = (
+    8192  # padded tokens per batched baseline forward at most (one long sequence alone may pass it)
+)
 DEFAULT_GEN_TOKS = 256  # lm-eval's default max_gen_toks
 
 
 class FeedbackLM(TemplateLM):
     """The baseline (no `strategy`) or a feedback strategy as an lm-eval model (see the module)."""
 
-    def __init__(self, pretrained: str | None = None, model: str | None = None, strategy: str | None = None,
-                 params: dict | None = None, mode: str | None = None, passes: int = 3,
-                 max_length: int | None = None, window: int | None = None, stride: int | None = None,
-                 chunk: int = 512, batch_size: int | str | None = None, max_batch_size: int | None = None,
-                 device: str | None = None, dtype: str = "auto",
-                 max_gen_toks: int = DEFAULT_GEN_TOKS, seed: int = 0, prefix_token_id: int | None = None,
-                 trust_remote_code: bool = False, lm: LoadedModel | None = None, **extra: Any):
+    def __init__(
+        self,
+        pretrained: str | None = None,
+        model: str | None = None,
+        strategy: str | None = None,
+        params: dict | None = None,
+        mode: str | None = None,
+        passes: int = 3,
+        max_length: int | None = None,
+        window: int | None = None,
+        stride: int | None = None,
+        chunk: int = 512,
+        batch_size: int | str | None = None,
+        max_batch_size: int | None = None,
+        device: str | None = None,
+        dtype: str = "auto",
+        max_gen_toks: int = DEFAULT_GEN_TOKS,
+        seed: int = 0,
+        prefix_token_id: int | None = None,
+        trust_remote_code: bool = False,
+        lm: LoadedModel | None = None,
+        **extra: Any,
+    ):
         super().__init__()
         params = dict(params or {})
         for key, value in extra.items():
             if not key.startswith(PARAM_PREFIX):
-                raise FeedbackError(f"{NAME}: unknown model argument {key!r}; a strategy parameter is given as "
-                                    f"{PARAM_PREFIX}{key}=VALUE")
-            params[key[len(PARAM_PREFIX):]] = value
+                raise FeedbackError(
+                    f"{NAME}: unknown model argument {key!r}; a strategy parameter is given as "
+                    f"{PARAM_PREFIX}{key}=VALUE"
+                )
+            params[key[len(PARAM_PREFIX) :]] = value
         if params and not strategy:
             raise FeedbackError(f"{NAME}: strategy parameters need a strategy")
         if strategy:
@@ -91,8 +121,12 @@ class FeedbackLM(TemplateLM):
                 # lm-eval's command line asks for cuda unless told otherwise; its HF backend falls back too
                 print(f"warning: {NAME}: device {device!r} is not available, using the CPU", file=sys.stderr)
                 device = "cpu"
-            lm = load_model(pretrained or model or "embedded", dtype=dtype, device=device or "auto",
-                            trust_remote_code=trust_remote_code)
+            lm = load_model(
+                pretrained or model or "embedded",
+                dtype=dtype,
+                device=device or "auto",
+                trust_remote_code=trust_remote_code,
+            )
         self.lm = lm
         self.strategy, self.seed = strategy or None, int(seed)
         self.params = build_strategy(strategy, params, lm.num_layers).values if strategy else {}
@@ -102,12 +136,25 @@ class FeedbackLM(TemplateLM):
         # stride max_length. A smaller stride gives later windows more context (other numbers).
         self._max_length = min(int(max_length or DEFAULT_MAX_LENGTH), lm.context_length)
         window = min(int(window) if window else self._max_length + 1, lm.context_length)
-        self.cfg = PPLConfig(strategy=strategy, params=self.params, mode=mode, passes=int(passes), window=window,
-                             stride=int(stride) if stride else max(1, window - 1), chunk=int(chunk), bootstrap=0)
+        self.cfg = PPLConfig(
+            strategy=strategy,
+            params=self.params,
+            mode=mode,
+            passes=int(passes),
+            window=window,
+            stride=int(stride) if stride else max(1, window - 1),
+            chunk=int(chunk),
+            bootstrap=0,
+        )
         # A prompt-level strategy changes the prompt, not the model: it generates, it does not score.
-        self.mode = None if self.prompt_level else self.cfg.validate(lm.context_length, lm.num_layers).resolved_mode()
-        self.batch_size = DEFAULT_BATCH if batch_size in (None, "auto") or str(batch_size).startswith("auto") \
+        self.mode = (
+            None if self.prompt_level else self.cfg.validate(lm.context_length, lm.num_layers).resolved_mode()
+        )
+        self.batch_size = (
+            DEFAULT_BATCH
+            if batch_size in (None, "auto") or str(batch_size).startswith("auto")
             else int(batch_size)
+        )
         if not 1 <= self.batch_size <= MAX_ROWS:
             raise FeedbackError(f"{NAME}: batch_size must be in [1, {MAX_ROWS}], got {self.batch_size}")
         self.max_gen_toks = int(max_gen_toks)
@@ -146,35 +193,52 @@ class FeedbackLM(TemplateLM):
     def chat_template(self, chat_template: bool | str = False) -> str | None:
         return getattr(self.lm.tokenizer, "chat_template", None) if chat_template else None
 
-    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        return self.lm.tokenizer.apply_chat_template(chat_history, tokenize=False,
-                                                     add_generation_prompt=add_generation_prompt)
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        return self.lm.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
         return list(self.lm.tokenizer(string, add_special_tokens=bool(add_special_tokens))["input_ids"])
 
     def describe(self) -> dict:
         """What this side is, for reports."""
-        return {"model": self.lm.name, "dtype": self.lm.dtype, "precision": self.lm.precision,
-                "strategy": self.strategy, "params": self.params, "mode": self.mode,
-                "passes": self.cfg.passes if self.mode == "jacobi" else None, "max_length": self._max_length,
-                "window": self.cfg.window,
-                "stride": self.cfg.stride, "batch_size": self.batch_size}
+        return {
+            "model": self.lm.name,
+            "dtype": self.lm.dtype,
+            "precision": self.lm.precision,
+            "strategy": self.strategy,
+            "params": self.params,
+            "mode": self.mode,
+            "passes": self.cfg.passes if self.mode == "jacobi" else None,
+            "max_length": self._max_length,
+            "window": self.cfg.window,
+            "stride": self.cfg.stride,
+            "batch_size": self.batch_size,
+        }
 
     def _scoring(self) -> None:
         if self.prompt_level:
-            raise FeedbackError(f"{self.strategy} is a prompt-level strategy: it changes the prompt, not the model, "
-                                "so it has no log-likelihood to give; use it on generate_until tasks")
+            raise FeedbackError(
+                f"{self.strategy} is a prompt-level strategy: it changes the prompt, not the model, "
+                "so it has no log-likelihood to give; use it on generate_until tasks"
+            )
 
     # ---- loglikelihood ----
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(
+        self, requests, disable_tqdm: bool = False, **kwargs
+    ) -> list[tuple[float, bool]]:
         self._scoring()
         out: list[tuple[float, bool] | None] = [None] * len(requests)
         seqs = []
         for i, (_, ctx, cont) in enumerate(requests):
             if not cont:
                 raise FeedbackError(f"{NAME}: a loglikelihood request has an empty continuation")
-            seq = (ctx + cont)[-min(self._max_length + 1, self.lm.context_length):]  # as lm-eval's HF backend
+            seq = (ctx + cont)[
+                -min(self._max_length + 1, self.lm.context_length) :
+            ]  # as lm-eval's HF backend
             seqs.append((i, seq, min(len(cont), len(seq) - 1)))
         # Longest first: a batch holds sequences of like length (little padding), the slow ones go first.
         seqs.sort(key=lambda item: -len(item[1]))
@@ -182,7 +246,7 @@ class FeedbackLM(TemplateLM):
         done: dict[tuple, tuple[float, bool]] = {}  # identical sequences are scored once
         if self.strategy is None:
             todo = []
-            for i, seq, n in seqs:
+            for _, seq, n in seqs:
                 if (tuple(seq), n) not in done:
                     done[(tuple(seq), n)] = None
                     todo.append((seq, n))
@@ -191,12 +255,17 @@ class FeedbackLM(TemplateLM):
                     done[(tuple(seq), n)] = answer
                 bar.update(len(part))
         else:
-            for i, seq, n in seqs:
+            for _, seq, n in seqs:
                 key = (tuple(seq), n)
                 if key not in done:
-                    done[key] = strategy_score(self.lm, seq, n, build_strategy(self.strategy, self.params,
-                                                                             self.lm.num_layers),
-                                               self.mode, self.cfg.passes)
+                    done[key] = strategy_score(
+                        self.lm,
+                        seq,
+                        n,
+                        build_strategy(self.strategy, self.params, self.lm.num_layers),
+                        self.mode,
+                        self.cfg.passes,
+                    )
                 bar.update(1)
         bar.close()
         for i, seq, n in seqs:
@@ -229,8 +298,11 @@ class FeedbackLM(TemplateLM):
             if self.mode == "exact":
                 parts.append(window_nll_exact(self.lm, w, strategy)[keep])
             else:
-                parts.append(window_nll_parallel(self.lm, w, strategy,
-                                                 self.cfg.passes if self.mode == "jacobi" else 1)[keep])
+                parts.append(
+                    window_nll_parallel(
+                        self.lm, w, strategy, self.cfg.passes if self.mode == "jacobi" else 1
+                    )[keep]
+                )
         return torch.cat(parts).double().cpu().numpy()
 
     # ---- generate_until ----
@@ -245,7 +317,7 @@ class FeedbackLM(TemplateLM):
         bar = tqdm(total=len(requests), desc=f"{NAME} generate_until", disable=disable_tqdm)
         for (until, max_new, temperature), members in groups.items():
             for start in range(0, len(members), self.batch_size):
-                part = members[start:start + self.batch_size]
+                part = members[start : start + self.batch_size]
                 texts = self.generate([requests[i].args[0] for i in part], list(until), max_new, temperature)
                 for i, text in zip(part, texts):
                     out[i] = text
@@ -266,24 +338,34 @@ class FeedbackLM(TemplateLM):
         temperature = float(kwargs.get("temperature", 1.0) or 0.0) if kwargs.get("do_sample") else 0.0
         return tuple(u for u in until if u), max_new, temperature
 
-    def generate(self, contexts: list[str], until: list[str], max_new_tokens: int,
-                 temperature: float = 0.0) -> list[str]:
+    def generate(
+        self, contexts: list[str], until: list[str], max_new_tokens: int, temperature: float = 0.0
+    ) -> list[str]:
         """One engine run, each context a row (this side's strategy on every row): each reply cut
         before the first `until` string. A row stops once its text holds one (it is asked to stop
         at its next step) and at EOS or `max_new_tokens` as any run's rows do."""
         lm = self.lm
         limit = self._max_length - max_new_tokens  # lm-eval's HF backend: prompt and reply within max_length
         if limit < 1:
-            raise FeedbackError(f"max_gen_toks={max_new_tokens} leaves no room for a prompt within max_length "
-                                f"{self._max_length}")
+            raise FeedbackError(
+                f"max_gen_toks={max_new_tokens} leaves no room for a prompt within max_length "
+                f"{self._max_length}"
+            )
         prompts = []
         for context in contexts:
             ids = lm.encode(context, chat_template=False)
             # too long: the prompt's last tokens, as lm-eval's HF backend left-truncates
             prompts.append(context if len(ids) <= limit else lm.tokenizer.decode(ids[-limit:]))
         rows = [RowSpec(f"r{k}", self.strategy, dict(self.params), prompt=p) for k, p in enumerate(prompts)]
-        config = RunConfig(prompt="", model=lm.name, chat_template=False, max_new_tokens=max_new_tokens, seed=self.seed,
-                           sampling=SamplingConfig(temperature=temperature), rows=rows).validate()
+        config = RunConfig(
+            prompt="",
+            model=lm.name,
+            chat_template=False,
+            max_new_tokens=max_new_tokens,
+            seed=self.seed,
+            sampling=SamplingConfig(temperature=temperature),
+            rows=rows,
+        ).validate()
         run = start_run(lm, config)
         texts = [""] * len(rows)
         for event in run:
@@ -300,8 +382,11 @@ class FeedbackLM(TemplateLM):
         (`answer_text` less the forced transition marker), leading whitespace removed."""
         if not self.prompt_level:
             return row.text
-        return "".join(s.text for s in row.steps if s.part not in ("restate", "transition")).lstrip() \
-            if any(s.part for s in row.steps) else answer_text(row)
+        return (
+            "".join(s.text for s in row.steps if s.part not in ("restate", "transition")).lstrip()
+            if any(s.part for s in row.steps)
+            else answer_text(row)
+        )
 
 
 def _batches(todo: list[tuple[list[int], int]], rows: int) -> list[list[tuple[list[int], int]]]:
@@ -345,11 +430,13 @@ def baseline_scores(lm: LoadedModel, part: list[tuple[list[int], int]]) -> list[
         logits = hooked_forward(lm, BatchView(Phase.SEQUENCE, []), [], **call).logits
         out = []
         for row, (seq, n) in enumerate(part):
-            out.append(_score(logits[row, keep - n:], torch.tensor(seq[-n:], device=lm.device)))
+            out.append(_score(logits[row, keep - n :], torch.tensor(seq[-n:], device=lm.device)))
     return out
 
 
-def strategy_score(lm: LoadedModel, seq: list[int], n: int, strategy, mode: str, passes: int) -> tuple[float, bool]:
+def strategy_score(
+    lm: LoadedModel, seq: list[int], n: int, strategy, mode: str, passes: int
+) -> tuple[float, bool]:
     """(log-likelihood, greedy) of the last n tokens of `seq` with the strategy on, scored as the
     perplexity code scores a window in `mode` (`window_nll_parallel` with 1 or `passes` passes,
     `window_nll_exact` token by token), keeping the logits so greediness can be read too."""
@@ -381,41 +468,81 @@ def task_manager(tasks: list[str], include_path: str | None = None):
     manager = TaskManager(include_path=include_path) if include_path else TaskManager()
     unknown = [t for t in tasks if t not in set(manager.all_tasks)]
     if unknown:
-        raise FeedbackError(f"unknown lm-eval task(s) {', '.join(unknown)}"
-                            + ("" if include_path else " (a task of your own: give --include-path DIR)"))
+        raise FeedbackError(
+            f"unknown lm-eval task(s) {', '.join(unknown)}"
+            + ("" if include_path else " (a task of your own: give --include-path DIR)")
+        )
     return manager
 
 
-def run_pair(lm: LoadedModel, tasks: list[str], strategy: str, params: dict | None = None, *, mode: str | None = None,
-             passes: int = 3, max_length: int | None = None, window: int | None = None, stride: int | None = None,
-             include_path: str | None = None, limit: int | float | None = None, num_fewshot: int | None = None,
-             batch_size: int | None = None, max_gen_toks: int = DEFAULT_GEN_TOKS, bootstrap: int = 2000,
-             seed: int = 0, log: Callable[[str], None] | None = None) -> dict:
+def run_pair(
+    lm: LoadedModel,
+    tasks: list[str],
+    strategy: str,
+    params: dict | None = None,
+    *,
+    mode: str | None = None,
+    passes: int = 3,
+    max_length: int | None = None,
+    window: int | None = None,
+    stride: int | None = None,
+    include_path: str | None = None,
+    limit: int | float | None = None,
+    num_fewshot: int | None = None,
+    batch_size: int | None = None,
+    max_gen_toks: int = DEFAULT_GEN_TOKS,
+    bootstrap: int = 2000,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> dict:
     """`lm_eval.simple_evaluate` for the baseline, then for `strategy`, on the same documents of
     `tasks` (per-document results logged), and their paired comparison (`compare`)."""
     from lm_eval import simple_evaluate
 
     if not tasks:
         raise FeedbackError("give at least one task")
-    common = dict(max_length=max_length, window=window, stride=stride, batch_size=batch_size,
-                  max_gen_toks=max_gen_toks, seed=seed, lm=lm)
-    sides = {"baseline": FeedbackLM(**common), "feedback": FeedbackLM(strategy=strategy, params=params, mode=mode,
-                                                                      passes=passes, **common)}
+    common = dict(
+        max_length=max_length,
+        window=window,
+        stride=stride,
+        batch_size=batch_size,
+        max_gen_toks=max_gen_toks,
+        seed=seed,
+        lm=lm,
+    )
+    sides = {
+        "baseline": FeedbackLM(**common),
+        "feedback": FeedbackLM(strategy=strategy, params=params, mode=mode, passes=passes, **common),
+    }
     manager = task_manager(tasks, include_path)
     started, results = time.perf_counter(), {}
     with _light_env_info():
         for name, side in sides.items():
             if log:
                 log(f"{name}: {', '.join(tasks)}")
-            results[name] = simple_evaluate(model=side, tasks=list(tasks), task_manager=manager, limit=limit,
-                                            num_fewshot=num_fewshot, log_samples=True, bootstrap_iters=0,
-                                            verbosity="ERROR", random_seed=seed)
-    return {"tasks": list(tasks), "baseline_side": sides["baseline"].describe(),
-            "feedback_side": sides["feedback"].describe(), "limit": limit, "num_fewshot": num_fewshot,
-            "comparison": compare(results["baseline"], results["feedback"], bootstrap, seed),
-            "baseline": _plain(results["baseline"]["results"]), "feedback": _plain(results["feedback"]["results"]),
-            "n_samples": _plain(results["baseline"].get("n-samples", {})),
-            "wall_seconds": time.perf_counter() - started}
+            results[name] = simple_evaluate(
+                model=side,
+                tasks=list(tasks),
+                task_manager=manager,
+                limit=limit,
+                num_fewshot=num_fewshot,
+                log_samples=True,
+                bootstrap_iters=0,
+                verbosity="ERROR",
+                random_seed=seed,
+            )
+    return {
+        "tasks": list(tasks),
+        "baseline_side": sides["baseline"].describe(),
+        "feedback_side": sides["feedback"].describe(),
+        "limit": limit,
+        "num_fewshot": num_fewshot,
+        "comparison": compare(results["baseline"], results["feedback"], bootstrap, seed),
+        "baseline": _plain(results["baseline"]["results"]),
+        "feedback": _plain(results["feedback"]["results"]),
+        "n_samples": _plain(results["baseline"].get("n-samples", {})),
+        "wall_seconds": time.perf_counter() - started,
+    }
 
 
 @contextlib.contextmanager
@@ -428,10 +555,13 @@ def _light_env_info():
     full = getattr(evaluator, "add_env_info", None)
 
     def versions(storage: dict) -> None:
-        import transformers
         from importlib.metadata import version
 
-        storage.update({"lm_eval_version": version("lm_eval"), "transformers_version": transformers.__version__})
+        import transformers
+
+        storage.update(
+            {"lm_eval_version": version("lm_eval"), "transformers_version": transformers.__version__}
+        )
 
     if full is not None:
         evaluator.add_env_info = versions
@@ -480,8 +610,10 @@ def _binom_cdf(k: int, n: int, p: float) -> float:
     if p >= 1.0:
         return 0.0
     lp, lq = math.log(p), math.log1p(-p)
-    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
-             for i in range(k + 1)]
+    terms = [
+        math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
+        for i in range(k + 1)
+    ]
     top = max(terms)
     return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
@@ -518,8 +650,12 @@ def _resampled(base: list, fb: list, agg, resamples: int, rng: np.random.Generat
     from lm_eval.api import metrics as m
 
     n = len(base)
-    vectorised = {m.mean: "mean", m.perplexity: "perplexity", m.weighted_perplexity: "weighted_perplexity",
-                  m.bits_per_byte: "bits_per_byte"}.get(agg)
+    vectorised = {
+        m.mean: "mean",
+        m.perplexity: "perplexity",
+        m.weighted_perplexity: "weighted_perplexity",
+        m.bits_per_byte: "bits_per_byte",
+    }.get(agg)
     out = []
     step = max(1, 4_000_000 // max(n, 1))  # resamples per block: the index matrix stays small
     for start in range(0, resamples, step):
@@ -529,10 +665,12 @@ def _resampled(base: list, fb: list, agg, resamples: int, rng: np.random.Generat
             if vectorised == "perplexity":
                 b, f = np.exp(-b), np.exp(-f)
         elif vectorised in ("weighted_perplexity", "bits_per_byte"):
-            def agg_of(values):
+
+            def agg_of(values, pick=pick):
                 arr = np.asarray(values, dtype=float)
                 mean = arr[:, 0][pick].sum(axis=1) / arr[:, 1][pick].sum(axis=1)
                 return np.exp(-mean) if vectorised == "weighted_perplexity" else -mean / math.log(2)
+
             b, f = agg_of(base), agg_of(fb)
         else:
             b = np.array([agg([base[i] for i in row]) for row in pick], dtype=float)
@@ -566,9 +704,19 @@ def compare(base: dict, fb: dict, resamples: int = 2000, seed: int = 0) -> list[
                 continue
             b_vals, f_vals = [b_docs[i] for i in ids], [f_docs[i] for i in ids]
             higher = (base.get("higher_is_better", {}).get(task) or {}).get(metric)
-            row = {"task": task, "metric": metric, "filter": filt, "n": len(ids), "baseline": float(value),
-                   "feedback": float(f_value), "delta": float(f_value) - float(value), "higher_is_better": higher,
-                   "ci95": None, "p_value": None, "method": "none"}
+            row = {
+                "task": task,
+                "metric": metric,
+                "filter": filt,
+                "n": len(ids),
+                "baseline": float(value),
+                "feedback": float(f_value),
+                "delta": float(f_value) - float(value),
+                "higher_is_better": higher,
+                "ci95": None,
+                "p_value": None,
+                "method": "none",
+            }
             if len(ids) != len(b_docs) or len(ids) != len(f_docs):
                 row["note"] = "the two runs scored different documents: only those in both are paired"
             agg = _aggregation(base, task, metric)
@@ -579,9 +727,13 @@ def compare(base: dict, fb: dict, resamples: int = 2000, seed: int = 0) -> list[
                 lost = sum(1 for x, y in zip(b_vals, f_vals) if float(y) < float(x))
                 lo, hi = clopper_pearson(gained, gained + lost) if gained + lost else (0.5, 0.5)
                 scale = (gained + lost) / len(ids)
-                row |= {"ci95": [scale * (2 * lo - 1), scale * (2 * hi - 1)], "p_value": mcnemar_exact(gained, lost),
-                        "gained": gained, "lost": lost,
-                        "method": f"exact McNemar on {gained + lost} discordant of {len(ids)} documents"}
+                row |= {
+                    "ci95": [scale * (2 * lo - 1), scale * (2 * hi - 1)],
+                    "p_value": mcnemar_exact(gained, lost),
+                    "gained": gained,
+                    "lost": lost,
+                    "method": f"exact McNemar on {gained + lost} discordant of {len(ids)} documents",
+                }
             elif agg is not None and resamples > 0 and len(ids) >= 2:
                 try:
                     diffs = _resampled(b_vals, f_vals, agg, resamples, rng)
@@ -589,8 +741,10 @@ def compare(base: dict, fb: dict, resamples: int = 2000, seed: int = 0) -> list[
                     diffs = None
                 if diffs is not None and np.isfinite(diffs).any():
                     lo, hi = np.nanpercentile(diffs, [2.5, 97.5])
-                    row |= {"ci95": [float(lo), float(hi)],
-                            "method": f"paired bootstrap over {len(ids)} documents ({resamples} resamples)"}
+                    row |= {
+                        "ci95": [float(lo), float(hi)],
+                        "method": f"paired bootstrap over {len(ids)} documents ({resamples} resamples)",
+                    }
             rows.append(row)
     return _plain(rows)
 
@@ -609,8 +763,19 @@ def format_table(rows: list[dict]) -> str:
         ci = "n/a" if r["ci95"] is None else f"[{_signed(r['ci95'][0])}, {_signed(r['ci95'][1])}]"
         better = {True: " (higher better)", False: " (lower better)"}.get(r.get("higher_is_better"), "")
         metric = r["metric"] + (f" [{r['filter']}]" if r["filter"] != "none" else "")
-        lines.append([r["task"], metric + better, str(r["n"]), _number(r["baseline"]), _number(r["feedback"]),
-                      _signed(r["delta"]), ci, "" if r["p_value"] is None else f"{r['p_value']:.3g}", r["method"]])
+        lines.append(
+            [
+                r["task"],
+                metric + better,
+                str(r["n"]),
+                _number(r["baseline"]),
+                _number(r["feedback"]),
+                _signed(r["delta"]),
+                ci,
+                "" if r["p_value"] is None else f"{r['p_value']:.3g}",
+                r["method"],
+            ]
+        )
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(head)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *lines])
 
@@ -629,8 +794,9 @@ def _register() -> None:
 def main() -> None:
     """`python -m feedback.eval.lmeval ARGS`: lm-eval's own command line (`lm_eval ARGS`) with
     `--model feedback-lens` available."""
-    import feedback.eval.lmeval  # noqa: F401  (registers the model under its module's name)
     from lm_eval.__main__ import cli_evaluate
+
+    import feedback.eval.lmeval  # noqa: F401  (registers the model under its module's name)
 
     cli_evaluate()
 

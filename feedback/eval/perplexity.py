@@ -11,6 +11,7 @@ Texts longer than the window are scored in sliding windows with a stride: every 
 once, with at least `window - stride` tokens of context after the first window. The baseline's
 window is prefilled in chunks on a KV cache, bounding the memory its logits take.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,8 @@ import math
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -33,7 +34,9 @@ from feedback.eval.corpus import Document, fingerprint
 from feedback.strategies import PromptStrategy, build_strategy, get_strategy
 
 MODES = ("exact", "parallel", "jacobi")
-PASSES = Bound("jacobi passes", 2, 32, integer=True)  # the first pass is clean, so one alone feeds nothing back
+PASSES = Bound(
+    "jacobi passes", 2, 32, integer=True
+)  # the first pass is clean, so one alone feeds nothing back
 MIN_WINDOW = 2  # tokens per scoring window: a scored token needs one before it
 BOOTSTRAP = Bound("bootstrap resamples", 0, 100_000, integer=True)  # 0: no confidence interval
 # Each document cut to its first N tokens (None: whole): a scored token needs one before it.
@@ -60,20 +63,24 @@ class PPLConfig:
             return "parallel"
         cls = get_strategy(self.strategy)
         if issubclass(cls, PromptStrategy):
-            raise FeedbackError(f"{self.strategy} is a prompt-level strategy: it changes the prompt, not the model, so "
-                                "text perplexity does not apply; score a reference answer after it instead "
-                                "(`python -m feedback qa`, or a reference in Compare's Evaluation)")
+            raise FeedbackError(
+                f"{self.strategy} is a prompt-level strategy: it changes the prompt, not the model, so "
+                "text perplexity does not apply; score a reference answer after it instead "
+                "(`python -m feedback qa`, or a reference in Compare's Evaluation)"
+            )
         mode = self.mode or ("jacobi" if cls.recurrent else "parallel")
         if mode not in MODES:
             raise FeedbackError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if mode == "parallel" and cls.recurrent:
-            raise FeedbackError(f"{self.strategy} is recurrent, so one parallel pass is not exact: "
-                                f"use --mode exact or --mode jacobi")
+            raise FeedbackError(
+                f"{self.strategy} is recurrent, so one parallel pass is not exact: "
+                f"use --mode exact or --mode jacobi"
+            )
         if mode == "jacobi" and not PASSES.lo <= self.passes <= PASSES.hi:
             raise FeedbackError(f"{PASSES.name} must be in [{PASSES.lo}, {PASSES.hi}], got {self.passes}")
         return mode
 
-    def validate(self, context: int, num_layers: int | None = None) -> "PPLConfig":
+    def validate(self, context: int, num_layers: int | None = None) -> PPLConfig:
         """Checked, the window capped by the model's `context`; with `num_layers` the strategy is
         built, so its parameters are refused now rather than once the scoring starts."""
         self.resolved_mode()
@@ -87,7 +94,9 @@ class PPLConfig:
         if not 1 <= self.chunk:
             raise FeedbackError(f"chunk must be at least 1 token, got {self.chunk}")
         if not BOOTSTRAP.lo <= self.bootstrap <= BOOTSTRAP.hi:
-            raise FeedbackError(f"{BOOTSTRAP.name} must be in [{BOOTSTRAP.lo}, {BOOTSTRAP.hi}], got {self.bootstrap}")
+            raise FeedbackError(
+                f"{BOOTSTRAP.name} must be in [{BOOTSTRAP.lo}, {BOOTSTRAP.hi}], got {self.bootstrap}"
+            )
         if self.max_tokens_per_doc is not None:  # 0 would otherwise read as "no limit" where it is cut
             TOKENS_PER_DOC.check(self.max_tokens_per_doc)
         return self
@@ -108,10 +117,14 @@ def windows(n: int, size: int, stride: int) -> list[tuple[int, int, int]]:
         start = min(start, scored - 1)
 
 
-
-def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig, baseline_cache: dict | None = None,
-               stop: threading.Event | None = None,
-               on_window: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+def token_nlls(
+    lm: LoadedModel,
+    ids: list[int],
+    cfg: PPLConfig,
+    baseline_cache: dict | None = None,
+    stop: threading.Event | None = None,
+    on_window: Callable[[int, int], None] | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-token NLL (targets 1..n-1) for the baseline and, when a strategy is set, the feedback.
     `baseline_cache` (keyed by the window's tokens) lets sweeps compute each baseline once; `stop`
     is checked before every forward (every token in exact mode). `on_window(tokens, forwards)`
@@ -139,7 +152,9 @@ def token_nlls(lm: LoadedModel, ids: list[int], cfg: PPLConfig, baseline_cache: 
             if mode == "exact":
                 fb.append(window_nll_exact(lm, w, strategy, stop)[keep])
             else:
-                fb.append(window_nll_parallel(lm, w, strategy, cfg.passes if mode == "jacobi" else 1, stop)[keep])
+                fb.append(
+                    window_nll_parallel(lm, w, strategy, cfg.passes if mode == "jacobi" else 1, stop)[keep]
+                )
         if on_window:
             on_window(end - scored, forwards)
     to_np = lambda parts: torch.cat(parts).double().cpu().numpy()  # noqa: E731
@@ -158,17 +173,17 @@ def block_length(x: np.ndarray) -> int:
     x = x - x.mean()
     kn = max(5, math.ceil(math.log10(n)))
     lags = min(n - 1, math.ceil(math.sqrt(n)) + kn)
-    acov = np.array([x[:n - k] @ x[k:] / n for k in range(lags + 1)])
+    acov = np.array([x[: n - k] @ x[k:] / n for k in range(lags + 1)])
     if acov[0] <= 0:
         return 1
     rho, bound = acov / acov[0], 2.0 * math.sqrt(math.log10(n) / n)
-    m = next((m for m in range(1, lags - kn + 2) if np.all(np.abs(rho[m:m + kn]) < bound)), lags - kn + 1)
+    m = next((m for m in range(1, lags - kn + 2) if np.all(np.abs(rho[m : m + kn]) < bound)), lags - kn + 1)
     big_m = min(2 * m, lags)
     k = np.arange(1, big_m + 1)
     t = k / big_m
     weight = np.where(t <= 0.5, 1.0, 2.0 * (1.0 - t))  # flat-top window
-    g0 = acov[0] + 2.0 * np.sum(weight * acov[1:big_m + 1])
-    g = 2.0 * np.sum(weight * k * acov[1:big_m + 1])
+    g0 = acov[0] + 2.0 * np.sum(weight * acov[1 : big_m + 1])
+    g = 2.0 * np.sum(weight * k * acov[1 : big_m + 1])
     if g0 <= 0 or g == 0:
         return 1
     b = (2.0 * g * g / ((4.0 / 3.0) * g0 * g0)) ** (1 / 3) * n ** (1 / 3)
@@ -206,8 +221,11 @@ def paired_bootstrap(diffs: list[np.ndarray], resamples: int, seed: int) -> tupl
         blocks = [block_length(d) for d in diffs]
         total = sum(_block_sums(d, b, resamples, rng) for d, b in zip(diffs, blocks) if d.size)
         means = total / sum(d.size for d in diffs)
-        method = f"token blocks of {max(blocks, default=1)}" + (" or fewer" if len(set(blocks)) > 1 else "") + \
-            " (moving-block bootstrap within each of fewer than 10 documents: these texts only)"
+        method = (
+            f"token blocks of {max(blocks, default=1)}"
+            + (" or fewer" if len(set(blocks)) > 1 else "")
+            + " (moving-block bootstrap within each of fewer than 10 documents: these texts only)"
+        )
     lo, hi = np.percentile(means, [2.5, 97.5])
     return float(lo), float(hi), method
 
@@ -218,10 +236,18 @@ def scoring_convention(lm: LoadedModel, cfg: PPLConfig) -> dict:
     adds a BOS is measured, not assumed), its first token unscored (nothing to condition on), every
     later token scored once, in windows of `window` tokens advancing by `stride`."""
     probe = "a"
-    added = len(lm.tokenizer(probe)["input_ids"]) - len(lm.tokenizer(probe, add_special_tokens=False)["input_ids"])
-    return {"bos_added": added > 0, "special_tokens": "tokenizer default", "first_token_scored": False,
-            "window": cfg.window, "stride": cfg.stride, "min_context_after_first_window": cfg.window - cfg.stride,
-            "nll": "natural log, mean over scored tokens; PPL = exp(mean NLL)"}
+    added = len(lm.tokenizer(probe)["input_ids"]) - len(
+        lm.tokenizer(probe, add_special_tokens=False)["input_ids"]
+    )
+    return {
+        "bos_added": added > 0,
+        "special_tokens": "tokenizer default",
+        "first_token_scored": False,
+        "window": cfg.window,
+        "stride": cfg.stride,
+        "min_context_after_first_window": cfg.window - cfg.stride,
+        "nll": "natural log, mean over scored tokens; PPL = exp(mean NLL)",
+    }
 
 
 def document_ids(lm: LoadedModel, docs: list[Document], cfg: PPLConfig) -> list[list[int]]:
@@ -264,7 +290,7 @@ class Estimate:
     def seconds(self) -> float | None:
         return self.forwards / self.rate if self.rate else None
 
-    def at(self, rate: float) -> "Estimate":
+    def at(self, rate: float) -> Estimate:
         return dataclasses.replace(self, rate=rate)
 
 
@@ -278,10 +304,22 @@ def estimate(token_counts: list[int], cfg: PPLConfig, points: int = 1) -> Estima
     mode = cfg.resolved_mode() if cfg.strategy else None
     points = points if mode else 0
     how = f"{window_tokens:,} window tokens, baseline" + (
-        f" + {points} x {mode}" + (f" ({cfg.passes} passes)" if mode == "jacobi" else "")
-        + (f" (x{EXACT_COST}: token by token)" if mode == "exact" else "") if mode else " only")
-    return Estimate(len(scored), sum(n - 1 for n in scored), window_tokens, points, pass_cost(mode, cfg.passes), mode,
-                    scoring_cost(window_tokens, mode, cfg.passes, points), how)
+        f" + {points} x {mode}"
+        + (f" ({cfg.passes} passes)" if mode == "jacobi" else "")
+        + (f" (x{EXACT_COST}: token by token)" if mode == "exact" else "")
+        if mode
+        else " only"
+    )
+    return Estimate(
+        len(scored),
+        sum(n - 1 for n in scored),
+        window_tokens,
+        points,
+        pass_cost(mode, cfg.passes),
+        mode,
+        scoring_cost(window_tokens, mode, cfg.passes, points),
+        how,
+    )
 
 
 def scoring_work(token_counts: list[int], cfg: PPLConfig, feedback_points: int = 1) -> tuple[int, str]:
@@ -307,6 +345,7 @@ def fitting_cap(token_counts: list[int], cfg: PPLConfig, points: int, limit: int
     """The largest per-document token limit at which these documents can be scored within
     `limit` token-forwards (None: not even MIN_WINDOW tokens each). The cost grows with the
     limit, so a bisection finds it in some 20 estimates, no forward."""
+
     def fits(cap: int) -> bool:
         return estimate([min(n, cap) for n in token_counts], cfg, points).forwards <= limit
 
@@ -388,14 +427,31 @@ class Tally:
     def window(self, tokens: int, forwards: int) -> None:
         self.tokens += tokens
         self.forwards += forwards
-        self.report(ScoringProgress(self.document, self.documents, self.tokens, self.total, self.forwards,
-                                    self.point, self.points, self.stage))
+        self.report(
+            ScoringProgress(
+                self.document,
+                self.documents,
+                self.tokens,
+                self.total,
+                self.forwards,
+                self.point,
+                self.points,
+                self.stage,
+            )
+        )
 
 
-def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
-             progress: Callable[[int, int, str], None] | None = None, baseline_cache: dict | None = None,
-             token_detail: bool = False, stop: threading.Event | None = None, budget: Budget | None = None,
-             tally: Tally | None = None) -> dict:
+def evaluate(
+    lm: LoadedModel,
+    docs: list[Document],
+    cfg: PPLConfig,
+    progress: Callable[[int, int, str], None] | None = None,
+    baseline_cache: dict | None = None,
+    token_detail: bool = False,
+    stop: threading.Event | None = None,
+    budget: Budget | None = None,
+    tally: Tally | None = None,
+) -> dict:
     """Baseline and feedback perplexity over documents, with ΔPPL % and its paired 95% CI.
     With `token_detail`, each per-document entry also holds its tokens and both per-token NLLs.
     Setting `stop` ends the evaluation (raising `Stopped`) within one forward. With `budget`, a
@@ -422,8 +478,11 @@ def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
         entry = {"name": doc.name, "tokens": int(base.size), "baseline_ppl": float(np.exp(base.mean()))}
         if token_detail:
             # the first token has no prediction to score (no BOS is added); it is kept for display
-            entry |= {"first_token_text": lm.tokenizer.decode([ids[0]]),
-                      "token_texts": [lm.tokenizer.decode([t]) for t in ids[1:]], "baseline_nll": base.tolist()}
+            entry |= {
+                "first_token_text": lm.tokenizer.decode([ids[0]]),
+                "token_texts": [lm.tokenizer.decode([t]) for t in ids[1:]],
+                "baseline_nll": base.tolist(),
+            }
             if fb is not None:
                 entry["feedback_nll"] = fb.tolist()
         if fb is not None:
@@ -439,12 +498,17 @@ def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
     base_cat = np.concatenate(base_all)
     strategy_values = build_strategy(cfg.strategy, cfg.params, lm.num_layers).values if cfg.strategy else {}
     result = {
-        "model": lm.name, "dtype": lm.dtype, "precision": lm.precision,
+        "model": lm.name,
+        "dtype": lm.dtype,
+        "precision": lm.precision,
         "config": asdict(cfg) | {"params": strategy_values},
-        "mode": mode, "approximate": mode == "jacobi",
+        "mode": mode,
+        "approximate": mode == "jacobi",
         "passes": cfg.passes if mode == "jacobi" else (1 if mode == "parallel" else None),
         "scoring": scoring_convention(lm, cfg),
-        "corpus_fingerprint": fingerprint(docs), "documents": len(per_doc), "tokens": int(base_cat.size),
+        "corpus_fingerprint": fingerprint(docs),
+        "documents": len(per_doc),
+        "tokens": int(base_cat.size),
         "baseline_ppl": float(np.exp(base_cat.mean())),
         "per_doc": per_doc,
     }
@@ -459,7 +523,8 @@ def evaluate(lm: LoadedModel, docs: list[Document], cfg: PPLConfig,
             "mean_nll_diff": mean_diff,
             # the CI of the mean NLL difference, mapped to ΔPPL %: exp(d) - 1
             "ci95": [100.0 * math.expm1(lo), 100.0 * math.expm1(hi)],
-            "ci95_nll_diff": [lo, hi], "ci_method": method,
+            "ci95_nll_diff": [lo, hi],
+            "ci_method": method,
         }
     result["wall_seconds"] = time.perf_counter() - started
     return result
@@ -469,8 +534,13 @@ def surprise_diff(result: dict) -> dict:
     """Per-token detail of the first document of an `evaluate(..., token_detail=True)` result (the
     UI's surprise chart): tokens, both NLLs, and both perplexities."""
     doc = result["per_doc"][0]
-    out = {"first_token": doc.get("first_token_text", ""), "tokens": doc["token_texts"],
-           "baseline_nll": doc["baseline_nll"], "mode": result["mode"], "baseline_ppl": doc["baseline_ppl"]}
+    out = {
+        "first_token": doc.get("first_token_text", ""),
+        "tokens": doc["token_texts"],
+        "baseline_nll": doc["baseline_nll"],
+        "mode": result["mode"],
+        "baseline_ppl": doc["baseline_ppl"],
+    }
     if "feedback_nll" in doc:
         out |= {"feedback_nll": doc["feedback_nll"], "feedback_ppl": doc["feedback_ppl"]}
     return out

@@ -7,13 +7,13 @@ restatement) matches the gold one (`voting.answer_matches`). The gold answer's p
 the prompt (after the restatement for restate) is the run's reference PPL. This is how prompt-level
 strategies, which text perplexity cannot score, are compared with the others.
 """
+
 from __future__ import annotations
 
 import math
 import threading
 import time
-from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from feedback import ASSETS
 from feedback.core.engine import run_to_end
@@ -25,9 +25,14 @@ from feedback.eval.voting import answer_matches, extract_answer
 BUILTIN_QUESTIONS = ASSETS / "questions.jsonl"  # 16, with gold answers
 
 
-def evaluate_qa(lm: LoadedModel, questions: list[dict], rows: list[RowSpec], max_new_tokens: int = 64,
-                progress: Callable[[int, int], None] | None = None,
-                stop: threading.Event | None = None) -> dict:
+def evaluate_qa(
+    lm: LoadedModel,
+    questions: list[dict],
+    rows: list[RowSpec],
+    max_new_tokens: int = 64,
+    progress: Callable[[int, int], None] | None = None,
+    stop: threading.Event | None = None,
+) -> dict:
     """Per row: accuracy, mean gold-answer NLL (and its perplexity), tokens; per question: each
     row's extracted answer and whether it is right."""
     if not questions:
@@ -39,7 +44,9 @@ def evaluate_qa(lm: LoadedModel, questions: list[dict], rows: list[RowSpec], max
     for i, q in enumerate(questions):
         check_stop(stop, "the question set")
         gold = str(q["answer"])
-        cfg = RunConfig(prompt=q["question"], model=lm.name, max_new_tokens=max_new_tokens, rows=rows, reference=gold)
+        cfg = RunConfig(
+            prompt=q["question"], model=lm.name, max_new_tokens=max_new_tokens, rows=rows, reference=gold
+        )
         result = run_to_end(lm, cfg, stop_event=stop)
         item = {"question": q["question"], "gold": gold, "rows": {}}
         for row in result.rows:
@@ -52,15 +59,30 @@ def evaluate_qa(lm: LoadedModel, questions: list[dict], rows: list[RowSpec], max
             if ppl is not None:
                 t["nll"] += math.log(ppl)
                 t["scored"] += 1
-            item["rows"][row.name] = {"answer": answer, "right": right, "reference_ppl": ppl, "text": row.text}
+            item["rows"][row.name] = {
+                "answer": answer,
+                "right": right,
+                "reference_ppl": ppl,
+                "text": row.text,
+            }
         items.append(item)
         if progress:
             progress(i + 1, len(questions))
     n = len(questions)
-    summary = {name: {"accuracy": t["right"] / n, "right": t["right"],
-                      "gold_ppl": math.exp(t["nll"] / t["scored"]) if t["scored"] else None,
-                      "mean_tokens": t["tokens"] / n}
-               for name, t in totals.items()}
-    return {"questions": n, "rows": summary, "items": items, "max_new_tokens": max_new_tokens,
-            "row_specs": [{"name": r.name, "strategy": r.strategy, "params": r.params} for r in rows],
-            "wall_seconds": time.perf_counter() - started}
+    summary = {
+        name: {
+            "accuracy": t["right"] / n,
+            "right": t["right"],
+            "gold_ppl": math.exp(t["nll"] / t["scored"]) if t["scored"] else None,
+            "mean_tokens": t["tokens"] / n,
+        }
+        for name, t in totals.items()
+    }
+    return {
+        "questions": n,
+        "rows": summary,
+        "items": items,
+        "max_new_tokens": max_new_tokens,
+        "row_specs": [{"name": r.name, "strategy": r.strategy, "params": r.params} for r in rows],
+        "wall_seconds": time.perf_counter() - started,
+    }

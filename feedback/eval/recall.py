@@ -16,8 +16,8 @@ A synthetic needle-in-a-haystack set, built locally and seeded (no download):
   sentence boundary nearest to depth % of the filler (a word boundary when no sentence end or
   blank line lies within 3 % of the length). The document is re-tokenised and the filler recut
   until its token count is the length (the joins may merge a token or two); `tokens` and
-  `depth_actual` record what was built. For a two-hop fact the sentence that holds the answer sits at the depth, the
-  bridging one at (depth + 50) mod 100 %.
+  `depth_actual` record what was built. For a two-hop fact the sentence that holds the answer sits at
+  the depth, the bridging one at (depth + 50) mod 100 %.
 - **Prompt**: the document, then "Answer the question using the text above. Reply with the answer
   only." and the question, through the model's chat template.
 
@@ -39,6 +39,7 @@ Instances of one fact at several lengths and depths are not independent, so McNe
 as if they were: read it as a description of these facts, as the bootstrap's label says of fewer
 than 10 items.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -47,8 +48,8 @@ import random
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -74,26 +75,159 @@ SNAP_SHARE = 0.03  # a sentence boundary within 3 % of the length is used; else 
 INSTRUCTION = "Answer the question using the text above. Reply with the answer only."
 
 # ---- the fact templates and their value pools ----
-VAULTS = ["amber", "basalt", "cedar", "copper", "ember", "falcon", "garnet", "harbor", "indigo", "juniper",
-          "lantern", "marble", "nickel", "onyx", "pewter", "quartz", "saffron", "tundra", "velvet", "willow"]
-PROJECTS = ["Albatross", "Bluebell", "Cormorant", "Driftwood", "Evergreen", "Foxglove", "Glacier", "Heron",
-            "Ironwood", "Kestrel", "Larkspur", "Moonstone", "Nightjar", "Orchid", "Pinecone", "Riverstone",
-            "Sandpiper", "Thistle", "Wavecrest", "Yarrow"]
-FIRST_NAMES = ["Amara", "Bruno", "Camila", "Dmitri", "Elena", "Farid", "Greta", "Hiro", "Ingrid", "Jonas",
-               "Keiko", "Lucas", "Marta", "Nikolai", "Olga", "Pablo", "Rania", "Soren", "Tamsin", "Viktor"]
-LAST_NAMES = ["Okafor", "Lindqvist", "Moreau", "Takahashi", "Novak", "Castillo", "Brennan", "Haddad", "Kowalski",
-              "Ferreira", "Nakamura", "Oyelaran", "Petrov", "Quintero", "Rasmussen", "Salazar", "Thornton", "Ueda",
-              "Varga", "Whitfield"]
-OBSERVATORIES = ["Redfern", "Ashcombe", "Millbrook", "Stonehaven", "Larchmont", "Brightwater", "Oakridge",
-                 "Fernhill", "Kingsbury", "Thornbury", "Westmere", "Holloway", "Greyfield", "Harrowgate",
-                 "Elmstead", "Dunmore"]
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December"]
-OBJECTS = ["silver compass", "jade mask", "bronze bell", "ivory chess set", "glass harp", "copper lantern",
-           "oak cradle", "gold astrolabe", "marble bust", "clay flute", "pearl comb", "iron key"]
+VAULTS = [
+    "amber",
+    "basalt",
+    "cedar",
+    "copper",
+    "ember",
+    "falcon",
+    "garnet",
+    "harbor",
+    "indigo",
+    "juniper",
+    "lantern",
+    "marble",
+    "nickel",
+    "onyx",
+    "pewter",
+    "quartz",
+    "saffron",
+    "tundra",
+    "velvet",
+    "willow",
+]
+PROJECTS = [
+    "Albatross",
+    "Bluebell",
+    "Cormorant",
+    "Driftwood",
+    "Evergreen",
+    "Foxglove",
+    "Glacier",
+    "Heron",
+    "Ironwood",
+    "Kestrel",
+    "Larkspur",
+    "Moonstone",
+    "Nightjar",
+    "Orchid",
+    "Pinecone",
+    "Riverstone",
+    "Sandpiper",
+    "Thistle",
+    "Wavecrest",
+    "Yarrow",
+]
+FIRST_NAMES = [
+    "Amara",
+    "Bruno",
+    "Camila",
+    "Dmitri",
+    "Elena",
+    "Farid",
+    "Greta",
+    "Hiro",
+    "Ingrid",
+    "Jonas",
+    "Keiko",
+    "Lucas",
+    "Marta",
+    "Nikolai",
+    "Olga",
+    "Pablo",
+    "Rania",
+    "Soren",
+    "Tamsin",
+    "Viktor",
+]
+LAST_NAMES = [
+    "Okafor",
+    "Lindqvist",
+    "Moreau",
+    "Takahashi",
+    "Novak",
+    "Castillo",
+    "Brennan",
+    "Haddad",
+    "Kowalski",
+    "Ferreira",
+    "Nakamura",
+    "Oyelaran",
+    "Petrov",
+    "Quintero",
+    "Rasmussen",
+    "Salazar",
+    "Thornton",
+    "Ueda",
+    "Varga",
+    "Whitfield",
+]
+OBSERVATORIES = [
+    "Redfern",
+    "Ashcombe",
+    "Millbrook",
+    "Stonehaven",
+    "Larchmont",
+    "Brightwater",
+    "Oakridge",
+    "Fernhill",
+    "Kingsbury",
+    "Thornbury",
+    "Westmere",
+    "Holloway",
+    "Greyfield",
+    "Harrowgate",
+    "Elmstead",
+    "Dunmore",
+]
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
+OBJECTS = [
+    "silver compass",
+    "jade mask",
+    "bronze bell",
+    "ivory chess set",
+    "glass harp",
+    "copper lantern",
+    "oak cradle",
+    "gold astrolabe",
+    "marble bust",
+    "clay flute",
+    "pearl comb",
+    "iron key",
+]
 ROOMS = ["east", "west", "blue", "green", "north", "amber", "map", "garden", "tower", "river"]
-CITIES = ["Lisbon", "Oslo", "Nairobi", "Santiago", "Hanoi", "Montreal", "Tbilisi", "Valletta", "Bergen", "Cusco",
-          "Dakar", "Kyoto", "Tallinn", "Perth", "Quito", "Seville"]
+CITIES = [
+    "Lisbon",
+    "Oslo",
+    "Nairobi",
+    "Santiago",
+    "Hanoi",
+    "Montreal",
+    "Tbilisi",
+    "Valletta",
+    "Bergen",
+    "Cusco",
+    "Dakar",
+    "Kyoto",
+    "Tallinn",
+    "Perth",
+    "Quito",
+    "Seville",
+]
 
 
 @dataclass(frozen=True)
@@ -111,29 +245,46 @@ def make_fact(kind: str, rng: random.Random) -> Fact:
     """A fact of `kind` with values drawn from `rng`."""
     if kind == "number":
         vault, code = rng.choice(VAULTS), str(rng.randint(10_000, 99_999))
-        return Fact(kind, (f"The access code for the {vault} vault is {code}.",),
-                    f"What is the access code for the {vault} vault?", code)
+        return Fact(
+            kind,
+            (f"The access code for the {vault} vault is {code}.",),
+            f"What is the access code for the {vault} vault?",
+            code,
+        )
     if kind == "name":
         project, name = rng.choice(PROJECTS), f"{rng.choice(FIRST_NAMES)} {rng.choice(LAST_NAMES)}"
-        return Fact(kind, (f"The lead engineer of Project {project} is {name}.",),
-                    f"Who is the lead engineer of Project {project}?", name)
+        return Fact(
+            kind,
+            (f"The lead engineer of Project {project} is {name}.",),
+            f"Who is the lead engineer of Project {project}?",
+            name,
+        )
     if kind == "date":
         place = rng.choice(OBSERVATORIES)
         date = f"{rng.choice(MONTHS)} {rng.randint(1, 28)}, {rng.randint(1890, 1995)}"
-        return Fact(kind, (f"The {place} observatory opened on {date}.",),
-                    f"On what date did the {place} observatory open?", date)
+        return Fact(
+            kind,
+            (f"The {place} observatory opened on {date}.",),
+            f"On what date did the {place} observatory open?",
+            date,
+        )
     if kind == "two_hop":
         thing, room, city = rng.choice(OBJECTS), rng.choice(ROOMS), rng.choice(CITIES)
-        return Fact(kind, (f"The {room} room belongs to the museum in {city}.",
-                           f"The {thing} is kept in the {room} room."),
-                    f"In which city is the {thing} kept?", city)
+        return Fact(
+            kind,
+            (f"The {room} room belongs to the museum in {city}.", f"The {thing} is kept in the {room} room."),
+            f"In which city is the {thing} kept?",
+            city,
+        )
     raise FeedbackError(f"unknown fact kind {kind!r}; kinds: {', '.join(KINDS)}")
 
 
 # ---- exact match, suited to the templates ----
 _MONTH = "|".join(MONTHS)
-_DATES = [re.compile(rf"\b({_MONTH})\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b", re.IGNORECASE),
-          re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?({_MONTH}),?\s+(\d{{4}})\b", re.IGNORECASE)]
+_DATES = [
+    re.compile(rf"\b({_MONTH})\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b", re.IGNORECASE),
+    re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?({_MONTH}),?\s+(\d{{4}})\b", re.IGNORECASE),
+]
 _ISO = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
 _NUMBER = re.compile(r"\d(?:[\d,]*\d)?")
 
@@ -207,7 +358,7 @@ class RecallConfig:
     split: str = "test"  # the built-in corpus split the distractor text comes from
     bootstrap: int = 2000  # resamples of the gold log-probability's 95% CI (0: none)
 
-    def validate(self, context: int | None = None) -> "RecallConfig":
+    def validate(self, context: int | None = None) -> RecallConfig:
         """Checked, each refusal naming its field; with `context` a length beyond the model's
         window is refused at once (the exact fit, with the question and new tokens, is checked
         once the texts are built: `plan`)."""
@@ -222,8 +373,10 @@ class RecallConfig:
         if context is not None:
             too_long = [n for n in self.lengths if n >= context]
             if too_long:
-                raise FeedbackError(f"lengths: {too_long[0]:,} tokens is beyond the model's context of {context:,} "
-                                    "tokens (the question and the answer need room too)")
+                raise FeedbackError(
+                    f"lengths: {too_long[0]:,} tokens is beyond the model's context of {context:,} "
+                    "tokens (the question and the answer need room too)"
+                )
         return self
 
     def to_dict(self) -> dict:
@@ -247,9 +400,17 @@ class Instance:
     gold_tokens: int = 0
 
     def summary(self) -> dict:
-        return {"item": self.item, "kind": self.fact.kind, "length": self.length, "depth": self.depth,
-                "tokens": self.tokens, "depth_actual": round(self.depth_actual, 2), "prompt_tokens": self.prompt_tokens,
-                "question": self.fact.question, "answer": self.fact.answer}
+        return {
+            "item": self.item,
+            "kind": self.fact.kind,
+            "length": self.length,
+            "depth": self.depth,
+            "tokens": self.tokens,
+            "depth_actual": round(self.depth_actual, 2),
+            "prompt_tokens": self.prompt_tokens,
+            "question": self.fact.question,
+            "answer": self.fact.answer,
+        }
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -298,11 +459,13 @@ def _snap(cut: str, starts: list[int], k: int, tolerance: int) -> int:
     if k >= n:
         return len(cut)
     token_at = lambda pos: bisect.bisect_left(starts, pos)  # noqa: E731 -- tokens starting before pos
-    best = min([0, len(cut)] + [m.end() for m in _BOUNDARY.finditer(cut)], key=lambda pos: abs(token_at(pos) - k))
+    best = min(
+        [0, len(cut)] + [m.end() for m in _BOUNDARY.finditer(cut)], key=lambda pos: abs(token_at(pos) - k)
+    )
     if abs(token_at(best) - k) <= tolerance:
         return best
     pos = starts[k]
-    spaces = [m.start() for m in re.finditer(r"\s", cut[max(0, pos - 200): pos + 200])]
+    spaces = [m.start() for m in re.finditer(r"\s", cut[max(0, pos - 200) : pos + 200])]
     return min((max(0, pos - 200) + s for s in spaces), key=lambda s: abs(s - pos), default=pos)
 
 
@@ -315,19 +478,28 @@ def _insert(text: str, at: int, sentence: str) -> tuple[str, int]:
     return joined, len(left)
 
 
-def build_document(tokenizer, filler: Filler, fact: Fact, length: int, depth: float) -> tuple[str, int, float]:
+def build_document(
+    tokenizer, filler: Filler, fact: Fact, length: int, depth: float
+) -> tuple[str, int, float]:
     """(document, its tokens, the answer sentence's actual depth %) for one instance."""
     answer_depth = [depth] + ([(depth + 50.0) % 100.0] if len(fact.sentences) > 1 else [])
     fact_tokens = [len(_ids(tokenizer, " " + s)) for s in fact.sentences]
     tolerance = max(2, round(SNAP_SHARE * length))
     n = length - sum(fact_tokens)
     if n < 1:
-        raise FeedbackError(f"lengths: {length} tokens cannot hold the fact ({sum(fact_tokens)} tokens) and any text")
+        raise FeedbackError(
+            f"lengths: {length} tokens cannot hold the fact ({sum(fact_tokens)} tokens) and any text"
+        )
     doc, tokens, start = "", 0, 0
     for _ in range(6):  # recut the filler until the joins' merges are accounted for
         cut = filler.cut(n)
-        places = sorted(((_snap(cut, filler.starts, round(d / 100.0 * n), tolerance), i)
-                         for i, d in enumerate(answer_depth)), reverse=True)  # from the end: earlier positions hold
+        places = sorted(
+            (
+                (_snap(cut, filler.starts, round(d / 100.0 * n), tolerance), i)
+                for i, d in enumerate(answer_depth)
+            ),
+            reverse=True,
+        )  # from the end: earlier positions hold
         doc = cut
         for at, i in places:
             doc, _ = _insert(doc, at, fact.sentences[i])
@@ -360,15 +532,18 @@ def plan(lm: LoadedModel, cfg: RecallConfig) -> list[Instance]:
             for depth in cfg.depths:
                 doc, tokens, actual = build_document(tok, filler, fact, length, depth)
                 prompt = prompt_text(doc, fact.question)
-                inst = Instance(item, fact, length, depth, doc, tokens, actual, prompt,
-                                len(lm.encode(prompt)), gold)
+                inst = Instance(
+                    item, fact, length, depth, doc, tokens, actual, prompt, len(lm.encode(prompt)), gold
+                )
                 need = inst.prompt_tokens + max(cfg.max_new_tokens, gold)
                 if need > lm.context_length:
                     fits = lm.context_length - max(cfg.max_new_tokens, gold) - (inst.prompt_tokens - tokens)
                     raise FeedbackError(
-                        f"lengths: {length:,} tokens of text make a {inst.prompt_tokens:,}-token prompt with the "
-                        f"question and chat template; with max new tokens {cfg.max_new_tokens} it exceeds the model "
-                        f"context of {lm.context_length:,} tokens (the longest length that fits is about {fits:,})")
+                        f"lengths: {length:,} tokens of text make a {inst.prompt_tokens:,}-token prompt "
+                        "with the question and chat template; with max new tokens "
+                        f"{cfg.max_new_tokens} it exceeds the model context of {lm.context_length:,} "
+                        f"tokens (the longest length that fits is about {fits:,})"
+                    )
                 out.append(inst)
     order = {(L, d): n for n, (L, d) in enumerate((L, d) for L in cfg.lengths for d in cfg.depths)}
     out.sort(key=lambda x: (order[(x.length, x.depth)], x.item))
@@ -390,38 +565,58 @@ def work(instances: list[Instance], rows: list[RowSpec], max_new_tokens: int) ->
     if not instances:
         return scored, decoded, "nothing"
     lo, hi = min(i.prompt_tokens for i in instances), max(i.prompt_tokens for i in instances)
-    prompts = f"1 prompt of {lo:,} tokens" if len(instances) == 1 else (
-        f"{len(instances)} prompts of {lo:,}" + (f" to {hi:,}" if hi != lo else "") + " tokens")
-    return scored, decoded, f"{prompts}, {len(rows)} rows: each prompt once and each row's gold answer after it"
+    prompts = (
+        f"1 prompt of {lo:,} tokens"
+        if len(instances) == 1
+        else (f"{len(instances)} prompts of {lo:,}" + (f" to {hi:,}" if hi != lo else "") + " tokens")
+    )
+    return (
+        scored,
+        decoded,
+        f"{prompts}, {len(rows)} rows: each prompt once and each row's gold answer after it",
+    )
 
 
 def _over(budget: Budget, scored: int, decoded: int) -> bool:
-    return ((budget.scored_tokens is not None and scored > budget.scored_tokens)
-            or (budget.decoded_tokens is not None and decoded > budget.decoded_tokens))
+    return (budget.scored_tokens is not None and scored > budget.scored_tokens) or (
+        budget.decoded_tokens is not None and decoded > budget.decoded_tokens
+    )
 
 
-def check_budget(budget: Budget, instances: list[Instance], rows: list[RowSpec], max_new_tokens: int,
-                 items_name: str = "items") -> None:
+def check_budget(
+    budget: Budget,
+    instances: list[Instance],
+    rows: list[RowSpec],
+    max_new_tokens: int,
+    items_name: str = "items",
+) -> None:
     """The scoring and decoding budgets' refusals, before anything runs, naming the setting over
     and the most items that would fit (else: shorter lengths or fewer depths)."""
     scored, decoded, how = work(instances, rows, max_new_tokens)
     if not _over(budget, scored, decoded):
         return
     if budget.scored_tokens is not None and scored > budget.scored_tokens:
-        over = (f"this request would score {scored:,} token-forwards ({how}); the budget is "
-                f"{budget.scored_tokens:,} per request ({BUDGET_ENV['scored_tokens']})")
+        over = (
+            f"this request would score {scored:,} token-forwards ({how}); the budget is "
+            f"{budget.scored_tokens:,} per request ({BUDGET_ENV['scored_tokens']})"
+        )
     else:
-        over = (f"this request would decode {decoded:,} tokens ({len(instances)} prompts x {len(rows)} rows x "
-                f"{max_new_tokens} new tokens); the budget is {budget.decoded_tokens:,} per request "
-                f"({BUDGET_ENV['decoded_tokens']})")
+        over = (
+            f"this request would decode {decoded:,} tokens ({len(instances)} prompts x {len(rows)} rows x "
+            f"{max_new_tokens} new tokens); the budget is {budget.decoded_tokens:,} per request "
+            f"({BUDGET_ENV['decoded_tokens']})"
+        )
     items = sorted({i.item for i in instances})
     fit = 0
     for k in range(1, len(items) + 1):
         if _over(budget, *work([i for i in instances if i.item <= items[k - 1]], rows, max_new_tokens)[:2]):
             break
         fit = k
-    hint = (f"It fits with {items_name} {fit}." if fit else
-            "Not even one item fits: use shorter lengths, fewer depths or fewer new tokens.")
+    hint = (
+        f"It fits with {items_name} {fit}."
+        if fit
+        else "Not even one item fits: use shorter lengths, fewer depths or fewer new tokens."
+    )
     raise FeedbackError(f"{over}. {hint}")
 
 
@@ -442,21 +637,33 @@ def gold_bootstrap(diffs: dict[int, list[float]], resamples: int, seed: int) -> 
     if not values:
         return {"mean_diff": None, "ci95": None, "method": "none", "instances": 0}
     if len(values) < 2:  # one difference resampled is itself again: no interval
-        return {"mean_diff": float(values[0]), "ci95": None, "method": "one prompt: no interval",
-                "instances": 1}
+        return {
+            "mean_diff": float(values[0]),
+            "ci95": None,
+            "method": "one prompt: no interval",
+            "instances": 1,
+        }
     arrays = [np.asarray(vs, dtype=float) for vs in diffs.values() if vs]
     lo, hi, method = paired_bootstrap(arrays, resamples, seed)
     if method == "documents":
         method = f"items resampled ({len(arrays)} items, every cell of an item together)"
     elif method != "none":
-        method = (f"cells resampled in moving blocks within each of fewer than 10 items ({len(arrays)}): "
-                  "these facts only")
+        method = (
+            f"cells resampled in moving blocks within each of fewer than 10 items ({len(arrays)}): "
+            "these facts only"
+        )
     ci = None if resamples == 0 or not math.isfinite(lo) else [lo, hi]
     return {"mean_diff": float(np.mean(values)), "ci95": ci, "method": method, "instances": len(values)}
 
 
-def summarise(records: list[dict], row_names: list[str], lengths: list[int], depths: list[float],
-              resamples: int = 2000, seed: int = 0) -> dict:
+def summarise(
+    records: list[dict],
+    row_names: list[str],
+    lengths: list[int],
+    depths: list[float],
+    resamples: int = 2000,
+    seed: int = 0,
+) -> dict:
     """Accuracy per length × depth per row, the difference grids from the first row (the
     baseline), and per strategy row McNemar's exact p and the gold log-probability's bootstrap CI.
     Works on any instances done so far (a stopped job's)."""
@@ -477,15 +684,22 @@ def summarise(records: list[dict], row_names: list[str], lengths: list[int], dep
     n = len(records)
     rows: dict[str, dict] = {}
     for name in row_names:
-        scores = [r["rows"][name]["gold_logprob"] for r in records if r["rows"][name]["gold_logprob"] is not None]
+        scores = [
+            r["rows"][name]["gold_logprob"] for r in records if r["rows"][name]["gold_logprob"] is not None
+        ]
         k = sum(bool(r["rows"][name]["right"]) for r in records)
-        rows[name] = {"accuracy": k / n if n else None, "right": k, "instances": n,
-                      "mean_gold_logprob": float(np.mean(scores)) if scores else None,
-                      "gold_scored_with_strategy": all(r["rows"][name]["gold_scored_with_strategy"] for r in records)}
+        rows[name] = {
+            "accuracy": k / n if n else None,
+            "right": k,
+            "instances": n,
+            "mean_gold_logprob": float(np.mean(scores)) if scores else None,
+            "gold_scored_with_strategy": all(r["rows"][name]["gold_scored_with_strategy"] for r in records),
+        }
     difference, tests = {}, {}
     for name in row_names[1:]:
-        difference[name] = [[None if g is None else g - b for g, b in zip(gr, br)]
-                            for gr, br in zip(grid[name], grid[base])]
+        difference[name] = [
+            [None if g is None else g - b for g, b in zip(gr, br)] for gr, br in zip(grid[name], grid[base])
+        ]
         b = sum(bool(r["rows"][base]["right"]) and not r["rows"][name]["right"] for r in records)
         c = sum(bool(r["rows"][name]["right"]) and not r["rows"][base]["right"] for r in records)
         test = {"mcnemar": {"baseline_only_right": b, "strategy_only_right": c, "p": mcnemar_exact(b, c)}}
@@ -497,22 +711,45 @@ def summarise(records: list[dict], row_names: list[str], lengths: list[int], dep
                     diffs.setdefault(r["item"], []).append(s - t)
             test["gold_logprob"] = gold_bootstrap(diffs, resamples, seed)
         else:
-            test["gold_logprob"] = {"mean_diff": None, "ci95": None, "instances": 0,
-                                    "method": "not scored with the strategy: a recurrent strategy's gold answer is "
-                                              "scored by the plain model (one parallel pass cannot apply it exactly)"}
+            test["gold_logprob"] = {
+                "mean_diff": None,
+                "ci95": None,
+                "instances": 0,
+                "method": "not scored with the strategy: a recurrent strategy's gold answer is "
+                "scored by the plain model (one parallel pass cannot apply it exactly)",
+            }
         tests[name] = test
-    return {"instances": n, "lengths": list(lengths), "depths": list(depths), "rows": rows,
-            "accuracy": grid, "counts": counts, "difference": difference, "tests": tests}
+    return {
+        "instances": n,
+        "lengths": list(lengths),
+        "depths": list(depths),
+        "rows": rows,
+        "accuracy": grid,
+        "counts": counts,
+        "difference": difference,
+        "tests": tests,
+    }
 
 
 # ---- running ----
-def run_instance(lm: LoadedModel, inst: Instance, rows: list[RowSpec], max_new_tokens: int,
-                 stop: threading.Event | None = None, budget: Budget | None = None) -> dict:
+def run_instance(
+    lm: LoadedModel,
+    inst: Instance,
+    rows: list[RowSpec],
+    max_new_tokens: int,
+    stop: threading.Event | None = None,
+    budget: Budget | None = None,
+) -> dict:
     """One engine run of every row on one instance: each row's reply, the kind's values it names,
     whether it is right, and the gold answer's log-probability after the prompt (nats, summed over
     its tokens)."""
-    cfg = RunConfig(prompt=inst.prompt, model=lm.name, max_new_tokens=max_new_tokens, rows=rows,
-                    reference=inst.fact.answer)
+    cfg = RunConfig(
+        prompt=inst.prompt,
+        model=lm.name,
+        max_new_tokens=max_new_tokens,
+        rows=rows,
+        reference=inst.fact.answer,
+    )
     run = start_run(lm, cfg, stop, budget=budget)
     for _ in run:
         pass
@@ -523,10 +760,16 @@ def run_instance(lm: LoadedModel, inst: Instance, rows: list[RowSpec], max_new_t
         reply = answer_text(row)
         ppl = row.metrics.get("reference_ppl")
         out["rows"][row.name] = {
-            "reply": reply, "found": sorted(candidates(inst.fact.kind, reply)), "right": is_right(inst.fact, reply),
+            "reply": reply,
+            "found": sorted(candidates(inst.fact.kind, reply)),
+            "right": is_right(inst.fact, reply),
             "gold_logprob": -gold_n * math.log(ppl) if ppl is not None else None,
-            "gold_scored_with_strategy": bool(row.metrics.get("reference_ppl_with_strategy", row.strategy is None)),
-            "tokens": len(row.token_ids), "stop_reason": row.stop_reason}
+            "gold_scored_with_strategy": bool(
+                row.metrics.get("reference_ppl_with_strategy", row.strategy is None)
+            ),
+            "tokens": len(row.token_ids),
+            "stop_reason": row.stop_reason,
+        }
     return out
 
 
@@ -534,10 +777,15 @@ def row_specs(rows: list[RowSpec]) -> list[dict]:
     return [{"name": r.name, "strategy": r.strategy, "params": dict(r.params)} for r in rows]
 
 
-def evaluate_recall(lm: LoadedModel, cfg: RecallConfig, rows: list[RowSpec],
-                    instances: list[Instance] | None = None,
-                    on_instance: Callable[[dict], None] | None = None,
-                    stop: threading.Event | None = None, budget: Budget | None = None) -> dict:
+def evaluate_recall(
+    lm: LoadedModel,
+    cfg: RecallConfig,
+    rows: list[RowSpec],
+    instances: list[Instance] | None = None,
+    on_instance: Callable[[dict], None] | None = None,
+    stop: threading.Event | None = None,
+    budget: Budget | None = None,
+) -> dict:
     """Run the grid (`plan`, unless its `instances` are given) with every row, the first row the
     baseline; `on_instance` hears each instance's record (with `done` and `total`) as it finishes."""
     if not rows or rows[0].strategy is not None:
@@ -556,18 +804,25 @@ def evaluate_recall(lm: LoadedModel, cfg: RecallConfig, rows: list[RowSpec],
     return recall_result(lm.name, cfg, rows, records, time.perf_counter() - started)
 
 
-def recall_result(model: str, cfg: RecallConfig, rows: list[RowSpec], records: list[dict],
-                  wall_seconds: float) -> dict:
+def recall_result(
+    model: str, cfg: RecallConfig, rows: list[RowSpec], records: list[dict], wall_seconds: float
+) -> dict:
     """A whole grid's result from its instances' records, however many calls ran them (in order)."""
     result = summarise(records, [r.name for r in rows], cfg.lengths, cfg.depths, cfg.bootstrap, cfg.seed)
-    return result | {"config": cfg.to_dict(), "model": model, "row_specs": row_specs(rows),
-                     "kinds": [KINDS[i % len(KINDS)] for i in range(cfg.items)], "items": records,
-                     "wall_seconds": wall_seconds}
+    return result | {
+        "config": cfg.to_dict(),
+        "model": model,
+        "row_specs": row_specs(rows),
+        "kinds": [KINDS[i % len(KINDS)] for i in range(cfg.items)],
+        "items": records,
+        "wall_seconds": wall_seconds,
+    }
 
 
 # ---- text output ----
-def grid_lines(grid: list[list[float | None]], lengths: list[int], depths: list[float],
-               signed: bool = False) -> list[str]:
+def grid_lines(
+    grid: list[list[float | None]], lengths: list[int], depths: list[float], signed: bool = False
+) -> list[str]:
     """A length × depth grid as aligned text (— for a cell with no instances)."""
     head = "length \\ depth" + "".join(f"{d:>8g}%" for d in depths)
     lines = [head]
@@ -580,16 +835,25 @@ def grid_lines(grid: list[list[float | None]], lengths: list[int], depths: list[
 def report_lines(res: dict) -> list[str]:
     """The command line's table: each row's grid, each strategy's difference grid, and the tests."""
     cfg, names = res["config"], list(res["rows"])
-    lines = [f"recall: {cfg['items']} items x {len(res['lengths'])} lengths x {len(res['depths'])} depths = "
-             f"{res['instances']} prompts; rows {', '.join(names)}; greedy, {cfg['max_new_tokens']} new tokens "
-             f"at most; "
-             f"{res['wall_seconds']:.1f} s", ""]
+    lines = [
+        f"recall: {cfg['items']} items x {len(res['lengths'])} lengths x {len(res['depths'])} depths = "
+        f"{res['instances']} prompts; rows {', '.join(names)}; greedy, {cfg['max_new_tokens']} new tokens "
+        f"at most; "
+        f"{res['wall_seconds']:.1f} s",
+        "",
+    ]
     for name in names:
-        lines += [f"accuracy, {name} (rows: length in tokens, columns: depth of the fact):",
-                  *grid_lines(res["accuracy"][name], res["lengths"], res["depths"]), ""]
+        lines += [
+            f"accuracy, {name} (rows: length in tokens, columns: depth of the fact):",
+            *grid_lines(res["accuracy"][name], res["lengths"], res["depths"]),
+            "",
+        ]
     for name in names[1:]:
-        lines += [f"accuracy difference, {name} − {names[0]}:",
-                  *grid_lines(res["difference"][name], res["lengths"], res["depths"], signed=True), ""]
+        lines += [
+            f"accuracy difference, {name} − {names[0]}:",
+            *grid_lines(res["difference"][name], res["lengths"], res["depths"], signed=True),
+            "",
+        ]
     lines.append(f"{'row':16} {'accuracy':>12} {'gold log-prob':>14}   vs {names[0]}")
     for name in names:
         r = res["rows"][name]
@@ -599,8 +863,10 @@ def report_lines(res: dict) -> list[str]:
         if name in res["tests"]:
             t = res["tests"][name]
             m, g = t["mcnemar"], t["gold_logprob"]
-            vs = (f"McNemar: {m['baseline_only_right']} only {names[0]} right, {m['strategy_only_right']} only "
-                  f"{name} right, exact p = {m['p']:.3g}; ")
+            vs = (
+                f"McNemar: {m['baseline_only_right']} only {names[0]} right, {m['strategy_only_right']} only "
+                f"{name} right, exact p = {m['p']:.3g}; "
+            )
             if g["mean_diff"] is None:
                 vs += f"gold log-prob: {g['method']}"
             else:

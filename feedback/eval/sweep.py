@@ -1,4 +1,5 @@
 """Parameter sweeps: perplexity for every point of a grid of strategy parameters (baseline once)."""
+
 from __future__ import annotations
 
 import csv
@@ -6,7 +7,7 @@ import dataclasses
 import io
 import itertools
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from feedback.core.budget import Budget
 from feedback.core.model import LoadedModel
@@ -16,11 +17,22 @@ from feedback.eval.perplexity import PPLConfig, ScoringProgress, Tally, document
 from feedback.strategies import get_strategy
 
 MAX_POINTS = 400
-CSV_FIELDS = ["delta_pct", "ci95_low", "ci95_high", "ci95_width", "baseline_ppl", "feedback_ppl", "mode",
-              "tokens", "wall_seconds"]
+CSV_FIELDS = [
+    "delta_pct",
+    "ci95_low",
+    "ci95_high",
+    "ci95_width",
+    "baseline_ppl",
+    "feedback_ppl",
+    "mode",
+    "tokens",
+    "wall_seconds",
+]
 
 
-def parse_grid(items: list[str], strategy: str, num_layers: int, fields: list[str] | None = None) -> dict[str, list]:
+def parse_grid(
+    items: list[str], strategy: str, num_layers: int, fields: list[str] | None = None
+) -> dict[str, list]:
     """`--grid alpha=0,0.05 --grid target_layer=3,9` -> {"alpha": [0.0, 0.05], "target_layer": [3, 9]},
     every value parsed and validated by the strategy's parameter schema. `fields`: what each item is
     called where it was typed, for the refusals (the page's "grid x"; the command line's --grid)."""
@@ -33,8 +45,9 @@ def parse_grid(items: list[str], strategy: str, num_layers: int, fields: list[st
         if not sep or not values.strip():
             raise FeedbackError(f"{field} expects NAME=V1,V2,..., got {item!r}")
         if name not in known:
-            raise FeedbackError(f"{field}: unknown parameter {name!r} for strategy {strategy}; "
-                                f"it takes {', '.join(known)}")
+            raise FeedbackError(
+                f"{field}: unknown parameter {name!r} for strategy {strategy}; it takes {', '.join(known)}"
+            )
         if name in grid:
             raise FeedbackError(f"{field}: parameter {name} appears twice in the grid")
         grid[name] = [known[name].coerce(v.strip(), num_layers) for v in values.split(",")]
@@ -48,10 +61,18 @@ def parse_grid(items: list[str], strategy: str, num_layers: int, fields: list[st
     return grid
 
 
-def run_sweep(lm: LoadedModel, docs: list[Document], strategy: str, grid: dict[str, list], base: PPLConfig,
-              fixed: dict | None = None, on_point: Callable[[dict, int, int], None] | None = None,
-              stop: threading.Event | None = None,
-              progress: Callable[[ScoringProgress], None] | None = None, budget: Budget | None = None) -> list[dict]:
+def run_sweep(
+    lm: LoadedModel,
+    docs: list[Document],
+    strategy: str,
+    grid: dict[str, list],
+    base: PPLConfig,
+    fixed: dict | None = None,
+    on_point: Callable[[dict, int, int], None] | None = None,
+    stop: threading.Event | None = None,
+    progress: Callable[[ScoringProgress], None] | None = None,
+    budget: Budget | None = None,
+) -> list[dict]:
     """One perplexity evaluation per grid point; rows carry the point's parameters and the results.
     Setting `stop` ends the sweep (raising `Stopped`) within one forward pass; the points already
     finished have been handed to `on_point`. `progress` hears after every window where the sweep
@@ -64,7 +85,9 @@ def run_sweep(lm: LoadedModel, docs: list[Document], strategy: str, grid: dict[s
         counts = [len(ids) for ids in document_ids(lm, docs, cfg)]
         budget.check_scoring(*scoring_work(counts, cfg, len(points)))
     baseline_cache: dict = {}
-    tally = Tally(progress, len(points), "point") if progress else None  # one through the sweep: forwards add up
+    tally = (
+        Tally(progress, len(points), "point") if progress else None
+    )  # one through the sweep: forwards add up
     rows = []
     for i, values in enumerate(points):
         params = {**(fixed or {}), **dict(zip(names, values))}
@@ -73,9 +96,18 @@ def run_sweep(lm: LoadedModel, docs: list[Document], strategy: str, grid: dict[s
             tally.point = i + 1
         res = evaluate(lm, docs, cfg, baseline_cache=baseline_cache, stop=stop, tally=tally)
         lo, hi = res["ci95"]
-        row = {**dict(zip(names, values)), "delta_pct": res["delta_pct"], "ci95_low": lo, "ci95_high": hi,
-               "ci95_width": hi - lo, "baseline_ppl": res["baseline_ppl"], "feedback_ppl": res["feedback_ppl"],
-               "mode": res["mode"], "tokens": res["tokens"], "wall_seconds": res["wall_seconds"]}
+        row = {
+            **dict(zip(names, values)),
+            "delta_pct": res["delta_pct"],
+            "ci95_low": lo,
+            "ci95_high": hi,
+            "ci95_width": hi - lo,
+            "baseline_ppl": res["baseline_ppl"],
+            "feedback_ppl": res["feedback_ppl"],
+            "mode": res["mode"],
+            "tokens": res["tokens"],
+            "wall_seconds": res["wall_seconds"],
+        }
         rows.append(row)
         if on_point:
             on_point(row, i + 1, len(points))

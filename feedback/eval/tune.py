@@ -43,6 +43,7 @@ pruner, out-dir), the search space (`search_space`, `_ask`), the documents (`pre
 `ClearlyWorsePruner`), the test scored once (`score_test_once`). The figures and table rows are in
 `feedback.eval.figures`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,15 +52,20 @@ import math
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import Callable
 
 import numpy as np
 import optuna
-from optuna.distributions import (BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution,
-                                  distribution_to_json)
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+    distribution_to_json,
+)
 from optuna.pruners import BasePruner
 from optuna.trial import FrozenTrial, TrialState
 
@@ -69,8 +75,17 @@ from feedback.core.strict_json import json_safe
 from feedback.errors import FeedbackError, check_stop
 from feedback.eval.corpus import Document, fingerprint
 from feedback.eval.figures import write_html
-from feedback.eval.perplexity import (Estimate, PPLConfig, ScoringProgress, Tally, document_ids, estimate, evaluate,
-                                      paired_bootstrap, token_nlls)
+from feedback.eval.perplexity import (
+    Estimate,
+    PPLConfig,
+    ScoringProgress,
+    Tally,
+    document_ids,
+    estimate,
+    evaluate,
+    paired_bootstrap,
+    token_nlls,
+)
 from feedback.eval.sweep import is_noop
 from feedback.strategies import build_strategy, get_strategy
 
@@ -117,7 +132,9 @@ class TuneSettings:
 
     def more(self, done: int, elapsed: float) -> bool:
         """Whether another trial may start, `done` being logged and `elapsed` seconds gone."""
-        return (self.trials is None or done < self.trials) and (self.timeout is None or elapsed < self.timeout)
+        return (self.trials is None or done < self.trials) and (
+            self.timeout is None or elapsed < self.timeout
+        )
 
 
 # ---- the search space ----
@@ -128,15 +145,19 @@ def searched_names(strategy: str, fixed: dict | None = None) -> list[str]:
     known = {p.name for p in cls.params}
     unknown = sorted(set(fixed or {}) - known)
     if unknown:
-        raise FeedbackError(f"unknown parameter(s) {', '.join(unknown)} for strategy {strategy}; "
-                            f"it takes {', '.join(known) or 'none'}")
+        raise FeedbackError(
+            f"unknown parameter(s) {', '.join(unknown)} for strategy {strategy}; "
+            f"it takes {', '.join(known) or 'none'}"
+        )
     tunable = [p.name for p in cls.params if p.tunable]
     if not tunable:
         raise FeedbackError(f"strategy {strategy} has no tunable parameters")
     names = [n for n in tunable if n not in (fixed or {})]
     if not names:
-        raise FeedbackError(f"every tunable parameter of {strategy} is fixed ({', '.join(tunable)}); "
-                            "leave at least one free to tune")
+        raise FeedbackError(
+            f"every tunable parameter of {strategy} is fixed ({', '.join(tunable)}); "
+            "leave at least one free to tune"
+        )
     return names
 
 
@@ -147,8 +168,10 @@ def parse_fixed(fixed: dict | list | None, strategy: str, num_layers: int) -> di
     values = get_strategy(strategy).validate(given, num_layers)
     out = {k: values[k] for k in given}
     if is_noop(strategy, out):
-        raise FeedbackError(f"{get_strategy(strategy).off_settings()} switches {strategy} off: every trial "
-                            "would measure the baseline again")
+        raise FeedbackError(
+            f"{get_strategy(strategy).off_settings()} switches {strategy} off: every trial "
+            "would measure the baseline again"
+        )
     return out
 
 
@@ -223,8 +246,14 @@ def _capped(docs: list[Document], cfg: PPLConfig) -> list[Document]:
     return docs[: cfg.max_docs] if cfg.max_docs else docs
 
 
-def prepare(lm: LoadedModel, docs: list[Document], test_docs: list[Document] | None, strategy: str,
-            base: PPLConfig, fixed: dict) -> TuneData:
+def prepare(
+    lm: LoadedModel,
+    docs: list[Document],
+    test_docs: list[Document] | None,
+    strategy: str,
+    base: PPLConfig,
+    fixed: dict,
+) -> TuneData:
     """The scoring settings checked and the documents cut as `evaluate` cuts them; refused when no
     dev document can be scored, or when the test corpus is empty or is the dev corpus."""
     cfg = dataclasses.replace(base, strategy=strategy, params=dict(fixed))
@@ -241,26 +270,51 @@ def prepare(lm: LoadedModel, docs: list[Document], test_docs: list[Document] | N
         if not test_docs:
             raise FeedbackError("the test corpus holds no documents")
         if fingerprint(test_docs) == fingerprint(docs):
-            raise FeedbackError("the test corpus is the dev corpus: the best point must be confirmed on held-out text")
+            raise FeedbackError(
+                "the test corpus is the dev corpus: the best point must be confirmed on held-out text"
+            )
     return TuneData(cfg, mode, docs, items, test_docs)
 
 
-def run_header(lm: LoadedModel, strategy: str, fixed: dict, space: dict[str, BaseDistribution], data: TuneData,
-               settings: TuneSettings) -> dict:
+def run_header(
+    lm: LoadedModel,
+    strategy: str,
+    fixed: dict,
+    space: dict[str, BaseDistribution],
+    data: TuneData,
+    settings: TuneSettings,
+) -> dict:
     """The log's header: everything that decides a run's trials (see the module docstring), as it
     reads back from the log (tuples as lists)."""
     cfg = data.cfg
     header = {
-        "format": FORMAT, "strategy": strategy, "fixed": fixed,
+        "format": FORMAT,
+        "strategy": strategy,
+        "fixed": fixed,
         "space": {n: json.loads(distribution_to_json(d)) for n, d in space.items()},
-        "model": lm.name, "dtype": lm.dtype, "num_layers": lm.num_layers, "data": settings.data,
-        "corpus_fingerprint": fingerprint(data.docs), "documents": len(data.items),
-        "scoring": {"mode": data.mode, "passes": cfg.passes, "window": cfg.window, "stride": cfg.stride,
-                    "chunk": cfg.chunk, "max_docs": cfg.max_docs, "max_tokens_per_doc": cfg.max_tokens_per_doc,
-                    "bootstrap": cfg.bootstrap, "seed": cfg.seed},
+        "model": lm.name,
+        "dtype": lm.dtype,
+        "num_layers": lm.num_layers,
+        "data": settings.data,
+        "corpus_fingerprint": fingerprint(data.docs),
+        "documents": len(data.items),
+        "scoring": {
+            "mode": data.mode,
+            "passes": cfg.passes,
+            "window": cfg.window,
+            "stride": cfg.stride,
+            "chunk": cfg.chunk,
+            "max_docs": cfg.max_docs,
+            "max_tokens_per_doc": cfg.max_tokens_per_doc,
+            "bootstrap": cfg.bootstrap,
+            "seed": cfg.seed,
+        },
         "sampler": {"name": "TPE", "seed": settings.seed, "startup_trials": settings.startup_trials},
-        "pruner": {"name": "clearly worse than the median", "subset_documents": data.subset,
-                   "startup": settings.prune_startup},
+        "pruner": {
+            "name": "clearly worse than the median",
+            "subset_documents": data.subset,
+            "startup": settings.prune_startup,
+        },
     }
     return json.loads(json.dumps(header))
 
@@ -321,7 +375,7 @@ class TrialLog:
         self.path, self.rows = path, rows
 
     @classmethod
-    def open(cls, out_dir: str | Path | None, header: dict) -> "TrialLog":
+    def open(cls, out_dir: str | Path | None, header: dict) -> TrialLog:
         """The log of `out_dir` with its trials read back (a resume), or a new one with `header`;
         refused when the folder's log is another run's (naming the first difference) or no tuning
         log. Without a folder: an empty log kept in memory."""
@@ -333,8 +387,10 @@ class TrialLog:
         if old is not None:
             diff = _mismatch(old, header)
             if diff:
-                raise FeedbackError(f"{path} holds trials of a different tuning run ({diff}); use another "
-                                    "--out-dir, or the same strategy, data and settings to resume")
+                raise FeedbackError(
+                    f"{path} holds trials of a different tuning run ({diff}); use another "
+                    "--out-dir, or the same strategy, data and settings to resume"
+                )
         if old is None or cut:  # a new log, or one whose cut-off last line is dropped
             path.write_text(jsonl_text(header, rows), encoding="utf-8")
         return cls(path, rows)
@@ -369,8 +425,11 @@ class ClearlyWorsePruner(BasePruner):
         step = trial.last_step
         if step is None:
             return False
-        others = [t.intermediate_values[step] for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                  if step in t.intermediate_values]
+        others = [
+            t.intermediate_values[step]
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if step in t.intermediate_values
+        ]
         low = trial.user_attrs.get("subset_ci95", [math.nan])[0]
         return clearly_worse(low, trial.intermediate_values[step], others, self.startup)
 
@@ -380,8 +439,12 @@ def _summary(pairs: list[tuple[np.ndarray, np.ndarray]], cfg: PPLConfig) -> dict
     diffs = [fb - base for base, fb in pairs]
     lo, hi, method = paired_bootstrap(diffs, cfg.bootstrap, cfg.seed)
     mean_diff = float(np.concatenate(diffs).mean())
-    return {"delta_pct": 100.0 * math.expm1(mean_diff), "ci95": [100.0 * math.expm1(lo), 100.0 * math.expm1(hi)],
-            "ci_method": method, "tokens": int(sum(d.size for d in diffs))}
+    return {
+        "delta_pct": 100.0 * math.expm1(mean_diff),
+        "ci95": [100.0 * math.expm1(lo), 100.0 * math.expm1(hi)],
+        "ci_method": method,
+        "tokens": int(sum(d.size for d in diffs)),
+    }
 
 
 def _frozen(row: dict, space: dict[str, BaseDistribution], step: int) -> FrozenTrial:
@@ -389,9 +452,13 @@ def _frozen(row: dict, space: dict[str, BaseDistribution], step: int) -> FrozenT
     inter = {step: row["subset_delta_pct"]} if row.get("subset_delta_pct") is not None else {}
     params = {k: v for k, v in row["params"].items() if k in space}
     return optuna.trial.create_trial(
-        state=state, value=row["delta_pct"] if state == TrialState.COMPLETE else None, params=params,
-        distributions={k: space[k] for k in params}, intermediate_values=inter,
-        user_attrs={"subset_ci95": row.get("subset_ci95") or [None, None]})
+        state=state,
+        value=row["delta_pct"] if state == TrialState.COMPLETE else None,
+        params=params,
+        distributions={k: space[k] for k in params},
+        intermediate_values=inter,
+        user_attrs={"subset_ci95": row.get("subset_ci95") or [None, None]},
+    )
 
 
 def _sampler(seed: int, number: int, startup: int) -> optuna.samplers.TPESampler:
@@ -405,16 +472,27 @@ class Search:
     first trial and reused by the test scoring): each trial is asked for, scored on the first
     documents, pruned or scored on the rest, and told to the study."""
 
-    def __init__(self, lm: LoadedModel, strategy: str, fixed: dict, space: dict[str, BaseDistribution],
-                 data: TuneData, settings: TuneSettings, stop: threading.Event | None = None,
-                 tally: Tally | None = None):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        strategy: str,
+        fixed: dict,
+        space: dict[str, BaseDistribution],
+        data: TuneData,
+        settings: TuneSettings,
+        stop: threading.Event | None = None,
+        tally: Tally | None = None,
+    ):
         self.lm, self.strategy, self.fixed, self.space, self.data = lm, strategy, fixed, space, data
         self.seed, self.startup = settings.seed, settings.startup_trials
         self.stop, self.tally = stop, tally
         self.cache: dict = {}
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.study = optuna.create_study(direction="minimize", sampler=_sampler(self.seed, 0, self.startup),
-                                         pruner=ClearlyWorsePruner(settings.prune_startup))
+        self.study = optuna.create_study(
+            direction="minimize",
+            sampler=_sampler(self.seed, 0, self.startup),
+            pruner=ClearlyWorsePruner(settings.prune_startup),
+        )
 
     def resume(self, rows: list[dict]) -> None:
         """Re-add logged trials, so the sampler and the pruner see them as they were."""
@@ -432,9 +510,18 @@ class Search:
             values = build_strategy(self.strategy, {**self.fixed, **row["params"]}, self.lm.num_layers).values
         except FeedbackError as exc:  # a combination the strategy's cross-parameter check refuses
             self.study.tell(trial, state=TrialState.FAIL)
-            return row | {"state": "failed", "error": str(exc), "delta_pct": None, "ci95": None,
-                          "subset_delta_pct": None, "subset_ci95": None, "docs_scored": 0,
-                          "documents": len(self.data.items), "tokens": 0, "seconds": time.monotonic() - t0}
+            return row | {
+                "state": "failed",
+                "error": str(exc),
+                "delta_pct": None,
+                "ci95": None,
+                "subset_delta_pct": None,
+                "subset_ci95": None,
+                "docs_scored": 0,
+                "documents": len(self.data.items),
+                "tokens": 0,
+                "seconds": time.monotonic() - t0,
+            }
         try:
             scored = self._score(trial, dataclasses.replace(self.data.cfg, params=values))
         except BaseException:
@@ -460,9 +547,16 @@ class Search:
         if not pruned:
             pairs += self._nlls(cfg, k, n)
         full = sub if pruned else _summary(pairs, cfg)
-        return {"state": "pruned" if pruned else "complete", "delta_pct": full["delta_pct"],
-                "ci95": json_safe(full["ci95"]), "subset_delta_pct": sub["delta_pct"], "subset_ci95": json_safe(sub["ci95"]),
-                "docs_scored": len(pairs), "documents": n, "tokens": full["tokens"]}
+        return {
+            "state": "pruned" if pruned else "complete",
+            "delta_pct": full["delta_pct"],
+            "ci95": json_safe(full["ci95"]),
+            "subset_delta_pct": sub["delta_pct"],
+            "subset_ci95": json_safe(sub["ci95"]),
+            "docs_scored": len(pairs),
+            "documents": n,
+            "tokens": full["tokens"],
+        }
 
     def _nlls(self, cfg: PPLConfig, start: int, end: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """(baseline, strategy) per-token NLLs of dev documents start..end-1, every window tallied."""
@@ -470,8 +564,16 @@ class Search:
         for i in range(start, end):
             if self.tally is not None:
                 self.tally.document = i + 1
-            out.append(token_nlls(self.lm, self.data.items[i][1], cfg, self.cache, self.stop,
-                                  self.tally.window if self.tally is not None else None))
+            out.append(
+                token_nlls(
+                    self.lm,
+                    self.data.items[i][1],
+                    cfg,
+                    self.cache,
+                    self.stop,
+                    self.tally.window if self.tally is not None else None,
+                )
+            )
         return out
 
 
@@ -479,7 +581,11 @@ class Search:
 def best_trial(rows: list[dict], strategy: str, fixed: dict | None = None) -> dict | None:
     """The completed trial with the lowest dev ΔPPL, settings with strength 0 left out (first on ties).
     It may still be no better than the baseline: `feedback.eval.verdict` judges it, dev and test."""
-    live = [r for r in rows if r["state"] == "complete" and not is_noop(strategy, {**(fixed or {}), **r["params"]})]
+    live = [
+        r
+        for r in rows
+        if r["state"] == "complete" and not is_noop(strategy, {**(fixed or {}), **r["params"]})
+    ]
     return min(live, key=lambda r: (r["delta_pct"], r["trial"])) if live else None
 
 
@@ -493,7 +599,10 @@ def importances(study: optuna.Study) -> dict[str, float]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             evaluator = optuna.importance.PedAnovaImportanceEvaluator()
-            return {k: float(v) for k, v in optuna.importance.get_param_importances(study, evaluator=evaluator).items()}
+            return {
+                k: float(v)
+                for k, v in optuna.importance.get_param_importances(study, evaluator=evaluator).items()
+            }
     except (ValueError, RuntimeError, ZeroDivisionError):
         return {}
 
@@ -504,16 +613,29 @@ def _previous(out_dir: str | Path | None) -> dict:
     return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.exists() else {}
 
 
-def score_test_once(lm: LoadedModel, data: TuneData, best: dict, previous: dict, header: dict, name: str,
-                    cache: dict | None = None, stop: threading.Event | None = None, tally: Tally | None = None) -> dict:
+def score_test_once(
+    lm: LoadedModel,
+    data: TuneData,
+    best: dict,
+    previous: dict,
+    header: dict,
+    name: str,
+    cache: dict | None = None,
+    stop: threading.Event | None = None,
+    tally: Tally | None = None,
+) -> dict:
     """{"test", "test_evaluations", "test_fingerprint"}: `best` (with its "strategy_params") scored
     on the test documents with `evaluate`, unless `previous` (the folder's best.json) already holds
     this trial's result on the same test text under the same header: then that result, not scored
     again. `test_evaluations` counts the different best points the test text has scored."""
     test_print = fingerprint(data.test_docs)
     done = previous.get("test_evaluations", 0)
-    if (previous.get("best") or {}).get("trial") == best["trial"] and previous.get("test") and \
-            previous.get("test_fingerprint") == test_print and not _mismatch(previous.get("header", {}), header):
+    if (
+        (previous.get("best") or {}).get("trial") == best["trial"]
+        and previous.get("test")
+        and previous.get("test_fingerprint") == test_print
+        and not _mismatch(previous.get("header", {}), header)
+    ):
         return {"test": previous["test"], "test_evaluations": done, "test_fingerprint": test_print}
     check_stop(stop, "the tuning")
     cfg = dataclasses.replace(data.cfg, params=best["strategy_params"])
@@ -532,10 +654,20 @@ def write_results(out_dir: str | Path, result: dict, title: str) -> None:
 
 
 # ---- the protocol ----
-def run_tune(lm: LoadedModel, docs: list[Document], strategy: str, base: PPLConfig, fixed: dict | None,
-             settings: TuneSettings, *, test_docs: list[Document] | None = None,
-             on_trial: Callable[[dict], None] | None = None, stop: threading.Event | None = None,
-             progress: Callable[[ScoringProgress], None] | None = None, budget: Budget | None = None) -> dict:
+def run_tune(
+    lm: LoadedModel,
+    docs: list[Document],
+    strategy: str,
+    base: PPLConfig,
+    fixed: dict | None,
+    settings: TuneSettings,
+    *,
+    test_docs: list[Document] | None = None,
+    on_trial: Callable[[dict], None] | None = None,
+    stop: threading.Event | None = None,
+    progress: Callable[[ScoringProgress], None] | None = None,
+    budget: Budget | None = None,
+) -> dict:
     """Search `strategy`'s parameters on `docs` (dev) and score the best point once on `test_docs`.
 
     `base` holds the scoring settings (mode, passes, window, stride, bootstrap, seed...); `fixed`
@@ -567,13 +699,24 @@ def run_tune(lm: LoadedModel, docs: list[Document], strategy: str, base: PPLConf
 
     best = best_trial(log.rows, strategy, fixed)
     if best is not None:
-        best = best | {"strategy_params": build_strategy(strategy, {**fixed, **best["params"]}, lm.num_layers).values}
+        best = best | {
+            "strategy_params": build_strategy(strategy, {**fixed, **best["params"]}, lm.num_layers).values
+        }
     previous = _previous(settings.out_dir)
-    result = {"header": header, "trials": log.rows, "best": best, "test": None,
-              "test_evaluations": previous.get("test_evaluations", 0), "importances": importances(search.study)}
+    result = {
+        "header": header,
+        "trials": log.rows,
+        "best": best,
+        "test": None,
+        "test_evaluations": previous.get("test_evaluations", 0),
+        "importances": importances(search.study),
+    }
     if best is not None and data.test_docs is not None:
         result |= score_test_once(lm, data, best, previous, header, settings.test, search.cache, stop, tally)
     if settings.out_dir is not None:
-        write_results(settings.out_dir, result, f"{strategy} on {settings.data or 'dev'}: ΔPPL % vs baseline per "
-                                                f"trial ({data.mode})")
+        write_results(
+            settings.out_dir,
+            result,
+            f"{strategy} on {settings.data or 'dev'}: ΔPPL % vs baseline per trial ({data.mode})",
+        )
     return result

@@ -9,11 +9,12 @@ report naming a "best" setting gives (the Sweep and Tune of the page, `python -m
 
 Only a setting that beats the baseline (improves, or within noise) is ever recommended; a tuned
 setting must also not be worse on the held-out text it is confirmed on (`not_recommended`)."""
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 IMPROVES, NOISE, WORSE = "improves", "within noise", "worse"
 
@@ -47,7 +48,9 @@ def verdict(delta_pct: float | None, ci95: Sequence[float | None] | None) -> Ver
         return Verdict(WORSE, "no better than the baseline: ΔPPL ≥ 0" + ("; CI spans 0" if has_ci else ""))
     if has_ci and hi < 0:
         return Verdict(IMPROVES, "CI excludes 0: a real improvement")
-    return Verdict(NOISE, "within noise: CI spans 0" if has_ci else "lower, but untested: no CI (bootstrap off)")
+    return Verdict(
+        NOISE, "within noise: CI spans 0" if has_ci else "lower, but untested: no CI (bootstrap off)"
+    )
 
 
 def ci_text(lo, hi) -> str:

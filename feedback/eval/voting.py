@@ -6,13 +6,14 @@ DeepConf-low keeps the 10% most confident (aggressive), DeepConf-high keeps 90% 
 Voting: stopped traces never vote (their tokens still count as cost); a confidence-weighted vote
 first keeps the top eta% traces by that confidence, then sums their confidences per answer.
 """
+
 from __future__ import annotations
 
 import math
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -41,35 +42,58 @@ def calibrate_threshold(lowest_groups: Sequence[float], eta: float) -> float:
     return float(np.percentile(values, 100.0 - eta))
 
 
-REGEX_TIMEOUT_S = MATCH_TIMEOUT_S  # a user's answer regex gets this long per trace: a backtracking pattern cannot hold the model line
+# a user's answer regex gets this long per trace: a backtracking pattern cannot hold the model line
+REGEX_TIMEOUT_S = MATCH_TIMEOUT_S
 
 _BOXED = re.compile(r"\\boxed\s*\{")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 _SENTENCE_END = r"(?:[.!](?:\s|$)|\n|$)"
 # "The answer is 17.", "Answer: Paris", "the answer to the question "…?" is 30": the value up to the
 # end of its sentence. The words between "answer" and "is" stay inside one sentence.
-_STATED = re.compile(r"\banswer\b(?:\s+to\b(?:\"[^\"\n]*\"|“[^”\n]*”|[^.!\n\"“])*?)?\s*(?:\bis\b|:|=)\s*"
-                     r"(?P<value>.+?)" + _SENTENCE_END, re.IGNORECASE)
+_STATED = re.compile(
+    r"\banswer\b(?:\s+to\b(?:\"[^\"\n]*\"|“[^”\n]*”|[^.!\n\"“])*?)?\s*(?:\bis\b|:|=)\s*"
+    r"(?P<value>.+?)" + _SENTENCE_END,
+    re.IGNORECASE,
+)
 # "The number 9 is the answer", "so 42 is our final answer"
-_NAMED = re.compile(r"(?P<value>[^\s.,;:!?]+)\s+is\s+(?:the|our|my)\s+(?:final\s+|correct\s+)?answer\b", re.IGNORECASE)
+_NAMED = re.compile(
+    r"(?P<value>[^\s.,;:!?]+)\s+is\s+(?:the|our|my)\s+(?:final\s+|correct\s+)?answer\b", re.IGNORECASE
+)
 # "So, 9 times 3 is also 21", "Therefore, 2^5 is 62": a conclusion that ends in a number
-_CONCLUSION = re.compile(r"\b(?:so|therefore|thus|hence)\b[^.!\n]*?(?:\bis\b|\bare\b|\bequals\b|=|\bget\b)\s*(?:also\s+)?"
-                         r"(?P<value>-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
+_CONCLUSION = re.compile(
+    r"\b(?:so|therefore|thus|hence)\b[^.!\n]*?(?:\bis\b|\bare\b|\bequals\b|=|\bget\b)\s*(?:also\s+)?"
+    r"(?P<value>-?\d[\d,]*(?:\.\d+)?)",
+    re.IGNORECASE,
+)
 # "12 + 7 = 9", "100 divided by 4 equals 25", "is equal to 3"
 _RESULT = re.compile(r"(?:=|\bequals\b|\bis equal to\b)\s*(?P<value>-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
-_WORD_NUMBERS = {w: str(i) for i, w in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-    "seventeen eighteen nineteen twenty".split())} | {
-    w: str(10 * i) for i, w in enumerate("thirty forty fifty sixty seventy eighty ninety".split(), start=3)} | {
-    "hundred": "100", "thousand": "1000"}
+_WORD_NUMBERS = (
+    {
+        w: str(i)
+        for i, w in enumerate(
+            "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+            "fifteen sixteen seventeen eighteen nineteen twenty".split()
+        )
+    }
+    | {
+        w: str(10 * i)
+        for i, w in enumerate("thirty forty fifty sixty seventy eighty ninety".split(), start=3)
+    }
+    | {"hundred": "100", "thousand": "1000"}
+)
 _NUMBER_WORD = re.compile(r"\b(" + "|".join(_WORD_NUMBERS) + r")\b", re.IGNORECASE)
 # Questions that want a number: "Answer with a number", "How many …", "What is 6 multiplied by 7?"
-_NUMERIC_QUESTION = re.compile(r"\bnumber\b|\bhow (?:many|much)\b|\d\s*(?:[-+*/x×^]|times|plus|minus|"
-                               r"multiplied|divided|to the power)", re.IGNORECASE)
+_NUMERIC_QUESTION = re.compile(
+    r"\bnumber\b|\bhow (?:many|much)\b|\d\s*(?:[-+*/x×^]|times|plus|minus|"
+    r"multiplied|divided|to the power)",
+    re.IGNORECASE,
+)
 # Words that carry no answer when a reply restates the question ("The capital of France is Paris.")
-_FILLER = set("a an the is are was were be been it its this that which of in on at for to and or by with as "
-              "usually typically often generally always approximately about around roughly called known "
-              "also very just simply".split())
+_FILLER = set(
+    "a an the is are was were be been it its this that which of in on at for to and or by with as "
+    "usually typically often generally always approximately about around roughly called known "
+    "also very just simply".split()
+)
 
 
 def _boxed(text: str) -> str | None:
@@ -81,7 +105,7 @@ def _boxed(text: str) -> str | None:
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             i += 1
         if depth == 0:
-            last = text[m.end():i - 1]
+            last = text[m.end() : i - 1]
     return last
 
 
@@ -120,7 +144,7 @@ def _stated_number(value: str) -> str | None:
     if results:
         return normalise(results[-1])
     m = _NUMBER.match(value.strip().strip("\"'“”‘’`$"))
-    if m and not re.match(r"\s*[\^*/+×x]", value.strip().strip("\"'“”‘’`$")[m.end():]):
+    if m and not re.match(r"\s*[\^*/+×x]", value.strip().strip("\"'“”‘’`$")[m.end() :]):
         return normalise(m.group(0))
     return None
 
@@ -136,7 +160,9 @@ def _new_words(text: str, question: str) -> str | None:
     is Paris." -> "paris". None when more than four words remain (not a short answer)."""
     clause = re.split(r"[.!?;\n]|,\s*(?:but|and|which|so|not)\b", text.strip(), maxsplit=1)[0]
     asked = {w.lower() for w in re.findall(r"[\w']+", question)}
-    words = [w for w in re.findall(r"[\w'^+-]+", clause) if w.lower() not in asked and w.lower() not in _FILLER]
+    words = [
+        w for w in re.findall(r"[\w'^+-]+", clause) if w.lower() not in asked and w.lower() not in _FILLER
+    ]
     return normalise(" ".join(words)) if 0 < len(words) <= 4 else None
 
 
@@ -144,8 +170,10 @@ def _user_match(text: str, pattern) -> str | None:
     try:
         matches = list(pattern.finditer(text, timeout=REGEX_TIMEOUT_S))
     except (TimeoutError, RecursionError):
-        raise FeedbackError(f"the answer regex took longer than {REGEX_TIMEOUT_S:g} s on one trace "
-                            "(catastrophic backtracking?); simplify it") from None
+        raise FeedbackError(
+            f"the answer regex took longer than {REGEX_TIMEOUT_S:g} s on one trace "
+            "(catastrophic backtracking?); simplify it"
+        ) from None
     if not matches:
         return None
     m = matches[-1]

@@ -9,13 +9,14 @@ lines are reported with their line number and recorded as `invalid` lines.
 Under a launcher (accelerate, torchrun, MPI) each of N processes takes every N-th task and appends
 to its own `OUTPUT.partRANK`; `merge` then joins the parts in input order.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from feedback.core import memory
 from feedback.core.budget import Budget
@@ -53,7 +54,9 @@ def _rows_problem(rows) -> str | None:
             return f"rows[{i}] needs a string field 'name'"
         unknown = sorted(set(row) - known)
         if unknown:
-            return f"rows[{i}] has unknown field(s) {', '.join(unknown)}; a row takes {', '.join(sorted(known))}"
+            return (
+                f"rows[{i}] has unknown field(s) {', '.join(unknown)}; a row takes {', '.join(sorted(known))}"
+            )
     return None
 
 
@@ -62,8 +65,12 @@ def _problem(task, lenient: bool) -> str | None:
         return "a task must be a JSON object"
     mode = task.get("mode", "compare")
     rows = task.get("rows")
-    own = mode == "compare" and isinstance(rows, list) and rows and all(isinstance(r, dict) and r.get("prompt")
-                                                                      for r in rows)
+    own = (
+        mode == "compare"
+        and isinstance(rows, list)
+        and rows
+        and all(isinstance(r, dict) and r.get("prompt") for r in rows)
+    )
     if not own and (not isinstance(task.get("prompt"), str) or not task["prompt"].strip()):
         return "needs a non-empty string field 'prompt' (a compare task may instead give every row its own)"
     if mode not in MODES:
@@ -72,8 +79,10 @@ def _problem(task, lenient: bool) -> str | None:
         return problem
     unknown = sorted(set(task) - task_fields(mode))
     if unknown and not lenient:
-        return (f"unknown field(s) {', '.join(unknown)} for mode {mode} (--lenient ignores them); it takes "
-                f"{', '.join(sorted(task_fields(mode)))}")
+        return (
+            f"unknown field(s) {', '.join(unknown)} for mode {mode} (--lenient ignores them); it takes "
+            f"{', '.join(sorted(task_fields(mode)))}"
+        )
     return None
 
 
@@ -108,7 +117,7 @@ def read_tasks(path: str | Path, lenient: bool = False) -> Iterator[tuple[int, d
 def _records(path: Path) -> list[dict]:
     """Complete lines of a results file; a torn last line (a crash mid-write) is left out."""
     data = path.read_bytes()
-    data = data[:data.rfind(b"\n") + 1]
+    data = data[: data.rfind(b"\n") + 1]
     return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
 
 
@@ -122,7 +131,7 @@ def part_files(output: str | Path) -> list[Path]:
     """The part files beside `output` (`OUTPUT.part0`, `OUTPUT.part1`, ...), by rank."""
     output = Path(output)
     prefix = output.name + ".part"
-    ranks = {p: p.name[len(prefix):] for p in output.parent.glob(prefix + "*")}
+    ranks = {p: p.name[len(prefix) :] for p in output.parent.glob(prefix + "*")}
     return sorted((p for p, rank in ranks.items() if rank.isdigit()), key=lambda p: int(ranks[p]))
 
 
@@ -154,8 +163,13 @@ def run_task(lm: LoadedModel, task: dict, budget: Budget | None = None) -> dict:
         from feedback.core.sampling import SamplingConfig
 
         rows = [RowSpec(**r) for r in task["rows"]] if "rows" in task else default_rows(strategy, params)
-        cfg = RunConfig(prompt=task.get("prompt", ""), model=lm.name, rows=rows, **_given(task, RUN_KEYS),
-                        sampling=SamplingConfig(**_given(task, SAMPLING_KEYS)))
+        cfg = RunConfig(
+            prompt=task.get("prompt", ""),
+            model=lm.name,
+            rows=rows,
+            **_given(task, RUN_KEYS),
+            sampling=SamplingConfig(**_given(task, SAMPLING_KEYS)),
+        )
         run = start_run(lm, cfg, budget=budget)
         for _ in run:
             pass
@@ -163,14 +177,18 @@ def run_task(lm: LoadedModel, task: dict, budget: Budget | None = None) -> dict:
     if mode == "ppl":
         from feedback.eval.perplexity import PPLConfig, evaluate
 
-        return evaluate(lm, [corpus.Document(str(task.get("id", "text")), task["prompt"])],
-                        PPLConfig(strategy, params, task.get("ppl_mode"), **_given(task, PPL_KEYS)),
-                        budget=budget)
+        return evaluate(
+            lm,
+            [corpus.Document(str(task.get("id", "text")), task["prompt"])],
+            PPLConfig(strategy, params, task.get("ppl_mode"), **_given(task, PPL_KEYS)),
+            budget=budget,
+        )
     from feedback.eval.deepthink import DeepThinkConfig, deep_think
 
     fields = DeepThinkConfig.__dataclass_fields__
-    return deep_think(lm, DeepThinkConfig(**{k: v for k, v in task.items() if k in fields and k != "mode"}),
-                      budget=budget)
+    return deep_think(
+        lm, DeepThinkConfig(**{k: v for k, v in task.items() if k in fields and k != "mode"}), budget=budget
+    )
 
 
 def _append(f, record: dict) -> None:
@@ -179,10 +197,17 @@ def _append(f, record: dict) -> None:
     os.fsync(f.fileno())
 
 
-def run_batch(lm: LoadedModel, input_path: str | Path, output_path: str | Path, retries: int = 1,
-              shard: tuple[int, int] = (0, 1), warn: Callable[[str], None] = print,
-              progress: Callable[[int, int, float], None] | None = None, lenient: bool = False,
-              budget: Budget | None = None) -> dict:
+def run_batch(
+    lm: LoadedModel,
+    input_path: str | Path,
+    output_path: str | Path,
+    retries: int = 1,
+    shard: tuple[int, int] = (0, 1),
+    warn: Callable[[str], None] = print,
+    progress: Callable[[int, int, float], None] | None = None,
+    lenient: bool = False,
+    budget: Budget | None = None,
+) -> dict:
     """Run every task of this shard not yet in the output; return a summary. Unknown task fields
     make a line invalid unless `lenient`; tasks over `budget` fail with its message."""
     if retries < 0:
@@ -256,10 +281,16 @@ def merge(output: str | Path) -> dict:
     os.replace(tmp, final)
     for path in parts:
         path.unlink()
-    return {"records": len(records), "parts": len(parts), "duplicates": seen - len(records), "output": str(final)}
+    return {
+        "records": len(records),
+        "parts": len(parts),
+        "duplicates": seen - len(records),
+        "output": str(final),
+    }
 
 
 def summary_line(summary: dict) -> str:
-    return (f"{summary['tasks']} tasks: {summary['ok']} ok, {summary['error']} failed, {summary['invalid']} "
-            f"invalid, {summary['skipped']} already done ({summary['seconds']:.1f} s)")
-
+    return (
+        f"{summary['tasks']} tasks: {summary['ok']} ok, {summary['error']} failed, {summary['invalid']} "
+        f"invalid, {summary['skipped']} already done ({summary['seconds']:.1f} s)"
+    )

@@ -7,14 +7,15 @@ within `lease_s` seconds, so an abandoned request never blocks the people behind
 holds a slot has no lease: whoever holds it must leave on every exit path (the callers do so in
 `finally` blocks, and their work stops within a step when its caller goes away).
 """
+
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from feedback.errors import FeedbackError
 
@@ -77,8 +78,10 @@ class Gate:
         with self._cond:
             self._drop_stale()
             if self._refuses():
-                raise Busy(f"the model is busy ({len(self._running)} running, {len(self._line)} waiting, the most "
-                           f"this server lets wait); try again in {RETRY_AFTER_S} s")
+                raise Busy(
+                    f"the model is busy ({len(self._running)} running, {len(self._line)} waiting, the most "
+                    f"this server lets wait); try again in {RETRY_AFTER_S} s"
+                )
             ticket = Ticket(kind, label or kind)
             self._line.append(ticket)
             return ticket
@@ -132,8 +135,13 @@ class Gate:
             return Place(index + 1, running, [t.label for t in list(self._line)[:index]])
 
     # ---- blocking use from a worker thread ----
-    def acquire(self, kind: str = "ui", timeout: float | None = None, label: str = "",
-                cancelled: Callable[[], bool] | None = None) -> Ticket:
+    def acquire(
+        self,
+        kind: str = "ui",
+        timeout: float | None = None,
+        label: str = "",
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Ticket:
         """Wait (blocking) for a slot. Raises `Busy` when the line is full or `timeout` seconds
         pass first; leaves the line at once when `cancelled()` turns true."""
         ticket = self.join(kind, label)
@@ -159,8 +167,13 @@ class Gate:
         self.leave(ticket)
 
     @contextmanager
-    def slot(self, kind: str = "ui", timeout: float | None = None, label: str = "",
-             cancelled: Callable[[], bool] | None = None) -> Iterator[Ticket]:
+    def slot(
+        self,
+        kind: str = "ui",
+        timeout: float | None = None,
+        label: str = "",
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Iterator[Ticket]:
         ticket = self.acquire(kind, timeout, label, cancelled)
         try:
             yield ticket
@@ -179,9 +192,13 @@ class Gate:
         with self._cond:
             self._drop_stale()
             now = time.monotonic()
-            return {"capacity": self.capacity, "running": len(self._running), "waiting": len(self._line),
-                    "max_waiting": self.max_waiting,
-                    "runs": [{"label": t.label, "seconds": round(now - t.started, 1)} for t in self._running]}
+            return {
+                "capacity": self.capacity,
+                "running": len(self._running),
+                "waiting": len(self._line),
+                "max_waiting": self.max_waiting,
+                "runs": [{"label": t.label, "seconds": round(now - t.started, 1)} for t in self._running],
+            }
 
     def _drop_stale(self) -> None:
         """Caller holds the lock. Waiters that stopped renewing their lease lose their place."""

@@ -15,6 +15,7 @@ token-forwards/s. A GPU is faster, so on one these are upper bounds; they were n
 GPU (`python -m feedback doctor` measures step times there). They are where a server starts: a
 `GpuClock` scales them by what each finished request measured.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,12 +50,14 @@ class GpuWork:
         return math.ceil(START_S + scale * self.variable_s())
 
     def check(self, cap: int, scale: float = 1.0) -> int:
-        """The seconds to ask for, or a `FeedbackError` when they are over `cap` (before the request waits)."""
+        """The seconds to ask for, or a `FeedbackError` when they are over `cap` (before the request
+        waits)."""
         seconds = self.seconds(scale)
         if seconds > cap:
             raise FeedbackError(
-                f"this request needs about {seconds:,} s of GPU time ({self.how}); a request here may ask for at "
-                f"most {cap:,} s ({GPU_DURATION_CAP_ENV}): ask for {self.fewer}")
+                f"this request needs about {seconds:,} s of GPU time ({self.how}); a request here "
+                f"may ask for at most {cap:,} s ({GPU_DURATION_CAP_ENV}): ask for {self.fewer}"
+            )
         return seconds
 
 

@@ -5,6 +5,7 @@ over one is refused the same way wherever it comes in, naming the field. The lib
 looser limits (a whole run, a local command line) stay beside the config they bound, such as
 `records.MAX_NEW_TOKENS_CAP` or `deepthink.MAX_TRACES`; each cap here sits under its limit.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,9 @@ from feedback.strategies import build_strategy
 # A run's length: shared servers bound how long one visitor holds the model.
 SERVED_MAX_NEW_TOKENS = 1024
 MAX_NEW_TOKENS = Bound("max new tokens", 1, SERVED_MAX_NEW_TOKENS, integer=True)
-BOX_MAX_CHARS = MAX_PROMPT_CHARS  # a prompt, system prompt, reference or follow-up typed into the page, as in a request
+BOX_MAX_CHARS = (
+    MAX_PROMPT_CHARS  # a prompt, system prompt, reference or follow-up typed into the page, as in a request
+)
 # Deep Think and calibration: traces (and warm-up traces) per side, and each trace's length.
 SERVED_MAX_TRACES = 16
 TRACES = Bound("traces per side", 1, SERVED_MAX_TRACES, integer=True)
@@ -54,7 +57,9 @@ PAGE_MAX_BODY_BYTES = MAX_BODY_BYTES + HISTORY_MAX_BYTES
 # the page's message) until a place frees. FEEDBACK_QUEUE_SIZE / --queue-size change it.
 MAX_WAITING = 16
 QUEUE_SIZE_ENV = "FEEDBACK_QUEUE_SIZE"
-API_WAIT_S = 300.0  # the longest an HTTP API request waits for the model before a 503 (a page waits until Stop)
+API_WAIT_S = (
+    300.0  # the longest an HTTP API request waits for the model before a 503 (a page waits until Stop)
+)
 # ZeroGPU (Hugging Face's shared GPUs): each page request asks for the GPU time its size needs
 # (`spaces.GPU`'s duration, sized by `feedback.serve.gpu_time`), and at most this many seconds; one
 # that needs more is refused before it waits, naming what to ask less of. ZeroGPU itself refuses a
@@ -70,7 +75,9 @@ SHORT_TEXT_MAX_CHARS = 1000  # one key fact; the text a branch forces
 # into the row's conversation, which the library holds to MAX_PROMPT_CHARS in all, so a longer one
 # could never go on; and an answer of SERVED_MAX_NEW_TOKENS tokens is far shorter than this.
 ANSWER_MAX_CHARS = MAX_PROMPT_CHARS
-SMALL_SEED = Bound("seed", 0, 2**31, integer=True)  # a row's seed offset; a perplexity request's bootstrap seed
+SMALL_SEED = Bound(
+    "seed", 0, 2**31, integer=True
+)  # a row's seed offset; a perplexity request's bootstrap seed
 # A run's or a row's seed in a JSON body: past 2**53 a JSON number is not exact in most clients (a
 # double), nor in schema tools that read the bound as one, so the HTTP API takes seeds up to there.
 SERVED_SEED = SEED.with_hi(TYPE_CEILING)
@@ -111,15 +118,18 @@ def check_recall_grid(lengths, depths) -> tuple[list[int], list[float]]:
     lengths, depths = parse_lengths(lengths), parse_depths(depths)
     for bound, values in ((RECALL_LENGTH, lengths), (DEPTH, depths)):
         if len(values) > SERVED_RECALL_MAX_VALUES:
-            raise FeedbackError(f"{bound.name}: at most {SERVED_RECALL_MAX_VALUES} values here, got {len(values)} "
-                                "(`python -m feedback recall` takes more)")
+            raise FeedbackError(
+                f"{bound.name}: at most {SERVED_RECALL_MAX_VALUES} values here, got {len(values)} "
+                "(`python -m feedback recall` takes more)"
+            )
         for v in values:
             bound.check(v)
     return lengths, depths
 
 
-def check_run(cfg: RunConfig, num_layers: int | None = None, max_rows: int = SERVED_MAX_ROWS,
-              rows_name: str = "rows") -> RunConfig:
+def check_run(
+    cfg: RunConfig, num_layers: int | None = None, max_rows: int = SERVED_MAX_ROWS, rows_name: str = "rows"
+) -> RunConfig:
     """A run's config held to the served caps, whichever way it came in: a new request, a saved run
     sent back to continue or branch, a link, a run reloaded from History. Refused with a
     `FeedbackError` naming the field, before the run waits for the model. `max_rows` is the
@@ -135,8 +145,14 @@ def check_run(cfg: RunConfig, num_layers: int | None = None, max_rows: int = SER
     return cfg
 
 
-def check_saved_run(result: RunResult, vocab_size: int, num_layers: int | None = None,
-                    max_rows: int = SERVED_MAX_ROWS, rows_name: str = "rows", served: bool = True) -> RunConfig:
+def check_saved_run(
+    result: RunResult,
+    vocab_size: int,
+    num_layers: int | None = None,
+    max_rows: int = SERVED_MAX_ROWS,
+    rows_name: str = "rows",
+    served: bool = True,
+) -> RunConfig:
     """A saved run that comes back — reloaded from History, or sent to continue or branch — held to
     what a new request is held to, refused with a `FeedbackError` naming the field. A saved run is
     the client's word, not a record of this server's: its config goes through `check_run` (with
@@ -150,8 +166,10 @@ def check_saved_run(result: RunResult, vocab_size: int, num_layers: int | None =
     cfg = check_run(cfg, num_layers, max_rows, rows_name) if served else cfg.validate()
     answers, specs = [getattr(r, "name", None) for r in result.rows], [r.name for r in cfg.rows]
     if answers != specs:
-        raise FeedbackError(f"{rows_name}: the run's answers are for {str(answers)[:200]} but its settings' "
-                            f"{rows_name} are {str(specs)[:200]}")
+        raise FeedbackError(
+            f"{rows_name}: the run's answers are for {str(answers)[:200]} but its settings' "
+            f"{rows_name} are {str(specs)[:200]}"
+        )
     for row in result.rows:
         _check_answer(row, cfg.max_new_tokens, vocab_size, served)
     return cfg
@@ -163,7 +181,9 @@ def _check_answer(row: RowResult, max_new_tokens: int, vocab_size: int, served: 
     if not isinstance(ids, list):
         raise FeedbackError(f"{where}: token_ids must be a list of token ids, got {type(ids).__name__}")
     if len(ids) > max_new_tokens:
-        raise FeedbackError(f"{where}: token_ids has {len(ids):,} tokens but max_new_tokens is {max_new_tokens}")
+        raise FeedbackError(
+            f"{where}: token_ids has {len(ids):,} tokens but max_new_tokens is {max_new_tokens}"
+        )
     vocab = f"the vocabulary (0–{vocab_size - 1})"
     for i, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, int):  # 1e12 comes as a float, true as a bool
@@ -188,11 +208,15 @@ def _check_length(name: str, text: str | None, limit: int) -> None:
 def _check_row(row, num_layers: int | None) -> None:
     where = f"row {str(row.name)[:NAME_MAX_CHARS]!r}"
     if not isinstance(row.name, str) or not 1 <= len(row.name) <= NAME_MAX_CHARS:
-        raise FeedbackError(f"a row's name must be text of 1 to {NAME_MAX_CHARS} characters, got {row.name!r:.80}")
+        raise FeedbackError(
+            f"a row's name must be text of 1 to {NAME_MAX_CHARS} characters, got {row.name!r:.80}"
+        )
     if len(row.params) > MAX_PARAMS:
         raise FeedbackError(f"{where}: params are limited to {MAX_PARAMS}, got {len(row.params)}")
     if row.messages is not None and len(row.messages) > MAX_MESSAGES:
-        raise FeedbackError(f"{where}: messages are limited to {MAX_MESSAGES} earlier turns, got {len(row.messages)}")
+        raise FeedbackError(
+            f"{where}: messages are limited to {MAX_MESSAGES} earlier turns, got {len(row.messages)}"
+        )
     if row.strategy is not None and num_layers is not None:
         try:
             build_strategy(row.strategy, row.params, num_layers)

@@ -2,6 +2,7 @@
 
 The page, the Gradio API and the HTTP API share one pool per process, so each model is loaded once
 and every run, whichever door it came through, waits in the same line (`ModelPool.gate`)."""
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,9 @@ class ModelPool:
     Shared by the UI and API so one process loads each model once. Loading is serialised; runs
     take a slot of `gate` first."""
 
-    def __init__(self, allowlist: list[str], capacity: int = 1, max_waiting: int | None = MAX_WAITING, **load_kwargs):
+    def __init__(
+        self, allowlist: list[str], capacity: int = 1, max_waiting: int | None = MAX_WAITING, **load_kwargs
+    ):
         if not allowlist:
             raise FeedbackError("the model allowlist is empty")
         # One line for all model work of this process, page and API alike; one run at a time, as
@@ -34,7 +37,7 @@ class ModelPool:
         self._lock = threading.Lock()
 
     @classmethod
-    def serving(cls, lm: LoadedModel) -> "ModelPool":
+    def serving(cls, lm: LoadedModel) -> ModelPool:
         """A pool whose allowlist is one model that is already loaded (tests, benchmarks)."""
         pool = cls([lm.name])
         pool._models[lm.name] = lm

@@ -1,4 +1,5 @@
 """Feedback strategies: one file each, one interface (`base.Strategy`), looked up by name here."""
+
 from __future__ import annotations
 
 import functools
@@ -15,8 +16,15 @@ from feedback.strategies.soft_token import SoftTokenStrategy
 from feedback.strategies.stack import SEP, StackStrategy, is_stack_name, stack_class
 
 REGISTRY: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (ResidualStrategy, SoftTokenStrategy, DeepCacheStrategy, AnchorStrategy,
-                              InnerLoopStrategy, RestateStrategy)
+    cls.name: cls
+    for cls in (
+        ResidualStrategy,
+        SoftTokenStrategy,
+        DeepCacheStrategy,
+        AnchorStrategy,
+        InnerLoopStrategy,
+        RestateStrategy,
+    )
 }
 
 
@@ -29,8 +37,10 @@ def get_strategy(name: str) -> type[Strategy]:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise FeedbackError(f"unknown strategy {name!r}; available: {', '.join(sorted(REGISTRY))}, "
-                            f"or several joined by {SEP!r} (a stack, e.g. inner_loop{SEP}deep_cache)") from None
+        raise FeedbackError(
+            f"unknown strategy {name!r}; available: {', '.join(sorted(REGISTRY))}, "
+            f"or several joined by {SEP!r} (a stack, e.g. inner_loop{SEP}deep_cache)"
+        ) from None
 
 
 @functools.lru_cache(maxsize=64)
@@ -47,5 +57,16 @@ def build_strategy(name: str, params: dict[str, Any], num_layers: int) -> Strate
     return get_strategy(name)(params, num_layers)
 
 
-__all__ = ["BatchView", "Param", "Phase", "Preset", "PromptStrategy", "Strategy", "StackStrategy", "REGISTRY", "SEP", "get_strategy",
-           "build_strategy"]
+__all__ = [
+    "BatchView",
+    "Param",
+    "Phase",
+    "Preset",
+    "PromptStrategy",
+    "Strategy",
+    "StackStrategy",
+    "REGISTRY",
+    "SEP",
+    "get_strategy",
+    "build_strategy",
+]

@@ -8,6 +8,7 @@ from the prompt. Only the last layer's output changes (no later position reads i
 parallel pass is exact. In generation the prompt is the prefill; in teacher-forced perplexity the
 first `prompt_tokens` tokens of each window act as the prompt and injection starts after them.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,21 +21,48 @@ class AnchorStrategy(Strategy):
     name = "anchor"
     description = "the prompt's deep summary pulled back into the last layer during decoding"
     formula = "h^L_t ← h^L_t + α·rms(h^L_t)·normalise(mean over the prompt of h^s − running mean of h^s)"
-    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/results/RESULTS.md (held-out split).
+    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/results/RESULTS.md
+    # (held-out split).
     presets = (
-        Preset("visible effect", {"alpha": 0.1}, "changes all 8 example answers, mostly within the first tokens"),
-        Preset("best on dev (no clear gain)", {"alpha": 0.02, "source_layer": lambda n: n // 2},
-               "the best dev-split setting; on held-out text +0.13 % perplexity, CI includes 0"),
-        Preset("defaults", {}, "the starting point: +4.2 % held-out perplexity; changes all 8 example answers"),
+        Preset(
+            "visible effect", {"alpha": 0.1}, "changes all 8 example answers, mostly within the first tokens"
+        ),
+        Preset(
+            "best on dev (no clear gain)",
+            {"alpha": 0.02, "source_layer": lambda n: n // 2},
+            "the best dev-split setting; on held-out text +0.13 % perplexity, CI includes 0",
+        ),
+        Preset(
+            "defaults", {}, "the starting point: +4.2 % held-out perplexity; changes all 8 example answers"
+        ),
     )
     recurrent = False
     params = (
-        Param("alpha", float, 0.05, "injection strength, relative to the last layer's RMS", -1.0, 1.0,
-              search=(-0.1, 0.1)),
-        Param("source_layer", int, lambda n: min(n - 1, round(0.7 * n)), "layer that is summarised",
-              is_layer=True),
-        Param("prompt_tokens", int, 32, "perplexity only: leading tokens of a window used as the prompt",
-              2, 100_000, perplexity_only=True),
+        Param(
+            "alpha",
+            float,
+            0.05,
+            "injection strength, relative to the last layer's RMS",
+            -1.0,
+            1.0,
+            search=(-0.1, 0.1),
+        ),
+        Param(
+            "source_layer",
+            int,
+            lambda n: min(n - 1, round(0.7 * n)),
+            "layer that is summarised",
+            is_layer=True,
+        ),
+        Param(
+            "prompt_tokens",
+            int,
+            32,
+            "perplexity only: leading tokens of a window used as the prompt",
+            2,
+            100_000,
+            perplexity_only=True,
+        ),
     )
 
     def reset(self) -> None:
@@ -56,8 +84,11 @@ class AnchorStrategy(Strategy):
         k = self.values["prompt_tokens"]
         if self.phase == Phase.SEQUENCE:  # positions < k are the prompt: summarised, not pushed
             prompt = h[positions < k]
-            self.seq_dirs = None if prompt.shape[0] == 0 else torch.where(
-                (positions >= k)[:, None], unit(prompt.mean(dim=0) - causal_mean(h)), 0.0)
+            self.seq_dirs = (
+                None
+                if prompt.shape[0] == 0
+                else torch.where((positions >= k)[:, None], unit(prompt.mean(dim=0) - causal_mean(h)), 0.0)
+            )
             return
         mean = self.running.add(h)
         if self.phase == Phase.PREFILL:
@@ -70,5 +101,11 @@ class AnchorStrategy(Strategy):
             self.current = unit(self.summary - mean)
 
     def _inject(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
-        d = self.seq_dirs if self.phase == Phase.SEQUENCE else None if self.phase == Phase.PREFILL else self.current
+        d = (
+            self.seq_dirs
+            if self.phase == Phase.SEQUENCE
+            else None
+            if self.phase == Phase.PREFILL
+            else self.current
+        )
         return None if d is None else x + self.values["alpha"] * rms(x) * d

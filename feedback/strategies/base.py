@@ -10,19 +10,26 @@ absolute positions `[T]`, and writes the returned states back in the module's dt
 `detach` removes every hook. A prompt-level strategy (`PromptStrategy`) reads and writes no state:
 it changes the row's prompt and the tokens its reply takes, through the methods the engine calls.
 """
+
 from __future__ import annotations
 
 import functools
 import inspect
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import (
+    Cache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionCacheLayerMixin,
+)
 
 from feedback.errors import FeedbackError, check_stop
 
@@ -128,7 +135,9 @@ class Param:
                 raise ValueError(value)
             value = self.kind(value)
         except (TypeError, ValueError):
-            raise FeedbackError(f"parameter {self.name} must be {self.kind.__name__}, got {value!r}") from None
+            raise FeedbackError(
+                f"parameter {self.name} must be {self.kind.__name__}, got {value!r}"
+            ) from None
         if isinstance(value, float) and not math.isfinite(value):
             raise FeedbackError(f"parameter {self.name} must be finite, got {value!r}")
         lo, hi = self.minimum, self.maximum
@@ -143,10 +152,17 @@ class Param:
     def schema(self, num_layers: int) -> dict:
         lo, hi = (0, num_layers - 1) if self.is_layer else (self.minimum, self.maximum)
         return {
-            "name": self.name, "type": self.kind.__name__, "default": self.default_for(num_layers),
-            "minimum": lo, "maximum": hi, "choices": list(self.choices) if self.choices else None,
-            "help": self.help, "is_layer": self.is_layer, "perplexity_only": self.perplexity_only,
-            "search": list(self.search_range(num_layers)) if self.tunable else None, "log": self.log,
+            "name": self.name,
+            "type": self.kind.__name__,
+            "default": self.default_for(num_layers),
+            "minimum": lo,
+            "maximum": hi,
+            "choices": list(self.choices) if self.choices else None,
+            "help": self.help,
+            "is_layer": self.is_layer,
+            "perplexity_only": self.perplexity_only,
+            "search": list(self.search_range(num_layers)) if self.tunable else None,
+            "log": self.log,
         }
 
     @property
@@ -179,7 +195,8 @@ def layer_output(output: Any) -> torch.Tensor:
 
 # The names transformers' decoder layers take their KV cache by (GPT-NeoX, Falcon and BLOOM say layer_past).
 CACHE_ARGS = ("cache", "past_key_values", "past_key_value", "layer_past")
-# Arguments laid out [batch x heads, ...] (BLOOM's and Falcon's ALiBi biases): a row's slice is its block of heads.
+# Arguments laid out [batch x heads, ...] (BLOOM's and Falcon's ALiBi biases): a row's slice is its block
+# of heads.
 HEAD_MAJOR_ARGS = frozenset({"alibi"})
 
 
@@ -188,10 +205,10 @@ def _batch_row(value: Any, b: int, rows: int, head_major: bool = False) -> Any:
     `head_major`: laid out [rows x heads, ...], the row's block of heads)."""
     if isinstance(value, torch.Tensor) and value.dim() > 0 and rows > 1:
         if value.shape[0] == rows:
-            return value[b:b + 1]
+            return value[b : b + 1]
         if head_major and value.shape[0] % rows == 0:
             heads = value.shape[0] // rows
-            return value[b * heads:(b + 1) * heads]
+            return value[b * heads : (b + 1) * heads]
     if isinstance(value, tuple):
         return tuple(_batch_row(v, b, rows) for v in value)
     return value
@@ -207,7 +224,7 @@ class LayerSignature:
     cache: str
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _signature_of(layer_type: type) -> LayerSignature | str:
     """The layer class's call signature, or why a layer of it cannot be re-run (text)."""
     params = inspect.signature(layer_type.forward).parameters
@@ -216,8 +233,10 @@ def _signature_of(layer_type: type) -> LayerSignature | str:
     if not names:
         return f"{layer_type.__name__}.forward takes no hidden states by name"
     if cache is None:
-        return (f"{layer_type.__name__}.forward takes no KV-cache argument this project knows "
-                f"({', '.join(CACHE_ARGS)})")
+        return (
+            f"{layer_type.__name__}.forward takes no KV-cache argument this project knows "
+            f"({', '.join(CACHE_ARGS)})"
+        )
     return LayerSignature(tuple(names), names[0], cache)
 
 
@@ -273,8 +292,10 @@ def cache_like(cache: Cache | None) -> Cache | None:
         elif isinstance(layer, DynamicLayer) and not isinstance(layer, LinearAttentionCacheLayerMixin):
             layers.append(DynamicLayer())
         else:
-            raise FeedbackError(f"a strategy that re-runs layers keeps a KV cache like the model's, and the "
-                                f"model's cache holds a {type(layer).__name__}, which it cannot copy")
+            raise FeedbackError(
+                f"a strategy that re-runs layers keeps a KV cache like the model's, and the "
+                f"model's cache holds a {type(layer).__name__}, which it cannot copy"
+            )
     return Cache(layers=layers)
 
 
@@ -302,7 +323,11 @@ class RunningMean:
         n = states.shape[0]
         if n:
             chunk = states.mean(dim=0) if n > 1 else states[0]
-            self.value = chunk.clone() if self.value is None else self.value + (chunk - self.value) * n / (self.count + n)
+            self.value = (
+                chunk.clone()
+                if self.value is None
+                else self.value + (chunk - self.value) * n / (self.count + n)
+            )
             self.count += n
         return self.value
 
@@ -318,7 +343,8 @@ class Strategy(ABC):
     description: ClassVar[str]
     formula: ClassVar[str] = ""  # the update, in plain text, for help texts
     params: ClassVar[tuple[Param, ...]]
-    # Named settings, the first being the one a new page starts on; measured, not guessed (the notes say where).
+    # Named settings, the first being the one a new page starts on; measured, not guessed (the notes say
+    # where).
     presets: ClassVar[tuple[Preset, ...]] = ()
     recurrent: ClassVar[bool] = True
     strength_param: ClassVar[str] = "alpha"  # the parameter that is 0 for "no feedback"
@@ -356,12 +382,17 @@ class Strategy(ABC):
     @classmethod
     def schema(cls, num_layers: int) -> dict:
         return {
-            "name": cls.name, "description": cls.description, "formula": cls.formula,
-            "recurrent": cls.recurrent, "prompt_level": issubclass(cls, PromptStrategy),
+            "name": cls.name,
+            "description": cls.description,
+            "formula": cls.formula,
+            "recurrent": cls.recurrent,
+            "prompt_level": issubclass(cls, PromptStrategy),
             "strength_param": cls.strength_param,
             "params": [p.schema(num_layers) for p in cls.params],
-            "presets": [{"name": p.name, "params": cls.preset_values(p.name, num_layers), "note": p.note}
-                        for p in cls.presets],
+            "presets": [
+                {"name": p.name, "params": cls.preset_values(p.name, num_layers), "note": p.note}
+                for p in cls.presets
+            ],
         }
 
     @classmethod
@@ -382,7 +413,9 @@ class Strategy(ABC):
         if preset is None:
             known = ", ".join(p.name for p in cls.presets) or "none"
             raise FeedbackError(f"unknown preset {name!r} for strategy {cls.name}; it has {known}")
-        return cls.validate({k: v(num_layers) if callable(v) else v for k, v in preset.values.items()}, num_layers)
+        return cls.validate(
+            {k: v(num_layers) if callable(v) else v for k, v in preset.values.items()}, num_layers
+        )
 
     def attach(self, model: nn.Module, layers: nn.ModuleList, row_id: int, batch: BatchView) -> None:
         """Register this strategy's hooks for one row; state starts fresh."""
@@ -408,39 +441,53 @@ class Strategy(ABC):
     # ---- where a strategy reads and writes; `where` is a decoder-layer index or a module ----
     def watch_output(self, where: int | nn.Module, fn: Callable[[torch.Tensor, torch.Tensor], None]) -> None:
         """Call `fn(states, positions)` with this row's slice of the module's output."""
+
         def hook(module, args, output):
             view = self._view(layer_output(output))
             if view is not None:
                 fn(*view[1:])
+
         self._handles.append(self._module(where).register_forward_hook(hook))
 
     def watch_input(self, where: int | nn.Module, fn: Callable[[torch.Tensor, torch.Tensor], None]) -> None:
         """Call `fn(values, positions)` with this row's slice of the module's first input."""
+
         def hook(module, args, kwargs):
             view = self._view(args[0] if args else next(iter(kwargs.values())))
             if view is not None:
                 fn(*view[1:])
+
         self._handles.append(self._module(where).register_forward_pre_hook(hook, with_kwargs=True))
 
-    def edit_output(self, where: int | nn.Module, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None],
-                    whole: bool = False) -> None:
+    def edit_output(
+        self,
+        where: int | nn.Module,
+        fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None],
+        whole: bool = False,
+    ) -> None:
         """Replace this row's slice of the module's output by `fn(states, positions)` (None: keep).
         `whole`: `fn` sees the row's whole slice, padding and sink included (positions below 0 and
         0), as a re-run of layers needs; only its real, non-sink part is written back."""
+
         def hook(module, args, output):
             new = self._edit(layer_output(output), fn, whole)
             if new is None:
                 return None
             return (new, *output[1:]) if isinstance(output, tuple) else new
+
         self._handles.append(self._module(where).register_forward_hook(hook))
 
-    def edit_input(self, where: int | nn.Module, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]) -> None:
+    def edit_input(
+        self, where: int | nn.Module, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None]
+    ) -> None:
         """Replace this row's slice of the module's hidden-state input by `fn(states, positions)`."""
+
         def hook(module, args, kwargs):
             new = self._edit(args[0] if args else kwargs["hidden_states"], fn)
             if new is None:
                 return None
             return ((new, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": new})
+
         self._handles.append(self._module(where).register_forward_pre_hook(hook, with_kwargs=True))
 
     def watch_call(self, where: int | nn.Module, fn: Callable[[torch.Tensor, LayerCall], None]) -> None:
@@ -460,6 +507,7 @@ class Strategy(ABC):
                 rows = x.shape[0]
                 cut = {k: _batch_row(v, sp.b, rows, k in HEAD_MAJOR_ARGS) for k, v in named.items()}
                 fn(x[sp.b].to(self.device).float(), LayerCall(module, sig, cut))
+
         self._handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
 
     def run_layer(self, call: LayerCall, states: torch.Tensor, cache: Any = None) -> torch.Tensor:

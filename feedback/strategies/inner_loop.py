@@ -4,14 +4,15 @@
     euler:  each layer f of the block as n = K + 1 sub-steps  h <- h + (f(h) - h) / n,  then
             output (1 - beta) * y + beta * h_euler
 
-B is layers [start_layer, end_layer], y the block's ordinary output (Lys et al., arXiv 2602.14759; Chen et al.,
-arXiv 2605.23872: re-applying middle layers at inference, interpolated with the plain state). K = 0
-or beta = 0 is the plain model exactly. Every extra pass is causal over the row's own sequence:
+B is layers [start_layer, end_layer], y the block's ordinary output (Lys et al., arXiv 2602.14759;
+Chen et al., arXiv 2605.23872: re-applying middle layers at inference, interpolated with the plain
+state). K = 0 or beta = 0 is the plain model exactly. Every extra pass is causal over the row's own sequence:
 pass i attends to pass i's keys and values of the earlier positions, which the strategy keeps in
 KV caches of its own (one per pass), so the model's cache never holds a duplicate entry and decoding
 token by token equals one parallel pass over a text. Because the prompt's positions are looped too,
 the row prefills its prompt on its own. Cost: `extra_layer_passes` per token.
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,44 +30,99 @@ KV_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 
 class InnerLoopStrategy(Strategy):
     name = "inner_loop"
-    description = "a block of middle layers applied again to the same token, interpolated with the plain state"
-    formula = "z_i = (1−β)·y + β·B(z_{i−1}), K times over layers [start_layer, end_layer]; or each layer as K+1 Euler sub-steps"
+    description = (
+        "a block of middle layers applied again to the same token, interpolated with the plain state"
+    )
+    formula = (
+        "z_i = (1−β)·y + β·B(z_{i−1}), K times over layers [start_layer, end_layer]; "
+        "or each layer as K+1 Euler sub-steps"
+    )
     recurrent = False
     edits_prompt = True
     strength_param = "beta"
     # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity in docs/results/RESULTS.md.
     presets = (
-        Preset("visible effect", {},
-               "the defaults (one extra pass over the middle third, half weight): changes all 8 example answers, "
-               "first difference after 0–16 tokens; some words come out garbled (“Rayleigh Scavengeriller's law”)"),
-        Preset("tuned for perplexity", {"start_layer": lambda n: round(0.27 * n), "end_layer": lambda n: round(0.47 * n),
-                                        "loops": 2, "beta": 0.08451},
-               "found by `tune` on dev (26 trials): −0.61 % held-out perplexity (95% CI −0.83 to −0.36), the "
-               "lowest of any strategy; changes 5 of the 8 example answers (first difference after 6–56 tokens)"),
-        Preset("euler, tuned block", {"start_layer": lambda n: round(0.27 * n), "end_layer": lambda n: round(0.47 * n),
-                                      "loops": 2, "beta": 0.08451, "mode": "euler"},
-               "the same block and weight as damped Euler sub-steps (best of its own 20-trial search): −0.19 % "
-               "held-out (95% CI −0.31 to −0.07); changes 6 of the 8 example answers"),
-        Preset("euler, full weight", {"mode": "euler", "loops": 1, "beta": 1.0},
-               "each middle layer as two half steps: changes all 8 example answers (first difference after 1–31 "
-               "tokens) and keeps them more fluent than the defaults"),
+        Preset(
+            "visible effect",
+            {},
+            "the defaults (one extra pass over the middle third, half weight): changes all 8 example "
+            "answers, first difference after 0–16 tokens; some words come out garbled "
+            "(“Rayleigh Scavengeriller's law”)",
+        ),
+        Preset(
+            "tuned for perplexity",
+            {
+                "start_layer": lambda n: round(0.27 * n),
+                "end_layer": lambda n: round(0.47 * n),
+                "loops": 2,
+                "beta": 0.08451,
+            },
+            "found by `tune` on dev (26 trials): −0.61 % held-out perplexity (95% CI −0.83 to −0.36), the "
+            "lowest of any strategy; changes 5 of the 8 example answers (first difference after 6–56 tokens)",
+        ),
+        Preset(
+            "euler, tuned block",
+            {
+                "start_layer": lambda n: round(0.27 * n),
+                "end_layer": lambda n: round(0.47 * n),
+                "loops": 2,
+                "beta": 0.08451,
+                "mode": "euler",
+            },
+            "the same block and weight as damped Euler sub-steps (best of its own 20-trial search): −0.19 % "
+            "held-out (95% CI −0.31 to −0.07); changes 6 of the 8 example answers",
+        ),
+        Preset(
+            "euler, full weight",
+            {"mode": "euler", "loops": 1, "beta": 1.0},
+            "each middle layer as two half steps: changes all 8 example answers (first difference after 1–31 "
+            "tokens) and keeps them more fluent than the defaults",
+        ),
     )
     params = (
         Param("start_layer", int, lambda n: n // 3, "first decoder layer of the looped block", is_layer=True),
-        Param("end_layer", int, lambda n: (2 * n) // 3, "last decoder layer of the looped block", is_layer=True,
-              at_least="start_layer"),
-        Param("loops", int, 1, "K: extra passes over the block (euler: K + 1 sub-steps per layer)", 0, 8,
-              search=(1, 4)),
-        Param("beta", float, 0.5, "weight of the looped state against the plain one", 0.0, 1.0,
-              search=(0.05, 1.0)),
-        Param("mode", str, "loop", "loop: K extra passes of the block; euler: each layer in K + 1 damped sub-steps",
-              choices=("loop", "euler"), search=("loop", "euler")),
+        Param(
+            "end_layer",
+            int,
+            lambda n: (2 * n) // 3,
+            "last decoder layer of the looped block",
+            is_layer=True,
+            at_least="start_layer",
+        ),
+        Param(
+            "loops",
+            int,
+            1,
+            "K: extra passes over the block (euler: K + 1 sub-steps per layer)",
+            0,
+            8,
+            search=(1, 4),
+        ),
+        Param(
+            "beta",
+            float,
+            0.5,
+            "weight of the looped state against the plain one",
+            0.0,
+            1.0,
+            search=(0.05, 1.0),
+        ),
+        Param(
+            "mode",
+            str,
+            "loop",
+            "loop: K extra passes of the block; euler: each layer in K + 1 damped sub-steps",
+            choices=("loop", "euler"),
+            search=("loop", "euler"),
+        ),
     )
 
     @classmethod
     def check(cls, values: dict, num_layers: int) -> None:
         if values["start_layer"] > values["end_layer"]:
-            raise FeedbackError(f"inner_loop: start_layer {values['start_layer']} is after end_layer {values['end_layer']}")
+            raise FeedbackError(
+                f"inner_loop: start_layer {values['start_layer']} is after end_layer {values['end_layer']}"
+            )
 
     def reset(self) -> None:
         self.inputs: torch.Tensor | None = None  # the block's input for this row, this forward [T, H]
@@ -79,8 +135,10 @@ class InnerLoopStrategy(Strategy):
         text = model.config.get_text_config(decoder=True)
         kinds = set(getattr(text, "layer_types", None) or ()) - KV_LAYER_TYPES
         if kinds:
-            raise FeedbackError(f"inner_loop re-runs decoder layers with KV caches of its own, and this model has "
-                                f"{', '.join(sorted(kinds))} layers, whose state it cannot keep")
+            raise FeedbackError(
+                f"inner_loop re-runs decoder layers with KV caches of its own, and this model has "
+                f"{', '.join(sorted(kinds))} layers, whose state it cannot keep"
+            )
 
     def extra_layer_passes(self) -> int:
         if self.values["loops"] == 0 or self.values["beta"] == 0:

@@ -12,6 +12,7 @@ decoded token on. In the sequence phase (teacher-forced perplexity) a pass injec
 directions computed from the previous pass's source states: repeated passes are Jacobi iterations
 of the recurrence, exact for the first p positions after p passes.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,21 +24,48 @@ from feedback.strategies.base import Param, Phase, Preset, RunningMean, Strategy
 class ResidualStrategy(Strategy):
     name = "residual"
     description = "previous token's centred deep state added to a lower layer's residual stream"
-    formula = "x_t ← x_t + α·rms(x_t)·u_{t−1} at the target layer's input; u = the source layer's state, centred and normalised"
-    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/results/RESULTS.md (held-out split).
+    formula = (
+        "x_t ← x_t + α·rms(x_t)·u_{t−1} at the target layer's input; u = the source layer's state, "
+        "centred and normalised"
+    )
+    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/results/RESULTS.md
+    # (held-out split).
     presets = (
-        Preset("visible effect", {"alpha": 0.1},
-               "changes the answer on all 8 example prompts (first difference after 1–26 tokens); text stays fluent"),
-        Preset("tuned for perplexity", {"alpha": 0.02, "target_layer": lambda n: round(0.1 * n)},
-               "the lowest held-out perplexity found: −0.17 % (95% CI −0.28 to −0.06); changes 6 of the 8 "
-               "example answers"),
-        Preset("defaults", {}, "the starting point: +0.5 % held-out perplexity; changes 6 of the 8 example answers"),
+        Preset(
+            "visible effect",
+            {"alpha": 0.1},
+            "changes the answer on all 8 example prompts (first difference after 1–26 tokens); "
+            "text stays fluent",
+        ),
+        Preset(
+            "tuned for perplexity",
+            {"alpha": 0.02, "target_layer": lambda n: round(0.1 * n)},
+            "the lowest held-out perplexity found: −0.17 % (95% CI −0.28 to −0.06); changes 6 of the 8 "
+            "example answers",
+        ),
+        Preset(
+            "defaults",
+            {},
+            "the starting point: +0.5 % held-out perplexity; changes 6 of the 8 example answers",
+        ),
     )
     params = (
-        Param("alpha", float, 0.05, "injection strength, relative to the target's RMS", -1.0, 1.0,
-              search=(-0.1, 0.1)),
-        Param("source_layer", int, lambda n: min(n - 1, round(0.7 * n)), "layer whose output is fed back",
-              is_layer=True),
+        Param(
+            "alpha",
+            float,
+            0.05,
+            "injection strength, relative to the target's RMS",
+            -1.0,
+            1.0,
+            search=(-0.1, 0.1),
+        ),
+        Param(
+            "source_layer",
+            int,
+            lambda n: min(n - 1, round(0.7 * n)),
+            "layer whose output is fed back",
+            is_layer=True,
+        ),
         Param("target_layer", int, lambda n: round(0.3 * n), "layer whose input receives it", is_layer=True),
     )
 
@@ -63,7 +91,13 @@ class ResidualStrategy(Strategy):
             self.next_u = unit(h[-1] - self.running.add(h))
 
     def _inject(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
-        u = self.seq_u if self.phase == Phase.SEQUENCE else None if self.phase == Phase.PREFILL else self.prev_u
+        u = (
+            self.seq_u
+            if self.phase == Phase.SEQUENCE
+            else None
+            if self.phase == Phase.PREFILL
+            else self.prev_u
+        )
         return None if u is None else x + self.values["alpha"] * rms(x) * u
 
     def after_forward(self) -> None:

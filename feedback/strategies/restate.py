@@ -10,34 +10,56 @@ The steps carry which part they belong to ("restate", "transition"), so both pha
 Scoring a text with it means scoring a reference answer after the restatement (reference PPL);
 text perplexity does not apply, since the model itself is unchanged.
 """
+
 from __future__ import annotations
 
 from feedback.strategies.base import Param, Preset, PromptStrategy
 
-INSTRUCTION = ("Before answering, restate the key facts given in the question in one or two short "
-               "sentences. Then answer.")
+INSTRUCTION = (
+    "Before answering, restate the key facts given in the question in one or two short "
+    "sentences. Then answer."
+)
 OPENING = "Key facts:"
 TRANSITION = "\n\nAnswer:"
 
 
 class RestateStrategy(PromptStrategy):
     name = "restate"
-    description = ("prompt-level, no hidden-state change: the row restates the question's key facts, "
-                   "then answers with them in its context")
-    formula = (f"prompt + “{INSTRUCTION}” → reply “{OPENING} <restatement>{TRANSITION.strip()} <answer>”; "
-               "the markers are forced")
+    description = (
+        "prompt-level, no hidden-state change: the row restates the question's key facts, "
+        "then answers with them in its context"
+    )
+    formula = (
+        f"prompt + “{INSTRUCTION}” → reply “{OPENING} <restatement>{TRANSITION.strip()} <answer>”; "
+        "the markers are forced"
+    )
     strength_param = "max_tokens"  # 0: no restatement, the markers only
     # Notes: greedy, 96 tokens, on the 8 example prompts.
     presets = (
-        Preset("visible effect", {},
-               "a restatement of at most 48 tokens: every example answer changes from its first token (“Key facts:”)"),
-        Preset("markers only", {"max_tokens": 0},
-               "no restatement, only the forced “Key facts:” and “Answer:” markers: isolates what the markers "
-               "themselves do"),
+        Preset(
+            "visible effect",
+            {},
+            "a restatement of at most 48 tokens: every example answer changes from its first token "
+            "(“Key facts:”)",
+        ),
+        Preset(
+            "markers only",
+            {"max_tokens": 0},
+            "no restatement, only the forced “Key facts:” and “Answer:” markers: isolates what the markers "
+            "themselves do",
+        ),
     )
     params = (
-        Param("max_tokens", int, 48, "longest restatement, in tokens, before the answer is forced to start",
-              0, 512, search=(8, 128), log=True),
+        Param(
+            "max_tokens",
+            int,
+            48,
+            "longest restatement, in tokens, before the answer is forced to start",
+            0,
+            512,
+            search=(8, 128),
+            log=True,
+        ),
     )
 
     def reset(self) -> None:
@@ -65,8 +87,9 @@ class RestateStrategy(PromptStrategy):
         part = self.part
         if self.queue:  # a marker being forced
             token = self.queue.pop(0)
-        elif part == "restate" and (token in self.eos or self.restated >= self.values["max_tokens"]
-                                    or "\n" in self.decode([token])):
+        elif part == "restate" and (
+            token in self.eos or self.restated >= self.values["max_tokens"] or "\n" in self.decode([token])
+        ):
             part, self.part = "transition", "transition"
             self.queue = list(self.transition)
             token = self.queue.pop(0)
@@ -88,5 +111,5 @@ class RestateStrategy(PromptStrategy):
         """The reply's tokens that come before the answer (the whole reply and the transition when
         the answer never began): what a reference answer is scored after."""
         if self.answer_start is not None:
-            return token_ids[:self.answer_start]
+            return token_ids[: self.answer_start]
         return token_ids + (self.transition if self.part == "restate" else self.queue)

@@ -7,6 +7,7 @@ p_{t-1} is the row's own (already fed-back) next-token distribution at t-1, rest
 top-k, renormalised at temperature tau. Recurrent like `residual`. The attention sink is never a source.
 In generation the prompt prefill runs clean; its last distribution feeds the first decoded token.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,23 +19,60 @@ from feedback.strategies.base import Param, Phase, Preset, Strategy
 class SoftTokenStrategy(Strategy):
     name = "soft_token"
     description = "previous step's predicted distribution mixed into the next input embedding"
-    formula = "e'_t = e(x_t) + β·(ē_t − e(x_t)); ē_t = the embedding expected under the previous step's top-k distribution"
-    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/results/RESULTS.md (held-out split).
+    formula = (
+        "e'_t = e(x_t) + β·(ē_t − e(x_t)); ē_t = the embedding expected under the previous step's "
+        "top-k distribution"
+    )
+    # Notes: greedy, 96 tokens, on the 8 example prompts; perplexity from docs/results/RESULTS.md
+    # (held-out split).
     presets = (
-        Preset("visible effect", {"beta": 0.3},
-               "changes 7 of the 8 example answers (first difference after 3–52 tokens)"),
-        Preset("best on dev (no clear gain)", {"beta": -0.05, "top_k": 8},
-               "the best dev-split setting; on held-out text +0.06 % perplexity, CI includes 0"),
-        Preset("defaults", {}, "the starting point: +1.7 % held-out perplexity; changes 6 of the 8 example answers"),
+        Preset(
+            "visible effect",
+            {"beta": 0.3},
+            "changes 7 of the 8 example answers (first difference after 3–52 tokens)",
+        ),
+        Preset(
+            "best on dev (no clear gain)",
+            {"beta": -0.05, "top_k": 8},
+            "the best dev-split setting; on held-out text +0.06 % perplexity, CI includes 0",
+        ),
+        Preset(
+            "defaults",
+            {},
+            "the starting point: +1.7 % held-out perplexity; changes 6 of the 8 example answers",
+        ),
     )
     strength_param = "beta"
     params = (
-        Param("beta", float, 0.1, "how far the input embedding moves toward the expected embedding", -1.0, 1.0,
-              search=(-0.2, 0.3)),
-        Param("top_k", int, 32, "tokens of the previous distribution that are mixed", 1, 1000,
-              search=(1, 256), log=True),
-        Param("tau", float, 1.0, "temperature of the previous distribution", 0.01, 10.0,
-              search=(0.25, 4.0), log=True),
+        Param(
+            "beta",
+            float,
+            0.1,
+            "how far the input embedding moves toward the expected embedding",
+            -1.0,
+            1.0,
+            search=(-0.2, 0.3),
+        ),
+        Param(
+            "top_k",
+            int,
+            32,
+            "tokens of the previous distribution that are mixed",
+            1,
+            1000,
+            search=(1, 256),
+            log=True,
+        ),
+        Param(
+            "tau",
+            float,
+            1.0,
+            "temperature of the previous distribution",
+            0.01,
+            10.0,
+            search=(0.25, 4.0),
+            log=True,
+        ),
     )
 
     def reset(self) -> None:
@@ -51,7 +89,9 @@ class SoftTokenStrategy(Strategy):
         """ebar for each row of logits [N, V] -> [N, H] (fp32)."""
         top, ids = torch.topk(logits / self.values["tau"], self.values["top_k"], dim=-1)
         weights = torch.softmax(top, dim=-1)
-        return torch.einsum("nk,nkh->nh", weights, self.table[ids.to(self.table.device)].float().to(weights.device))
+        return torch.einsum(
+            "nk,nkh->nh", weights, self.table[ids.to(self.table.device)].float().to(weights.device)
+        )
 
     def _inject(self, e: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
         beta = self.values["beta"]

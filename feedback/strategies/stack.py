@@ -11,6 +11,7 @@ Each member is a full strategy instance with its own state and its own view of t
 only forwards the engine's calls. Prompt-level strategies change the prompt rather than the states
 and cannot be stacked.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -35,8 +36,10 @@ def split_params(values: dict[str, Any], members: tuple[str, ...]) -> dict[str, 
     for key, value in values.items():
         member, dot, param = key.partition(DOT)
         if not dot or member not in out:
-            raise FeedbackError(f"a stack's parameters are named <strategy>.<parameter> with a strategy of the "
-                                f"stack ({', '.join(members)}), got {key!r}")
+            raise FeedbackError(
+                f"a stack's parameters are named <strategy>.<parameter> with a strategy of the "
+                f"stack ({', '.join(members)}), got {key!r}"
+            )
         out[member][param] = value
     return out
 
@@ -47,19 +50,31 @@ def join_params(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _prefixed(member: str, p: Param) -> Param:
-    return replace(p, name=f"{member}{DOT}{p.name}", at_least=f"{member}{DOT}{p.at_least}" if p.at_least else None)
+    return replace(
+        p, name=f"{member}{DOT}{p.name}", at_least=f"{member}{DOT}{p.at_least}" if p.at_least else None
+    )
 
 
 def _shared_presets(members: tuple[type[Strategy], ...]) -> tuple[Preset, ...]:
     """Presets every member has under the same name (each member at its own preset of that name)."""
-    names = [p.name for p in members[0].presets if all(p.name in {q.name for q in m.presets} for m in members[1:])]
+    names = [
+        p.name for p in members[0].presets if all(p.name in {q.name for q in m.presets} for m in members[1:])
+    ]
     presets = []
     for name in names:
-        values = {f"{m.name}{DOT}{k}": v for m in members
-                  for k, v in next(p for p in m.presets if p.name == name).values.items()}
+        values = {
+            f"{m.name}{DOT}{k}": v
+            for m in members
+            for k, v in next(p for p in m.presets if p.name == name).values.items()
+        }
         notes = "; ".join(f"{m.name}: {next(p for p in m.presets if p.name == name).note}" for m in members)
-        presets.append(Preset(name, values, f"each member at its own “{name}” preset, measured alone, not "
-                                            f"as a stack ({notes})"))
+        presets.append(
+            Preset(
+                name,
+                values,
+                f"each member at its own “{name}” preset, measured alone, not as a stack ({notes})",
+            )
+        )
     return tuple(presets)
 
 
@@ -151,20 +166,29 @@ def stack_class(members: list[type[Strategy]]) -> type[StackStrategy]:
     """The stack of `members` (at least two, each once, none prompt-level) as a strategy class."""
     names = [m.name for m in members]
     if len(members) < 2:
-        raise FeedbackError(f"a stack needs at least two strategies joined by {SEP!r}, got {SEP.join(names)!r}")
+        raise FeedbackError(
+            f"a stack needs at least two strategies joined by {SEP!r}, got {SEP.join(names)!r}"
+        )
     if len(set(names)) != len(names):
         raise FeedbackError(f"a stack names each strategy once, got {SEP.join(names)!r}")
     prompt_level = [m.name for m in members if issubclass(m, PromptStrategy)]
     if prompt_level:
-        raise FeedbackError(f"{', '.join(prompt_level)} is prompt-level (it changes the prompt, not the hidden "
-                            "states) and cannot be stacked; stack hidden-state strategies")
+        raise FeedbackError(
+            f"{', '.join(prompt_level)} is prompt-level (it changes the prompt, not the hidden "
+            "states) and cannot be stacked; stack hidden-state strategies"
+        )
     name = SEP.join(names)
-    return type(f"Stack_{'_'.join(names)}", (StackStrategy,), {
-        "name": name, "members": tuple(members),
-        "description": " then ".join(m.description for m in members),
-        "formula": " ; then ".join(f"{m.name}: {m.formula}" for m in members),
-        "params": tuple(_prefixed(m.name, p) for m in members for p in m.params),
-        "presets": _shared_presets(tuple(members)),
-        "recurrent": any(m.recurrent for m in members),
-        "edits_prompt": any(m.edits_prompt for m in members),
-    })
+    return type(
+        f"Stack_{'_'.join(names)}",
+        (StackStrategy,),
+        {
+            "name": name,
+            "members": tuple(members),
+            "description": " then ".join(m.description for m in members),
+            "formula": " ; then ".join(f"{m.name}: {m.formula}" for m in members),
+            "params": tuple(_prefixed(m.name, p) for m in members for p in m.params),
+            "presets": _shared_presets(tuple(members)),
+            "recurrent": any(m.recurrent for m in members),
+            "edits_prompt": any(m.edits_prompt for m in members),
+        },
+    )

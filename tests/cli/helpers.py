@@ -13,6 +13,7 @@ Refused inputs, which never get as far as a run, go through `refused`.
 Real processes (`cli`), kept where only a process shows it: a user's run with its exit status from
 `sys.exit` in `feedback/__main__.py` (one refused input: one line, status 2, no traceback), and the
 bench, which times cold starts and its own subprocesses."""
+
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     """`python -m feedback ARGS` in a real process, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "feedback", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "feedback", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 @contextlib.contextmanager
@@ -69,7 +76,9 @@ def in_process(*args: str) -> subprocess.CompletedProcess:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = _exit_status(list(args))
-    return subprocess.CompletedProcess(["python", "-m", "feedback", *args], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(
+        ["python", "-m", "feedback", *args], code, out.getvalue(), err.getvalue()
+    )
 
 
 def refused(capsys, *args: str) -> str:

@@ -1,5 +1,6 @@
 """`calibrate` (feedback/cli/calibrate.py): refused inputs, the config of the flags, the table and
 every trace written."""
+
 from __future__ import annotations
 
 import json
@@ -14,18 +15,35 @@ def test_calibrate_prints_its_table_writes_every_trace_and_refuses_bad_input(tmp
 
     one = tmp_path / "one.jsonl"
     one.write_text(json.dumps({"question": "What is 2 + 2?", "answer": 4}) + "\n")
-    for args, message in [(["--samples", "0"], "samples per question"), (["--eta", "0"], "eta"),
-                          (["--strategy", "nope"], "unknown strategy 'nope'"), (["--bins", "1"], "bins"),
-                          (["--questions", str(tmp_path / "none.jsonl")], "no such question file"),
-                          (["--questions", str(one)], "at least 2 questions")]:
+    for args, message in [
+        (["--samples", "0"], "samples per question"),
+        (["--eta", "0"], "eta"),
+        (["--strategy", "nope"], "unknown strategy 'nope'"),
+        (["--bins", "1"], "bins"),
+        (["--questions", str(tmp_path / "none.jsonl")], "no such question file"),
+        (["--questions", str(one)], "at least 2 questions"),
+    ]:
         err = refused(capsys, "calibrate", *args)
         assert message in err and err.count("\n") == 1, err
     assert calibration_config(build_parser().parse_args(["calibrate"])) == CalibrationConfig()
     questions = tmp_path / "q.jsonl"
     questions.write_text(one.read_text() + json.dumps({"question": "Name a colour.", "answer": "red"}) + "\n")
     out = tmp_path / "calibration.json"
-    run = in_process("calibrate", "--questions", str(questions), "--samples", "1", "--max-new-tokens", "2",
-                     "--window", "2", "--eta", "90", "--out", str(out))
+    run = in_process(
+        "calibrate",
+        "--questions",
+        str(questions),
+        "--samples",
+        "1",
+        "--max-new-tokens",
+        "2",
+        "--window",
+        "2",
+        "--eta",
+        "90",
+        "--out",
+        str(out),
+    )
     assert run.returncode == 0, run.stderr
     assert "AUROC" in run.stdout and "lowest_group" in run.stdout and "eta 90%" in run.stdout
     # one test trace per row: no interval, and each row says why, with the count

@@ -1,5 +1,6 @@
 """`main` (feedback/cli/__init__.py): every command registered and its help, and what a run's failure
 prints: one line and status 2 for a refused input, 1 for a failure mid-run (its traceback on request)."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,10 @@ def test_a_refused_input_in_a_real_process_is_one_line_and_status_2():
 
 def _crash(args):
     """A failure mid-run as torch reports a model's shape mismatch: a long, many-line message."""
-    raise RuntimeError("The size of tensor a (74) must match the size of tensor b (37) at non-singleton "
-                       "dimension 3\n" + "  frame\n" * 100)
+    raise RuntimeError(
+        "The size of tensor a (74) must match the size of tensor b (37) at non-singleton "
+        "dimension 3\n" + "  frame\n" * 100
+    )
 
 
 def test_a_failure_mid_run_is_one_line_and_status_1(monkeypatch):
@@ -25,8 +28,9 @@ def test_a_failure_mid_run_is_one_line_and_status_1(monkeypatch):
     out = in_process("generate", "--prompt", "hi")
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
-        "error: generate failed: RuntimeError: The size of tensor a (74) must match the size of tensor b (37) at "
-        "non-singleton dimension 3 (set FEEDBACK_TRACEBACK=1 for the traceback)"]
+        "error: generate failed: RuntimeError: The size of tensor a (74) must match the size of tensor b "
+        "(37) at non-singleton dimension 3 (set FEEDBACK_TRACEBACK=1 for the traceback)"
+    ]
 
 
 def test_the_traceback_is_there_when_asked_for(monkeypatch):

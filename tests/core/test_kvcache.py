@@ -1,5 +1,6 @@
 """The preallocated KV cache and grouped attention: the same numbers as transformers' dynamic cache
 and eager attention, no head copies, and a run that cannot fit its cache refused before any work."""
+
 from __future__ import annotations
 
 import json
@@ -30,10 +31,10 @@ def test_grouped_attention_is_eager_attention(queries):
     q, k, v = torch.randn(b, h, queries, d), torch.randn(b, kv, t, d), torch.randn(b, kv, t, d)
     keep = torch.ones(b, 1, queries, t, dtype=torch.bool)
     keep[0, :, :, :4] = False  # a left-padded row
-    keep[:, :, :, t - queries:] &= torch.ones(queries, queries, dtype=torch.bool).tril()
+    keep[:, :, :, t - queries :] &= torch.ones(queries, queries, dtype=torch.bool).tril()
     additive = torch.zeros(b, 1, queries, t).masked_fill(~keep, torch.finfo(torch.float32).min)
-    want, want_w = eager_attention_forward(module, q, k, v, additive, scaling=d ** -0.5)
-    got, got_w = grouped_attention(module, q, k, v, keep, scaling=d ** -0.5)
+    want, want_w = eager_attention_forward(module, q, k, v, additive, scaling=d**-0.5)
+    got, got_w = grouped_attention(module, q, k, v, keep, scaling=d**-0.5)
     assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
     if queries == 1:
         assert torch.allclose(got_w, want_w, atol=1e-6)
@@ -43,18 +44,20 @@ def test_grouped_attention_is_eager_attention(queries):
 
 def test_no_mask_means_causal_order_alone_on_both_paths():
     """SDPA's mask is None where causal order is the whole mask (no padding, no cached prefix): the
-    fused kernel runs causal, and the eager product (taken with dropout while training) builds the same mask."""
+    fused kernel runs causal, and the eager product (taken with dropout while training) builds the
+    same mask."""
     torch.manual_seed(1)
     b, h, kv, t, d = 2, 4, 2, 6, 8
     module = nn.Module()
     module.num_key_value_groups = h // kv
     q, k, v = torch.randn(b, h, t, d), torch.randn(b, kv, t, d), torch.randn(b, kv, t, d)
-    causal = torch.zeros(1, 1, t, t).masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(),
-                                                 torch.finfo(torch.float32).min)
-    want, _ = eager_attention_forward(module, q, k, v, causal, scaling=d ** -0.5)
+    causal = torch.zeros(1, 1, t, t).masked_fill(
+        ~torch.ones(t, t, dtype=torch.bool).tril(), torch.finfo(torch.float32).min
+    )
+    want, _ = eager_attention_forward(module, q, k, v, causal, scaling=d**-0.5)
     module.training = False
-    fused, _ = grouped_attention(module, q, k, v, None, scaling=d ** -0.5)
-    eager, _ = _eager_grouped(module, q, k, v, None, scaling=d ** -0.5)
+    fused, _ = grouped_attention(module, q, k, v, None, scaling=d**-0.5)
+    eager, _ = _eager_grouped(module, q, k, v, None, scaling=d**-0.5)
     assert torch.allclose(fused, want, atol=1e-5) and torch.allclose(eager, want, atol=1e-6)
 
 
@@ -94,8 +97,11 @@ def _sliding_config():
 def test_a_run_whose_cache_cannot_fit_is_refused_before_any_work(tiny_lm, monkeypatch, tmp_path, hook_count):
     monkeypatch.setenv("FEEDBACK_MEMORY_CAP_MB", "0.01")
     cfg = RunConfig(prompt="hello there", model="tiny", max_new_tokens=64, rows=[RowSpec("a"), RowSpec("b")])
-    with pytest.raises(FeedbackError, match=r"key/value cache \(\d+ prompt \+ 64 new tokens, 2 rows\); the memory cap "
-                                            r"is 0 MB \(FEEDBACK_MEMORY_CAP_MB"):
+    with pytest.raises(
+        FeedbackError,
+        match=r"key/value cache \(\d+ prompt \+ 64 new tokens, 2 rows\); the memory cap "
+        r"is 0 MB \(FEEDBACK_MEMORY_CAP_MB",
+    ):
         start_run(tiny_lm, cfg)
     assert hook_count(tiny_lm.model) == 0
     tasks, out = tmp_path / "tasks.jsonl", tmp_path / "out.jsonl"

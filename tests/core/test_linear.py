@@ -1,5 +1,6 @@
 """oneDNN's fp32 linear on CPU: the same products as PyTorch's own kernel to float rounding, in
 every batch shape the engine uses, and only where it applies."""
+
 import os
 import subprocess
 import sys
@@ -9,7 +10,6 @@ import torch
 from torch import nn
 
 from feedback.core import linear
-
 
 pytestmark = pytest.mark.skipif(not linear.available(), reason="this torch has no oneDNN linear")
 
@@ -59,8 +59,10 @@ def test_only_plain_fp32_cpu_linears_change_and_autograd_keeps_aten():
 def test_feedback_linear_aten_keeps_pytorch_kernel():
     cpu = torch.device("cpu")
     assert linear.wanted(cpu, False) is False and linear.wanted(cpu, True) is True  # a caller's choice wins
-    code = ("import feedback, torch; from feedback.core import linear; "
-            "print(linear.wanted(torch.device('cpu')), linear.wanted(torch.device('meta')))")
+    code = (
+        "import feedback, torch; from feedback.core import linear; "
+        "print(linear.wanted(torch.device('cpu')), linear.wanted(torch.device('meta')))"
+    )
     env = {**os.environ, linear.LINEAR_ENV: "aten"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["False", "False"]
@@ -75,8 +77,16 @@ def test_int8_weights_keep_the_products_close_and_the_head_in_fp32():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=300,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).eval()
     layer = model.model.layers[0].mlp.down_proj
     x = torch.randn(3, 5, layer.in_features)
     with torch.inference_mode():
@@ -100,8 +110,14 @@ def test_load_in_8bit_on_cpu_is_a_labelled_fast_mode():
     from feedback.core.engine import run_to_end
     from feedback.core.records import RowSpec, RunConfig
 
-    result = run_to_end(lm, RunConfig(prompt="What is the capital of France?", max_new_tokens=8,
-                                      rows=[RowSpec("b"), RowSpec("f", "residual", {})]))
+    result = run_to_end(
+        lm,
+        RunConfig(
+            prompt="What is the capital of France?",
+            max_new_tokens=8,
+            rows=[RowSpec("b"), RowSpec("f", "residual", {})],
+        ),
+    )
     assert "Paris" in result.rows[0].text
     with pytest.raises(Exception, match="float32"):
         load_model("embedded", load_in_8bit=True, dtype="bfloat16")

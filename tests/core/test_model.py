@@ -1,4 +1,5 @@
 """Model loading and architecture discovery (feedback/core/model.py); tiny models are built locally."""
+
 from __future__ import annotations
 
 import copy
@@ -8,14 +9,29 @@ import pytest
 import torch
 from torch import nn
 
-from feedback.core.model import (CPU_AUTO_DTYPE, DTYPES, LoadedModel, decoder_layers, load_model, resolve_dtype,
-                                 resolve_source)
+from feedback.core.model import (
+    CPU_AUTO_DTYPE,
+    DTYPES,
+    LoadedModel,
+    decoder_layers,
+    load_model,
+    resolve_dtype,
+    resolve_source,
+)
 from feedback.errors import FeedbackError
 
 N_LAYERS = 3  # not a default of any config below, so a match means the config was honoured
-_COMMON = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=N_LAYERS,
-               num_attention_heads=4, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
-               pad_token_id=0)
+_COMMON = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=N_LAYERS,
+    num_attention_heads=4,
+    max_position_embeddings=64,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=0,
+)
 
 
 def _build(arch: str) -> tuple[nn.Module, str]:
@@ -36,15 +52,31 @@ def _build(arch: str) -> tuple[nn.Module, str]:
     if arch == "phi3":
         return tf.Phi3ForCausalLM(tf.Phi3Config(**_COMMON)), "model.layers"
     if arch == "gpt2":
-        cfg = tf.GPT2Config(vocab_size=128, n_embd=32, n_layer=N_LAYERS, n_head=4, n_positions=64,
-                            bos_token_id=0, eos_token_id=0)
+        cfg = tf.GPT2Config(
+            vocab_size=128,
+            n_embd=32,
+            n_layer=N_LAYERS,
+            n_head=4,
+            n_positions=64,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         return tf.GPT2LMHeadModel(cfg), "transformer.h"
     if arch == "gpt_neox":
         return tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**_COMMON)), "gpt_neox.layers"
     if arch == "opt":
-        cfg = tf.OPTConfig(vocab_size=128, hidden_size=32, ffn_dim=64, num_hidden_layers=N_LAYERS,
-                           num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
-                           bos_token_id=0, eos_token_id=0, pad_token_id=1)
+        cfg = tf.OPTConfig(
+            vocab_size=128,
+            hidden_size=32,
+            ffn_dim=64,
+            num_hidden_layers=N_LAYERS,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            word_embed_proj_dim=32,
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=1,
+        )
         return tf.OPTForCausalLM(cfg), "model.decoder.layers"
     raise AssertionError(arch)
 
@@ -55,7 +87,9 @@ def _attr(obj, path):
     return obj
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "gemma", "phi", "phi3", "gpt2", "gpt_neox", "opt"])
+@pytest.mark.parametrize(
+    "arch", ["llama", "mistral", "qwen2", "gemma", "phi", "phi3", "gpt2", "gpt_neox", "opt"]
+)
 def test_decoder_layers_per_architecture(arch):
     torch.manual_seed(0)
     model, path = _build(arch)
@@ -67,7 +101,9 @@ def test_decoder_layers_per_architecture(arch):
 
     # the list found is the one the forward pass runs through, once per layer, in order
     seen: list[int] = []
-    handles = [layer.register_forward_hook(lambda m, a, o, i=i: seen.append(i)) for i, layer in enumerate(layers)]
+    handles = [
+        layer.register_forward_hook(lambda m, a, o, i=i: seen.append(i)) for i, layer in enumerate(layers)
+    ]
     try:
         with torch.no_grad():
             model(torch.tensor([[1, 2, 3]]))
@@ -117,8 +153,11 @@ class PlainListNet(nn.Module):
         self.model.blocks = nn.ModuleList([nn.Linear(4, 4)])
 
 
-@pytest.mark.parametrize("module", [nn.Linear(3, 3), MyStrangeNet(), EmptyLayersNet(), PlainListNet()],
-                         ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize(
+    "module",
+    [nn.Linear(3, 3), MyStrangeNet(), EmptyLayersNet(), PlainListNet()],
+    ids=lambda m: type(m).__name__,
+)
 def test_decoder_layers_unknown_architecture(module):
     with pytest.raises(FeedbackError) as info:
         decoder_layers(module)
@@ -128,6 +167,7 @@ def test_decoder_layers_unknown_architecture(module):
 
 
 # ---------------------------------------------------------------- LoadedModel
+
 
 def test_loaded_model_properties(tiny_lm):
     assert tiny_lm.num_layers == 4
@@ -149,8 +189,8 @@ def test_encode_with_chat_template(embedded_lm):
     assert im_end in ids
     header = _ids(tok, "<|im_start|>assistant\n")
     assert header[0] == im_start
-    assert ids[-len(header):] == header
-    assert _ids(tok, "What is 2+2?") == ids[ids.index(im_start, 1) + 3:][:len(_ids(tok, "What is 2+2?"))]
+    assert ids[-len(header) :] == header
+    assert _ids(tok, "What is 2+2?") == ids[ids.index(im_start, 1) + 3 :][: len(_ids(tok, "What is 2+2?"))]
     text = tok.decode(ids)
     assert "<|im_start|>user\nWhat is 2+2?<|im_end|>" in text
 
@@ -175,12 +215,14 @@ def test_encode_without_chat_template(embedded_lm):
 def test_encode_falls_back_when_tokenizer_has_no_template(embedded_lm):
     tok = copy.deepcopy(embedded_lm.tokenizer)
     tok.chat_template = None
-    lm = LoadedModel(model=embedded_lm.model, tokenizer=tok, name="x", dtype="float32",
-                     device=torch.device("cpu"))
+    lm = LoadedModel(
+        model=embedded_lm.model, tokenizer=tok, name="x", dtype="float32", device=torch.device("cpu")
+    )
     assert lm.encode("Hello there") == list(tok("Hello there")["input_ids"])
 
 
 # ---------------------------------------------------------------- resolve_dtype / resolve_source
+
 
 def test_resolve_dtype():
     cpu = torch.device("cpu")
@@ -231,6 +273,7 @@ def test_resolve_source_embedded_uses_prepared_cache():
 
 
 # ---------------------------------------------------------------- load_model
+
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error path")
 def test_4bit_loading_needs_cuda_and_8bit_on_cpu_needs_fp32():
@@ -337,7 +380,8 @@ def test_load_invalid_config_values_is_user_error(tiny_lm, tmp_path):
     folder = _folder_with_tokenizer(tmp_path, tiny_lm.tokenizer)
     (folder / "config.json").write_text(
         '{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 30, '
-        '"num_attention_heads": 4}')
+        '"num_attention_heads": 4}'
+    )
     with pytest.raises(FeedbackError):
         load_model(str(folder))
 
@@ -392,9 +436,20 @@ def test_threads_and_wait_policy_are_chosen_at_start(monkeypatch):
 
     from feedback.core.model import set_threads
 
-    code = "import os; os.environ.pop('OMP_WAIT_POLICY', None); import feedback; print(os.environ['OMP_WAIT_POLICY'])"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).resolve().parents[2]).stdout.strip() == "PASSIVE"
+    code = (
+        "import os; os.environ.pop('OMP_WAIT_POLICY', None); import feedback; "
+        "print(os.environ['OMP_WAIT_POLICY'])"
+    )
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[2],
+        ).stdout.strip()
+        == "PASSIVE"
+    )
     before = torch.get_num_threads()
     monkeypatch.setenv("FEEDBACK_THREADS", "1")
     try:
@@ -415,8 +470,13 @@ def test_a_random_model_has_the_architecture_and_tokenizer_without_the_weights(t
     from feedback.core import embedded
 
     source = embedded.prepare()
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "chat_template.jinja"):
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ):
         if (source / name).exists():
             shutil.copy(source / name, tmp_path / name)
     assert resolve_source(f"random:{tmp_path}") == ("random", str(tmp_path))
@@ -437,6 +497,9 @@ def test_a_model_whose_layers_keep_a_recurrent_state_is_refused_at_load(embedded
     from tests.tiny_families import write_folder
 
     folder = write_folder("qwen3_next", embedded_lm.tokenizer, tmp_path / "qwen3_next")
-    with pytest.raises(FeedbackError, match=r"Qwen3NextForCausalLM: some of its layers keep a recurrent state "
-                                            r"\(LinearAttentionLayer\)"):
+    with pytest.raises(
+        FeedbackError,
+        match=r"Qwen3NextForCausalLM: some of its layers keep a recurrent state "
+        r"\(LinearAttentionLayer\)",
+    ):
         load_model(f"random:{folder}")

@@ -1,4 +1,5 @@
 """Quality metrics per row: hand-computed small cases, and the forward-pass ones against direct scoring."""
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,11 @@ def test_key_facts_plain_and_regex():
     text = "The Eiffel Tower is in Paris, built in 1889."
     facts = ["paris", "/built in 18\\d\\d/", "London"]
     [m] = quality.key_fact_metrics([text], facts)
-    assert m == {"key_facts_found": ["paris", "/built in 18\\d\\d/"], "key_facts_total": 3,
-                 "key_fact_recall": pytest.approx(2 / 3)}
+    assert m == {
+        "key_facts_found": ["paris", "/built in 18\\d\\d/"],
+        "key_facts_total": 3,
+        "key_fact_recall": pytest.approx(2 / 3),
+    }
     assert quality.key_fact_metrics([text, "x"], []) == [{}, {}]
     assert "key_fact_recall" not in quality.text_metrics([1, 2])
 
@@ -58,45 +62,66 @@ def _direct_ppl(lm, ids: list[int], start: int) -> float:
     """exp(mean NLL) of ids[start:] from one plain full forward."""
     with torch.inference_mode():
         logits = lm.model(input_ids=torch.tensor([ids])).logits[0].float()
-    nll = torch.nn.functional.cross_entropy(logits[start - 1:-1], torch.tensor(ids[start:]), reduction="none")
+    nll = torch.nn.functional.cross_entropy(
+        logits[start - 1 : -1], torch.tensor(ids[start:]), reduction="none"
+    )
     return math.exp(nll.double().mean().item())
 
 
 def test_forward_pass_metrics_match_direct_scoring(tiny_lm):
     prompt_ids, answer = tiny_lm.encode("Tell me a story"), [100, 200, 300, 400]
     assert quality.self_ppl(tiny_lm, prompt_ids, answer) == pytest.approx(
-        _direct_ppl(tiny_lm, prompt_ids + answer, len(prompt_ids)), rel=1e-4)
+        _direct_ppl(tiny_lm, prompt_ids + answer, len(prompt_ids)), rel=1e-4
+    )
     text_ids = tiny_lm.tokenizer("a plain sentence to score")["input_ids"]
     assert quality.text_ppl(tiny_lm, "a plain sentence to score") == pytest.approx(
-        _direct_ppl(tiny_lm, text_ids, 1), rel=1e-4)
+        _direct_ppl(tiny_lm, text_ids, 1), rel=1e-4
+    )
     ref = [11, 22, 33]
     plain = _direct_ppl(tiny_lm, prompt_ids + ref, len(prompt_ids))
     assert quality.reference_ppl(tiny_lm, prompt_ids, ref, None, {}) == {
-        "reference_ppl": pytest.approx(plain, rel=1e-4), "reference_ppl_with_strategy": True}
+        "reference_ppl": pytest.approx(plain, rel=1e-4),
+        "reference_ppl_with_strategy": True,
+    }
     # a non-recurrent strategy at strength 0 scores like the plain model; a recurrent one falls back to it
     zero = quality.reference_ppl(tiny_lm, prompt_ids, ref, "deep_cache", {"lam": 0.0})
     assert zero["reference_ppl_with_strategy"] and zero["reference_ppl"] == pytest.approx(plain, rel=1e-4)
     strong = quality.reference_ppl(tiny_lm, prompt_ids, ref, "anchor", {"alpha": 0.8})
     assert strong["reference_ppl_with_strategy"] and strong["reference_ppl"] != pytest.approx(plain, rel=1e-3)
     recurrent = quality.reference_ppl(tiny_lm, prompt_ids, ref, "residual", {"alpha": 0.8})
-    assert recurrent == {"reference_ppl": pytest.approx(plain, rel=1e-4), "reference_ppl_with_strategy": False}
+    assert recurrent == {
+        "reference_ppl": pytest.approx(plain, rel=1e-4),
+        "reference_ppl_with_strategy": False,
+    }
 
 
 def test_a_run_reports_every_metric_per_row(embedded_lm):
-    cfg = RunConfig(prompt="", max_new_tokens=20, quality=True, reference="The capital of France is Paris.",
-                    key_facts=["Paris", "/capital/"],
-                    rows=[RowSpec("plain", prompt="What is the capital of France?"),
-                          RowSpec("strong", "anchor", {"alpha": 0.2},
-                                  prompt="What is the capital of France? Answer precisely, in one sentence.")])
+    cfg = RunConfig(
+        prompt="",
+        max_new_tokens=20,
+        quality=True,
+        reference="The capital of France is Paris.",
+        key_facts=["Paris", "/capital/"],
+        rows=[
+            RowSpec("plain", prompt="What is the capital of France?"),
+            RowSpec(
+                "strong",
+                "anchor",
+                {"alpha": 0.2},
+                prompt="What is the capital of France? Answer precisely, in one sentence.",
+            ),
+        ],
+    )
     result = run_to_end(embedded_lm, cfg)
     for spec, row in zip(cfg.rows, result.rows):
         m = row.metrics
         assert m["length"] == len(row.token_ids) and 0 < m["distinct_1"] <= 1
         assert {"repeat_3gram_rate", "longest_repeat", "mean", "lowest_group"} <= set(m)
-        assert m["self_ppl"] == pytest.approx(quality.self_ppl(embedded_lm, embedded_lm.encode(spec.prompt),
-                                                               row.token_ids), rel=1e-5)
+        assert m["self_ppl"] == pytest.approx(
+            quality.self_ppl(embedded_lm, embedded_lm.encode(spec.prompt), row.token_ids), rel=1e-5
+        )
         ids, span = embedded_lm.encode_with_span(spec.prompt, spec.prompt)
-        assert embedded_lm.tokenizer.decode(ids[span[0]:span[1]]) == spec.prompt
+        assert embedded_lm.tokenizer.decode(ids[span[0] : span[1]]) == spec.prompt
         assert m["prompt_ppl"] == pytest.approx(quality.span_ppl(embedded_lm, ids, span), rel=1e-5)
         assert m["reference_ppl"] > 1 and m["reference_ppl_with_strategy"]
         assert m["key_fact_recall"] == len(m["key_facts_found"]) / 2
@@ -107,7 +132,7 @@ def test_forward_metrics_are_off_unless_asked_and_skipped_when_stopped(tiny_lm):
     plain = run_to_end(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=3))
     assert "self_ppl" not in plain.rows[0].metrics and "distinct_1" in plain.rows[0].metrics
     run = start_run(tiny_lm, RunConfig(prompt="hi", model="tiny", max_new_tokens=30, quality=True))
-    for event in run:
+    for _ in run:
         run.stop()
     assert "self_ppl" not in run.result.rows[0].metrics
 
@@ -118,9 +143,16 @@ def test_a_plain_row_scores_itself_from_its_own_steps(tiny_lm):
     forwards = [0]
     handle = tiny_lm.model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
     try:
-        run = start_run(tiny_lm, RunConfig(prompt="Tell me about tea.", model="tiny", max_new_tokens=12,
-                                           quality=True, rows=[RowSpec("baseline"),
-                                                               RowSpec("branch", prefix=[5, 6])]))
+        run = start_run(
+            tiny_lm,
+            RunConfig(
+                prompt="Tell me about tea.",
+                model="tiny",
+                max_new_tokens=12,
+                quality=True,
+                rows=[RowSpec("baseline"), RowSpec("branch", prefix=[5, 6])],
+            ),
+        )
         for _ in run:
             forwards[0] = 0  # only the forwards after the last step count
     finally:
@@ -138,10 +170,19 @@ def test_a_feedback_row_reads_only_its_answer_after_the_kept_prompt(tiny_lm):
     prompt = "Tell me about tea and the long history of its trade between continents."
     read: list[int] = []
     handle = tiny_lm.model.register_forward_pre_hook(
-        lambda _m, args, kwargs: read.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+        lambda _m, args, kwargs: read.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
     try:
-        run = start_run(tiny_lm, RunConfig(prompt=prompt, model="tiny", max_new_tokens=10, quality=True,
-                                           rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.5})]))
+        run = start_run(
+            tiny_lm,
+            RunConfig(
+                prompt=prompt,
+                model="tiny",
+                max_new_tokens=10,
+                quality=True,
+                rows=[RowSpec("baseline"), RowSpec("fb", "residual", {"alpha": 0.5})],
+            ),
+        )
         for _ in run:
             read.clear()
     finally:
@@ -150,7 +191,9 @@ def test_a_feedback_row_reads_only_its_answer_after_the_kept_prompt(tiny_lm):
     assert read == [len(answer) - 1]  # its first token was scored by the prefill's last logits
     ids, span = tiny_lm.encode_with_span(prompt, prompt)
     for row in run.result.rows:
-        assert row.metrics["self_ppl"] == pytest.approx(quality.self_ppl(tiny_lm, ids, row.token_ids), rel=1e-5)
+        assert row.metrics["self_ppl"] == pytest.approx(
+            quality.self_ppl(tiny_lm, ids, row.token_ids), rel=1e-5
+        )
         assert row.metrics["prompt_ppl"] == pytest.approx(quality.span_ppl(tiny_lm, ids, span), rel=1e-5)
 
 
@@ -158,19 +201,35 @@ def test_prompt_ppl_is_read_in_place_in_every_prefill_shape(tiny_lm):
     """Rows with different prompts (a left-padded prefill), a system prompt, no chat template, a
     strategy that edits the prompt's states with and without a plain twin: each row's prompt PPL is
     its text's tokens scored after what precedes them in its own input."""
-    short, long = "Why is the sky blue?", "Explain, step by step and with care, why the sky looks blue at noon."
-    rows = [RowSpec("a", prompt=short), RowSpec("b", prompt=long, system_prompt="Be brief."),
-            RowSpec("c", "inner_loop", {}, prompt=short), RowSpec("d", "inner_loop", {}, prompt=long + " Now.")]
+    short, long = (
+        "Why is the sky blue?",
+        "Explain, step by step and with care, why the sky looks blue at noon.",
+    )
+    rows = [
+        RowSpec("a", prompt=short),
+        RowSpec("b", prompt=long, system_prompt="Be brief."),
+        RowSpec("c", "inner_loop", {}, prompt=short),
+        RowSpec("d", "inner_loop", {}, prompt=long + " Now."),
+    ]
     for template in (True, False):
-        result = run_to_end(tiny_lm, RunConfig(prompt="", model="tiny", max_new_tokens=4, quality=True,
-                                               chat_template=template,
-                                               rows=rows if template else [RowSpec("a", prompt=short),
-                                                                           RowSpec("b", prompt=long)]))
+        result = run_to_end(
+            tiny_lm,
+            RunConfig(
+                prompt="",
+                model="tiny",
+                max_new_tokens=4,
+                quality=True,
+                chat_template=template,
+                rows=rows if template else [RowSpec("a", prompt=short), RowSpec("b", prompt=long)],
+            ),
+        )
         for spec, row in zip(rows, result.rows):
             system = spec.system_prompt if template else None
             ids, span = tiny_lm.encode_with_span(spec.prompt, spec.prompt, template, system)
             assert row.metrics["prompt_ppl"] == pytest.approx(quality.span_ppl(tiny_lm, ids, span), rel=1e-4)
-            assert row.metrics["self_ppl"] == pytest.approx(quality.self_ppl(tiny_lm, ids, row.token_ids), rel=1e-4)
+            assert row.metrics["self_ppl"] == pytest.approx(
+                quality.self_ppl(tiny_lm, ids, row.token_ids), rel=1e-4
+            )
 
 
 def test_the_prompt_text_span(embedded_lm):
@@ -178,11 +237,11 @@ def test_the_prompt_text_span(embedded_lm):
     a rewritten prompt (restate) still finds the typed text inside it; an empty text has none."""
     history = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}]
     ids, span = embedded_lm.encode_with_span("Hi there", "Hi there", True, None, history)
-    tail = embedded_lm.tokenizer.decode(ids[span[1]:])
-    assert embedded_lm.tokenizer.decode(ids[span[0]:span[1]]) == "Hi there" and "Hello!" not in tail
+    tail = embedded_lm.tokenizer.decode(ids[span[1] :])
+    assert embedded_lm.tokenizer.decode(ids[span[0] : span[1]]) == "Hi there" and "Hello!" not in tail
     assert ids == embedded_lm.encode("Hi there", True, None, history)
     ids, span = embedded_lm.encode_with_span("Name a colour.\n\nRestate it first.", "Name a colour. ")
-    assert embedded_lm.tokenizer.decode(ids[span[0]:span[1]]) == "Name a colour."
+    assert embedded_lm.tokenizer.decode(ids[span[0] : span[1]]) == "Name a colour."
     assert embedded_lm.encode_with_span("", "")[1] is None
 
 
@@ -193,9 +252,19 @@ def test_key_facts_total_is_kept():
 
 def test_metric_directions():
     assert {k for k, up in quality.HIGHER_IS_BETTER.items() if up} == {
-        "distinct_1", "distinct_2", "key_fact_recall", "mean", "lowest_group"}
+        "distinct_1",
+        "distinct_2",
+        "key_fact_recall",
+        "mean",
+        "lowest_group",
+    }
     assert {k for k, up in quality.HIGHER_IS_BETTER.items() if not up} == {
-        "repeat_3gram_rate", "longest_repeat", "self_ppl", "prompt_ppl", "reference_ppl"}
+        "repeat_3gram_rate",
+        "longest_repeat",
+        "self_ppl",
+        "prompt_ppl",
+        "reference_ppl",
+    }
 
 
 def test_best_rows_by_hand():
@@ -216,4 +285,6 @@ def test_best_rows_needs_two_differing_values():
     assert quality.best_rows([{"self_ppl": 2.0}, {"self_ppl": None}, {}]) == {}
     assert quality.best_rows([{"reference_ppl": float("nan")}, {"reference_ppl": 3.0}]) == {}
     assert quality.best_rows([{"key_fact_recall": 0.0}, {"key_fact_recall": 0.5}]) == {"key_fact_recall": {1}}
-    assert quality.best_rows([{"repeat_3gram_rate": 0.0}, {"repeat_3gram_rate": 0.25}]) == {"repeat_3gram_rate": {0}}
+    assert quality.best_rows([{"repeat_3gram_rate": 0.0}, {"repeat_3gram_rate": 0.25}]) == {
+        "repeat_3gram_rate": {0}
+    }

@@ -1,5 +1,6 @@
 """The settings a row may have of its own instead of the run's (`ROW_OVERRIDES`): declared once, each
 a RowSpec field standing in for a RunConfig setting of the same type, and read from there."""
+
 from __future__ import annotations
 
 from dataclasses import fields, replace

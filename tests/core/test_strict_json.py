@@ -1,4 +1,5 @@
 """Values made fit for strict JSON: undefined numbers become null, everything else is kept."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,12 @@ from feedback.core.strict_json import json_safe
 
 
 def test_nan_and_infinities_become_null_at_any_depth():
-    value = {"ppl": math.nan, "ci95": (-math.inf, 1.5), "rows": [{"m": math.inf, "n": 2, "ok": True}], "s": "nan"}
+    value = {
+        "ppl": math.nan,
+        "ci95": (-math.inf, 1.5),
+        "rows": [{"m": math.inf, "n": 2, "ok": True}],
+        "s": "nan",
+    }
     safe = json_safe(value)
     assert safe == {"ppl": None, "ci95": [None, 1.5], "rows": [{"m": None, "n": 2, "ok": True}], "s": "nan"}
     json.dumps(safe, allow_nan=False)  # strict JSON accepts it

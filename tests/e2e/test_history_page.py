@@ -5,6 +5,7 @@ Headless Chromium drives the real app on the embedded model (the session fixture
 test runs one short Compare run in a fresh context (its own local storage, so its own History); the
 run's settings come from a link, so the test does not depend on where the page puts them.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +14,9 @@ import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
-    pytest.skip(f"browser e2e tests need Debian's chromium at {CHROMIUM} (not found)", allow_module_level=True)
+    pytest.skip(
+        f"browser e2e tests need Debian's chromium at {CHROMIUM} (not found)", allow_module_level=True
+    )
 
 from playwright.sync_api import Browser, Page, Route, expect  # noqa: E402
 

@@ -1,5 +1,6 @@
 """Calibration: each piece of maths against hand-computed values on synthetic data, the per-row
 report, Deep Think's own traces, and one tiny end-to-end run through the engine."""
+
 from __future__ import annotations
 
 import json
@@ -11,12 +12,35 @@ import pytest
 
 from feedback.core.budget import Budget
 from feedback.errors import FeedbackError, Stopped
-from feedback.eval.calibration import (MEASURES, MIN_JUDGED_TRACES, CalibrationConfig, adaptive_ece, auroc,
-                                       auroc_interval, average_ranks, brier, builtin_questions, calibrate,
-                                       check_questions, ece, ece_interval, equal_mass_bins, fit_platt,
-                                       from_deep_think, kept_by_threshold, measure_report, minmax_scale,
-                                       platt_targets, read_questions, reliability_bins, side_too_few, sigmoid,
-                                       summarise, threshold_report, too_few)
+from feedback.eval.calibration import (
+    MEASURES,
+    MIN_JUDGED_TRACES,
+    CalibrationConfig,
+    adaptive_ece,
+    auroc,
+    auroc_interval,
+    average_ranks,
+    brier,
+    builtin_questions,
+    calibrate,
+    check_questions,
+    ece,
+    ece_interval,
+    equal_mass_bins,
+    fit_platt,
+    from_deep_think,
+    kept_by_threshold,
+    measure_report,
+    minmax_scale,
+    platt_targets,
+    read_questions,
+    reliability_bins,
+    side_too_few,
+    sigmoid,
+    summarise,
+    threshold_report,
+    too_few,
+)
 from feedback.eval.voting import calibrate_threshold
 
 
@@ -109,13 +133,17 @@ def _separating(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def test_too_few_traces_or_one_class_cannot_judge_a_measure_and_say_how_many():
     assert too_few([1, 0] * 5) is None  # 10 traces, 5 right, 5 wrong: enough
     assert too_few([1, 0] * 4) == "too few traces to judge: 8 test traces (at least 10 needed)"
-    assert too_few([1] * 30) == ("too few traces to judge: 30 test traces, 30 right and 0 wrong (at least 2 of each "
-                                 "needed)")  # one class: nothing to rank, however many
+    assert too_few([1] * 30) == (
+        "too few traces to judge: 30 test traces, 30 right and 0 wrong (at least 2 of each needed)"
+    )  # one class: nothing to rank, however many
     assert "1 right and 11 wrong" in too_few([1] + [0] * 11)
     assert too_few([]) == "too few traces to judge: 0 test traces (at least 10 needed)"
     x, y = _separating(8)
     assert auroc_interval(x, y) is None and ece_interval(sigmoid(x), y) is None
-    assert auroc_interval(np.arange(30.0), np.ones(30)) is None and ece_interval(np.full(30, 0.9), np.ones(30)) is None
+    assert (
+        auroc_interval(np.arange(30.0), np.ones(30)) is None
+        and ece_interval(np.full(30, 0.9), np.ones(30)) is None
+    )
 
 
 def test_the_auroc_interval_holds_the_estimate_and_narrows_with_more_traces():
@@ -133,7 +161,9 @@ def test_the_auroc_interval_holds_the_estimate_and_narrows_with_more_traces():
     x, y = _separating(400, seed=3)
     a, n1 = auroc(x, y), int(y.sum())
     q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
-    se = math.sqrt((a * (1 - a) + (n1 - 1) * (q1 - a * a) + (400 - n1 - 1) * (q2 - a * a)) / (n1 * (400 - n1)))
+    se = math.sqrt(
+        (a * (1 - a) + (n1 - 1) * (q1 - a * a) + (400 - n1 - 1) * (q2 - a * a)) / (n1 * (400 - n1))
+    )
     lo, hi = auroc_interval(x, y)
     assert lo == pytest.approx(a - 1.96 * se, abs=0.005) and hi == pytest.approx(a + 1.96 * se, abs=0.005)
 
@@ -155,7 +185,10 @@ def test_the_ece_interval_holds_the_estimate_narrows_with_more_traces_and_is_rep
     picks = np.random.default_rng(0).integers(0, 20, size=(200, 20))
     each = [ece(p[k], y[k]) for k in picks]
     lo, hi = np.percentile(each, [2.5, 97.5])
-    assert ece_interval(p, y, resamples=200) == (pytest.approx(min(lo, ece(p, y))), pytest.approx(max(hi, ece(p, y))))
+    assert ece_interval(p, y, resamples=200) == (
+        pytest.approx(min(lo, ece(p, y))),
+        pytest.approx(max(hi, ece(p, y))),
+    )
 
 
 def test_the_report_carries_each_interval_or_why_there_is_none():
@@ -166,30 +199,53 @@ def test_the_report_carries_each_interval_or_why_there_is_none():
     few = measure_report(x[:100], y[:100], x[100:106], y[100:106])["test"]
     assert few["auroc_ci95"] is None and few["ece_ci95"] is None and "6 test traces" in few["too_few"]
     json.dumps(t)
-    rows = summarise([_trace("b", "dev", 0, bool(c), v) for c, v in zip(y[:40], x[:40])] +
-                     [_trace("b", "test", 1, bool(c), v) for c, v in zip(y[40:46], x[40:46])], [90])
+    rows = summarise(
+        [_trace("b", "dev", 0, bool(c), v) for c, v in zip(y[:40], x[:40])]
+        + [_trace("b", "test", 1, bool(c), v) for c, v in zip(y[40:46], x[40:46])],
+        [90],
+    )
     assert side_too_few(rows["b"]) == "too few traces to judge: 6 test traces (at least 10 needed)"
-    rows = summarise([_trace("b", "dev", 0, bool(c), v) for c, v in zip(y[:40], x[:40])] +
-                     [_trace("b", "test", 1, bool(c), v) for c, v in zip(y[40:80], x[40:80])], [90])
+    rows = summarise(
+        [_trace("b", "dev", 0, bool(c), v) for c, v in zip(y[:40], x[:40])]
+        + [_trace("b", "test", 1, bool(c), v) for c, v in zip(y[40:80], x[40:80])],
+        [90],
+    )
     assert side_too_few(rows["b"]) is None
 
 
 def _trace(side, split, question, correct, x):
-    return {"side": side, "split": split, "question": question, "correct": correct,
-            **{m: x for m in MEASURES}}
+    return {
+        "side": side,
+        "split": split,
+        "question": question,
+        "correct": correct,
+        **{m: x for m in MEASURES},
+    }
 
 
 def test_threshold_report_pooled_on_dev_applied_to_test_and_per_question():
-    dev = [_trace("b", "dev", 0, c, x) for c, x in [(0, 1.0), (1, 2.0), (1, 3.0)]] + \
-          [_trace("b", "dev", 2, c, x) for c, x in [(0, 5.0), (1, 6.0)]]
+    dev = [_trace("b", "dev", 0, c, x) for c, x in [(0, 1.0), (1, 2.0), (1, 3.0)]] + [
+        _trace("b", "dev", 2, c, x) for c, x in [(0, 5.0), (1, 6.0)]
+    ]
     test = [_trace("b", "test", 1, c, x) for c, x in [(0, 1.5), (1, 4.0)]]
     rep = threshold_report(dev, test, eta=50)
     assert rep["threshold"] == calibrate_threshold([1, 2, 3, 5, 6], 50) == 3.0
-    assert rep["dev"] == {"traces": 5, "kept": 3, "kept_share": 0.6, "accuracy_all": 0.6, "accuracy_kept": 2 / 3}
+    assert rep["dev"] == {
+        "traces": 5,
+        "kept": 3,
+        "kept_share": 0.6,
+        "accuracy_all": 0.6,
+        "accuracy_kept": 2 / 3,
+    }
     assert rep["test"]["kept"] == 1 and rep["test"]["accuracy_kept"] == 1.0
     # per question: q0's threshold 2.0 keeps {2, 3} (both right), q2's 5.5 keeps {6} (right)
-    assert rep["per_question_dev"] == {"traces": 5, "kept": 3, "kept_share": 0.6, "accuracy_all": 0.6,
-                                       "accuracy_kept": 1.0}
+    assert rep["per_question_dev"] == {
+        "traces": 5,
+        "kept": 3,
+        "kept_share": 0.6,
+        "accuracy_all": 0.6,
+        "accuracy_kept": 1.0,
+    }
     assert threshold_report(dev, test, 50, threshold=10.0)["dev"]["kept"] == 0  # a given threshold is used
 
 
@@ -204,7 +260,9 @@ def test_measure_report_and_summary_of_a_measure_that_separates():
     assert sum(b["count"] for b in t["reliability"]) == 400 and t["uncalibrated_minmax_ece"] is not None
     empty = measure_report(dev_x, dev_y, [], [])
     assert empty["test"]["ece"] is None and empty["test"]["reliability"] == [] and empty["platt"] is not None
-    traces = [_trace("baseline", "dev" if i % 2 == 0 else "test", i % 4, i % 3 == 0, float(i)) for i in range(12)]
+    traces = [
+        _trace("baseline", "dev" if i % 2 == 0 else "test", i % 4, i % 3 == 0, float(i)) for i in range(12)
+    ]
     traces[0]["tail"] = None  # an empty trace has no measure: left out of that measure only
     out = summarise(traces, [10, 90])
     s = out["baseline"]
@@ -215,32 +273,63 @@ def test_measure_report_and_summary_of_a_measure_that_separates():
 
 def _deep_think_report(expected):
     def trace(phase, stopped, correct, x):
-        return {"phase": phase, "stopped": stopped, "correct": correct, "mean": x, "tail": x, "bottom10_group": x,
-                "lowest_group": x}
-    side = {"traces": [trace("warmup", False, True, 5.0), trace("warmup", False, False, 3.0),
-                       trace("online", False, True, 6.0), trace("online", True, False, 2.0),
-                       trace("online", False, False, 4.0)]}
-    return {"config": {"expected": expected, "eta": 90}, "thresholds": {"baseline": 3.2, "feedback": 3.2},
-            "sides": {"baseline": side, "feedback": side}}
+        return {
+            "phase": phase,
+            "stopped": stopped,
+            "correct": correct,
+            "mean": x,
+            "tail": x,
+            "bottom10_group": x,
+            "lowest_group": x,
+        }
+
+    side = {
+        "traces": [
+            trace("warmup", False, True, 5.0),
+            trace("warmup", False, False, 3.0),
+            trace("online", False, True, 6.0),
+            trace("online", True, False, 2.0),
+            trace("online", False, False, 4.0),
+        ]
+    }
+    return {
+        "config": {"expected": expected, "eta": 90},
+        "thresholds": {"baseline": 3.2, "feedback": 3.2},
+        "sides": {"baseline": side, "feedback": side},
+    }
 
 
 def test_from_deep_think_uses_the_runs_own_traces():
-    assert from_deep_think(_deep_think_report(None)) is None and from_deep_think(_deep_think_report(" ")) is None
+    assert (
+        from_deep_think(_deep_think_report(None)) is None and from_deep_think(_deep_think_report(" ")) is None
+    )
     res = from_deep_think(_deep_think_report("42"))
     base = res["sides"]["baseline"]
     assert res["stopped_left_out"] == {"baseline": 1, "feedback": 1}
-    assert base["traces"] == {"dev": 2, "test": 2} and base["measures"]["lowest_group"]["test"]["auroc"] == 1.0
+    assert (
+        base["traces"] == {"dev": 2, "test": 2} and base["measures"]["lowest_group"]["test"]["auroc"] == 1.0
+    )
     th = base["thresholds"][0]
-    assert th["eta"] == 90 and th["threshold"] == 3.2 and th["dev"]["kept"] == 1 and th["dev"]["accuracy_kept"] == 1.0
+    assert (
+        th["eta"] == 90
+        and th["threshold"] == 3.2
+        and th["dev"]["kept"] == 1
+        and th["dev"]["accuracy_kept"] == 1.0
+    )
     json.dumps(res)
 
 
 def test_bad_settings_and_question_sets_are_refused_naming_the_field():
-    for cfg, message in [(CalibrationConfig(samples=0), "samples per question"), (CalibrationConfig(bins=1), "bins"),
-                         (CalibrationConfig(etas=[0]), "eta"), (CalibrationConfig(etas=[]), "at least one eta"),
-                         (CalibrationConfig(strategy="nope"), "unknown strategy"),
-                         (CalibrationConfig(answer_regex="(x"), "does not compile"),
-                         (CalibrationConfig(top_p=0), "top_p"), (CalibrationConfig(max_new_tokens=0), "max_new_tokens")]:
+    for cfg, message in [
+        (CalibrationConfig(samples=0), "samples per question"),
+        (CalibrationConfig(bins=1), "bins"),
+        (CalibrationConfig(etas=[0]), "eta"),
+        (CalibrationConfig(etas=[]), "at least one eta"),
+        (CalibrationConfig(strategy="nope"), "unknown strategy"),
+        (CalibrationConfig(answer_regex="(x"), "does not compile"),
+        (CalibrationConfig(top_p=0), "top_p"),
+        (CalibrationConfig(max_new_tokens=0), "max_new_tokens"),
+    ]:
         with pytest.raises(FeedbackError, match=message):
             cfg.validate(30)
     assert any("shorter than the window" in w for w in CalibrationConfig(window=99).validate(30))

@@ -1,4 +1,5 @@
 """Deep Think: calibration per side, online early stop, votes, token accounting."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,15 @@ from feedback.eval.deepthink import DeepThinkConfig, accuracy, deep_think, load_
 
 def test_per_row_threshold_stops_only_that_row(tiny_lm):
     rows = [RowSpec("a"), RowSpec("b", threshold=1e9), RowSpec("c")]
-    cfg = RunConfig(prompt="hello", model="tiny", max_new_tokens=12, deepconf=DeepConfConfig(window=3), rows=rows,
-                    sampling=SamplingConfig(temperature=0.8), seed=1)
+    cfg = RunConfig(
+        prompt="hello",
+        model="tiny",
+        max_new_tokens=12,
+        deepconf=DeepConfConfig(window=3),
+        rows=rows,
+        sampling=SamplingConfig(temperature=0.8),
+        seed=1,
+    )
     res = run_to_end(tiny_lm, cfg)
     assert res.rows[1].stop_reason == "early_stop" and res.rows[1].stop_step == 2
     plain = run_to_end(tiny_lm, RunConfig(**{**cfg.__dict__, "rows": [RowSpec("a"), RowSpec("c")]}))
@@ -27,8 +35,18 @@ def test_per_row_threshold_stops_only_that_row(tiny_lm):
 
 
 def test_deep_think_mechanics_and_check_mode(tiny_lm):
-    cfg = DeepThinkConfig(prompt="What is 2+2?", traces=3, warmup=3, eta=50, window=4, max_new_tokens=10,
-                          temperature=1.0, strategy="residual", params={"alpha": 0.3}, check=True)
+    cfg = DeepThinkConfig(
+        prompt="What is 2+2?",
+        traces=3,
+        warmup=3,
+        eta=50,
+        window=4,
+        max_new_tokens=10,
+        temperature=1.0,
+        strategy="residual",
+        params={"alpha": 0.3},
+        check=True,
+    )
     rep = deep_think(tiny_lm, cfg)
     json.dumps(rep)
     for side in ("baseline", "feedback"):
@@ -47,8 +65,16 @@ def test_deep_think_mechanics_and_check_mode(tiny_lm):
 
 
 def test_expected_answer_marks_traces_and_votes(tiny_lm):
-    cfg = DeepThinkConfig(prompt="What is 2+2?", traces=2, warmup=2, eta=90, window=4, max_new_tokens=6,
-                          answer_regex=r"(\w+)", expected="no-such-word")
+    cfg = DeepThinkConfig(
+        prompt="What is 2+2?",
+        traces=2,
+        warmup=2,
+        eta=90,
+        window=4,
+        max_new_tokens=6,
+        answer_regex=r"(\w+)",
+        expected="no-such-word",
+    )
     rep = deep_think(tiny_lm, cfg)
     for side in ("baseline", "feedback"):
         s = rep["sides"][side]
@@ -75,21 +101,25 @@ def test_a_stopped_deep_think_raises_stopped_within_a_step(tiny_lm):
 
 
 def test_shared_threshold_and_upper_bound(tiny_lm):
-    cfg = DeepThinkConfig(prompt="Name a colour.", traces=2, warmup=2, eta=90, window=4, max_new_tokens=8,
-                          shared_threshold=True)
+    cfg = DeepThinkConfig(
+        prompt="Name a colour.", traces=2, warmup=2, eta=90, window=4, max_new_tokens=8, shared_threshold=True
+    )
     rep = deep_think(tiny_lm, cfg)
     assert rep["thresholds"]["baseline"] == rep["thresholds"]["feedback"]
     assert rep["sides"]["baseline"]["tokens_saved_method"].startswith("upper bound")
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"traces": 65}, r"traces must be in \[1, 64\]"),
-    ({"warmup": 0}, "warmup must be in"),
-    ({"eta": 0}, "eta"),
-    ({"eta": 150}, "eta"),
-    ({"answer_regex": "(oops"}, "does not compile"),
-    ({"strategy": "nope"}, "unknown strategy"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"traces": 65}, r"traces must be in \[1, 64\]"),
+        ({"warmup": 0}, "warmup must be in"),
+        ({"eta": 0}, "eta"),
+        ({"eta": 150}, "eta"),
+        ({"answer_regex": "(oops"}, "does not compile"),
+        ({"strategy": "nope"}, "unknown strategy"),
+    ],
+)
 def test_bad_deep_think_input(tiny_lm, change, message):
     with pytest.raises(FeedbackError, match=message):
         DeepThinkConfig(prompt="q", **change).validate(tiny_lm.num_layers)
@@ -107,7 +137,13 @@ def test_questions_file_and_accuracy(tiny_lm, tmp_path):
     res = accuracy(tiny_lm, qs, DeepThinkConfig(prompt="", traces=2, warmup=2, window=4, max_new_tokens=6))
     assert res["questions"] == 1
     for side in ("baseline", "feedback"):
-        assert set(res["accuracy"][side]) == {"single", "majority", "deepconf", "tokens_spent", "tokens_saved"}
+        assert set(res["accuracy"][side]) == {
+            "single",
+            "majority",
+            "deepconf",
+            "tokens_spent",
+            "tokens_saved",
+        }
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "x", "answer": 1}\n{nope\n')
     with pytest.raises(FeedbackError, match="bad.jsonl:2: not valid JSON"):
@@ -120,8 +156,15 @@ def test_builtin_questions_are_well_formed():
 
 
 def test_deep_think_on_the_embedded_model(embedded_lm):
-    cfg = DeepThinkConfig(prompt="What is 3 + 4? Give the answer as a number.", traces=2, warmup=2, eta=90,
-                          window=8, max_new_tokens=24, strategy="deep_cache")
+    cfg = DeepThinkConfig(
+        prompt="What is 3 + 4? Give the answer as a number.",
+        traces=2,
+        warmup=2,
+        eta=90,
+        window=8,
+        max_new_tokens=24,
+        strategy="deep_cache",
+    )
     rep = json.loads(json.dumps(deep_think(embedded_lm, cfg)))
     assert set(rep["sides"]) == {"baseline", "feedback"}
     for s in rep["sides"].values():
@@ -134,7 +177,9 @@ def test_deep_think_over_budget_is_refused_before_any_trace(tiny_lm):
     from feedback.eval.deepthink import check_budget
 
     cfg = DeepThinkConfig(prompt="What is 2+2?", traces=8, warmup=4, max_new_tokens=64, check=True)
-    with pytest.raises(FeedbackError, match=r"would decode 2,560 tokens \(2 sides x 20 traces x 64 new tokens\)"):
+    with pytest.raises(
+        FeedbackError, match=r"would decode 2,560 tokens \(2 sides x 20 traces x 64 new tokens\)"
+    ):
         deep_think(tiny_lm, cfg, budget=Budget(decoded_tokens=2000))
     check_budget(tiny_lm, cfg, Budget(decoded_tokens=2000), warm_up_only=True)  # 2 x 4 x 64 = 512 fits
     with pytest.raises(FeedbackError, match="memory"):

@@ -3,6 +3,7 @@
 generate_until = the engine's row text), and the paired comparison runs lm-eval end to end on
 tasks in lm-eval's own format (tests/data/lmeval: YAML with `dataset_path: json` over local JSONL).
 Skipped where lm-eval is not installed (it is a test requirement, not a runtime one)."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,16 @@ from feedback.core.engine import run_to_end  # noqa: E402
 from feedback.core.forward import window_nll_exact, window_nll_parallel  # noqa: E402
 from feedback.core.records import RowSpec, RunConfig  # noqa: E402
 from feedback.errors import FeedbackError  # noqa: E402
-from feedback.eval.lmeval import (NAME, FeedbackLM, clopper_pearson, compare, cut, format_table,  # noqa: E402
-                                  mcnemar_exact, run_pair)
+from feedback.eval.lmeval import (
+    NAME,
+    FeedbackLM,
+    clopper_pearson,
+    compare,
+    cut,
+    format_table,  # noqa: E402
+    mcnemar_exact,
+    run_pair,
+)
 from feedback.eval.perplexity import PPLConfig, token_nlls  # noqa: E402
 from feedback.strategies import build_strategy  # noqa: E402
 
@@ -39,14 +48,17 @@ def _rolling(text: str) -> Instance:
 
 def test_registered_under_its_name_and_built_from_model_args(tiny_lm):
     assert get_model(NAME) is FeedbackLM
-    side = FeedbackLM.create_from_arg_string("strategy=residual,param_alpha=0.2,passes=2,window=64",
-                                             {"lm": tiny_lm, "batch_size": 4, "device": None})
+    side = FeedbackLM.create_from_arg_string(
+        "strategy=residual,param_alpha=0.2,passes=2,window=64",
+        {"lm": tiny_lm, "batch_size": 4, "device": None},
+    )
     d = side.describe()
     assert (d["strategy"], d["params"]["alpha"], d["mode"], d["passes"]) == ("residual", 0.2, "jacobi", 2)
     assert (d["max_length"], d["window"], d["stride"], d["batch_size"]) == (512, 64, 63, 4)
     assert FeedbackLM(lm=tiny_lm).describe()["mode"] == "parallel"  # the baseline
-    stack = FeedbackLM.create_from_arg_string("strategy=inner_loop+deep_cache,param_deep_cache.lam=0.3",
-                                              {"lm": tiny_lm}).describe()
+    stack = FeedbackLM.create_from_arg_string(
+        "strategy=inner_loop+deep_cache,param_deep_cache.lam=0.3", {"lm": tiny_lm}
+    ).describe()
     assert stack["strategy"] == "inner_loop+deep_cache" and stack["params"]["deep_cache.lam"] == 0.3
     with pytest.raises(FeedbackError, match="param_alpha"):
         FeedbackLM.create_from_arg_string("strategy=residual,alpha=0.2", {"lm": tiny_lm})
@@ -61,13 +73,23 @@ def test_registered_under_its_name_and_built_from_model_args(tiny_lm):
 
 
 # A stack (inner_loop then deep_cache) is scored and decoded as any strategy is.
-STACK_CASE = ("inner_loop+deep_cache", {"inner_loop.beta": 0.6, "deep_cache.lam": 0.3, "deep_cache.gate": -1.0})
+STACK_CASE = (
+    "inner_loop+deep_cache",
+    {"inner_loop.beta": 0.6, "deep_cache.lam": 0.3, "deep_cache.gate": -1.0},
+)
 
 
-@pytest.mark.parametrize("strategy, params, mode", [
-    (None, {}, None), ("deep_cache", {"lam": 0.3}, "parallel"), ("residual", {"alpha": 0.2}, "jacobi"),
-    ("residual", {"alpha": 0.2}, "exact"), STACK_CASE + ("parallel",),
-    ("residual+deep_cache", {"residual.alpha": 0.2, "deep_cache.lam": 0.3}, "jacobi")])
+@pytest.mark.parametrize(
+    "strategy, params, mode",
+    [
+        (None, {}, None),
+        ("deep_cache", {"lam": 0.3}, "parallel"),
+        ("residual", {"alpha": 0.2}, "jacobi"),
+        ("residual", {"alpha": 0.2}, "exact"),
+        STACK_CASE + ("parallel",),
+        ("residual+deep_cache", {"residual.alpha": 0.2, "deep_cache.lam": 0.3}, "jacobi"),
+    ],
+)
 def test_rolling_loglikelihood_is_the_perplexity_codes(tiny_lm, strategy, params, mode):
     """Overlapping windows (16 tokens, stride 6) over the prefix token and the text."""
     side = FeedbackLM(lm=tiny_lm, strategy=strategy, params=params, mode=mode, window=16, stride=6)
@@ -78,15 +100,22 @@ def test_rolling_loglikelihood_is_the_perplexity_codes(tiny_lm, strategy, params
     assert ll == pytest.approx(-float((fb if strategy else base).sum()), abs=1e-4)
 
 
-PAIRS = [("Question: What do bees make?\nAnswer:", " honey"), ("The river flows", " to the sea, and back."),
-         ("A", " library is a quiet place")]
+PAIRS = [
+    ("Question: What do bees make?\nAnswer:", " honey"),
+    ("The river flows", " to the sea, and back."),
+    ("A", " library is a quiet place"),
+]
 
 
 def test_loglikelihood_batched_baseline_and_every_mode_match_the_window_scorers(tiny_lm):
     tok = tiny_lm.tokenizer
     requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(PAIRS)]
-    cases = [(None, {}, None), ("deep_cache", {"lam": 0.3}, "parallel"), ("residual", {"alpha": 0.2}, "jacobi"),
-             ("residual", {"alpha": 0.2}, "exact")]
+    cases = [
+        (None, {}, None),
+        ("deep_cache", {"lam": 0.3}, "parallel"),
+        ("residual", {"alpha": 0.2}, "jacobi"),
+        ("residual", {"alpha": 0.2}, "exact"),
+    ]
     for strategy, params, mode in cases:
         side = FeedbackLM(lm=tiny_lm, strategy=strategy, params=params, mode=mode, batch_size=3)
         got = side.loglikelihood(requests, disable_tqdm=True)
@@ -97,17 +126,27 @@ def test_loglikelihood_batched_baseline_and_every_mode_match_the_window_scorers(
             if strategy is None:  # left-padded rows in one forward vs the chunked prefill, one sequence
                 nll = token_nlls(tiny_lm, whole, PPLConfig())[0]
             elif mode == "exact":
-                nll = window_nll_exact(tiny_lm, ids, build_strategy(strategy, params, tiny_lm.num_layers)).numpy()
+                nll = window_nll_exact(
+                    tiny_lm, ids, build_strategy(strategy, params, tiny_lm.num_layers)
+                ).numpy()
             else:
-                nll = window_nll_parallel(tiny_lm, ids, build_strategy(strategy, params, tiny_lm.num_layers),
-                                          3 if mode == "jacobi" else 1).numpy()
+                nll = window_nll_parallel(
+                    tiny_lm,
+                    ids,
+                    build_strategy(strategy, params, tiny_lm.num_layers),
+                    3 if mode == "jacobi" else 1,
+                ).numpy()
             assert ll == pytest.approx(-float(nll[-n:].sum()), abs=1e-4), (strategy, mode, ctx)
     # greedy: the continuation is the plain model's argmax after the context
     ctx = tok("The river flows", add_special_tokens=False)["input_ids"]
     with torch.inference_mode():
         best = int(tiny_lm.model(input_ids=torch.tensor([ctx])).logits[0, -1].argmax())
-    flags = [g for _, g in FeedbackLM(lm=tiny_lm)._loglikelihood_tokens(
-        [(("", ""), ctx, [best]), (("", ""), ctx, [(best + 1) % tiny_lm.vocab_size])], disable_tqdm=True)]
+    flags = [
+        g
+        for _, g in FeedbackLM(lm=tiny_lm)._loglikelihood_tokens(
+            [(("", ""), ctx, [best]), (("", ""), ctx, [(best + 1) % tiny_lm.vocab_size])], disable_tqdm=True
+        )
+    ]
     assert flags == [True, False]
 
 
@@ -118,19 +157,32 @@ PROMPTS = ["Question: What is 2 + 2?\nAnswer:", "The sky is", "Once upon a time 
 def test_greedy_generate_until_is_the_engines_row_text(tiny_lm, strategy, params):
     """The backend batches the prompts as rows of one run; each reply is the one the engine gives
     the prompt alone, and an `until` string cuts it (the row stops there)."""
+
     def alone(prompt: str) -> str:
-        config = RunConfig(prompt=prompt, model=tiny_lm.name, chat_template=False, max_new_tokens=10,
-                           rows=[RowSpec("r", strategy, params)])
+        config = RunConfig(
+            prompt=prompt,
+            model=tiny_lm.name,
+            chat_template=False,
+            max_new_tokens=10,
+            rows=[RowSpec("r", strategy, params)],
+        )
         return run_to_end(tiny_lm, config).rows[0].text
 
     expected = [alone(p) for p in PROMPTS]
     side = FeedbackLM(lm=tiny_lm, strategy=strategy, params=params, batch_size=3)
-    got = side.generate_until([Instance("generate_until", {}, (p, {"until": [], "max_gen_toks": 10}), i)
-                               for i, p in enumerate(PROMPTS)], disable_tqdm=True)
+    got = side.generate_until(
+        [
+            Instance("generate_until", {}, (p, {"until": [], "max_gen_toks": 10}), i)
+            for i, p in enumerate(PROMPTS)
+        ],
+        disable_tqdm=True,
+    )
     assert got == expected and all(got)
     stop = expected[0].split()[1]  # a word inside the first reply
-    got = side.generate_until([Instance("generate_until", {}, (PROMPTS[0], {"until": [stop], "max_gen_toks": 10}),
-                                        0)], disable_tqdm=True)
+    got = side.generate_until(
+        [Instance("generate_until", {}, (PROMPTS[0], {"until": [stop], "max_gen_toks": 10}), 0)],
+        disable_tqdm=True,
+    )
     assert got == [cut(expected[0], [stop])] and stop not in got[0]
 
 
@@ -141,14 +193,21 @@ def test_the_baseline_agrees_with_lm_evals_own_hf_backend(tiny_lm):
 
     hf = HFLM(pretrained=tiny_lm.model, tokenizer=tiny_lm.tokenizer, max_length=32, batch_size=2)
     ours = FeedbackLM(lm=tiny_lm, max_length=32, batch_size=2)
-    rolling = [_rolling(TEXT), _rolling("A library is a quiet place. People borrow books and bring them back. " * 2)]
+    rolling = [
+        _rolling(TEXT),
+        _rolling("A library is a quiet place. People borrow books and bring them back. " * 2),
+    ]
     assert ours.loglikelihood_rolling(rolling, disable_tqdm=True) == pytest.approx(
-        hf.loglikelihood_rolling(rolling, disable_tqdm=True), abs=1e-3)
+        hf.loglikelihood_rolling(rolling, disable_tqdm=True), abs=1e-3
+    )
     scored = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(PAIRS + [("", "Hello there")])]
     assert [ll for ll, _ in ours.loglikelihood(scored, disable_tqdm=True)] == pytest.approx(
-        [ll for ll, _ in hf.loglikelihood(scored, disable_tqdm=True)], abs=1e-4)
-    gen = [Instance("generate_until", {}, (p, {"until": ["."], "max_gen_toks": 8, "do_sample": False}), i)
-           for i, p in enumerate(PROMPTS[:2])]
+        [ll for ll, _ in hf.loglikelihood(scored, disable_tqdm=True)], abs=1e-4
+    )
+    gen = [
+        Instance("generate_until", {}, (p, {"until": ["."], "max_gen_toks": 8, "do_sample": False}), i)
+        for i, p in enumerate(PROMPTS[:2])
+    ]
     assert ours.generate_until(gen, disable_tqdm=True) == hf.generate_until(gen, disable_tqdm=True)
 
 
@@ -158,12 +217,24 @@ def _word_ppl(lls: list[float], texts: list[str]) -> float:
 
 def test_paired_comparison_runs_lm_eval_end_to_end(tiny_lm, monkeypatch):
     monkeypatch.chdir(ROOT)  # the tasks' data_files are relative to the repository root
-    res = run_pair(tiny_lm, ["fl_mc_tiny", "fl_ppl_tiny", "fl_gen_tiny"], "deep_cache", {"lam": 0.3},
-                   include_path=str(TASKS), bootstrap=200, batch_size=4)
+    res = run_pair(
+        tiny_lm,
+        ["fl_mc_tiny", "fl_ppl_tiny", "fl_gen_tiny"],
+        "deep_cache",
+        {"lam": 0.3},
+        include_path=str(TASKS),
+        bootstrap=200,
+        batch_size=4,
+    )
     rows = {(r["task"], r["metric"]): r for r in res["comparison"]}
-    assert set(rows) == {("fl_mc_tiny", "acc"), ("fl_mc_tiny", "acc_norm"), ("fl_ppl_tiny", "word_perplexity"),
-                         ("fl_ppl_tiny", "byte_perplexity"), ("fl_ppl_tiny", "bits_per_byte"),
-                         ("fl_gen_tiny", "exact_match")}
+    assert set(rows) == {
+        ("fl_mc_tiny", "acc"),
+        ("fl_mc_tiny", "acc_norm"),
+        ("fl_ppl_tiny", "word_perplexity"),
+        ("fl_ppl_tiny", "byte_perplexity"),
+        ("fl_ppl_tiny", "bits_per_byte"),
+        ("fl_gen_tiny", "exact_match"),
+    }
     acc = rows[("fl_mc_tiny", "acc")]
     assert acc["n"] == 8 and acc["baseline"] == res["baseline"]["fl_mc_tiny"]["acc,none"]
     assert acc["delta"] == pytest.approx((acc["gained"] - acc["lost"]) / 8)
@@ -175,11 +246,18 @@ def test_paired_comparison_runs_lm_eval_end_to_end(tiny_lm, monkeypatch):
     prefix = tiny_lm.tokenizer.bos_token_id
     side = res["feedback_side"]
     assert (side["max_length"], side["window"], side["stride"]) == (512, 512, 511)  # capped by the context
-    nlls = [token_nlls(tiny_lm, [prefix] + tiny_lm.tokenizer(t, add_special_tokens=False)["input_ids"],
-                       PPLConfig("deep_cache", {"lam": 0.3}, window=512, stride=511)) for t in texts]
+    nlls = [
+        token_nlls(
+            tiny_lm,
+            [prefix] + tiny_lm.tokenizer(t, add_special_tokens=False)["input_ids"],
+            PPLConfig("deep_cache", {"lam": 0.3}, window=512, stride=511),
+        )
+        for t in texts
+    ]
     for side, pick in (("baseline", 0), ("feedback", 1)):
         assert res[side]["fl_ppl_tiny"]["word_perplexity,none"] == pytest.approx(
-            _word_ppl([-float(n[pick].sum()) for n in nlls], texts), rel=1e-5)
+            _word_ppl([-float(n[pick].sum()) for n in nlls], texts), rel=1e-5
+        )
     assert res["feedback_side"]["strategy"] == "deep_cache" and res["baseline_side"]["strategy"] is None
     table = format_table(res["comparison"])
     assert table.splitlines()[0].split()[:3] == ["task", "metric", "n"] and len(table.splitlines()) == 7
@@ -190,18 +268,36 @@ def test_paired_comparison_runs_lm_eval_end_to_end(tiny_lm, monkeypatch):
 def test_exact_tests_and_the_pairing_of_documents():
     assert mcnemar_exact(0, 5) == pytest.approx(0.0625) and mcnemar_exact(3, 3) == 1.0
     assert mcnemar_exact(0, 0) == 1.0
-    assert clopper_pearson(0, 10)[1] == pytest.approx(1 - 0.025 ** 0.1, abs=1e-9)
+    assert clopper_pearson(0, 10)[1] == pytest.approx(1 - 0.025**0.1, abs=1e-9)
     lo, hi = clopper_pearson(5, 10)
     assert lo == pytest.approx(0.187086, abs=1e-5) and hi == pytest.approx(0.812914, abs=1e-5)
 
     def result(accs, lls):
-        return {"results": {"t": {"acc,none": sum(accs) / len(accs), "acc_stderr,none": "N/A", "alias": "t",
-                                  "perplexity,none": math.exp(-sum(lls) / len(lls))}},
-                "samples": {"t": [{"doc_id": i, "filter": "none", "acc": a, "perplexity": ll}
-                                  for i, (a, ll) in enumerate(zip(accs, lls))]},
-                "configs": {"t": {"metric_list": [{"metric": "acc", "aggregation": "mean"},
-                                                  {"metric": "perplexity", "aggregation": "perplexity"}]}},
-                "higher_is_better": {"t": {"acc": True, "perplexity": False}}}
+        return {
+            "results": {
+                "t": {
+                    "acc,none": sum(accs) / len(accs),
+                    "acc_stderr,none": "N/A",
+                    "alias": "t",
+                    "perplexity,none": math.exp(-sum(lls) / len(lls)),
+                }
+            },
+            "samples": {
+                "t": [
+                    {"doc_id": i, "filter": "none", "acc": a, "perplexity": ll}
+                    for i, (a, ll) in enumerate(zip(accs, lls))
+                ]
+            },
+            "configs": {
+                "t": {
+                    "metric_list": [
+                        {"metric": "acc", "aggregation": "mean"},
+                        {"metric": "perplexity", "aggregation": "perplexity"},
+                    ]
+                }
+            },
+            "higher_is_better": {"t": {"acc": True, "perplexity": False}},
+        }
 
     base = result([1, 0, 0, 0, 1, 0], [-1.0, -2.0, -1.5, -1.2, -0.8, -2.2])
     fb = result([1, 1, 1, 1, 1, 0], [-0.9, -1.8, -1.4, -1.2, -0.7, -2.0])
@@ -210,13 +306,18 @@ def test_exact_tests_and_the_pairing_of_documents():
     assert (acc["gained"], acc["lost"], acc["n"]) == (3, 0, 6) and acc["p_value"] == pytest.approx(0.25)
     assert acc["delta"] == pytest.approx(0.5) and acc["ci95"][0] < 0.5 <= acc["ci95"][1]
     ppl = rows["perplexity"]
-    assert ppl["delta"] < 0 and ppl["ci95"][1] <= 0 and ppl["higher_is_better"] is False  # lower on every document
+    assert (
+        ppl["delta"] < 0 and ppl["ci95"][1] <= 0 and ppl["higher_is_better"] is False
+    )  # lower on every document
 
 
 def test_baseline_batches_hold_at_most_the_rows_and_padded_tokens_allowed():
     from feedback.eval.lmeval import BATCH_TOKENS, _batches
 
     todo = [([0] * n, 1) for n in (BATCH_TOKENS + 10, 3000, 3000, 2000, 100, 100, 50)]
-    assert [[len(s) for s, _ in b] for b in _batches(todo, 8)] == [[BATCH_TOKENS + 10], [3000, 3000],
-                                                                     [2000, 100, 100, 50]]
+    assert [[len(s) for s, _ in b] for b in _batches(todo, 8)] == [
+        [BATCH_TOKENS + 10],
+        [3000, 3000],
+        [2000, 100, 100, 50],
+    ]
     assert [len(b) for b in _batches(todo, 2)] == [1, 2, 2, 2]

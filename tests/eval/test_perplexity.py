@@ -1,4 +1,5 @@
 """Perplexity: windows, NLL against a direct computation, bootstrap, corpus inputs, sweeps."""
+
 from __future__ import annotations
 
 import json
@@ -11,12 +12,28 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from feedback.core.budget import EXACT_COST
 from feedback.errors import FeedbackError, Stopped
 from feedback.eval import corpus
-from feedback.core.budget import EXACT_COST
-from feedback.eval.perplexity import (PPLConfig, ScoringProgress, Tally, block_length, document_ids, estimate, evaluate,
-                                      fitting_cap, fitting_docs, measured_rate, paired_bootstrap, scoring_rate,
-                                      scoring_work, seconds_left, surprise_diff, token_nlls, windows)
+from feedback.eval.perplexity import (
+    PPLConfig,
+    ScoringProgress,
+    Tally,
+    block_length,
+    document_ids,
+    estimate,
+    evaluate,
+    fitting_cap,
+    fitting_docs,
+    measured_rate,
+    paired_bootstrap,
+    scoring_rate,
+    scoring_work,
+    seconds_left,
+    surprise_diff,
+    token_nlls,
+    windows,
+)
 from feedback.eval.sweep import best_point, is_noop, parse_grid, run_sweep, to_csv
 
 TEXT = "The river flows to the sea. The sea rises as clouds, and the clouds rain on the hills again."
@@ -38,7 +55,9 @@ def test_baseline_nll_matches_a_direct_computation(tiny_lm):
     assert fb is None
     with torch.inference_mode():
         logits = tiny_lm.model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
-    direct = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="none").double().numpy()
+    direct = (
+        torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="none").double().numpy()
+    )
     assert np.allclose(base, direct, atol=1e-5)
 
 
@@ -99,25 +118,46 @@ def test_evaluate_reports_everything(tiny_lm):
     res = evaluate(tiny_lm, docs, PPLConfig("deep_cache", {"lam": 0.3}, bootstrap=200))
     json.dumps(res)
     assert res["mode"] == "parallel" and res["approximate"] is False and res["documents"] == 2
-    assert set(res) >= {"baseline_ppl", "feedback_ppl", "delta_pct", "ci95", "mode", "wall_seconds",
-                        "corpus_fingerprint", "per_doc", "config", "model"}
+    assert set(res) >= {
+        "baseline_ppl",
+        "feedback_ppl",
+        "delta_pct",
+        "ci95",
+        "mode",
+        "wall_seconds",
+        "corpus_fingerprint",
+        "per_doc",
+        "config",
+        "model",
+    }
     assert res["ci95"][0] <= res["delta_pct"] <= res["ci95"][1]
     assert res["config"]["params"]["theta"] == 50.0  # defaults are filled in
-    pooled = math.exp(np.mean(np.concatenate([token_nlls(tiny_lm, tiny_lm.tokenizer(d.text)["input_ids"],
-                                                         PPLConfig())[0] for d in docs[:2]])))
+    pooled = math.exp(
+        np.mean(
+            np.concatenate(
+                [
+                    token_nlls(tiny_lm, tiny_lm.tokenizer(d.text)["input_ids"], PPLConfig())[0]
+                    for d in docs[:2]
+                ]
+            )
+        )
+    )
     assert res["baseline_ppl"] == pytest.approx(pooled, rel=1e-9)
     jac = evaluate(tiny_lm, docs[:1], PPLConfig("residual", {"alpha": 0.2}, passes=4, bootstrap=0))
     assert jac["mode"] == "jacobi" and jac["approximate"] is True and jac["passes"] == 4
 
 
-@pytest.mark.parametrize("cfg, message", [
-    (PPLConfig("residual", mode="parallel"), "recurrent"),
-    (PPLConfig("residual", mode="jacobi", passes=1), "passes must be in"),
-    (PPLConfig("deep_cache", mode="sideways"), "mode must be one of"),
-    (PPLConfig(stride=0), "stride"),
-    (PPLConfig("nope"), "unknown strategy"),
-    (PPLConfig("deep_cache", {"lam": 2}), "lam=2.0 is out of range"),
-])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        (PPLConfig("residual", mode="parallel"), "recurrent"),
+        (PPLConfig("residual", mode="jacobi", passes=1), "passes must be in"),
+        (PPLConfig("deep_cache", mode="sideways"), "mode must be one of"),
+        (PPLConfig(stride=0), "stride"),
+        (PPLConfig("nope"), "unknown strategy"),
+        (PPLConfig("deep_cache", {"lam": 2}), "lam=2.0 is out of range"),
+    ],
+)
 def test_bad_ppl_configs(tiny_lm, cfg, message):
     with pytest.raises(FeedbackError, match=message):
         evaluate(tiny_lm, [corpus.Document("a", TEXT)], cfg)
@@ -152,8 +192,14 @@ def test_file_inputs(tmp_path):
     (tmp_path / "b.txt").write_text("second document")
     assert [d.name for d in corpus.load(str(tmp_path))] == ["a.txt", "b.txt"]
     assert corpus.load(str(tmp_path / "a.txt"))[0].text == "first document"
-    lines = ['{"text": "good one", "id": "x"}', "not json", '{"text": ""}', '{"other": 1}', "[1, 2]",
-             '{"text": "good two"}']
+    lines = [
+        '{"text": "good one", "id": "x"}',
+        "not json",
+        '{"text": ""}',
+        '{"other": 1}',
+        "[1, 2]",
+        '{"text": "good two"}',
+    ]
     (tmp_path / "d.jsonl").write_text("\n".join(lines))
     warnings: list[str] = []
     docs = corpus.load(str(tmp_path / "d.jsonl"), warnings.append)
@@ -172,9 +218,14 @@ def test_file_inputs(tmp_path):
 def test_parse_grid_and_sweep(tiny_lm):
     grid = parse_grid(["lam=0,0.3", "theta=5,50"], "deep_cache", 4)
     assert grid == {"lam": [0.0, 0.3], "theta": [5.0, 50.0]}
-    for bad, message in [(["lam"], "expects NAME=V1"), (["beta=1"], "unknown parameter"),
-                         (["lam=0", "lam=1"], "twice"), (["lam=7"], "out of range"), ([], "at least one"),
-                         (["lam=" + ",".join(["0.1"] * 21), "theta=" + ",".join(["1"] * 20)], "at most 400")]:
+    for bad, message in [
+        (["lam"], "expects NAME=V1"),
+        (["beta=1"], "unknown parameter"),
+        (["lam=0", "lam=1"], "twice"),
+        (["lam=7"], "out of range"),
+        ([], "at least one"),
+        (["lam=" + ",".join(["0.1"] * 21), "theta=" + ",".join(["1"] * 20)], "at most 400"),
+    ]:
         with pytest.raises(FeedbackError, match=message):
             parse_grid(bad, "deep_cache", 4)
     # the page names its own fields, not the command line's flag
@@ -213,7 +264,9 @@ class StopAfter:
 @pytest.mark.parametrize("mode, checks", [("parallel", 2), ("exact", 5)])
 def test_a_stopped_evaluation_ends_within_a_window_or_token(tiny_lm, mode, checks):
     docs = [corpus.Document(f"d{i}", TEXT * 3) for i in range(4)]
-    cfg = PPLConfig("deep_cache" if mode == "parallel" else "residual", {}, mode, window=16, stride=8, bootstrap=0)
+    cfg = PPLConfig(
+        "deep_cache" if mode == "parallel" else "residual", {}, mode, window=16, stride=8, bootstrap=0
+    )
     stop = StopAfter(checks)
     seen: list[int] = []
     with pytest.raises(Stopped, match="stopped"):
@@ -236,10 +289,20 @@ def test_stop_is_looked_at_before_every_forward(tiny_lm, mode):
             since_check[0] = 0
             return False
 
-    handle = tiny_lm.model.register_forward_pre_hook(lambda *_: since_check.__setitem__(0, since_check[0] + 1))
+    handle = tiny_lm.model.register_forward_pre_hook(
+        lambda *_: since_check.__setitem__(0, since_check[0] + 1)
+    )
     try:
-        cfg = PPLConfig("residual" if mode == "jacobi" else "deep_cache", {}, mode, passes=3, window=32, stride=16,
-                        chunk=8, bootstrap=0)
+        cfg = PPLConfig(
+            "residual" if mode == "jacobi" else "deep_cache",
+            {},
+            mode,
+            passes=3,
+            window=32,
+            stride=16,
+            chunk=8,
+            bootstrap=0,
+        )
         evaluate(tiny_lm, [corpus.Document("d", TEXT * 3)], cfg, stop=Watch())
     finally:
         handle.remove()
@@ -257,6 +320,7 @@ def test_a_stop_during_a_forward_ends_it_at_the_next_layer(tiny_lm):
             ran.append(i)
             if len(ran) == 3:  # the third layer entered in the whole evaluation: Stop arrives now
                 stop.set()
+
         return hook
 
     handles = [layer.register_forward_pre_hook(enter(i)) for i, layer in enumerate(tiny_lm.layers)]
@@ -280,17 +344,30 @@ def test_a_stopped_sweep_keeps_the_points_it_finished(tiny_lm):
         stop.set()  # Stop pressed after the first point
 
     with pytest.raises(Stopped):
-        run_sweep(tiny_lm, [corpus.Document("a", TEXT)], "deep_cache", grid, PPLConfig(bootstrap=20), {},
-                  on_point, stop=stop)
+        run_sweep(
+            tiny_lm,
+            [corpus.Document("a", TEXT)],
+            "deep_cache",
+            grid,
+            PPLConfig(bootstrap=20),
+            {},
+            on_point,
+            stop=stop,
+        )
     assert [p["lam"] for p in points] == [0.0]
 
 
 def test_best_point_never_picks_a_setting_with_strength_zero():
-    rows = [{"lam": 0.0, "gate": 0.9, "delta_pct": -0.0}, {"lam": 0.1, "gate": 0.9, "delta_pct": 0.4},
-            {"lam": 0.2, "gate": 0.9, "delta_pct": 0.2}]
+    rows = [
+        {"lam": 0.0, "gate": 0.9, "delta_pct": -0.0},
+        {"lam": 0.1, "gate": 0.9, "delta_pct": 0.4},
+        {"lam": 0.2, "gate": 0.9, "delta_pct": 0.2},
+    ]
     assert best_point(rows, "deep_cache")["lam"] == 0.2  # the no-op point (ΔPPL 0) is not "best"
     assert best_point(rows[:1], "deep_cache") is None
-    assert best_point([{"gate": 0.5, "delta_pct": 1.0}], "deep_cache", {"lam": 0.0}) is None  # fixed strength 0
+    assert (
+        best_point([{"gate": 0.5, "delta_pct": 1.0}], "deep_cache", {"lam": 0.0}) is None
+    )  # fixed strength 0
     assert is_noop("residual", {"alpha": 0}) and not is_noop("residual", {"alpha": 0.1})
 
 
@@ -303,12 +380,21 @@ def test_scoring_over_budget_is_refused_before_any_forward(tiny_lm):
         docs = [corpus.Document("a", TEXT * 4)]
         n = len(tiny_lm.tokenizer(TEXT * 4)["input_ids"])
         cfg = PPLConfig("residual", {}, "jacobi", passes=3, bootstrap=0)
-        with pytest.raises(FeedbackError, match=rf"would score {4 * n:,} token-forwards \({n:,} window tokens, "
-                                                 r"baseline \+ 1 x jacobi \(3 passes\)\)"):
+        with pytest.raises(
+            FeedbackError,
+            match=rf"would score {4 * n:,} token-forwards \({n:,} window tokens, "
+            r"baseline \+ 1 x jacobi \(3 passes\)\)",
+        ):
             evaluate(tiny_lm, docs, cfg, budget=Budget(scored_tokens=4 * n - 1))
         with pytest.raises(FeedbackError, match="FEEDBACK_BUDGET_SCORED_TOKENS"):
-            run_sweep(tiny_lm, docs, "deep_cache", {"lam": [0.1, 0.2, 0.3]}, PPLConfig(bootstrap=0),
-                      budget=Budget(scored_tokens=3 * n))  # baseline + 3 points = 4n
+            run_sweep(
+                tiny_lm,
+                docs,
+                "deep_cache",
+                {"lam": [0.1, 0.2, 0.3]},
+                PPLConfig(bootstrap=0),
+                budget=Budget(scored_tokens=3 * n),
+            )  # baseline + 3 points = 4n
         assert forwards == []
         evaluate(tiny_lm, docs, cfg, budget=Budget(scored_tokens=4 * n))
     finally:
@@ -340,8 +426,15 @@ def window_tokens(n: int, size: int, stride: int) -> int:
     return sum(end - start for start, end, _ in windows(n, size, stride))
 
 
-@pytest.mark.parametrize("strategy, mode, per_pass", [
-    (None, None, 0), ("deep_cache", "parallel", 1), ("residual", "jacobi", 3), ("residual", "exact", EXACT_COST)])
+@pytest.mark.parametrize(
+    "strategy, mode, per_pass",
+    [
+        (None, None, 0),
+        ("deep_cache", "parallel", 1),
+        ("residual", "jacobi", 3),
+        ("residual", "exact", EXACT_COST),
+    ],
+)
 def test_the_estimate_is_tokens_times_points_times_passes(strategy, mode, per_pass):
     """Window tokens x (the baseline once + points x passes), the documents under 2 tokens left out
     (nothing to score), and the time at a measured rate; the budget counts the same number."""
@@ -372,7 +465,10 @@ def test_a_refusal_can_say_what_would_fit():
     limit = cost([50, 50, 30])
     cap = fitting_cap(counts, cfg, 4, limit)
     assert cost([min(n, cap) for n in counts]) <= limit < cost([min(n, cap + 1) for n in counts])
-    assert fitting_docs(counts, cfg, 4, cost(counts[:2])) == 2 and fitting_docs(counts, cfg, 4, cost(counts[:1]) - 1) == 0
+    assert (
+        fitting_docs(counts, cfg, 4, cost(counts[:2])) == 2
+        and fitting_docs(counts, cfg, 4, cost(counts[:1]) - 1) == 0
+    )
     assert fitting_cap(counts, cfg, 4, cost([2, 2, 2]) - 1) is None
 
 
@@ -397,11 +493,21 @@ def test_progress_comes_within_a_point_and_adds_up_to_the_estimate(embedded_lm):
     base = PPLConfig(window=12, stride=6, bootstrap=0)  # the text is ~22 tokens: a few windows
     seen: list[ScoringProgress] = []
     ends: list[int] = []
-    run_sweep(embedded_lm, docs, "deep_cache", {"lam": [0.05, 0.1]}, base, {},
-              on_point=lambda row, i, n: ends.append(len(seen)), progress=seen.append)
-    first = seen[:ends[0]]
+    run_sweep(
+        embedded_lm,
+        docs,
+        "deep_cache",
+        {"lam": [0.05, 0.1]},
+        base,
+        {},
+        on_point=lambda row, i, n: ends.append(len(seen)),
+        progress=seen.append,
+    )
+    first = seen[: ends[0]]
     assert len(first) >= 2 and all(e.point == 1 and e.points == 2 and e.stage == "point" for e in first)
-    assert [e.tokens for e in first] == sorted(e.tokens for e in first) and first[-1].tokens == first[-1].total
+    assert [e.tokens for e in first] == sorted(e.tokens for e in first) and first[-1].tokens == first[
+        -1
+    ].total
     assert first[0].tokens < first[0].total  # the first report came before the point's end
     counts = [len(ids) for ids in document_ids(embedded_lm, docs, base)]
     est = estimate(counts, PPLConfig("deep_cache", window=12, stride=6), points=2)

@@ -1,5 +1,6 @@
 """Question answering per row: accuracy from the extracted answers, the gold answer's perplexity,
 restate rows judged on what follows their restatement."""
+
 from __future__ import annotations
 
 import math
@@ -16,16 +17,26 @@ def _step(i, text, part=None):
 
 
 def test_reply_answer_leaves_out_the_restatement():
-    row = RowResult("r", "restate", {}, steps=[_step(0, "Key facts: 3 and 4", "restate"),
-                                               _step(1, "\n\nAnswer:", "transition"), _step(2, " 7", "answer")])
+    row = RowResult(
+        "r",
+        "restate",
+        {},
+        steps=[
+            _step(0, "Key facts: 3 and 4", "restate"),
+            _step(1, "\n\nAnswer:", "transition"),
+            _step(2, " 7", "answer"),
+        ],
+    )
     assert answer_text(row) == "\n\nAnswer: 7"
     plain = RowResult("b", None, {}, text="It is 7.", steps=[_step(0, "It is 7.")])
     assert answer_text(plain) == "It is 7."
 
 
 def test_accuracy_and_gold_perplexity_per_row(tiny_lm):
-    questions = [{"question": "What is 3 + 4? Answer with a number.", "answer": 7},
-                 {"question": "Capital of France? One word.", "answer": "Paris"}]
+    questions = [
+        {"question": "What is 3 + 4? Answer with a number.", "answer": 7},
+        {"question": "Capital of France? One word.", "answer": "Paris"},
+    ]
     rows = [RowSpec("plain"), RowSpec("restate", "restate", {"max_tokens": 2})]
     seen = []
     res = evaluate_qa(tiny_lm, questions, rows, max_new_tokens=8, progress=lambda i, n: seen.append((i, n)))

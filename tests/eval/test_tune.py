@@ -2,6 +2,7 @@
 from the Param schema, reproducibility, resume, pruning, bad input, the files, the test split scored
 once, Stop; and its pieces on their own: the settings, the trials log, the pruning decision, the
 test scoring's reuse rule."""
+
 from __future__ import annotations
 
 import json
@@ -20,14 +21,26 @@ from feedback.eval.perplexity import PPLConfig, evaluate
 from feedback.strategies import REGISTRY, Param
 from feedback.strategies.deep_cache import DeepCacheStrategy
 
-WORDS = ("amber basalt cobalt dune ember fjord garnet harbour iris jasper kelp lagoon meadow nectar onyx prairie "
-         "quartz reef saffron tundra umber valley willow xenon yarrow zephyr").split()
+WORDS = (
+    "amber basalt cobalt dune ember fjord garnet harbour iris jasper kelp lagoon meadow nectar onyx prairie "
+    "quartz reef saffron tundra umber valley willow xenon yarrow zephyr"
+).split()
 # Six short documents, no word twice in one: a token the text has not shown before gets nothing from a cache.
-DOCS = [Document(f"d{i}", " ".join(WORDS[(5 * i + j) % len(WORDS)] for j in range(12)) + ".") for i in range(6)]
-TEST = [Document("t0", "A held-out line about rivers, stones and the colour of the evening sky."),
-        Document("t1", "Another held-out sentence, mentioning lists, keys and values.")]
+DOCS = [
+    Document(f"d{i}", " ".join(WORDS[(5 * i + j) % len(WORDS)] for j in range(12)) + ".") for i in range(6)
+]
+TEST = [
+    Document("t0", "A held-out line about rivers, stones and the colour of the evening sky."),
+    Document("t1", "Another held-out sentence, mentioning lists, keys and values."),
+]
 BASE = PPLConfig(bootstrap=200)
-CALL = ("test_docs", "on_trial", "stop", "progress", "budget")  # run_tune's own keywords; the rest are settings
+CALL = (
+    "test_docs",
+    "on_trial",
+    "stop",
+    "progress",
+    "budget",
+)  # run_tune's own keywords; the rest are settings
 
 
 def run(lm, strategy="deep_cache", fixed=None, **kw):
@@ -46,9 +59,12 @@ def test_search_space_follows_the_param_schema(tiny_lm, monkeypatch):
 
     class Choosy(DeepCacheStrategy):
         name = "choosy"
-        params = (Param("lam", float, 0.02, "", 0.0, 1.0, search=(0.01, 0.1)),
-                  Param("mode", str, "a", "", choices=("a", "b", "c"), search=("a", "c")),
-                  Param("theta", float, 50.0, "", 0.0, 1000.0))  # no search range: kept at its default
+        params = (
+            Param("lam", float, 0.02, "", 0.0, 1.0, search=(0.01, 0.1)),
+            Param("mode", str, "a", "", choices=("a", "b", "c"), search=("a", "c")),
+            Param("theta", float, 50.0, "", 0.0, 1000.0),
+        )  # no search range: kept at its default
+
     monkeypatch.setitem(REGISTRY, "choosy", Choosy)
     space = tune.search_space("choosy", 4)
     assert space == {"lam": FloatDistribution(0.01, 0.1), "mode": CategoricalDistribution(("a", "c"))}
@@ -67,9 +83,13 @@ def test_same_seed_same_trials_and_each_number_is_evaluate_s(tiny_lm):
 
 
 def test_a_stack_is_tuned_jointly_and_each_number_is_evaluate_s(tiny_lm):
-    res = run(tiny_lm, "inner_loop+deep_cache", {"inner_loop.mode": "loop", "deep_cache.window": 64}, trials=3)
+    res = run(
+        tiny_lm, "inner_loop+deep_cache", {"inner_loop.mode": "loop", "deep_cache.window": 64}, trials=3
+    )
     row = res["trials"][0]
-    assert {"inner_loop.beta", "deep_cache.lam"} <= set(row["params"]) and "deep_cache.window" not in row["params"]
+    assert {"inner_loop.beta", "deep_cache.lam"} <= set(row["params"]) and "deep_cache.window" not in row[
+        "params"
+    ]
     params = {"inner_loop.mode": "loop", "deep_cache.window": 64, **row["params"]}
     direct = evaluate(tiny_lm, DOCS, PPLConfig("inner_loop+deep_cache", params, bootstrap=200))
     assert row["state"] == "complete" and row["delta_pct"] == pytest.approx(direct["delta_pct"], rel=1e-12)
@@ -92,19 +112,28 @@ def test_resume_continues_the_log_and_samples_what_one_run_would(tiny_lm, tmp_pa
     assert new == [4] and again["trials"][4]["params"] == whole["trials"][4]["params"]
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(strategy="soft_token"), "strategy: \"deep_cache\" there, \"soft_token\" now"),
-    (dict(fixed={"gate": -1.0}), "fixed.gate: null there, -1.0 now"),
-    (dict(base=PPLConfig(bootstrap=100)), "scoring.bootstrap: 200 there, 100 now"),
-    (dict(docs=DOCS[:5]), "corpus_fingerprint"),
-    (dict(seed=3), "sampler.seed"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(strategy="soft_token"), 'strategy: "deep_cache" there, "soft_token" now'),
+        (dict(fixed={"gate": -1.0}), "fixed.gate: null there, -1.0 now"),
+        (dict(base=PPLConfig(bootstrap=100)), "scoring.bootstrap: 200 there, 100 now"),
+        (dict(docs=DOCS[:5]), "corpus_fingerprint"),
+        (dict(seed=3), "sampler.seed"),
+    ],
+)
 def test_a_resume_with_other_settings_is_refused(tiny_lm, tmp_path, change, message):
     run(tiny_lm, trials=1, out_dir=tmp_path)
     kw = dict(strategy="deep_cache", fixed={}, base=BASE, docs=DOCS, seed=0) | change
     with pytest.raises(FeedbackError, match="holds trials of a different tuning run") as err:
-        tune.run_tune(tiny_lm, kw["docs"], kw["strategy"], kw["base"], kw["fixed"],
-                      tune.TuneSettings(seed=kw["seed"], trials=2, out_dir=tmp_path))
+        tune.run_tune(
+            tiny_lm,
+            kw["docs"],
+            kw["strategy"],
+            kw["base"],
+            kw["fixed"],
+            tune.TuneSettings(seed=kw["seed"], trials=2, out_dir=tmp_path),
+        )
     assert message in str(err.value) and "\n" not in str(err.value)
     (tmp_path / tune.TRIALS_FILE).write_text("not a log\n")
     with pytest.raises(FeedbackError, match="not a tuning log"):
@@ -139,12 +168,16 @@ def test_bad_input_is_one_clear_line(tiny_lm, monkeypatch):
     class Plain(DeepCacheStrategy):
         name = "plain"
         params = (Param("lam", float, 0.02, "", 0.0, 1.0),)
+
     monkeypatch.setitem(REGISTRY, "plain", Plain)
     cases = [
         (dict(trials=0), "trials must be in [1, 10000]"),
         (dict(trials=None, timeout=0), "timeout must be a positive number"),
         (dict(trials=None), "give a budget"),
-        (dict(fixed={"lam": 0.1, "theta": 5, "layer": 1, "window": 8, "gate": 0, "max_p": 1}), "every tunable"),
+        (
+            dict(fixed={"lam": 0.1, "theta": 5, "layer": 1, "window": 8, "gate": 0, "max_p": 1}),
+            "every tunable",
+        ),
         (dict(strategy="plain"), "plain has no tunable parameters"),
         (dict(fixed={"zeta": 1}), "unknown parameter(s) zeta"),
         (dict(strategy="nope"), "unknown strategy 'nope'"),
@@ -210,7 +243,9 @@ def test_progress_within_trials_then_the_test_within_the_estimate(tiny_lm):
     assert seen[-1].forwards <= dev.forwards + test.forwards and seen[-1].tokens == test.tokens
 
 
-def test_a_combination_the_strategy_refuses_is_a_failed_trial_and_the_search_goes_on(tiny_lm, tmp_path, monkeypatch):
+def test_a_combination_the_strategy_refuses_is_a_failed_trial_and_the_search_goes_on(
+    tiny_lm, tmp_path, monkeypatch
+):
     class Picky(DeepCacheStrategy):
         name = "picky"
 
@@ -218,6 +253,7 @@ def test_a_combination_the_strategy_refuses_is_a_failed_trial_and_the_search_goe
         def check(cls, values, num_layers):
             if values["lam"] > 0.03:
                 raise FeedbackError("lam above 0.03 with this cache is refused")
+
     monkeypatch.setitem(REGISTRY, "picky", Picky)
     res = run(tiny_lm, "picky", trials=6, out_dir=tmp_path)
     failed = [r for r in res["trials"] if r["state"] == "failed"]
@@ -248,8 +284,12 @@ def test_settings_refuse_a_bad_budget_and_say_when_another_trial_may_start():
     assert not tune.TuneSettings(trials=3, timeout=10).more(1, 11.0)  # whichever ends first
 
 
-HEADER = {"format": tune.FORMAT, "strategy": "deep_cache", "data": "dev.jsonl",
-          "scoring": {"bootstrap": 200, "seed": 0}}
+HEADER = {
+    "format": tune.FORMAT,
+    "strategy": "deep_cache",
+    "data": "dev.jsonl",
+    "scoring": {"bootstrap": 200, "seed": 0},
+}
 
 
 def test_the_trials_log_resumes_its_own_run_and_refuses_anything_else(tmp_path):
@@ -259,7 +299,9 @@ def test_the_trials_log_resumes_its_own_run_and_refuses_anything_else(tmp_path):
     log.append({"trial": 0, "state": "complete"})
     log.append({"trial": 1, "state": "pruned"})
     assert path.read_text() == tune.jsonl_text(HEADER, log.rows) and len(path.read_text().splitlines()) == 3
-    again = tune.TrialLog.open(tmp_path, HEADER | {"data": "renamed.jsonl"})  # the data's name decides nothing
+    again = tune.TrialLog.open(
+        tmp_path, HEADER | {"data": "renamed.jsonl"}
+    )  # the data's name decides nothing
     assert again.rows == log.rows and again.path == path
     with pytest.raises(FeedbackError, match="holds trials of a different tuning run") as err:
         tune.TrialLog.open(tmp_path, HEADER | {"scoring": {"bootstrap": 100, "seed": 0}})
@@ -295,12 +337,24 @@ def test_the_pruner_compares_with_the_completed_trials_at_the_same_step():
     study = optuna.create_study(pruner=tune.ClearlyWorsePruner(startup=2))
     dist = {"x": FloatDistribution(0.0, 1.0)}
     for value in (1.0, 3.0):  # completed: subset median 2.0
-        study.add_trial(optuna.trial.create_trial(params={"x": 0.5}, distributions=dist, value=value,
-                                                  intermediate_values={2: value}))
-    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, params={"x": 0.5},
-                                              distributions=dist, intermediate_values={2: -100.0}))
-    study.add_trial(optuna.trial.create_trial(params={"x": 0.5}, distributions=dist, value=-50.0,
-                                              intermediate_values={1: -50.0}))  # another step: not compared
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"x": 0.5}, distributions=dist, value=value, intermediate_values={2: value}
+            )
+        )
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.PRUNED,
+            params={"x": 0.5},
+            distributions=dist,
+            intermediate_values={2: -100.0},
+        )
+    )
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"x": 0.5}, distributions=dist, value=-50.0, intermediate_values={1: -50.0}
+        )
+    )  # another step: not compared
 
     def reported(low: float) -> optuna.Trial:
         trial = study.ask()
@@ -323,6 +377,13 @@ def test_the_test_split_is_scored_again_only_for_another_best_point_text_or_sett
     assert first["test"]["delta_pct"] == pytest.approx(direct["delta_pct"], rel=1e-12)
     previous = {"header": header, "best": best} | first
     assert tune.score_test_once(tiny_lm, data, best, previous, header, "test.jsonl", cache) == first  # reused
-    for stale in (previous | {"best": {"trial": 4}}, previous | {"test_fingerprint": "another text"},
-                  previous | {"header": header | {"scoring": {"bootstrap": 100}}}, previous | {"test": None}):
-        assert tune.score_test_once(tiny_lm, data, best, stale, header, "test.jsonl", cache)["test_evaluations"] == 2
+    for stale in (
+        previous | {"best": {"trial": 4}},
+        previous | {"test_fingerprint": "another text"},
+        previous | {"header": header | {"scoring": {"bootstrap": 100}}},
+        previous | {"test": None},
+    ):
+        assert (
+            tune.score_test_once(tiny_lm, data, best, stale, header, "test.jsonl", cache)["test_evaluations"]
+            == 2
+        )

@@ -1,4 +1,6 @@
-"""The verdict on a ΔPPL with its CI (feedback/eval/verdict.py), and when a best setting is a recommendation."""
+"""The verdict on a ΔPPL with its CI (feedback/eval/verdict.py), and when a best setting is a
+recommendation."""
+
 from __future__ import annotations
 
 import math
@@ -9,15 +11,23 @@ import pytest
 from feedback.eval.verdict import IMPROVES, NOISE, WORSE, ci_text, not_recommended, verdict
 
 
-@pytest.mark.parametrize("delta, ci, kind, says", [
-    (-0.5, [-0.9, -0.1], IMPROVES, "CI excludes 0: a real improvement"),
-    (-0.1, [-0.4, 0.2], NOISE, "within noise: CI spans 0"),
-    (-0.1, [-0.4, 0.0], NOISE, "within noise"),  # a CI that reaches 0 does not exclude it
-    (0.214, [-0.1, 0.5], WORSE, "no better than the baseline: ΔPPL ≥ 0; CI spans 0"),  # the reported Sweep best
-    (0.491, [0.1, 0.9], WORSE, "worse than the baseline: CI above 0"),  # the reported Tune test result
-    (0.0, [-0.1, 0.1], WORSE, "no better than the baseline"),
-    (-0.01, [0.001, 0.2], WORSE, "CI above 0"),  # the interval outweighs a point estimate outside it
-])
+@pytest.mark.parametrize(
+    "delta, ci, kind, says",
+    [
+        (-0.5, [-0.9, -0.1], IMPROVES, "CI excludes 0: a real improvement"),
+        (-0.1, [-0.4, 0.2], NOISE, "within noise: CI spans 0"),
+        (-0.1, [-0.4, 0.0], NOISE, "within noise"),  # a CI that reaches 0 does not exclude it
+        (
+            0.214,
+            [-0.1, 0.5],
+            WORSE,
+            "no better than the baseline: ΔPPL ≥ 0; CI spans 0",
+        ),  # the reported Sweep best
+        (0.491, [0.1, 0.9], WORSE, "worse than the baseline: CI above 0"),  # the reported Tune test result
+        (0.0, [-0.1, 0.1], WORSE, "no better than the baseline"),
+        (-0.01, [0.001, 0.2], WORSE, "CI above 0"),  # the interval outweighs a point estimate outside it
+    ],
+)
 def test_each_delta_and_interval_gets_its_verdict(delta, ci, kind, says):
     v = verdict(delta, ci)
     assert v.kind == kind and says in v.text

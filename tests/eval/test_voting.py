@@ -1,4 +1,5 @@
 """DeepConf calibration, answer extraction and voting against hand-computed cases."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,17 @@ import numpy as np
 import pytest
 
 from feedback.errors import FeedbackError
-from feedback.eval.voting import (PRESETS, Trace, answer_matches, calibrate_threshold, compile_answer_regex,
-                                  extract_answer, normalise, vote, wants_number)
+from feedback.eval.voting import (
+    PRESETS,
+    Trace,
+    answer_matches,
+    calibrate_threshold,
+    compile_answer_regex,
+    extract_answer,
+    normalise,
+    vote,
+    wants_number,
+)
 
 REPLIES = Path(__file__).resolve().parents[1] / "data" / "small_model_replies.jsonl"
 
@@ -39,21 +49,24 @@ def test_calibration_needs_values():
         calibrate_threshold([math.nan], 10)
 
 
-@pytest.mark.parametrize("text, answer", [
-    (r"so the result is \boxed{42}.", "42"),
-    (r"first \boxed{1} then \boxed{\frac{1}{2}}", r"\frac{1}{2}"),
-    ("Working...\nAnswer: Paris.", "paris"),
-    ("answer = 1,000.0", "1000"),
-    ("The answer is 7 and then 8 apples", "7"),  # what the reply states is its answer
-    ("3 + 4 = 7", "7"),
-    ("there are no digits in this reply", None),
-    ("no digits here", "no digits here"),  # a short phrase is taken whole
-    (r"\boxed{ }  Answer: 12", "12"),
-    ("Paris.", "paris"),
-    ("H2O", "h2o"),
-    ("12.", "12"),
-    ("The answer is 12.", "12"),
-])
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        (r"so the result is \boxed{42}.", "42"),
+        (r"first \boxed{1} then \boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+        ("Working...\nAnswer: Paris.", "paris"),
+        ("answer = 1,000.0", "1000"),
+        ("The answer is 7 and then 8 apples", "7"),  # what the reply states is its answer
+        ("3 + 4 = 7", "7"),
+        ("there are no digits in this reply", None),
+        ("no digits here", "no digits here"),  # a short phrase is taken whole
+        (r"\boxed{ }  Answer: 12", "12"),
+        ("Paris.", "paris"),
+        ("H2O", "h2o"),
+        ("12.", "12"),
+        ("The answer is 12.", "12"),
+    ],
+)
 def test_extract_answer(text, answer):
     assert extract_answer(text) == answer
 
@@ -82,13 +95,27 @@ def test_questions_that_want_numbers_and_number_words():
     assert wants_number("How many legs does a spider have?") and wants_number("What is 9 times 3?")
     assert not wants_number("What is the capital of France?") and wants_number(None) is None
     assert extract_answer("A spider has eight legs.", question="How many legs does a spider have?") == "8"
-    assert extract_answer("The capital of France is Paris.", question="What is the capital of France?") == "paris"
-    assert extract_answer("Paris is the capital of France.", question="What is the capital of France?") == "paris"
+    assert (
+        extract_answer("The capital of France is Paris.", question="What is the capital of France?")
+        == "paris"
+    )
+    assert (
+        extract_answer("Paris is the capital of France.", question="What is the capital of France?")
+        == "paris"
+    )
 
 
 def test_answer_matches_numbers_by_value_and_phrases_by_words():
-    assert answer_matches("42", "42.0") and answer_matches("deep blue", "Blue") and answer_matches("paris", "Paris")
-    assert not answer_matches("420", "42") and not answer_matches("blueish", "blue") and not answer_matches(None, "4")
+    assert (
+        answer_matches("42", "42.0")
+        and answer_matches("deep blue", "Blue")
+        and answer_matches("paris", "Paris")
+    )
+    assert (
+        not answer_matches("420", "42")
+        and not answer_matches("blueish", "blue")
+        and not answer_matches(None, "4")
+    )
     assert answer_matches("4", None) is None and answer_matches("4", "  ") is None
 
 
@@ -123,8 +150,13 @@ def _t(answer, stopped=False, low=10.0, tail=10.0, tokens=50):
 
 
 def test_majority_and_weighted_votes_with_ties_and_stopped_traces():
-    traces = [_t("4", low=12.0), _t("5", low=18.0), _t("4", low=11.0), _t("5", stopped=True, low=30.0),
-              _t(None, low=40.0)]
+    traces = [
+        _t("4", low=12.0),
+        _t("5", low=18.0),
+        _t("4", low=11.0),
+        _t("5", stopped=True, low=30.0),
+        _t(None, low=40.0),
+    ]
     maj = vote(traces)
     assert maj.answer == "4" and maj.voters == 3 and maj.share == pytest.approx(2 / 3)
     w = vote(traces, "lowest_group")

@@ -6,6 +6,7 @@ cannot state, answering `{"error": ...}`. A 422 that carries `details` comes fro
 themselves, the pydantic models the schema is generated from: for a request schemathesis generated
 as valid, that is the schema and the server disagreeing, and this check fails it.
 """
+
 from __future__ import annotations
 
 import schemathesis
@@ -28,6 +29,8 @@ def schema_valid_request_passes_the_door(ctx, response, case):
     except (ValueError, AttributeError):
         return None
     if details:
-        raise AssertionError("a schema-valid request was refused by the API's request validation: "
-                             + "; ".join(f"{d.get('field')}: {d.get('message')}" for d in details))
+        raise AssertionError(
+            "a schema-valid request was refused by the API's request validation: "
+            + "; ".join(f"{d.get('field')}: {d.get('message')}" for d in details)
+        )
     return None

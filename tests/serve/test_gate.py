@@ -1,4 +1,5 @@
 """The shared model line: first come, first served; bounded waiting; timeouts; leases; places."""
+
 from __future__ import annotations
 
 import threading
@@ -21,13 +22,16 @@ def test_waiters_are_served_in_arrival_order_whatever_their_kind():
     first = gate.acquire("ui")
     threads = []
     for name, kind in [("page-1", "ui"), ("api-1", "api"), ("api-2", "api"), ("page-2", "ui")]:
+
         def work(name=name, kind=kind):
             with gate.slot(kind, label=name):
                 order.append(name)
+
         t = threading.Thread(target=work, daemon=True)
         t.start()
         threads.append(t)
-        _wait_for(lambda n=len(threads): gate.status()["waiting"] == n)
+        waiting = len(threads)
+        _wait_for(lambda n=waiting: gate.status()["waiting"] == n)
     gate.release(first)
     for t in threads:
         t.join(5)
@@ -52,7 +56,9 @@ def test_a_full_line_refuses_every_door_at_once():
     assert gate.would_refuse()
     for kind in ("api", "ui"):
         t0 = time.perf_counter()
-        with pytest.raises(Busy, match=r"busy \(1 running, 1 waiting, the most this server lets wait\); try again in 10 s") as exc:
+        with pytest.raises(
+            Busy, match=r"busy \(1 running, 1 waiting, the most this server lets wait\); try again in 10 s"
+        ) as exc:
             gate.acquire(kind)
         assert time.perf_counter() - t0 < 0.5 and exc.value.retry_after_s == 10
     assert gate.status()["max_waiting"] == 1
@@ -110,8 +116,9 @@ def test_leaving_the_line_lets_the_next_one_in_and_cancelled_acquire_gives_up():
     assert gate.status()["waiting"] == 0
     flag = threading.Event()
     result: list = []
-    t = threading.Thread(target=lambda: result.append(
-        pytest.raises(Busy, gate.acquire, "api", None, "x", flag.is_set)))
+    t = threading.Thread(
+        target=lambda: result.append(pytest.raises(Busy, gate.acquire, "api", None, "x", flag.is_set))
+    )
     t.start()
     _wait_for(lambda: gate.status()["waiting"] == 1)
     flag.set()  # the HTTP client hung up

@@ -3,17 +3,31 @@ API, the command line and the batch runner. Each door holds the limit it serves 
 declared beside its config, or a served cap from feedback/serve/limits.py — and the values here are
 read from those declarations, so a door whose limit drifted from its declaration fails. Nothing is
 decoded: every refusal comes before any work (the HTTP API's before the model is even loaded)."""
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import pytest
 
-from feedback.core.records import (DEEPCONF_K, DEEPCONF_WINDOW, MAX_KEY_FACTS, MAX_NEW_TOKENS_CAP, MAX_PROMPT_CHARS,
-                                   MAX_ROWS, SEED, DeepConfConfig, RowSpec, RunConfig)
+from feedback.core.records import (
+    DEEPCONF_K,
+    DEEPCONF_WINDOW,
+    MAX_KEY_FACTS,
+    MAX_NEW_TOKENS_CAP,
+    MAX_PROMPT_CHARS,
+    MAX_ROWS,
+    SEED,
+    DeepConfConfig,
+    RowResult,
+    RowSpec,
+    RunConfig,
+    RunResult,
+)
 from feedback.core.sampling import TEMPERATURE, TOP_P, SamplingConfig
 from feedback.errors import FeedbackError
 from feedback.eval.deepthink import MAX_TRACES, DeepThinkConfig
@@ -51,15 +65,27 @@ LIBRARY = {
     "traces": Limit(MAX_TRACES, MAX_TRACES + 1),
 }
 # The HTTP API's: the served caps where it has its own, the library's elsewhere (it has no Deep Think).
-API = {**{k: v for k, v in LIBRARY.items() if k != "traces"},
-       "max_new_tokens": _next(limits.MAX_NEW_TOKENS),
-       "rows": Limit(limits.SERVED_MAX_ROWS, limits.SERVED_MAX_ROWS + 1),
-       "bootstrap": _next(limits.PPL_BOOTSTRAP)}
+API = {
+    **{k: v for k, v in LIBRARY.items() if k != "traces"},
+    "max_new_tokens": _next(limits.MAX_NEW_TOKENS),
+    "rows": Limit(limits.SERVED_MAX_ROWS, limits.SERVED_MAX_ROWS + 1),
+    "bootstrap": _next(limits.PPL_BOOTSTRAP),
+}
 
 # How the library's refusal names each field (the command line and batch runner pass it on).
-NAMED = {"max_new_tokens": "max_new_tokens", "deepconf_k": "DeepConf k", "deepconf_window": "DeepConf window",
-         "temperature": "temperature", "top_p": "top_p", "seed": "seed", "prompt_chars": "prompt is limited",
-         "rows": "rows", "key_facts": "key_facts", "bootstrap": "bootstrap", "traces": "traces"}
+NAMED = {
+    "max_new_tokens": "max_new_tokens",
+    "deepconf_k": "DeepConf k",
+    "deepconf_window": "DeepConf window",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "seed": "seed",
+    "prompt_chars": "prompt is limited",
+    "rows": "rows",
+    "key_facts": "key_facts",
+    "bootstrap": "bootstrap",
+    "traces": "traces",
+}
 
 
 def _rows(n: int) -> list[RowSpec]:
@@ -92,24 +118,61 @@ def test_the_library_allows_its_limit_and_refuses_the_next_value(case):
 # ---- the HTTP API: a 422 naming the field, before the model is loaded ----
 # (route, body with the value, the field as the error names it, where the schema declares the bound)
 API_REQUESTS: dict[str, tuple[str, Callable[[Any], dict], str, tuple[str, str, str]]] = {
-    "max_new_tokens": ("/generate", lambda v: {"prompt": "hi", "max_new_tokens": v}, "max_new_tokens",
-                       ("GenerateIn", "max_new_tokens", "maximum")),
-    "deepconf_k": ("/generate", lambda v: {"prompt": "hi", "deepconf": {"k": v}}, "deepconf.k",
-                   ("DeepConfIn", "k", "maximum")),
-    "deepconf_window": ("/generate", lambda v: {"prompt": "hi", "deepconf": {"window": v}}, "deepconf.window",
-                        ("DeepConfIn", "window", "maximum")),
-    "temperature": ("/generate", lambda v: {"prompt": "hi", "sampling": {"temperature": v}}, "sampling.temperature",
-                    ("SamplingIn", "temperature", "maximum")),
-    "top_p": ("/generate", lambda v: {"prompt": "hi", "sampling": {"top_p": v}}, "sampling.top_p",
-              ("SamplingIn", "top_p", "maximum")),
+    "max_new_tokens": (
+        "/generate",
+        lambda v: {"prompt": "hi", "max_new_tokens": v},
+        "max_new_tokens",
+        ("GenerateIn", "max_new_tokens", "maximum"),
+    ),
+    "deepconf_k": (
+        "/generate",
+        lambda v: {"prompt": "hi", "deepconf": {"k": v}},
+        "deepconf.k",
+        ("DeepConfIn", "k", "maximum"),
+    ),
+    "deepconf_window": (
+        "/generate",
+        lambda v: {"prompt": "hi", "deepconf": {"window": v}},
+        "deepconf.window",
+        ("DeepConfIn", "window", "maximum"),
+    ),
+    "temperature": (
+        "/generate",
+        lambda v: {"prompt": "hi", "sampling": {"temperature": v}},
+        "sampling.temperature",
+        ("SamplingIn", "temperature", "maximum"),
+    ),
+    "top_p": (
+        "/generate",
+        lambda v: {"prompt": "hi", "sampling": {"top_p": v}},
+        "sampling.top_p",
+        ("SamplingIn", "top_p", "maximum"),
+    ),
     "seed": ("/generate", lambda v: {"prompt": "hi", "seed": v}, "seed", ("GenerateIn", "seed", "minimum")),
-    "prompt_chars": ("/generate", lambda v: {"prompt": "x" * v}, "prompt", ("GenerateIn", "prompt", "maxLength")),
-    "rows": ("/generate", lambda v: {"prompt": "hi", "rows": [{"name": f"r{i}"} for i in range(v)]}, "rows",
-             ("GenerateIn", "rows", "maxItems")),
-    "key_facts": ("/generate", lambda v: {"prompt": "hi", "key_facts": ["fact"] * v}, "key_facts",
-                  ("GenerateIn", "key_facts", "maxItems")),
-    "bootstrap": ("/ppl", lambda v: {"text": "Some text to score.", "bootstrap": v}, "bootstrap",
-                  ("PPLIn", "bootstrap", "maximum")),
+    "prompt_chars": (
+        "/generate",
+        lambda v: {"prompt": "x" * v},
+        "prompt",
+        ("GenerateIn", "prompt", "maxLength"),
+    ),
+    "rows": (
+        "/generate",
+        lambda v: {"prompt": "hi", "rows": [{"name": f"r{i}"} for i in range(v)]},
+        "rows",
+        ("GenerateIn", "rows", "maxItems"),
+    ),
+    "key_facts": (
+        "/generate",
+        lambda v: {"prompt": "hi", "key_facts": ["fact"] * v},
+        "key_facts",
+        ("GenerateIn", "key_facts", "maxItems"),
+    ),
+    "bootstrap": (
+        "/ppl",
+        lambda v: {"text": "Some text to score.", "bootstrap": v},
+        "bootstrap",
+        ("PPLIn", "bootstrap", "maximum"),
+    ),
 }
 
 
@@ -130,7 +193,9 @@ def _declared(schema: dict, model: str, field: str, key: str):
 
 
 def test_every_case_reaches_every_door_that_has_the_field():
-    assert set(API) == set(API_REQUESTS) and set(LIBRARY) == set(VALIDATE) == set(NAMED) == set(CLI) == set(BATCH)
+    assert set(API) == set(API_REQUESTS) and set(LIBRARY) == set(VALIDATE) == set(NAMED) == set(CLI) == set(
+        BATCH
+    )
 
 
 @pytest.mark.parametrize("case", sorted(API))
@@ -167,6 +232,7 @@ def test_the_command_line_refuses_the_next_value_in_one_line(case, capsys, monke
     from feedback.cli import common
 
     if case not in CLI_LOADS_FIRST:
+
         def no_model(*_args, **_kwargs):
             raise AssertionError("the model was loaded before the value was refused")
 
@@ -190,7 +256,12 @@ BATCH: dict[str, Callable[[Any], dict]] = {
     "prompt_chars": lambda v: {"prompt": "x" * v},
     "rows": lambda v: {"prompt": "hi", "rows": [{"name": f"r{i}"} for i in range(v)]},
     "key_facts": lambda v: {"prompt": "hi", "key_facts": ["fact"] * v},
-    "bootstrap": lambda v: {"mode": "ppl", "prompt": "Some text to score.", "strategy": "deep_cache", "bootstrap": v},
+    "bootstrap": lambda v: {
+        "mode": "ppl",
+        "prompt": "Some text to score.",
+        "strategy": "deep_cache",
+        "bootstrap": v,
+    },
     "traces": lambda v: {"mode": "deepthink", "prompt": "q", "traces": v},
 }
 
@@ -200,7 +271,9 @@ def batch_records(tiny_lm, tmp_path_factory) -> dict[str, dict]:
     """One batch run over a line per case, each carrying the first refused value."""
     folder = tmp_path_factory.mktemp("limits")
     tasks, out = folder / "tasks.jsonl", folder / "out.jsonl"
-    tasks.write_text("".join(json.dumps({"id": case, **BATCH[case](LIBRARY[case].over)}) + "\n" for case in BATCH))
+    tasks.write_text(
+        "".join(json.dumps({"id": case, **BATCH[case](LIBRARY[case].over)}) + "\n" for case in BATCH)
+    )
     summary = run_batch(tiny_lm, tasks, out, retries=0, warn=lambda _: None)
     assert summary["error"] == len(BATCH), summary
     return {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
@@ -217,9 +290,8 @@ def test_the_batch_runner_records_the_line_as_failed_naming_the_field(batch_reco
 VOCAB = 100  # the vocabulary the saved runs below are checked against (ids 0-99)
 
 
-def _saved_run(answer: dict | None = None, served_rows: int = 2, **config) -> "RunResult":
+def _saved_run(answer: dict | None = None, served_rows: int = 2, **config) -> RunResult:
     """A saved run of two rows, "a" and "b", each with a two-token answer; `answer` changes row b's."""
-    from feedback.core.records import RowResult, RunResult
 
     cfg = RunConfig("hi", **{"max_new_tokens": 8, "rows": _rows(served_rows)} | config)
     rows = [RowResult(r.name, r.strategy, r.params, token_ids=[5, 9], text="ok") for r in cfg.rows]
@@ -227,20 +299,38 @@ def _saved_run(answer: dict | None = None, served_rows: int = 2, **config) -> "R
     return RunResult(config=cfg.to_dict(), rows=rows)
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"token_ids": [5, VOCAB]}, "row 'r1': token_ids[1] = 100 is outside the vocabulary (0–99)"),
-    ({"token_ids": [10**12, -1]}, "row 'r1': token_ids[0] = 1000000000000 is outside the vocabulary (0–99)"),
-    ({"token_ids": [-1]}, "row 'r1': token_ids[0] = -1 is outside the vocabulary (0–99)"),
-    ({"token_ids": [1e12]}, "row 'r1': token_ids[0] must be a whole number in the vocabulary (0–99), got 1000000000000.0"),
-    ({"token_ids": [1, True]}, "row 'r1': token_ids[1] must be a whole number in the vocabulary (0–99), got True"),
-    ({"token_ids": "5 9"}, "row 'r1': token_ids must be a list of token ids, got str"),
-    ({"token_ids": [1] * 9}, "row 'r1': token_ids has 9 tokens but max_new_tokens is 8"),
-    ({"text": "x" * (limits.ANSWER_MAX_CHARS + 1)},
-     f"row 'r1': text is limited to {limits.ANSWER_MAX_CHARS:,} characters here, got {limits.ANSWER_MAX_CHARS + 1:,}"),
-    ({"text": None}, "row 'r1': text must be text, got NoneType"),
-    ({"steps": [None]}, "row 'r1': steps must hold one record per token (2) or none, got 1"),
-    ({"name": "zz"}, "rows: the run's answers are for ['r0', 'zz'] but its settings' rows are ['r0', 'r1']"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"token_ids": [5, VOCAB]}, "row 'r1': token_ids[1] = 100 is outside the vocabulary (0–99)"),
+        (
+            {"token_ids": [10**12, -1]},
+            "row 'r1': token_ids[0] = 1000000000000 is outside the vocabulary (0–99)",
+        ),
+        ({"token_ids": [-1]}, "row 'r1': token_ids[0] = -1 is outside the vocabulary (0–99)"),
+        (
+            {"token_ids": [1e12]},
+            "row 'r1': token_ids[0] must be a whole number in the vocabulary (0–99), got 1000000000000.0",
+        ),
+        (
+            {"token_ids": [1, True]},
+            "row 'r1': token_ids[1] must be a whole number in the vocabulary (0–99), got True",
+        ),
+        ({"token_ids": "5 9"}, "row 'r1': token_ids must be a list of token ids, got str"),
+        ({"token_ids": [1] * 9}, "row 'r1': token_ids has 9 tokens but max_new_tokens is 8"),
+        (
+            {"text": "x" * (limits.ANSWER_MAX_CHARS + 1)},
+            f"row 'r1': text is limited to {limits.ANSWER_MAX_CHARS:,} characters here, "
+            f"got {limits.ANSWER_MAX_CHARS + 1:,}",
+        ),
+        ({"text": None}, "row 'r1': text must be text, got NoneType"),
+        ({"steps": [None]}, "row 'r1': steps must hold one record per token (2) or none, got 1"),
+        (
+            {"name": "zz"},
+            "rows: the run's answers are for ['r0', 'zz'] but its settings' rows are ['r0', 'r1']",
+        ),
+    ],
+)
 def test_a_saved_run_is_refused_naming_the_field_of_its_answer(change, field):
     with pytest.raises(FeedbackError) as refused:
         limits.check_saved_run(_saved_run(change), VOCAB)
@@ -258,8 +348,9 @@ def test_a_saved_runs_settings_are_checked_as_a_new_requests_at_the_doors_limits
     with pytest.raises(FeedbackError, match="max_new_tokens must be an integer in"):
         limits.check_saved_run(_saved_run(max_new_tokens=MAX_NEW_TOKENS_CAP + 1), VOCAB, served=False)
     with pytest.raises(FeedbackError, match=r"row 'r1': .*alpha=1000000000.0 is out of range"):
-        limits.check_saved_run(_saved_run(rows=[RowSpec("r0"), RowSpec("r1", "residual", {"alpha": 1e9})]), VOCAB,
-                               num_layers=4)
+        limits.check_saved_run(
+            _saved_run(rows=[RowSpec("r0"), RowSpec("r1", "residual", {"alpha": 1e9})]), VOCAB, num_layers=4
+        )
     # the answer's text is held to the served cap only: the library has none (Continue's own
     # limit on a conversation still holds there)
     long = _saved_run({"text": "x" * (limits.ANSWER_MAX_CHARS + 1)})
@@ -272,11 +363,21 @@ def test_runs_the_engine_gave_pass_as_they_come_back_turn_after_turn_and_branche
     from feedback.core.engine import run_to_end
     from feedback.core.session import answers_only, branch, continue_run
 
-    cfg = RunConfig("Hi", model="tiny", max_new_tokens=6, rows=[RowSpec("a"), RowSpec("b", "residual", {"alpha": 0.1})])
+    cfg = RunConfig(
+        "Hi", model="tiny", max_new_tokens=6, rows=[RowSpec("a"), RowSpec("b", "residual", {"alpha": 0.1})]
+    )
     first = run_to_end(tiny_lm, cfg)
     forced = branch(first, "b", 2, [7, 8, 9], matching_only=True)
-    for result in (first, answers_only(first), run_to_end(tiny_lm, forced),
-                   run_to_end(tiny_lm, continue_run(first, "And then?"))):
-        assert limits.check_saved_run(result, tiny_lm.vocab_size, tiny_lm.num_layers) == \
-            RunConfig.from_dict(result.config).validate()
-    assert max(len(r.token_ids) for r in first.rows) == 6  # the tiny model runs to the cap: the edge was checked
+    for result in (
+        first,
+        answers_only(first),
+        run_to_end(tiny_lm, forced),
+        run_to_end(tiny_lm, continue_run(first, "And then?")),
+    ):
+        assert (
+            limits.check_saved_run(result, tiny_lm.vocab_size, tiny_lm.num_layers)
+            == RunConfig.from_dict(result.config).validate()
+        )
+    assert (
+        max(len(r.token_ids) for r in first.rows) == 6
+    )  # the tiny model runs to the cap: the edge was checked

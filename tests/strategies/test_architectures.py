@@ -3,6 +3,7 @@ user loads it (`random:<folder>`): each runs; at strength 0 it is the baseline t
 left-padded in a batch is the same row alone; its scoring is causal (a later token never changes an
 earlier NLL); and the baseline itself is `generate`'s greedy decode and plain transformers'
 perplexity. The prompts go through the chat template, so they are longer than the sliding windows."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,13 +20,19 @@ from tests.tiny_families import FAMILIES, write_folder
 
 STACK = "inner_loop+deep_cache"
 # label -> (strategy, settings): every strategy at its defaults, a stack, and inner_loop's other mode
-CASES = {n: (n, {}) for n in [*sorted(REGISTRY), STACK]} | {"inner_loop:euler": ("inner_loop", {"mode": "euler"})}
+CASES = {n: (n, {}) for n in [*sorted(REGISTRY), STACK]} | {
+    "inner_loop:euler": ("inner_loop", {"mode": "euler"})
+}
 HIDDEN = [c for c, (n, _) in CASES.items() if not issubclass(get_strategy(n), PromptStrategy)]
 TOKENS = 6
 PROMPT = "Name three rivers of Europe."
-LONG = "Write a short story about a lighthouse keeper who finds a message in a bottle, in the style of a fable."
-TEXT = ("The river rises in the mountains, runs through three countries and reaches the sea after a thousand "
-        "kilometres; its valley holds vineyards, castles and old towns.")
+LONG = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle, in the style of a fable."
+)
+TEXT = (
+    "The river rises in the mountains, runs through three countries and reaches the sea after a thousand "
+    "kilometres; its valley holds vineyards, castles and old towns."
+)
 SAME = 1e-5  # logits of the same row computed two ways (batch position, strength 0): float noise only
 
 
@@ -117,10 +124,14 @@ def test_the_baseline_is_generate_and_plain_perplexity(family):
     plain = _plain(family)
     ids = family.encode(PROMPT)
     with torch.inference_mode():
-        out = plain.generate(torch.tensor([ids]), max_new_tokens=TOKENS, do_sample=False,
-                             pad_token_id=family.tokenizer.eos_token_id)
+        out = plain.generate(
+            torch.tensor([ids]),
+            max_new_tokens=TOKENS,
+            do_sample=False,
+            pad_token_id=family.tokenizer.eos_token_id,
+        )
     base, _ = _batched(family)["baseline"]
-    assert out[0, len(ids):].tolist() == base.token_ids
+    assert out[0, len(ids) :].tolist() == base.token_ids
     text = family.tokenizer(TEXT)["input_ids"]
     with torch.inference_mode():
         logits = plain(torch.tensor([text]), use_cache=False).logits[0, :-1].float()

@@ -1,6 +1,7 @@
 """The strategy base class and the plumbing every strategy shares: parameters parsed from strings,
 the Param schema, attach/detach bookkeeping, BatchView, the tensor helpers, and re-running a layer
 from its real call (its signature, a row's cut of its arguments, a KV cache like the model's)."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,17 @@ import torch
 
 from feedback.errors import FeedbackError
 from feedback.strategies import BatchView, Phase, build_strategy
-from feedback.strategies.base import (LayerCall, RunningMean, _batch_row, _call_arguments, cache_like, causal_mean,
-                                      layer_signature, rms, unit)
+from feedback.strategies.base import (
+    LayerCall,
+    RunningMean,
+    _batch_row,
+    _call_arguments,
+    cache_like,
+    causal_mean,
+    layer_signature,
+    rms,
+    unit,
+)
 from feedback.strategies.residual import ResidualStrategy
 
 
@@ -76,7 +86,9 @@ def test_running_mean_chunk_by_chunk_equals_the_causal_mean():
     for chunk in (states[:3], states[3:4], states[4:]):
         last = running.add(chunk)
     assert running.count == 7
-    assert torch.allclose(last, causal_mean(states)[-1]) and torch.allclose(causal_mean(states)[2], states[:3].mean(0))
+    assert torch.allclose(last, causal_mean(states)[-1]) and torch.allclose(
+        causal_mean(states)[2], states[:3].mean(0)
+    )
 
 
 class _NoCacheLayer(torch.nn.Module):

@@ -1,5 +1,6 @@
 """deep_cache: a repeated continuation becomes more likely, the mixture against a hand computation
 (gate and max_p included), and validation messages."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -47,11 +48,14 @@ def test_mix_logits_hand_computed_case():
     assert torch.allclose(unsure, expected, atol=1e-6)  # top p 0.25 <= 0.5: mixed
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"lam": 1.5}, "lam=1.5 is out of range"),
-    ({"window": 0}, "window=0 is out of range"),
-    ({"gate": float("nan")}, "gate must be finite"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"lam": 1.5}, "lam=1.5 is out of range"),
+        ({"window": 0}, "window=0 is out of range"),
+        ({"gate": float("nan")}, "gate must be finite"),
+    ],
+)
 def test_deep_cache_validation_messages(params, message):
     with pytest.raises(FeedbackError, match=message):
         get_strategy("deep_cache")(params, 30)

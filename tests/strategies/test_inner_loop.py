@@ -1,5 +1,6 @@
 """inner_loop: decoding with its own per-pass KV caches equals one parallel pass over the same text,
 the model's cache gets no duplicate entries, K = 0 is the plain model, and the cost is reported."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,15 +22,22 @@ def test_generation_with_the_cache_agrees_with_parallel_scoring(tiny_lm, mode):
     """The looped row decodes beside a row with a longer prompt (so its prompt is left-padded);
     each chosen token's log-probability equals what one parallel pass over prompt + answer gives."""
     params = LOOP | {"mode": mode}
-    cfg = RunConfig(prompt="the river runs to the sea", model="tiny", max_new_tokens=12, chat_template=False,
-                    rows=[RowSpec("long", prompt="a much longer prompt that pads the other rows of the batch"),
-                          RowSpec("loop", "inner_loop", params)])
+    cfg = RunConfig(
+        prompt="the river runs to the sea",
+        model="tiny",
+        max_new_tokens=12,
+        chat_template=False,
+        rows=[
+            RowSpec("long", prompt="a much longer prompt that pads the other rows of the batch"),
+            RowSpec("loop", "inner_loop", params),
+        ],
+    )
     run = start_run(tiny_lm, cfg)
     for _ in run:
         pass
     row, prompt = run.result.rows[1], run.rows[1].prompt_ids
     _, nll = token_nlls(tiny_lm, prompt + row.token_ids, PPLConfig("inner_loop", params, mode="parallel"))
-    scored = -nll[len(prompt) - 1:]
+    scored = -nll[len(prompt) - 1 :]
     assert np.max(np.abs(scored - np.array([s.logprob for s in row.steps]))) <= 1e-4
 
 
@@ -44,8 +52,9 @@ def test_the_model_cache_gets_no_duplicate_entries(tiny_lm):
             hooked_forward(tiny_lm, batch, [strategy], input_ids=ids, cache=cache, use_cache=True)
             batch.phase = Phase.DECODE
             for token in (5, 6, 7):
-                hooked_forward(tiny_lm, batch, [strategy], input_ids=torch.tensor([[token]]), cache=cache,
-                               use_cache=True)
+                hooked_forward(
+                    tiny_lm, batch, [strategy], input_ids=torch.tensor([[token]]), cache=cache, use_cache=True
+                )
     finally:
         strategy.detach()
     n = ids.shape[1] + 3
@@ -57,10 +66,17 @@ def test_the_model_cache_gets_no_duplicate_entries(tiny_lm):
 
 def test_no_loops_is_the_plain_model_and_the_cost_is_reported(tiny_lm):
     seen = []
-    rows = [RowSpec("b"), RowSpec("k0", "inner_loop", LOOP | {"loops": 0}), RowSpec("loop", "inner_loop", LOOP),
-            RowSpec("euler", "inner_loop", LOOP | {"mode": "euler"})]
-    res = run_to_end(tiny_lm, RunConfig(prompt="hello world", model="tiny", max_new_tokens=6, rows=rows),
-                              observer=lambda s, live, lg: seen.append(lg.clone()))
+    rows = [
+        RowSpec("b"),
+        RowSpec("k0", "inner_loop", LOOP | {"loops": 0}),
+        RowSpec("loop", "inner_loop", LOOP),
+        RowSpec("euler", "inner_loop", LOOP | {"mode": "euler"}),
+    ]
+    res = run_to_end(
+        tiny_lm,
+        RunConfig(prompt="hello world", model="tiny", max_new_tokens=6, rows=rows),
+        observer=lambda s, live, lg: seen.append(lg.clone()),
+    )
     assert all(torch.equal(lg[0], lg[1]) for lg in seen)
     assert "extra_layer_passes" not in res.rows[1].metrics
     assert res.rows[2].metrics["extra_layer_passes"] == 2 * 2  # K passes over a 2-layer block
@@ -84,9 +100,17 @@ def test_a_model_with_layers_whose_state_it_cannot_keep_is_refused_before_the_ru
 
     cfg = config("llama", embedded_lm.tokenizer)
     cfg.layer_types = ["full_attention", "chunked_attention"] * 2
-    lm = LoadedModel(LlamaForCausalLM(cfg).eval(), embedded_lm.tokenizer, "chunked", "float32", torch.device("cpu"))
-    run_cfg = RunConfig(prompt="hi", model="chunked", max_new_tokens=2,
-                        rows=[RowSpec("b"), RowSpec("loop", "inner_loop", LOOP)])
-    with pytest.raises(FeedbackError, match="this model has chunked_attention layers, whose state it cannot keep"):
+    lm = LoadedModel(
+        LlamaForCausalLM(cfg).eval(), embedded_lm.tokenizer, "chunked", "float32", torch.device("cpu")
+    )
+    run_cfg = RunConfig(
+        prompt="hi",
+        model="chunked",
+        max_new_tokens=2,
+        rows=[RowSpec("b"), RowSpec("loop", "inner_loop", LOOP)],
+    )
+    with pytest.raises(
+        FeedbackError, match="this model has chunked_attention layers, whose state it cannot keep"
+    ):
         start_run(lm, run_cfg)
     assert hook_count(lm.model) == 0

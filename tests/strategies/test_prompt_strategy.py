@@ -1,6 +1,7 @@
 """PromptStrategy: the base every prompt-level strategy builds on. Its defaults leave a row as a
 plain row; a strategy overrides only what it changes, and the engine, the schema and perplexity's
 refusal follow from the class alone (no flag to set)."""
+
 from __future__ import annotations
 
 import pytest
@@ -80,9 +81,15 @@ def test_the_defaults_leave_a_row_as_a_plain_row(tiny_lm, registered, hook_count
 
 
 def test_a_strategy_that_only_rewrites_the_prompt_is_that_prompt(tiny_lm, registered):
-    run = start_run(tiny_lm, RunConfig(prompt=PROMPT, model="tiny", max_new_tokens=8,
-                                       rows=[RowSpec("asked", "asked_differently"),
-                                             RowSpec("typed", prompt=f"{PROMPT} {ADDED}")]))
+    run = start_run(
+        tiny_lm,
+        RunConfig(
+            prompt=PROMPT,
+            model="tiny",
+            max_new_tokens=8,
+            rows=[RowSpec("asked", "asked_differently"), RowSpec("typed", prompt=f"{PROMPT} {ADDED}")],
+        ),
+    )
     for _ in run:
         pass
     asked, typed = run.result.rows
@@ -94,7 +101,9 @@ def test_a_strategy_that_only_rewrites_the_prompt_is_that_prompt(tiny_lm, regist
 def test_choose_gives_the_tokens_and_parts_and_a_forced_token_still_wins(tiny_lm, registered):
     word = tiny_lm.tokenizer(" apples", add_special_tokens=False)["input_ids"][0]
     forced = tiny_lm.tokenizer(" pears", add_special_tokens=False)["input_ids"][0]
-    result = _run(tiny_lm, RowSpec("plain"), RowSpec("w", "one_word"), RowSpec("wf", "one_word", prefix=[forced]))
+    result = _run(
+        tiny_lm, RowSpec("plain"), RowSpec("w", "one_word"), RowSpec("wf", "one_word", prefix=[forced])
+    )
     plain, row, with_prefix = result.rows
     assert row.token_ids == [word] * 8 and plain.token_ids != row.token_ids
     assert [s.part for s in row.steps] == ["word"] * 8
@@ -117,8 +126,12 @@ def test_text_perplexity_refuses_any_prompt_level_strategy(registered):
 
 def test_the_reference_follows_the_lead_in_a_strategy_declares(tiny_lm, registered):
     """`context_tokens` and `reference_text` say where and how the reference is scored."""
-    run = start_run(tiny_lm, RunConfig(prompt=PROMPT, model="tiny", max_new_tokens=8, reference=REFERENCE,
-                                       rows=[RowSpec("w", "lead_in")]))
+    run = start_run(
+        tiny_lm,
+        RunConfig(
+            prompt=PROMPT, model="tiny", max_new_tokens=8, reference=REFERENCE, rows=[RowSpec("w", "lead_in")]
+        ),
+    )
     for _ in run:
         pass
     row = run.result.rows[0]

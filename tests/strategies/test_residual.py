@@ -1,5 +1,6 @@
 """residual: defaults that scale with depth, validation messages, the update against a hand
 computation, and row isolation."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,16 +19,19 @@ def test_residual_defaults_scale_with_depth():
     assert build_strategy("residual", {}, 4).values["source_layer"] == 3
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"alpha": float("nan")}, "alpha must be finite"),
-    ({"alpha": "inf"}, "alpha must be finite"),
-    ({"alpha": 1.5}, r"alpha=1.5 is out of range \[-1.0, 1.0\]"),
-    ({"alpha": "strong"}, "alpha must be float"),
-    ({"source_layer": 30}, r"source_layer=30 is out of range \[0, 29\]"),
-    ({"target_layer": -1}, "target_layer=-1 is out of range"),
-    ({"target_layer": 2.5}, "target_layer must be int"),
-    ({"gamma": 1}, "unknown parameter"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"alpha": float("nan")}, "alpha must be finite"),
+        ({"alpha": "inf"}, "alpha must be finite"),
+        ({"alpha": 1.5}, r"alpha=1.5 is out of range \[-1.0, 1.0\]"),
+        ({"alpha": "strong"}, "alpha must be float"),
+        ({"source_layer": 30}, r"source_layer=30 is out of range \[0, 29\]"),
+        ({"target_layer": -1}, "target_layer=-1 is out of range"),
+        ({"target_layer": 2.5}, "target_layer must be int"),
+        ({"gamma": 1}, "unknown parameter"),
+    ],
+)
 def test_residual_validation_messages(params, message):
     with pytest.raises(FeedbackError, match=message):
         build_strategy("residual", params, 30)
@@ -45,10 +49,13 @@ def test_residual_update_matches_hand_computation(tiny_lm, hook_count):
     strat.attach(model, layers, 1, batch)
     # Registered after the strategy's, so they see the tensors the strategy produced.
     h1 = layers[src].register_forward_hook(lambda m, a, out: seen_src.append(out.detach().clone()))
-    h2 = layers[tgt].register_forward_pre_hook(lambda m, a, kw: seen_tgt.append(
-        (a[0] if a else kw["hidden_states"]).detach().clone()), with_kwargs=True)
+    h2 = layers[tgt].register_forward_pre_hook(
+        lambda m, a, kw: seen_tgt.append((a[0] if a else kw["hidden_states"]).detach().clone()),
+        with_kwargs=True,
+    )
     try:
         from transformers import DynamicCache
+
         ids = torch.tensor([tiny_lm.encode("The quick brown fox jumps over the lazy dog")])
         with torch.inference_mode():
             cache = DynamicCache(config=model.config)
@@ -80,7 +87,10 @@ def test_only_own_row_is_touched(tiny_lm):
     """Rows without the strategy produce bit-identical logits to each other and to a run alone."""
     rows = [RowSpec("a"), RowSpec("fb", "residual", {"alpha": 0.8}), RowSpec("c")]
     got: list[torch.Tensor] = []
-    run_to_end(tiny_lm, RunConfig(prompt="hello there", model="tiny", max_new_tokens=10, rows=rows),
-                        observer=lambda s, live, lg: got.append(lg.clone()))
+    run_to_end(
+        tiny_lm,
+        RunConfig(prompt="hello there", model="tiny", max_new_tokens=10, rows=rows),
+        observer=lambda s, live, lg: got.append(lg.clone()),
+    )
     assert all(torch.equal(lg[0], lg[2]) for lg in got)
     assert any(not torch.equal(lg[0], lg[1]) for lg in got[1:])

@@ -2,6 +2,7 @@
 at strength 0 is the baseline; a member switched off leaves the other exactly as it is alone; a stack
 of non-recurrent members scores in one parallel pass exactly as token by token), state kept per
 member, hooks gone afterwards, and the tuner's joint search space."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,12 @@ from feedback.strategies import REGISTRY, build_strategy, get_strategy
 from feedback.strategies.stack import join_params, split_params
 
 TEXT = "Rivers carry water from mountains to the sea, and the sea returns it as rain over the mountains."
-STRONG = {"inner_loop": {"loops": 2, "beta": 0.8}, "deep_cache": {"lam": 0.5, "gate": -1.0},
-          "residual": {"alpha": 0.5}, "anchor": {"alpha": 0.5, "prompt_tokens": 4}}
+STRONG = {
+    "inner_loop": {"loops": 2, "beta": 0.8},
+    "deep_cache": {"lam": 0.5, "gate": -1.0},
+    "residual": {"alpha": 0.5},
+    "anchor": {"alpha": 0.5, "prompt_tokens": 4},
+}
 
 
 def stacked(*members: str, off: str | None = None) -> tuple[str, dict]:
@@ -32,7 +37,9 @@ def stacked(*members: str, off: str | None = None) -> tuple[str, dict]:
 
 def greedy_logits(lm, rows: list[RowSpec], tokens: int = 10) -> list[torch.Tensor]:
     seen = []
-    cfg = RunConfig(prompt="one two three four five six seven", model="tiny", max_new_tokens=tokens, rows=rows)
+    cfg = RunConfig(
+        prompt="one two three four five six seven", model="tiny", max_new_tokens=tokens, rows=rows
+    )
     run_to_end(lm, cfg, observer=lambda s, live, lg: seen.append(lg.clone()))
     return seen
 
@@ -41,7 +48,9 @@ def test_names_parameters_and_presets():
     cls = get_strategy("inner_loop+deep_cache")
     assert cls is get_strategy("inner_loop+deep_cache") and cls.member_names() == ("inner_loop", "deep_cache")
     names = [p.name for p in cls.params]
-    assert names[0] == "inner_loop.start_layer" and "deep_cache.lam" in names and len(names) == len(set(names))
+    assert (
+        names[0] == "inner_loop.start_layer" and "deep_cache.lam" in names and len(names) == len(set(names))
+    )
     end = next(p for p in cls.params if p.name == "inner_loop.end_layer")
     assert end.at_least == "inner_loop.start_layer"  # the tuner's ordering constraint keeps its member's name
     assert not cls.recurrent and cls.edits_prompt  # inner_loop changes the prompt's own states
@@ -49,19 +58,29 @@ def test_names_parameters_and_presets():
     # presets both members have, each member at its own
     assert [p.name for p in cls.presets] == ["visible effect", "tuned for perplexity"]
     tuned = cls.preset_values("tuned for perplexity", 30)
-    assert tuned == join_params({"inner_loop": REGISTRY["inner_loop"].preset_values("tuned for perplexity", 30),
-                                 "deep_cache": REGISTRY["deep_cache"].preset_values("tuned for perplexity", 30)})
+    assert tuned == join_params(
+        {
+            "inner_loop": REGISTRY["inner_loop"].preset_values("tuned for perplexity", 30),
+            "deep_cache": REGISTRY["deep_cache"].preset_values("tuned for perplexity", 30),
+        }
+    )
     schema = cls.schema(30)
-    assert schema["members"] == ["inner_loop", "deep_cache"] and schema["params"][0]["name"] == "inner_loop.start_layer"
+    assert (
+        schema["members"] == ["inner_loop", "deep_cache"]
+        and schema["params"][0]["name"] == "inner_loop.start_layer"
+    )
     assert split_params({"a.x": 1, "b.y": 2}, ("a", "b")) == {"a": {"x": 1}, "b": {"y": 2}}
 
 
-@pytest.mark.parametrize("name, message", [
-    ("inner_loop+inner_loop", "each strategy once"),
-    ("restate+deep_cache", "restate is prompt-level"),
-    ("inner_loop+", "one of its names is empty"),
-    ("inner_loop+nope", "unknown strategy 'nope'"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("inner_loop+inner_loop", "each strategy once"),
+        ("restate+deep_cache", "restate is prompt-level"),
+        ("inner_loop+", "one of its names is empty"),
+        ("inner_loop+nope", "unknown strategy 'nope'"),
+    ],
+)
 def test_bad_stacks_are_refused(name, message):
     with pytest.raises(FeedbackError, match=message):
         get_strategy(name)
@@ -108,9 +127,14 @@ def test_every_member_at_strength_zero_is_the_baseline(tiny_lm, hook_count, memb
         assert np.max(np.abs(base - fb)) <= 1e-4, mode
 
 
-@pytest.mark.parametrize("members, off", [(("inner_loop", "deep_cache"), "deep_cache"),
-                                          (("inner_loop", "deep_cache"), "inner_loop"),
-                                          (("residual", "anchor"), "anchor")])
+@pytest.mark.parametrize(
+    "members, off",
+    [
+        (("inner_loop", "deep_cache"), "deep_cache"),
+        (("inner_loop", "deep_cache"), "inner_loop"),
+        (("residual", "anchor"), "anchor"),
+    ],
+)
 def test_a_member_switched_off_leaves_the_other_as_it_is_alone(tiny_lm, hook_count, members, off):
     """Rows: the other member alone, the stack with `off` at strength 0, a plain row; the first two
     decode identically and the plain row is untouched (each member's state and hooks are its own)."""
@@ -126,9 +150,15 @@ def test_a_member_switched_off_leaves_the_other_as_it_is_alone(tiny_lm, hook_cou
 
 def test_stack_acts_as_both_and_reports_both_costs(tiny_lm):
     name, params = stacked("inner_loop", "deep_cache")
-    run = run_to_end(tiny_lm, RunConfig(prompt="one two three four five", model="tiny", max_new_tokens=8,
-                                        rows=[RowSpec("il", "inner_loop", STRONG["inner_loop"]),
-                                              RowSpec("stack", name, params)]))
+    run = run_to_end(
+        tiny_lm,
+        RunConfig(
+            prompt="one two three four five",
+            model="tiny",
+            max_new_tokens=8,
+            rows=[RowSpec("il", "inner_loop", STRONG["inner_loop"]), RowSpec("stack", name, params)],
+        ),
+    )
     il, stack = run.rows
     assert stack.strategy == name and stack.params == build_strategy(name, params, tiny_lm.num_layers).values
     assert stack.metrics["extra_layer_passes"] == il.metrics["extra_layer_passes"] > 0

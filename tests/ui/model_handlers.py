@@ -1,5 +1,6 @@
 """The real app's model handlers and quick settings for each, shared by the tests that run every
 model tab (tests/ui/page/test_runner.py, tests/ui/test_zerogpu.py)."""
+
 from __future__ import annotations
 
 import json
@@ -7,15 +8,38 @@ import time
 import types
 
 # Every handler that runs the model (the page's model events), by API name.
-MODEL_HANDLERS = {"compare", "continue", "branch", "rerun", "calibrate", "perplexity", "sweep", "tune", "deepthink",
-                  "recall"}
+MODEL_HANDLERS = {
+    "compare",
+    "continue",
+    "branch",
+    "rerun",
+    "calibrate",
+    "perplexity",
+    "sweep",
+    "tune",
+    "deepthink",
+    "recall",
+}
 TEXT = "def add(a, b):\n    return a + b\n\nThe function add returns the sum of its two arguments."
 SETTINGS = {  # elem_id -> value for a quick run of each handler on the tiny model
-    "prompt": "Say hi.", "max-new-tokens": 3, "temperature": 0.0, "warmup": 2,
-    "ppl-text": TEXT, "sweep-text": TEXT, "sweep-grid-x": "lam=0,0.1", "sweep-grid-y": "",
-    "dt-prompt": "What is 2 + 2? Answer with a number.", "dt-traces": 1, "dt-warmup": 1, "dt-max-new": 3,
-    "follow-up": "And then?", "fl-column-request": "2",
-    "recall-lengths": "64", "recall-depths": "50", "recall-items": 1, "recall-max-new": 3,
+    "prompt": "Say hi.",
+    "max-new-tokens": 3,
+    "temperature": 0.0,
+    "warmup": 2,
+    "ppl-text": TEXT,
+    "sweep-text": TEXT,
+    "sweep-grid-x": "lam=0,0.1",
+    "sweep-grid-y": "",
+    "dt-prompt": "What is 2 + 2? Answer with a number.",
+    "dt-traces": 1,
+    "dt-warmup": 1,
+    "dt-max-new": 3,
+    "follow-up": "And then?",
+    "fl-column-request": "2",
+    "recall-lengths": "64",
+    "recall-depths": "50",
+    "recall-items": 1,
+    "recall-max-new": 3,
 }
 
 
@@ -46,7 +70,9 @@ def remember_compare(app, settings: dict, updates: list) -> None:
     last = app.compare.ui.out.last
     settings["last"] = next(u[last] for u in reversed(updates) if isinstance(u, dict) and last in u)
     step0 = settings["last"]["rows"][0]["steps"][0]
-    settings["fl-branch-request"] = json.dumps({"row": "Baseline", "step": 0, "token_id": step0["top"][1]["token_id"]})
+    settings["fl-branch-request"] = json.dumps(
+        {"row": "Baseline", "step": 0, "token_id": step0["top"][1]["token_id"]}
+    )
 
 
 def line_free(pool, timeout: float = 10.0) -> None:

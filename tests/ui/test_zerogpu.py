@@ -5,6 +5,7 @@ still reaches the work; a failure there reaches the page with its message; and e
 for the GPU time its size needs, a request over the cap refused before it waits.
 
 `python -m pytest -q -s tests/ui/test_zerogpu.py -k every_model_tab` prints the bytes per yield."""
+
 from __future__ import annotations
 
 import re
@@ -21,8 +22,15 @@ from feedback.serve import gpu_time
 from feedback.serve.gate import Gate
 from feedback.serve.gpu_time import GpuWork
 from feedback.serve.limits import GPU_DURATION_CAP_ENV, GPU_DURATION_CAP_S, gpu_duration_cap_setting
-from tests.ui.model_handlers import (MODEL_HANDLERS, SETTINGS, handler_values, line_free, model_handlers,
-                                     remember_compare, start)
+from tests.ui.model_handlers import (
+    MODEL_HANDLERS,
+    SETTINGS,
+    handler_values,
+    line_free,
+    model_handlers,
+    remember_compare,
+    start,
+)
 from tests.ui.zerogpu_double import ZeroGPU
 from ui.page.runner import GpuTask, ModelRunner, Outcome, Work
 from ui.perplexity.recall import recall_gpu_work
@@ -65,7 +73,9 @@ def test_every_model_tab_runs_through_zerogpus_process_boundary(served, zerogpu)
     settings, rows = dict(SETTINGS), []
     for name, fn in handlers.items():
         before = len(zerogpu.calls)
-        updates = list(start(fn, handler_values(app, fn, settings), f"zero-{name}"))  # raises if the work failed
+        updates = list(
+            start(fn, handler_values(app, fn, settings), f"zero-{name}")
+        )  # raises if the work failed
         assert zerogpu.violations == [], zerogpu.violations
         assert len(zerogpu.calls) == before + 1, name
         call = zerogpu.calls[-1]
@@ -77,8 +87,17 @@ def test_every_model_tab_runs_through_zerogpus_process_boundary(served, zerogpu)
             assert settings["last"]["rows"] and all(r["token_ids"] for r in settings["last"]["rows"])
         line_free(served.pool)
         items = stream_items(call)
-        rows.append((name, call.duration, call.arg_bytes, len(call.yield_bytes), sum(items) / max(1, len(items)),
-                     max(items, default=0), call.yield_bytes[-1]))
+        rows.append(
+            (
+                name,
+                call.duration,
+                call.arg_bytes,
+                len(call.yield_bytes),
+                sum(items) / max(1, len(items)),
+                max(items, default=0),
+                call.yield_bytes[-1],
+            )
+        )
     print("\nZeroGPU double: bytes pickled across per call (tiny model, quick settings)")
     print(f"{'tab':<11}{'asks s':>7}{'args':>8}{'yields':>7}{'mean item':>10}{'max item':>9}{'last':>8}")
     for name, seconds, args, n, mean, biggest, last in rows:
@@ -92,7 +111,11 @@ def test_a_compare_runs_items_do_not_grow_with_the_run(served, zerogpu):
     for steps in (4, 24):
         settings = SETTINGS | {"max-new-tokens": steps, "thr-mode": "off"}
         list(start(fn, handler_values(served.app, fn, settings), f"grow-{steps}"))
-        items = [b for b, t in zip(zerogpu.calls[-1].yield_bytes, zerogpu.calls[-1].yield_types) if t == "StepEvent"]
+        items = [
+            b
+            for b, t in zip(zerogpu.calls[-1].yield_bytes, zerogpu.calls[-1].yield_types)
+            if t == "StepEvent"
+        ]
         sizes[steps] = max(items)
     assert sizes[24] < 1.5 * sizes[4], sizes
 
@@ -178,11 +201,18 @@ def a_function():
     return lambda: None
 
 
-@pytest.mark.parametrize("task, where, why", [
-    (Yields([1, a_tensor]), "yield 2 of the GPU function (a Tensor)", r"a torch.Tensor \(shape \(2, 3\)"),
-    (Yields([{"fine": 1}, a_function]), "yield 2 of the GPU function (a function)", "cannot be pickled"),
-    (Yields([threading.Lock()]), "an argument of the GPU function", "cannot pickle '_thread.lock' object"),
-])
+@pytest.mark.parametrize(
+    "task, where, why",
+    [
+        (Yields([1, a_tensor]), "yield 2 of the GPU function (a Tensor)", r"a torch.Tensor \(shape \(2, 3\)"),
+        (Yields([{"fine": 1}, a_function]), "yield 2 of the GPU function (a function)", "cannot be pickled"),
+        (
+            Yields([threading.Lock()]),
+            "an argument of the GPU function",
+            "cannot pickle '_thread.lock' object",
+        ),
+    ],
+)
 def test_what_cannot_cross_the_boundary_fails_the_request_and_is_recorded(task, where, why):
     double = ZeroGPU()
     with pytest.raises(gr.Error, match="A test job failed: BoundaryError"):
@@ -191,8 +221,13 @@ def test_what_cannot_cross_the_boundary_fails_the_request_and_is_recorded(task, 
     assert re.search(why, double.violations[0])
 
 
-@pytest.mark.parametrize("error, shown", [(FeedbackError("too long"), "too long"),
-                                          (RuntimeError("kaboom"), "A test job failed: RuntimeError: kaboom")])
+@pytest.mark.parametrize(
+    "error, shown",
+    [
+        (FeedbackError("too long"), "too long"),
+        (RuntimeError("kaboom"), "A test job failed: RuntimeError: kaboom"),
+    ],
+)
 def test_a_failure_in_the_gpu_process_reaches_the_page_with_its_message(error, shown):
     """`spaces` sends an exception raised in its worker as its class name alone; the work's end
     crosses as an item instead, so the page says what went wrong."""
@@ -219,10 +254,17 @@ def test_the_gpu_time_grows_with_rows_and_tokens_and_the_double_is_asked_for_it(
     longer = compare_seconds(served, columns=2, max_new_tokens=256)
     assert two < three < four and two < longer
     assert GpuWork(steps=100, row_tokens=400).seconds() > GpuWork(steps=100, row_tokens=100).seconds()
-    assert GpuWork(scored=10_000).seconds() > GpuWork(scored=1_000).seconds() > GpuWork().seconds() == gpu_time.START_S
+    assert (
+        GpuWork(scored=10_000).seconds()
+        > GpuWork(scored=1_000).seconds()
+        > GpuWork().seconds()
+        == gpu_time.START_S
+    )
     fn = model_handlers(served.demo)["compare"]
     values = compare_values(served, columns=3, max_new_tokens=5)
-    scale = served.app.runner.clock.scale  # this machine's speed as learnt so far (it may change after the call)
+    scale = (
+        served.app.runner.clock.scale
+    )  # this machine's speed as learnt so far (it may change after the call)
     list(fn.fn(types.SimpleNamespace(session_hash="zero-asks"), **values))
     assert zerogpu.calls[-1].duration == served.app.compare.prepare_compare(values).task.gpu.seconds(scale)
 
@@ -277,9 +319,11 @@ def test_a_request_over_the_cap_is_refused_before_it_waits_or_reaches_the_gpu(se
     finally:
         served.pool.gate.release(held)
     assert refused.value.message == (
-        f"this request needs about {seconds} s of GPU time (4 columns x 60 new tokens after a prompt of up to "
-        f"{values_prompt_tokens(served, values)} tokens); a request here may ask for at most {seconds - 1} s "
-        f"({GPU_DURATION_CAP_ENV}): ask for fewer columns, fewer max new tokens or a shorter prompt")
+        f"this request needs about {seconds} s of GPU time (4 columns x 60 new tokens after a prompt of "
+        f"up to {values_prompt_tokens(served, values)} tokens); a request here may ask for at most "
+        f"{seconds - 1} s "
+        f"({GPU_DURATION_CAP_ENV}): ask for fewer columns, fewer max new tokens or a shorter prompt"
+    )
     assert len(zerogpu.calls) == calls  # never asked ZeroGPU for it
     monkeypatch.setattr(runner, "gpu_cap", seconds)  # one that allows it runs it
     list(fn.fn(types.SimpleNamespace(session_hash="zero-cap"), **values))
@@ -315,18 +359,24 @@ def shown_result(served, updates: list) -> dict:
     return next(u[result] for u in reversed(updates) if isinstance(u, dict) and u.get(result) is not None)
 
 
-def test_a_recall_grid_over_the_cap_runs_as_several_calls_each_within_it(served, zerogpu, tiny_lm, monkeypatch):
+def test_a_recall_grid_over_the_cap_runs_as_several_calls_each_within_it(
+    served, zerogpu, tiny_lm, monkeypatch
+):
     """A grid whose prompts together ask for more than the cap runs as consecutive GPU calls, each
     asking for at most the cap, and gives the result of one whole run; only a prompt that alone
     needs more than the cap is refused (before it waits)."""
     from feedback.eval.recall import evaluate_recall
 
     runner = served.app.runner
-    monkeypatch.setattr(runner, "clock", gpu_time.GpuClock())  # the starting rates, whatever earlier tests measured
+    monkeypatch.setattr(
+        runner, "clock", gpu_time.GpuClock()
+    )  # the starting rates, whatever earlier tests measured
     fn, values, work = recall_request(served)
     task = work.task
-    one_prompt = [recall_gpu_work([i], task.rows, task.cfg.max_new_tokens).seconds(runner.clock.scale)
-                  for i in task.instances]
+    one_prompt = [
+        recall_gpu_work([i], task.rows, task.cfg.max_new_tokens).seconds(runner.clock.scale)
+        for i in task.instances
+    ]
     cap = max(one_prompt) + 1
     assert len(task.instances) == 8 and task.gpu.seconds(runner.clock.scale) > 2 * cap  # three calls or more
     monkeypatch.setattr(runner, "gpu_cap", cap)
@@ -337,12 +387,15 @@ def test_a_recall_grid_over_the_cap_runs_as_several_calls_each_within_it(served,
     before = len(zerogpu.calls)
     updates = recall_updates(served, fn, values, "zero-split")
     made = zerogpu.calls[before:]
-    assert len(made) == len(calls) and all(c.ran and 0 < c.duration <= cap for c in made), [c.duration for c in made]
+    assert len(made) == len(calls) and all(c.ran and 0 < c.duration <= cap for c in made), [
+        c.duration for c in made
+    ]
     assert zerogpu.violations == []
     got = shown_result(served, updates)
     whole = evaluate_recall(tiny_lm, task.cfg, task.rows, instances=task.instances)
     assert {k: v for k, v in got.items() if k != "wall_seconds"} == {
-        k: v for k, v in whole.items() if k != "wall_seconds"}
+        k: v for k, v in whole.items() if k != "wall_seconds"
+    }
     assert 0 < got["wall_seconds"]
     status = served.app.perplexity.recall.status
     said = [str(u[status]) for u in updates if isinstance(u, dict) and status in u]
@@ -350,11 +403,15 @@ def test_a_recall_grid_over_the_cap_runs_as_several_calls_each_within_it(served,
     line_free(served.pool)
 
     # not even one prompt fits a call (at the speed the calls above measured)
-    smallest = min(recall_gpu_work([i], task.rows, task.cfg.max_new_tokens).seconds(runner.clock.scale)
-                   for i in task.instances)
+    smallest = min(
+        recall_gpu_work([i], task.rows, task.cfg.max_new_tokens).seconds(runner.clock.scale)
+        for i in task.instances
+    )
     monkeypatch.setattr(runner, "gpu_cap", smallest - 1)
     held = len(zerogpu.calls)
-    with pytest.raises(gr.Error, match=rf"this request needs about {smallest} s of GPU time \(1 prompt of \d+ tokens, 2 rows"):
+    with pytest.raises(
+        gr.Error, match=rf"this request needs about {smallest} s of GPU time \(1 prompt of \d+ tokens, 2 rows"
+    ):
         recall_updates(served, fn, values, "zero-split-refused")
     assert len(zerogpu.calls) == held
 
@@ -364,8 +421,15 @@ def test_stop_between_a_grids_calls_ends_it_with_the_prompts_done(served, zerogp
     monkeypatch.setattr(runner, "clock", gpu_time.GpuClock())
     fn, values, work = recall_request(served)
     task = work.task
-    monkeypatch.setattr(runner, "gpu_cap", 1 + max(recall_gpu_work([i], task.rows, task.cfg.max_new_tokens)
-                                                   .seconds(runner.clock.scale) for i in task.instances))
+    monkeypatch.setattr(
+        runner,
+        "gpu_cap",
+        1
+        + max(
+            recall_gpu_work([i], task.rows, task.cfg.max_new_tokens).seconds(runner.clock.scale)
+            for i in task.instances
+        ),
+    )
     calls = len(runner.gpu_calls(task))
     assert calls >= 3
     request = types.SimpleNamespace(session_hash="zero-split-stop")
@@ -400,9 +464,15 @@ def test_the_pages_defaults_fit_the_default_cap_recalls_grid_in_several_calls(em
     for name, fn in model_handlers(demo).items():
         if name in ("continue", "branch", "rerun"):  # they go on from a Compare run: sized as one
             continue
-        prepare = {"compare": app.compare.prepare_compare, "calibrate": app.compare.prepare_calibrate,
-                   "perplexity": app.perplexity.prepare, "recall": app.perplexity.recall.prepare,
-                   "sweep": app.sweep.prepare, "tune": app.sweep.prepare_tune, "deepthink": app.deepthink.prepare}[name]
+        prepare = {
+            "compare": app.compare.prepare_compare,
+            "calibrate": app.compare.prepare_calibrate,
+            "perplexity": app.perplexity.prepare,
+            "recall": app.perplexity.recall.prepare,
+            "sweep": app.sweep.prepare,
+            "tune": app.sweep.prepare_tune,
+            "deepthink": app.deepthink.prepare,
+        }[name]
         values = dict(zip(fn.input_keyword_names, handler_values(app, fn, TYPED), strict=True))
         tasks[name] = prepare(values).task
         asks[name] = tasks[name].gpu.seconds()
@@ -419,5 +489,7 @@ def test_the_cap_is_a_setting(monkeypatch):
     monkeypatch.setenv(GPU_DURATION_CAP_ENV, "300")
     assert gpu_duration_cap_setting() == 300
     monkeypatch.setenv(GPU_DURATION_CAP_ENV, "0")
-    with pytest.raises(FeedbackError, match=rf"the GPU duration cap \({GPU_DURATION_CAP_ENV}\) must be at least 1"):
+    with pytest.raises(
+        FeedbackError, match=rf"the GPU duration cap \({GPU_DURATION_CAP_ENV}\) must be at least 1"
+    ):
         gpu_duration_cap_setting()

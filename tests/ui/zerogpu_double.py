@@ -24,6 +24,7 @@ the result. It does not simulate the shared GPU's scheduler (quota, shorter requ
 worker reuse (the real one keeps an idle worker for the next call; this one forks for every call,
 so each call sees the main process as it is at the call).
 """
+
 from __future__ import annotations
 
 import functools
@@ -55,9 +56,11 @@ class _BoundaryPickler(ForkingPickler):
         import torch
 
         if isinstance(obj, torch.Tensor):
-            raise BoundaryError(f"a torch.Tensor (shape {tuple(obj.shape)}, {obj.dtype}, on {obj.device}) crossed: "
-                                "on ZeroGPU the model's tensors live on CUDA and cannot be pickled to the main "
-                                "process; send plain numbers (.tolist(), .item())")
+            raise BoundaryError(
+                f"a torch.Tensor (shape {tuple(obj.shape)}, {obj.dtype}, on {obj.device}) crossed: "
+                "on ZeroGPU the model's tensors live on CUDA and cannot be pickled to the main "
+                "process; send plain numbers (.tolist(), .item())"
+            )
         return NotImplemented
 
 
@@ -69,7 +72,9 @@ def dumps(obj, where: str) -> bytes:
     except BoundaryError as exc:
         raise BoundaryError(f"{where}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 (whatever pickle raises: PicklingError, TypeError, AttributeError)
-        raise BoundaryError(f"{where} cannot be pickled to the other process: {type(exc).__name__}: {exc}") from None
+        raise BoundaryError(
+            f"{where} cannot be pickled to the other process: {type(exc).__name__}: {exc}"
+        ) from None
     return buf.getvalue()
 
 
@@ -110,7 +115,9 @@ class ZeroGPU:
             return functools.partial(self.GPU, duration=task if task is not None else duration, size=size)
         self.decorated += 1
         if not inspect.isgeneratorfunction(task):
-            raise NotImplementedError("the double runs generator functions only (the app's one GPU function is one)")
+            raise NotImplementedError(
+                "the double runs generator functions only (the app's one GPU function is one)"
+            )
 
         @functools.wraps(task)
         def gradio_handler(*args, **kwargs):
@@ -125,8 +132,11 @@ class ZeroGPU:
         call = Call(task.__name__, seconds)
         self.calls.append(call)
         if self.max_duration is not None and seconds > self.max_duration:
-            raise gr.Error(f"The requested GPU duration ({seconds:.0f}s) is larger than the maximum allowed",
-                           title="ZeroGPU illegal duration", print_exception=False)
+            raise gr.Error(
+                f"The requested GPU duration ({seconds:.0f}s) is larger than the maximum allowed",
+                title="ZeroGPU illegal duration",
+                print_exception=False,
+            )
         payload = self._crossing(lambda: dumps((args, kwargs), "an argument of the GPU function"))
         call.arg_bytes = len(payload)
         here, there = FORK.Pipe()
@@ -140,7 +150,9 @@ class ZeroGPU:
                 try:
                     raw = here.recv_bytes()
                 except EOFError:  # the worker died without a word
-                    raise gr.Error("GPU task aborted", title="ZeroGPU worker error", print_exception=False) from None
+                    raise gr.Error(
+                        "GPU task aborted", title="ZeroGPU worker error", print_exception=False
+                    ) from None
                 kind, value = pickle.loads(raw)
                 if kind == "started":
                     call.ran = True
@@ -183,8 +195,12 @@ class ZeroGPU:
     def bytes_per_yield(self, name: str | None = None) -> dict:
         """{calls, yields, mean, max} of the bytes each yield pickled, over calls of `name` (all if None)."""
         sizes = [b for c in self.calls if name in (None, c.name) for b in c.yield_bytes]
-        return {"calls": len(self.calls), "yields": len(sizes), "mean": sum(sizes) / len(sizes) if sizes else 0,
-                "max": max(sizes, default=0)}
+        return {
+            "calls": len(self.calls),
+            "yields": len(sizes),
+            "mean": sum(sizes) / len(sizes) if sizes else 0,
+            "max": max(sizes, default=0),
+        }
 
 
 def _reap(worker, conn) -> None:

@@ -7,6 +7,7 @@ reading one rebuilds a `RunConfig` and validates it like any request, so a tampe
 link is refused with a message and the page keeps its defaults. Earlier conversation turns and
 forced prefixes are not part of a link: it restores the controls of a fresh run.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,8 +27,9 @@ MAX_INFLATED = 200_000  # a link can never expand into more than this (deflate b
 
 def _compact(cfg: RunConfig, view: str) -> dict:
     data = cfg.to_dict()
-    data["rows"] = [{k: v for k, v in row.items() if k in ROW_FIELDS and v not in (None, {})}
-                    for row in data["rows"]]
+    data["rows"] = [
+        {k: v for k, v in row.items() if k in ROW_FIELDS and v not in (None, {})} for row in data["rows"]
+    ]
     data.pop("dtype", None)
     packed = {"v": VERSION, "config": data}
     if view != TOKEN_VIEWS[0]:  # the usual view goes without saying (older links have none)
@@ -43,8 +45,10 @@ def encode(cfg: RunConfig, view: str = TOKEN_VIEWS[0]) -> str:
     raw = json.dumps(_compact(cfg, view), separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     text = base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode("ascii").rstrip("=")
     if len(text) > MAX_LINK_CHARS:
-        raise FeedbackError(f"this setup is too large for a link ({len(text)} characters, at most "
-                            f"{MAX_LINK_CHARS}); export the run as JSON from History instead")
+        raise FeedbackError(
+            f"this setup is too large for a link ({len(text)} characters, at most "
+            f"{MAX_LINK_CHARS}); export the run as JSON from History instead"
+        )
     return text
 
 
@@ -76,7 +80,9 @@ def opened(text: str) -> tuple[RunConfig, str]:
         raise FeedbackError("the link's columns could not be read")
     view = data.get("view", TOKEN_VIEWS[0])
     if view not in TOKEN_VIEWS:
-        raise FeedbackError(f"the link's token view {str(view)[:40]!r} is not one of {', '.join(TOKEN_VIEWS)}")
+        raise FeedbackError(
+            f"the link's token view {str(view)[:40]!r} is not one of {', '.join(TOKEN_VIEWS)}"
+        )
     try:
         cfg = RunConfig.from_dict({k: v for k, v in config.items() if k != "rows"})
         cfg.rows = [RowSpec(**r) for r in rows]

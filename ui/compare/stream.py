@@ -21,6 +21,7 @@ Events (`kind`, then its fields):
 - `m`: seconds since the run began, then a value per `memory` series (the memory chart's new point).
 - `done`: the server's clock (epoch seconds) when the run's last update was made.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,12 @@ TOP = 5  # alternatives a token's card lists
 
 
 def flags(step: StepRecord) -> int:
-    return ((FORCED if step.forced else 0) | (CHOSEN if step.chosen else 0)
-            | (RESTATE if step.part == "restate" else 0) | (TRANSITION if step.part == "transition" else 0))
+    return (
+        (FORCED if step.forced else 0)
+        | (CHOSEN if step.chosen else 0)
+        | (RESTATE if step.part == "restate" else 0)
+        | (TRANSITION if step.part == "transition" else 0)
+    )
 
 
 def _turns(spec: RowSpec, prompt: str) -> list[list]:
@@ -46,7 +51,8 @@ def _turns(spec: RowSpec, prompt: str) -> list[list]:
     if not messages and not own:
         return []
     return [[m.get("role", ""), str(m.get("content", "")), False] for m in messages] + [
-        ["user", spec.prompt if own else prompt, True]]
+        ["user", spec.prompt if own else prompt, True]
+    ]
 
 
 def _first_user_turn(messages: list[dict] | None) -> str | None:
@@ -58,18 +64,29 @@ def modified(spec: RowSpec, first: RowSpec | None = None) -> list[str]:
     conversation every column's history differs (their own answers); its prompt counts as modified
     when it began from another question than column 1 (`first`)."""
     prompt = spec.prompt is not None or (
-        first is not None and spec.messages is not None
-        and _first_user_turn(spec.messages) != _first_user_turn(first.messages))
-    return [what for what, changed in (("prompt", prompt), ("system prompt", spec.system_prompt is not None))
-            if changed]
+        first is not None
+        and spec.messages is not None
+        and _first_user_turn(spec.messages) != _first_user_turn(first.messages)
+    )
+    return [
+        what
+        for what, changed in (("prompt", prompt), ("system prompt", spec.system_prompt is not None))
+        if changed
+    ]
 
 
 def column_head(index: int, spec: RowSpec, cfg: RunConfig) -> dict:
     """What the board shows above a column: its colour, name, strategy and parameters, badges for
     what it overrides and its own settings, and its conversation so far."""
     tags = [f"{what} modified" for what in modified(spec, cfg.rows[0])] + badges(spec)
-    return {"name": spec.name, "strategy": spec.strategy, "params": render.params_text(spec.params),
-            "color": charts.row_color(index), "badges": tags, "turns": _turns(spec, cfg.prompt)}
+    return {
+        "name": spec.name,
+        "strategy": spec.strategy,
+        "params": render.params_text(spec.params),
+        "color": charts.row_color(index),
+        "badges": tags,
+        "turns": _turns(spec, cfg.prompt),
+    }
 
 
 class BoardDoc:
@@ -80,8 +97,15 @@ class BoardDoc:
         self.memory_keys = memory_keys or []
         self.text = ""
         self.shown = [0] * len(cfg.rows)  # tokens of each column in the document
-        self._add("run", {"id": run_id, "columns": [column_head(i, s, cfg) for i, s in enumerate(cfg.rows)],
-                          "fresh": fresh, "memory": self.memory_keys})
+        self._add(
+            "run",
+            {
+                "id": run_id,
+                "columns": [column_head(i, s, cfg) for i, s in enumerate(cfg.rows)],
+                "fresh": fresh,
+                "memory": self.memory_keys,
+            },
+        )
 
     def _add(self, *event) -> None:
         self.text += json.dumps(event, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n"
@@ -94,9 +118,20 @@ class BoardDoc:
                 if a.token_id not in self.seen:
                     self.seen.add(a.token_id)
                     self._add("v", int(a.token_id), a.text)
-            self._add("t", column, int(s.step), int(s.token_id), s.text, _num(s.confidence, 3),
-                      _num(s.group_confidence, 3), _num(s.prob, 4), _num(s.entropy, 3),
-                      [int(a.token_id) for a in top], [_num(a.prob, 4) for a in top], flags(s))
+            self._add(
+                "t",
+                column,
+                int(s.step),
+                int(s.token_id),
+                s.text,
+                _num(s.confidence, 3),
+                _num(s.group_confidence, 3),
+                _num(s.prob, 4),
+                _num(s.entropy, 3),
+                [int(a.token_id) for a in top],
+                [_num(a.prob, 4) for a in top],
+                flags(s),
+            )
         self.shown[column] += len(steps)
 
     def end(self, column: int, row: RowResult) -> None:

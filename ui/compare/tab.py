@@ -3,8 +3,8 @@ with its own name, strategy and parameters and optionally its own prompt, system
 temperature, top-p and seed; the other sampling settings and DeepConf are shared (common random
 numbers). Stop one column while the others go on. After a run: re-run one column with changed
 settings, Continue the conversation in every column, branch from any alternative token, switch to
-a word diff or formatted Markdown, copy a link that restores the setup. Live confidence and memory charts; Calibrate sets the
-early-stop threshold.
+a word diff or formatted Markdown, copy a link that restores the setup. Live confidence and memory
+charts; Calibrate sets the early-stop threshold.
 
 Where things are: the settings are declared once in `ui.page.settings` (controls, checks, their
 place in a RunConfig); the components are built by `ui.compare.layout`; what a run shows is a view
@@ -12,6 +12,7 @@ place in a RunConfig); the components are built by `ui.compare.layout`; what a r
 each getting its controls' values as one dict by name, and maps views onto the components. The model
 work goes through `ModelRunner` (line, GPU function, Stop, closed tabs, errors).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,21 +36,43 @@ from ui.compare.layout import CompareControls, build_controls
 from ui.compare.stream import empty_doc
 from ui.compare.view import CalibrationView, PageView, RunView, finished, heading
 from ui.compare.work import MEMORY_POINTS, CalibrateWork, CompareWork, RerunWork, memory_entry
-from ui.page import charts, notice, render
-from ui.page import history
+from ui.page import charts, history, notice, render
 from ui.page.deepconf import resolve_eta
 from ui.page.handoff import COMPARE_TAB
 from ui.page.runner import ModelRunner, by_name, cancellable_by_clients
-from ui.page.settings import (CALIBRATION, COLUMN, MAX_COLUMNS, MIN_COLUMNS, SHARED, SHARED_BY_NAME, Page, Scope,
-                              column_specs, column_values, read_all, row_spec, run_config)
+from ui.page.settings import (
+    CALIBRATION,
+    COLUMN,
+    MAX_COLUMNS,
+    MIN_COLUMNS,
+    SHARED,
+    SHARED_BY_NAME,
+    Page,
+    Scope,
+    column_specs,
+    column_values,
+    read_all,
+    row_spec,
+    run_config,
+)
 
 TAB = COMPARE_TAB
 log = logging.getLogger("feedback_lens.ui")
 # Warm-up traces when Compare is greedy (every greedy trace is the same) sample as Deep Think does.
 CALIBRATION_SAMPLING = (DeepThinkConfig.temperature, DeepThinkConfig.top_p)
 # The shared settings Calibrate reads (with every column's, to find the first with a strategy).
-CALIBRATE_READS = ("prompt", "chat_template", "model", "temperature", "top_p", "max_new_tokens", "seed", "k",
-                   "window", "columns")
+CALIBRATE_READS = (
+    "prompt",
+    "chat_template",
+    "model",
+    "temperature",
+    "top_p",
+    "max_new_tokens",
+    "seed",
+    "k",
+    "window",
+    "columns",
+)
 
 
 BRANCH_REQUEST_MAX_CHARS = 1000  # {"row": a column name, "step": n, "token_id": n}, as the page sends it
@@ -64,7 +87,9 @@ def parse_branch(text: str | None) -> tuple[str, int, int]:
         row, step, token = data["row"], data["step"], data["token_id"]
     except (ValueError, TypeError, KeyError, RecursionError):  # not JSON, not this shape, or nested too deep
         raise FeedbackError("choose an alternative token in a token's card to branch from") from None
-    if not isinstance(row, str) or not all(isinstance(v, int) and not isinstance(v, bool) for v in (step, token)):
+    if not isinstance(row, str) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in (step, token)
+    ):
         raise FeedbackError("a branch names a column, a step and a token id")
     return row, step, token
 
@@ -84,8 +109,14 @@ def calibration_sampling(temperature: float, top_p: float) -> tuple[float, float
     if temperature != 0:
         return temperature, top_p, ""
     temperature, top_p = CALIBRATION_SAMPLING
-    return temperature, top_p, (f" Compare is greedy (temperature 0), and every greedy trace is the same, so the "
-                                f"warm-up traces were sampled at temperature {temperature:g}, top-p {top_p:g}.")
+    return (
+        temperature,
+        top_p,
+        (
+            f" Compare is greedy (temperature 0), and every greedy trace is the same, so the "
+            f"warm-up traces were sampled at temperature {temperature:g}, top-p {top_p:g}."
+        ),
+    )
 
 
 class CompareTab:
@@ -111,7 +142,10 @@ class CompareTab:
     def _show_page(self, v: PageView, button) -> dict:
         out: dict = {}
         if v.busy is not None:
-            out |= {button: gr.update(interactive=not v.busy), self.ui.run.stop: gr.update(interactive=v.busy)}
+            out |= {
+                button: gr.update(interactive=not v.busy),
+                self.ui.run.stop: gr.update(interactive=v.busy),
+            }
         if v.status is not None:
             out[self.ui.run.status] = render.status_html(v.status.text, v.status.kind)
         return out
@@ -133,8 +167,12 @@ class CompareTab:
         if v.mem_state is not None:
             out[ui.memory.state] = v.mem_state
         if v.result is not None:
-            out |= {ui.out.run_json.data: v.result, ui.out.last: v.result, ui.follow.row: gr.update(visible=True),
-                    ui.out.run_json.box: gr.update(open=False)}
+            out |= {
+                ui.out.run_json.data: v.result,
+                ui.out.last: v.result,
+                ui.follow.row: gr.update(visible=True),
+                ui.out.run_json.box: gr.update(open=False),
+            }
         return out
 
     def show_calibration(self, v: CalibrationView) -> dict:
@@ -183,8 +221,14 @@ class CompareTab:
         if not values["last"]:
             raise FeedbackError("run a prompt first; then pick an alternative token in a token's card")
         row, step, token = parse_branch(values["choice"])
-        cfg = branch(RunResult.from_dict(values["last"]), row, step, token, all_rows=bool(values["all_columns"]),
-                     matching_only=bool(values.get("matching_only")))
+        cfg = branch(
+            RunResult.from_dict(values["last"]),
+            row,
+            step,
+            token,
+            all_rows=bool(values["all_columns"]),
+            matching_only=bool(values.get("matching_only")),
+        )
         return self._work(cfg, f"Branching {row} at step {step}")
 
     def prepare_rerun(self, values: dict) -> RerunWork:
@@ -192,12 +236,15 @@ class CompareTab:
         (the run's shared settings and the column's conversation as they were); the other columns
         keep their answers."""
         if not values["last"]:
-            raise FeedbackError("nothing to re-run yet: Generate first, then change a column's settings and "
-                                "re-run it")
+            raise FeedbackError(
+                "nothing to re-run yet: Generate first, then change a column's settings and re-run it"
+            )
         column = parse_column(values["column"])
         before = RunResult.from_dict(values["last"])
         if column >= len(before.rows):
-            raise FeedbackError(f"column {column + 1} was not in the last run (it had {len(before.rows)} columns)")
+            raise FeedbackError(
+                f"column {column + 1} was not in the last run (it had {len(before.rows)} columns)"
+            )
         spec = row_spec(column_values(values, column), Scope(values, column))
         cfg = rerun(before, column, spec)
         self.pool.get(cfg.model)
@@ -219,7 +266,9 @@ class CompareTab:
             return f"Column {index + 1} is not running."
         return f"Stopping column {index + 1}…"
 
-    def rate_column(self, hist: list | None, last: dict | None, request: str | None, req: gr.Request = None) -> dict:
+    def rate_column(
+        self, hist: list | None, last: dict | None, request: str | None, req: gr.Request = None
+    ) -> dict:
         """Rate a column of the last run ("2 better"): stored with that run in History (a note can
         be added there), for its table and the LLM Comparator export. Clicked while a run streams
         (a column's re-run), it rates the run on the page before it, and a toast says so: the status
@@ -238,9 +287,13 @@ class CompareTab:
             notice.warning(f"Not rated: {exc}")
             return {ui.run.status: render.status_html(f"Not rated: {exc}", "error")}
         said = f"Rated {name}: {verdict[0]} (saved with the run in History, where a note can be added)."
-        if self.runner is not None and self.runner.jobs.active(getattr(req, "session_hash", None) or "local", TAB):
-            notice.info(f"Rated {name}: {verdict[0]}, in the run shown before the one now running (saved in "
-                        "History, where a note can be added).")
+        if self.runner is not None and self.runner.jobs.active(
+            getattr(req, "session_hash", None) or "local", TAB
+        ):
+            notice.info(
+                f"Rated {name}: {verdict[0]}, in the run shown before the one now running (saved in "
+                "History, where a note can be added)."
+            )
             return {self.hist: new}
         return {self.hist: new, ui.run.status: render.status_html(said)}
 
@@ -253,20 +306,37 @@ class CompareTab:
         shared = {name: SHARED_BY_NAME[name].value(values, scope) for name in CALIBRATE_READS}
         feedback = next((s for s in column_specs(values, shared["columns"]) if s.strategy), None)
         if feedback is None:
-            raise FeedbackError("Calibrate pools warm-up traces of the baseline and a feedback column: "
-                                "give one column a strategy")
+            raise FeedbackError(
+                "Calibrate pools warm-up traces of the baseline and a feedback column: "
+                "give one column a strategy"
+            )
         temperature, top_p, note = calibration_sampling(shared["temperature"], shared["top_p"])
         SamplingConfig(temperature=temperature, top_p=top_p).validate()  # refused now, not once it runs
         own = read_all(CALIBRATION, values, scope)
         cfg = DeepThinkConfig(
-            prompt=shared["prompt"], warmup=own["warmup"], eta=resolve_eta(own["eta_preset"], own["eta"]),
-            window=shared["window"], k=shared["k"], temperature=temperature, top_p=top_p,
-            max_new_tokens=shared["max_new_tokens"], seed=shared["seed"], strategy=feedback.strategy,
-            params=feedback.params, shared_threshold=True, chat_template=shared["chat_template"])
+            prompt=shared["prompt"],
+            warmup=own["warmup"],
+            eta=resolve_eta(own["eta_preset"], own["eta"]),
+            window=shared["window"],
+            k=shared["k"],
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=shared["max_new_tokens"],
+            seed=shared["seed"],
+            strategy=feedback.strategy,
+            params=feedback.params,
+            shared_threshold=True,
+            chat_template=shared["chat_template"],
+        )
         lm = self.pool.get(shared["model"])
         cfg.validate(lm.num_layers)
         check_budget(lm, cfg, self.runner.budget, warm_up_only=True)
-        return CalibrateWork(lm, cfg, note + f" (Columns: the baseline and {render.md_text(feedback.name)}.)", self.show_calibration)
+        return CalibrateWork(
+            lm,
+            cfg,
+            note + f" (Columns: the baseline and {render.md_text(feedback.name)}.)",
+            self.show_calibration,
+        )
 
     def stop_run(self, shown: str | None = "", request: gr.Request = None) -> str:
         """Stop this session's Compare or Calibrate run (a waiting one leaves the line). `shown`: the
@@ -286,11 +356,17 @@ class CompareTab:
         session = getattr(request, "session_hash", None) or "local"
         if self.runner.jobs.active(session, TAB):
             return gr.skip()
-        mem = dict(mem) if mem and "origin" in mem else {"origin": time.time(), "samples": [],
-                                                          "label": "the page opened"}
+        mem = (
+            dict(mem)
+            if mem and "origin" in mem
+            else {"origin": time.time(), "samples": [], "label": "the page opened"}
+        )
         mem["samples"] = [*mem["samples"], memory_entry(mem, memory.sample())][-MEMORY_POINTS:]
-        return self.show_run(RunView(memory=charts.memory_figure(mem["samples"], mem.get("label", "the run began")),
-                                     mem_state=mem))
+        return self.show_run(
+            RunView(
+                memory=charts.memory_figure(mem["samples"], mem.get("label", "the run began")), mem_state=mem
+            )
+        )
 
     def change_model(self, model: str) -> dict:
         try:
@@ -306,9 +382,11 @@ class CompareTab:
         """Show `columns` columns (2 to 4), or one more or fewer (`delta`)."""
         ui = self.ui
         n = min(MAX_COLUMNS, max(MIN_COLUMNS, int(columns or MIN_COLUMNS) + delta))
-        return {ui.settings["columns"]: n, ui.add_column: gr.update(interactive=n < MAX_COLUMNS),
-                ui.remove_column: gr.update(interactive=n > MIN_COLUMNS)} | {
-            col.box: gr.update(visible=col.index < n) for col in ui.cols}
+        return {
+            ui.settings["columns"]: n,
+            ui.add_column: gr.update(interactive=n < MAX_COLUMNS),
+            ui.remove_column: gr.update(interactive=n > MIN_COLUMNS),
+        } | {col.box: gr.update(visible=col.index < n) for col in ui.cols}
 
     def preview_heading(self, index: int, values: dict):
         """Column `index`'s heading as its settings stand (before a run): name, strategy,
@@ -329,10 +407,15 @@ class CompareTab:
     def new_conversation(self) -> dict:
         """Forget the last run: the next Generate starts afresh, Continue has nothing to follow."""
         ui = self.ui
-        return {ui.out.last: None, ui.follow.message: "", ui.follow.row: gr.update(visible=False),
-                ui.run.status: render.status_html("New conversation: type a prompt and Generate."),
-                ui.out.conf_plot: charts.confidence_figure([]),  # no chart of the old run
-                ui.out.board: "", ui.out.metrics: ""}
+        return {
+            ui.out.last: None,
+            ui.follow.message: "",
+            ui.follow.row: gr.update(visible=False),
+            ui.run.status: render.status_html("New conversation: type a prompt and Generate."),
+            ui.out.conf_plot: charts.confidence_figure([]),  # no chart of the old run
+            ui.out.board: "",
+            ui.out.metrics: "",
+        }
 
     # ---- settings in, settings out (History reload, shared links) ----
     def apply_config(self, cfg: RunConfig) -> dict:
@@ -354,8 +437,11 @@ class CompareTab:
         heading (a Sweep's or Tune's best point sent here); every other setting stays as it is, and a
         column override shows in the heading once its preview runs on the change."""
         col = self.ui.cols[column]
-        return ({col.settings["name"]: name} | col.panel.show(strategy, params=params)
-                | {col.heading: heading(column, RowSpec(name=name, strategy=strategy, params=params))})
+        return (
+            {col.settings["name"]: name}
+            | col.panel.show(strategy, params=params)
+            | {col.heading: heading(column, RowSpec(name=name, strategy=strategy, params=params))}
+        )
 
     def restore(self, data: dict, view: str | None = None) -> dict:
         """Every control as the run had it, and the run's columns, conversations, metrics and chart.
@@ -395,13 +481,20 @@ class CompareTab:
         except FeedbackError as exc:  # the message may quote the link's own values: literal text in the note
             log.info("link refused: %s", exc)
             notice.warning(f"This link's settings were not applied: {exc}")
-            return {ui.link.note: f"⚠ This link's settings were not applied ({render.md_text(exc)}); "
-                                  "the defaults are shown."}
+            return {
+                ui.link.note: f"⚠ This link's settings were not applied ({render.md_text(exc)}); "
+                "the defaults are shown."
+            }
         note = "Settings restored from the link: press Generate to run them."
         if cfg.model not in self.pool.allowlist:
             note += f" (Its model {cfg.model!r} is not served here; {self.pool.default!r} is selected.)"
-        return self.apply_config(cfg) | {ui.link.note: render.md_text(note), ui.run.status: render.status_html(note),
-                                         ui.out.view: view, ui.link.data: data, ui.out.board: empty_doc(cfg)}
+        return self.apply_config(cfg) | {
+            ui.link.note: render.md_text(note),
+            ui.run.status: render.status_html(note),
+            ui.out.view: view,
+            ui.link.data: data,
+            ui.out.board: empty_doc(cfg),
+        }
 
     # ---- what events update ----
     def restore_outputs(self) -> list:
@@ -409,21 +502,54 @@ class CompareTab:
         ui = self.ui
         shared = [x for s in SHARED for x in s.outputs(ui.settings[s.name])]
         cols = [x for c in ui.cols for x in (c.box, c.heading, *c.setting_outputs())]
-        return [*shared, ui.add_column, ui.remove_column, *cols, ui.out.board, ui.out.metrics, ui.out.conf_plot,
-                ui.out.last, ui.out.run_json.data, ui.out.run_json.box, ui.follow.row, ui.run.status, ui.link.note,
-                ui.link.data, ui.out.view]
+        return [
+            *shared,
+            ui.add_column,
+            ui.remove_column,
+            *cols,
+            ui.out.board,
+            ui.out.metrics,
+            ui.out.conf_plot,
+            ui.out.last,
+            ui.out.run_json.data,
+            ui.out.run_json.box,
+            ui.follow.row,
+            ui.run.status,
+            ui.link.note,
+            ui.link.data,
+            ui.out.view,
+        ]
 
     def run_outputs(self) -> list:
         """Everything a Compare run (first turn, follow-up or branch) updates."""
         ui = self.ui
         # as few as can be: the page does work for every output at every streamed update
-        return [ui.out.board, ui.out.metrics, ui.out.conf_plot, ui.memory.plot, ui.run.status, ui.out.run_json.data, ui.out.run_json.box, ui.out.last,
-                ui.memory.state, ui.follow.row, ui.run.generate, ui.run.stop]
+        return [
+            ui.out.board,
+            ui.out.metrics,
+            ui.out.conf_plot,
+            ui.memory.plot,
+            ui.run.status,
+            ui.out.run_json.data,
+            ui.out.run_json.box,
+            ui.out.last,
+            ui.memory.state,
+            ui.follow.row,
+            ui.run.generate,
+            ui.run.stop,
+        ]
 
     def calibration_outputs(self) -> list:
         ui = self.ui
-        return [ui.settings["threshold_mode"], ui.settings["threshold"], ui.calibration.plot, ui.calibration.note,
-                ui.run.status, ui.run.stop, ui.calibration.button]
+        return [
+            ui.settings["threshold_mode"],
+            ui.settings["threshold"],
+            ui.calibration.plot,
+            ui.calibration.note,
+            ui.run.status,
+            ui.run.stop,
+            ui.calibration.button,
+        ]
 
     # ---- layout and wiring ----
     def build(self, num_layers: int, hist: gr.BrowserState) -> None:
@@ -431,53 +557,127 @@ class CompareTab:
             self.ui = build_controls(Page(tuple(self.pool.allowlist), self.pool.default, num_layers))
         self._wire(hist)
 
-    def _model_event(self, triggers, prepare, inputs: dict, outputs: list, api_name: str, js: str | None = None):
+    def _model_event(
+        self, triggers, prepare, inputs: dict, outputs: list, api_name: str, js: str | None = None
+    ):
         """A model handler's event: `prepare` gets `inputs`' values by name (the API's parameters)."""
         handler = self.runner.wrap(TAB, prepare, list(inputs), status=self.ui.run.status)
-        return gr.on(triggers, handler, inputs_kwargs=inputs, outputs=outputs, api_name=api_name,
-                     concurrency_limit=None, show_progress="hidden", js=js)
+        return gr.on(
+            triggers,
+            handler,
+            inputs_kwargs=inputs,
+            outputs=outputs,
+            api_name=api_name,
+            concurrency_limit=None,
+            show_progress="hidden",
+            js=js,
+        )
 
     def _wire(self, hist: gr.BrowserState) -> None:
         ui = self.ui
         settings, outputs = self.settings_inputs(), self.run_outputs()
-        run = self._model_event([ui.run.generate.click, ui.settings["prompt"].submit], self.prepare_compare,
-                                settings, outputs, "compare")
-        follow = self._model_event([ui.follow.send.click, ui.follow.message.submit], self.prepare_continue,
-                                   {"last": ui.out.last, "message": ui.follow.message}, outputs, "continue")
-        branch_inputs = {"last": ui.out.last, "choice": ui.follow.branch_request, "all_columns": ui.follow.branch_all,
-                         "matching_only": ui.follow.branch_matching}
-        branching = self._model_event([ui.follow.branch_go.click], self.prepare_branch, branch_inputs, outputs,
-                                      "branch", js=page_request(list(branch_inputs), "choice", "branch"))
+        run = self._model_event(
+            [ui.run.generate.click, ui.settings["prompt"].submit],
+            self.prepare_compare,
+            settings,
+            outputs,
+            "compare",
+        )
+        follow = self._model_event(
+            [ui.follow.send.click, ui.follow.message.submit],
+            self.prepare_continue,
+            {"last": ui.out.last, "message": ui.follow.message},
+            outputs,
+            "continue",
+        )
+        branch_inputs = {
+            "last": ui.out.last,
+            "choice": ui.follow.branch_request,
+            "all_columns": ui.follow.branch_all,
+            "matching_only": ui.follow.branch_matching,
+        }
+        branching = self._model_event(
+            [ui.follow.branch_go.click],
+            self.prepare_branch,
+            branch_inputs,
+            outputs,
+            "branch",
+            js=page_request(list(branch_inputs), "choice", "branch"),
+        )
         actions = ui.actions
         rerun_inputs = settings | {"last": ui.out.last, "column": actions.request}
-        again = self._model_event([actions.rerun.click], self.prepare_rerun, rerun_inputs, outputs, "rerun",
-                                  js=page_request(list(rerun_inputs), "column", "column"))
+        again = self._model_event(
+            [actions.rerun.click],
+            self.prepare_rerun,
+            rerun_inputs,
+            outputs,
+            "rerun",
+            js=page_request(list(rerun_inputs), "column", "column"),
+        )
         for event in (run, follow, branching, again):
             event.then(record_run, [hist, ui.out.last], hist, api_name=False, show_progress="hidden")
             # the accordion closed with the new run; what it showed of the last one goes
             event.then(None, None, ui.out.run_json.view, js="() => null", api_name=False, queue=False)
         follow.then(lambda: "", None, ui.follow.message, api_name=False, show_progress="hidden", queue=False)
-        calibrate_inputs = {name: ui.settings[name] for name in CALIBRATE_READS} | ui.calibration.settings | {
-            name: component for name, component in settings.items() if name not in ui.settings}
-        calibrating = self._model_event([ui.calibration.button.click], self.prepare_calibrate, calibrate_inputs,
-                                        self.calibration_outputs(), "calibrate")
+        calibrate_inputs = (
+            {name: ui.settings[name] for name in CALIBRATE_READS}
+            | ui.calibration.settings
+            | {name: component for name, component in settings.items() if name not in ui.settings}
+        )
+        calibrating = self._model_event(
+            [ui.calibration.button.click],
+            self.prepare_calibrate,
+            calibrate_inputs,
+            self.calibration_outputs(),
+            "calibrate",
+        )
         cancellable_by_clients(ui.run.cancel_trigger, run, follow, branching, again, calibrating)
-        actions.stop.click(self.stop_column, actions.request, ui.run.stop_ack, api_name="stop_column",
-                           concurrency_limit=None, show_progress="hidden",
-                           js=page_request(["column"], "column", "column"))
+        actions.stop.click(
+            self.stop_column,
+            actions.request,
+            ui.run.stop_ack,
+            api_name="stop_column",
+            concurrency_limit=None,
+            show_progress="hidden",
+            js=page_request(["column"], "column", "column"),
+        )
         self.hist = hist
         # queued (with no limit), so that its toasts reach the page: a queue=False event's only log
-        actions.rate.click(self.rate_column, [hist, ui.out.last, actions.request], [hist, ui.run.status],
-                           api_name=False, concurrency_limit=None, show_progress="hidden",
-                           js=page_request(["hist", "last", "column"], "column", "column"))
+        actions.rate.click(
+            self.rate_column,
+            [hist, ui.out.last, actions.request],
+            [hist, ui.run.status],
+            api_name=False,
+            concurrency_limit=None,
+            show_progress="hidden",
+            js=page_request(["hist", "last", "column"], "column", "column"),
+        )
         # the run's own next update (within HEARTBEAT_S) says it is stopping: one channel, so a reply
         # of this event cannot come after the run's last update and overwrite how it ended
-        ui.run.stop.click(self.stop_run, ui.run.stop_ack, ui.run.stop_ack, api_name="stop", concurrency_limit=None,
-                          show_progress="hidden", js=SHOWN_STEP_JS)
-        ui.follow.new.click(self.new_conversation, None,
-                            [ui.out.last, ui.follow.message, ui.follow.row, ui.run.status, ui.out.conf_plot,
-                             ui.out.board, ui.out.metrics],
-                            api_name="new_conversation", show_progress="hidden")
+        ui.run.stop.click(
+            self.stop_run,
+            ui.run.stop_ack,
+            ui.run.stop_ack,
+            api_name="stop",
+            concurrency_limit=None,
+            show_progress="hidden",
+            js=SHOWN_STEP_JS,
+        )
+        ui.follow.new.click(
+            self.new_conversation,
+            None,
+            [
+                ui.out.last,
+                ui.follow.message,
+                ui.follow.row,
+                ui.run.status,
+                ui.out.conf_plot,
+                ui.out.board,
+                ui.out.metrics,
+            ],
+            api_name="new_conversation",
+            show_progress="hidden",
+        )
         self._wire_page(settings)
 
     def _wire_page(self, settings: dict) -> None:
@@ -485,30 +685,76 @@ class CompareTab:
         ui = self.ui
         columns = ui.settings["columns"]
         resize_out = [columns, ui.add_column, ui.remove_column, *[c.box for c in ui.cols]]
-        ui.add_column.click(lambda n: self.resize(n, +1), columns, resize_out, api_name=False, queue=False,
-                            show_progress="hidden")
-        ui.remove_column.click(lambda n: self.resize(n, -1), columns, resize_out, api_name=False, queue=False,
-                               show_progress="hidden")
+        ui.add_column.click(
+            lambda n: self.resize(n, +1),
+            columns,
+            resize_out,
+            api_name=False,
+            queue=False,
+            show_progress="hidden",
+        )
+        ui.remove_column.click(
+            lambda n: self.resize(n, -1),
+            columns,
+            resize_out,
+            api_name=False,
+            queue=False,
+            show_progress="hidden",
+        )
         for col in ui.cols:
             inputs = {"prompt": ui.settings["prompt"]} | col.inputs()
-            gr.on([c.change for c in inputs.values()], by_name(self._previewer(col.index), list(inputs)),
-                  inputs_kwargs=inputs, outputs=col.heading, api_name=False, queue=False, show_progress="hidden",
-                  trigger_mode="always_last")  # changes in quick succession: the last one's heading wins
+            gr.on(
+                [c.change for c in inputs.values()],
+                by_name(self._previewer(col.index), list(inputs)),
+                inputs_kwargs=inputs,
+                outputs=col.heading,
+                api_name=False,
+                queue=False,
+                show_progress="hidden",
+                trigger_mode="always_last",
+            )  # changes in quick succession: the last one's heading wins
         linked = settings | {"view": ui.out.view}
-        ui.link.button.click(by_name(self.make_link, list(linked)), inputs_kwargs=linked,
-                             outputs=ui.link.data, api_name="link", queue=False, show_progress="hidden").then(
-            None, ui.link.data, ui.link.note, js=COPY_LINK_JS, api_name=False, queue=False)
+        ui.link.button.click(
+            by_name(self.make_link, list(linked)),
+            inputs_kwargs=linked,
+            outputs=ui.link.data,
+            api_name="link",
+            queue=False,
+            show_progress="hidden",
+        ).then(None, ui.link.data, ui.link.note, js=COPY_LINK_JS, api_name=False, queue=False)
         ui.link.data.change(None, ui.link.data, None, js=DROP_LINK_JS, api_name=False, queue=False)
-        ui.memory.timer.tick(self.tick, ui.memory.state, [ui.memory.state, ui.memory.plot], api_name="memory",
-                             concurrency_limit=None, show_progress="hidden")
-        ui.memory.page_visible.change(lambda visible: gr.Timer(active=bool(visible)), ui.memory.page_visible,
-                                      ui.memory.timer, api_name=False, queue=False, show_progress="hidden")
+        ui.memory.timer.tick(
+            self.tick,
+            ui.memory.state,
+            [ui.memory.state, ui.memory.plot],
+            api_name="memory",
+            concurrency_limit=None,
+            show_progress="hidden",
+        )
+        ui.memory.page_visible.change(
+            lambda visible: gr.Timer(active=bool(visible)),
+            ui.memory.page_visible,
+            ui.memory.timer,
+            api_name=False,
+            queue=False,
+            show_progress="hidden",
+        )
         # the board has every view of the run it shows: switching is the page's alone
-        ui.out.view.change(None, ui.out.view, None, js="(view) => { window.flBoard?.view(view); }", api_name=False,
-                           queue=False)
-        ui.settings["model"].change(self.change_model, ui.settings["model"],
-                                    [x for c in ui.cols for x in c.panel.components], api_name="select_model",
-                                    show_progress="hidden")
+        ui.out.view.change(
+            None,
+            ui.out.view,
+            None,
+            js="(view) => { window.flBoard?.view(view); }",
+            api_name=False,
+            queue=False,
+        )
+        ui.settings["model"].change(
+            self.change_model,
+            ui.settings["model"],
+            [x for c in ui.cols for x in c.panel.components],
+            api_name="select_model",
+            show_progress="hidden",
+        )
 
 
 # The link data goes into the address bar (so the page's own URL is the link) and onto the
@@ -542,8 +788,11 @@ def page_request(names: list[str], name: str, key: str) -> str:
     A value the script writes into the hidden box itself can reach Gradio's state after the click
     on a busy page, and the event would send the one before."""
     index, count = names.index(name), len(names)
-    return (f"(...values) => {{ const sent = values.slice(0, {count}); const asked = (window.flRequest || {{}})[{key!r}];"
-            f" if (asked !== undefined) sent[{index}] = asked; return sent; }}")
+    return (
+        f"(...values) => {{ const sent = values.slice(0, {count});"
+        f" const asked = (window.flRequest || {{}})[{key!r}];"
+        f" if (asked !== undefined) sent[{index}] = asked; return sent; }}"
+    )
 
 
 # A run reloaded from History empties the link data: the address bar then stops holding a link to

@@ -1,8 +1,9 @@
 """What the Compare tab shows, as plain data: views that say what to put on the page (the board's
 document of the columns, the metrics table, charts, the status line, the finished run), built from
-engine records and configs. The works (`ui.compare.work`) and the tab's handlers build views; only the tab turns a view
-into updates of its components.
+engine records and configs. The works (`ui.compare.work`) and the tab's handlers build views; only
+the tab turns a view into updates of its components.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
@@ -29,9 +30,11 @@ class PageView:
     busy: bool | None = None  # True: the run button off and Stop on; False: the other way round
     status: Status | None = None
 
-    def __or__(self, other: "PageView") -> "PageView":
+    def __or__(self, other: PageView) -> PageView:
         """This view with what `other` sets on top of it."""
-        changes = {f.name: getattr(other, f.name) for f in fields(other) if getattr(other, f.name) is not None}
+        changes = {
+            f.name: getattr(other, f.name) for f in fields(other) if getattr(other, f.name) is not None
+        }
         return replace(self, **changes)
 
 
@@ -60,8 +63,9 @@ class CalibrationView(PageView):
 def heading(index: int, spec: RowSpec, first: RowSpec | None = None) -> str:
     """Column `index`'s heading for `spec`: its chart colour, name, strategy and parameters, what it
     overrides (`first`: column 1's spec, for conversations) and its own settings."""
-    return render.column_heading(spec.name, spec.strategy, spec.params, charts.row_color(index),
-                                 modified(spec, first), badges(spec))
+    return render.column_heading(
+        spec.name, spec.strategy, spec.params, charts.row_color(index), modified(spec, first), badges(spec)
+    )
 
 
 def divergences(rows: list[RowResult], live: bool = False) -> dict[int, int]:
@@ -81,10 +85,16 @@ def done_text(result: RunResult) -> str:
     if len(result.rows) == 2:
         same = "the columns are identical" if not div else f"the columns first differ at step {div[1]}"
     else:
-        same = ("every column matches column 1" if not div else "vs column 1, first difference: " + ", ".join(
-            f"{result.rows[j].name} at step {d}" for j, d in div.items()))
-    return f"Done{stopped} in {result.wall_seconds:.1f} s · prompt {result.prompt_tokens} tokens · {same}" \
-           f"{branch_text(result.rows)}{fast_text(result)}"
+        same = (
+            "every column matches column 1"
+            if not div
+            else "vs column 1, first difference: "
+            + ", ".join(f"{result.rows[j].name} at step {d}" for j, d in div.items())
+        )
+    return (
+        f"Done{stopped} in {result.wall_seconds:.1f} s · prompt {result.prompt_tokens} tokens · {same}"
+        f"{branch_text(result.rows)}{fast_text(result)}"
+    )
 
 
 def branch_text(rows: list[RowResult]) -> str:
@@ -97,7 +107,10 @@ def branch_text(rows: list[RowResult]) -> str:
     where = "every column" if len(took) == len(rows) else ", ".join(took)
     note = f" · branched: your token in {where}"
     if left:
-        note += f"; {', '.join(left)} left as {'it was' if len(left) == 1 else 'they were'} (different text before it)"
+        note += (
+            f"; {', '.join(left)} left as {'it was' if len(left) == 1 else 'they were'}"
+            " (different text before it)"
+        )
     return note
 
 
@@ -108,8 +121,11 @@ def fast_text(result: RunResult) -> str:
 
 def metrics(rows: list[RowResult], running: list[bool] | None = None) -> RunView:
     """The metrics table of `rows` (`running`: which still stream)."""
-    return RunView(metrics=render.render_metrics(rows, running, render.best_marks(rows),
-                                                 [charts.row_color(i) for i in range(len(rows))]))
+    return RunView(
+        metrics=render.render_metrics(
+            rows, running, render.best_marks(rows), [charts.row_color(i) for i in range(len(rows))]
+        )
+    )
 
 
 def confidence_chart(rows: list[RowResult], threshold: float | None, window: int, live: bool = False):
@@ -122,5 +138,9 @@ def finished(data: dict) -> RunView:
     result = RunResult.from_dict(data)
     cfg = RunConfig.from_dict(result.config)
     chart = confidence_chart(result.rows, cfg.deepconf.threshold, cfg.deepconf.window)
-    return (RunView(columns=len(cfg.rows), board=finished_doc(result.run_id, cfg, result.rows).text, confidence=chart,
-                    result=data) | metrics(result.rows))
+    return RunView(
+        columns=len(cfg.rows),
+        board=finished_doc(result.run_id, cfg, result.rows).text,
+        confidence=chart,
+        result=data,
+    ) | metrics(result.rows)

@@ -1,18 +1,19 @@
 """The Compare tab's model work: a run (a first turn, a follow-up, a branch or one column run
-again) streamed from the engine, and Calibrate's warm-up traces. Each says what to show as a view (`ui.compare.view`); the
-tab's `show` function, given to the work, turns a view into its components' updates, so a work
-never touches a component.
+again) streamed from the engine, and Calibrate's warm-up traces. Each says what to show as a view
+(`ui.compare.view`); the tab's `show` function, given to the work, turns a view into its components'
+updates, so a work never touches a component.
 
 The engine run itself is a `GpuTask` (`CompareTask`, `CalibrateTask`): its checked config, which
 ZeroGPU pickles to its GPU worker, where the run is started again on the worker's model. The run
 built here (`CompareWork.engine_run`) is the check and the page's frame; it never iterates.
 """
+
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from feedback.core import memory
 from feedback.core.engine import PrefillEvent, Run, StepEvent, start_run
@@ -65,7 +66,9 @@ class ViewWork(Work):
     def finish_view(self, outcome: Outcome) -> PageView:
         raise NotImplementedError
 
-    def ended_early(self, outcome: Outcome, stopped: str, left: str = "Left the line; nothing ran.") -> PageView:
+    def ended_early(
+        self, outcome: Outcome, stopped: str, left: str = "Left the line; nothing ran."
+    ) -> PageView:
         """The end of a job that has no result to show: why, in the status line."""
         return self.View(busy=False, status=Status(*ended_text(outcome, stopped, left)))
 
@@ -80,7 +83,9 @@ class CompareTask(GpuTask):
     config: RunConfig
 
     def run(self, lm, stop: StopSignal):
-        run = start_run(lm, self.config)  # the budgets were checked here; the device's memory is checked there
+        run = start_run(
+            lm, self.config
+        )  # the budgets were checked here; the device's memory is checked there
         run.stop_event = stop  # the job's stop: Stop, cancel, or a page that went away
         run.prefill_events = True  # a long prompt's reading shows in the status line
         for event in run:
@@ -98,9 +103,13 @@ def run_gpu_work(run: Run) -> GpuWork:
     after = run.scored_after
     longest = max(len(r.prompt_ids) for r in rows)
     columns = f"{len(rows)} column{'s' if len(rows) != 1 else ''}"
-    return GpuWork(steps=new, row_tokens=len(rows) * new, scored=prefill + after,
-                   how=f"{columns} x {new:,} new tokens after a prompt of up to {longest:,} tokens",
-                   fewer="fewer columns, fewer max new tokens or a shorter prompt")
+    return GpuWork(
+        steps=new,
+        row_tokens=len(rows) * new,
+        scored=prefill + after,
+        how=f"{columns} x {new:,} new tokens after a prompt of up to {longest:,} tokens",
+        fewer="fewer columns, fewer max new tokens or a shorter prompt",
+    )
 
 
 class CompareWork(ViewWork):
@@ -125,7 +134,9 @@ class CompareWork(ViewWork):
         self.ended: set[int] = set()  # columns whose end the board has
         self.prefill: PrefillEvent | None = None  # how far a long prompt has been read
         self.shown: int | None = None  # the steps on the page when Stop was pressed there
-        self.caps: dict[int, int] = {}  # column -> the tokens the page showed when its Stop column was pressed
+        self.caps: dict[
+            int, int
+        ] = {}  # column -> the tokens the page showed when its Stop column was pressed
         self.task = CompareTask(run.lm.name, run_gpu_work(run), cfg)
 
     def shown_at_stop(self, steps: int) -> None:
@@ -168,18 +179,24 @@ class CompareWork(ViewWork):
                 self.ended.add(i)
         span = (0, self.config.max_new_tokens - 1)
         chart = charts.confidence_figure(self.rows, self.threshold, None, self.window, feed=run_id, span=span)
-        return RunView(busy=True, confidence=chart, mem_state=self.mem,
-                       memory=charts.memory_figure(self.mem["samples"], feed=run_id))
+        return RunView(
+            busy=True,
+            confidence=chart,
+            mem_state=self.mem,
+            memory=charts.memory_figure(self.mem["samples"], feed=run_id),
+        )
 
     def _stream(self, rows: list[RowResult], final: bool = False) -> None:
         """Each decoded column's tokens the board does not have yet, up to what a Stop kept, and
         the end of each column that has ended (with its formatted answer)."""
         for c in self.slots:
             row = rows[c]
-            limit = min(self.caps.get(c, len(row.steps)), len(row.steps) if self.shown is None else self.shown)
+            limit = min(
+                self.caps.get(c, len(row.steps)), len(row.steps) if self.shown is None else self.shown
+            )
             if final:
                 limit = len(row.steps)
-            self.doc.tokens(c, row.steps[self.doc.shown[c]:limit])
+            self.doc.tokens(c, row.steps[self.doc.shown[c] : limit])
             if c not in self.ended and (final or row.stop_reason is not None):
                 if not final and c in self.caps:  # stopped from the page: it ends where the page was,
                     row = cut_row(row, self.caps[c], self.window)  # as `keep_shown` cuts the result
@@ -204,7 +221,9 @@ class CompareWork(ViewWork):
             out |= RunView(board=self.doc.text, status=self._progress_status(elapsed))
             if t - self.last_metrics >= METRICS_EVERY_S:  # a table drawn again: not at every update
                 self.last_metrics = t
-                out |= metrics(self.rows, [c in self.slots and c not in self.ended for c in range(len(self.rows))])
+                out |= metrics(
+                    self.rows, [c in self.slots and c not in self.ended for c in range(len(self.rows))]
+                )
         self.ui_seconds += time.perf_counter() - t
         return out
 
@@ -219,8 +238,10 @@ class CompareWork(ViewWork):
         step = max((len(r.steps) for r in self.fresh_rows()), default=0)
         if step == 0 and self.prefill is not None:
             p = self.prefill
-            return (f"{self.what}… reading the prompt: {p.tokens:,} of {p.total:,} tokens "
-                    f"(chunk {p.chunk} of {p.chunks})")
+            return (
+                f"{self.what}… reading the prompt: {p.tokens:,} of {p.total:,} tokens "
+                f"(chunk {p.chunk} of {p.chunks})"
+            )
         return f"{self.what}… step {step} of {self.config.max_new_tokens}"
 
     def fresh_rows(self) -> list[RowResult]:
@@ -232,11 +253,14 @@ class CompareWork(ViewWork):
             steps = max((len(r.steps) for r in self.fresh_rows()), default=0)
             kept = RunView()
             if self.doc is not None:
-                self._stream([replace(r, stop_reason=r.stop_reason or "stopped") for r in self.rows], final=True)
+                self._stream(
+                    [replace(r, stop_reason=r.stop_reason or "stopped") for r in self.rows], final=True
+                )
                 self.doc.done()
                 kept = RunView(board=self.doc.text) | metrics(self.rows)
-            return kept | self.ended_early(outcome, f"Stopped after {steps} steps." if steps
-                                           else "Stopped before the first token.")
+            return kept | self.ended_early(
+                outcome, f"Stopped after {steps} steps." if steps else "Stopped before the first token."
+            )
         t = time.perf_counter()
         result = self.kept(self.result, outcome)
         self.mem["samples"] = [*self.mem["samples"], memory_entry(self.mem, memory.sample())][-MEMORY_POINTS:]
@@ -247,12 +271,17 @@ class CompareWork(ViewWork):
             self.doc.diff(i, html)
         self.doc.done()
         out = RunView(busy=False, board=self.doc.text) | metrics(result.rows)
-        out |= RunView(confidence=confidence_chart(result.rows, self.threshold, self.window),
-                       memory=charts.memory_figure(self.mem["samples"]), mem_state=self.mem)
+        out |= RunView(
+            confidence=confidence_chart(result.rows, self.threshold, self.window),
+            memory=charts.memory_figure(self.mem["samples"]),
+            mem_state=self.mem,
+        )
         self.ui_seconds += time.perf_counter() - t
         data = result.to_dict() | {"ui_seconds": self.ui_seconds}
-        return out | RunView(result=data, status=Status(self.done_text(result),
-                                                        "stopped" if outcome.kind == "stopped" else "info"))
+        return out | RunView(
+            result=data,
+            status=Status(self.done_text(result), "stopped" if outcome.kind == "stopped" else "info"),
+        )
 
     def kept(self, result: RunResult, outcome: Outcome) -> RunResult:
         """The result as the page showed it: after Stop, the steps on screen at the click; a column
@@ -294,8 +323,10 @@ class RerunWork(CompareWork):
         return merge_rerun(self.before, self.column, result)
 
     def done_text(self, result: RunResult) -> str:
-        return (f"Re-ran {result.rows[self.column].name} alone; the other columns are as they were. "
-                f"{done_text(result)}")
+        return (
+            f"Re-ran {result.rows[self.column].name} alone; the other columns are as they were. "
+            f"{done_text(result)}"
+        )
 
 
 @dataclass
@@ -336,7 +367,14 @@ class CalibrateWork(ViewWork):
             return self.ended_early(outcome, "Calibration stopped.", "Left the line; nothing was calibrated.")
         _, lows, thresholds = self.result
         s = round(thresholds["baseline"], 2)
-        note = (f"Calibrated from {2 * self.cfg.warmup} warm-up traces (η = {self.cfg.eta:g} % kept): threshold "
-                f"**{s:.2f}**, now used for early stop.{self.note}")
-        return CalibrationView(busy=False, status=Status(f"Calibrated: early stop below {s:.2f}."), threshold=s,
-                               note=note, histogram=charts.histogram_figure(lows, {"shared": s}))
+        note = (
+            f"Calibrated from {2 * self.cfg.warmup} warm-up traces (η = {self.cfg.eta:g} % kept): threshold "
+            f"**{s:.2f}**, now used for early stop.{self.note}"
+        )
+        return CalibrationView(
+            busy=False,
+            status=Status(f"Calibrated: early stop below {s:.2f}."),
+            threshold=s,
+            note=note,
+            histogram=charts.histogram_figure(lows, {"shared": s}),
+        )

@@ -11,6 +11,7 @@ Until the runs the browser holds are drawn, the table says so ("Loading your run
 runs": the table is drawn when the page loads, and a run recorded since (or an older page's table)
 is told apart in the page itself, from the run ids the table was drawn from (`STALE_JS`).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,7 @@ import gradio as gr
 
 from feedback.errors import FeedbackError
 from feedback.serve.limits import NAME_MAX_CHARS
-from ui.page import notice, render
-from ui.page import history
+from ui.page import history, notice, render
 from ui.page.exports import export_file, stamp
 from ui.page.handoff import COMPARE_TAB, CompareTarget
 
@@ -49,8 +49,10 @@ def _entries(hist) -> list[dict]:
     except FeedbackError as exc:
         raise notice.refusal(exc) from None
     if skipped:
-        notice.warning(f"{skipped} entr{'y' if skipped == 1 else 'ies'} of this browser's history could not be read "
-                   "and were skipped")
+        notice.warning(
+            f"{skipped} entr{'y' if skipped == 1 else 'ies'} of this browser's history could not be read "
+            "and were skipped"
+        )
     return runs
 
 
@@ -85,8 +87,10 @@ def _drawn_from(table: str, catalog: list[dict]) -> str:
 
 
 def _note(total: int, shown: int, query: str | None) -> str:
-    note = (f"{total} run(s) stored in this browser. It keeps the last {history.MAX_RUNS} runs (at most "
-            f"{history.MAX_BYTES // 1_000_000} MB); older ones are dropped first — export what you want to keep.")
+    note = (
+        f"{total} run(s) stored in this browser. It keeps the last {history.MAX_RUNS} runs (at most "
+        f"{history.MAX_BYTES // 1_000_000} MB); older ones are dropped first — export what you want to keep."
+    )
     return f"{shown} of {total} run(s) match the search. " + note if (query or "").strip() else note
 
 
@@ -107,12 +111,21 @@ class HistoryTab:
         chosen (by id, not by row) while they are listed."""
         shown = [c for c in catalog if history.matches(c["text"], query)]
         listed = {c["id"] for c in shown}
-        table = render.data_table(history.TABLE_HEADERS, [c["row"] for c in shown], "fl-history",
-                                  [c["id"] for c in shown], "no runs match the search" if catalog else EMPTY)
-        return {self.table: _drawn_from(table, catalog), self.catalog: catalog,
-                self.ids: gr.update(choices=[(c["label"], c["id"]) for c in shown],
-                                    value=[i for i in chosen if i in listed]),
-                self.note: _note(len(catalog), len(shown), query)}
+        table = render.data_table(
+            history.TABLE_HEADERS,
+            [c["row"] for c in shown],
+            "fl-history",
+            [c["id"] for c in shown],
+            "no runs match the search" if catalog else EMPTY,
+        )
+        return {
+            self.table: _drawn_from(table, catalog),
+            self.catalog: catalog,
+            self.ids: gr.update(
+                choices=[(c["label"], c["id"]) for c in shown], value=[i for i in chosen if i in listed]
+            ),
+            self.note: _note(len(catalog), len(shown), query),
+        }
 
     def search(self, query: str | None, catalog: list[dict] | None, ids) -> dict:
         return self._listing(catalog or [], query, _run_ids(ids))
@@ -125,11 +138,20 @@ class HistoryTab:
         if (item and item["id"]) == picked:
             return {self.picked: picked}  # Gradio reads an empty dict as one value, not as no updates
         if item is None:
-            return {self.name: "", self.column: gr.update(choices=[], value=None), self.verdict: None,
-                    self.rate_note: "", self.picked: None}
+            return {
+                self.name: "",
+                self.column: gr.update(choices=[], value=None),
+                self.verdict: None,
+                self.rate_note: "",
+                self.picked: None,
+            }
         column = column if column in item["columns"] else item["columns"][0]
-        return {self.name: item["name"], self.column: gr.update(choices=item["columns"], value=column),
-                **self.rating_of(ids, column, catalog), self.picked: item["id"]}
+        return {
+            self.name: item["name"],
+            self.column: gr.update(choices=item["columns"], value=column),
+            **self.rating_of(ids, column, catalog),
+            self.picked: item["id"],
+        }
 
     def rating_of(self, ids, column: str | None, catalog: list[dict] | None) -> dict:
         """The chosen run's rating of `column`, for the person to see or change."""
@@ -143,10 +165,13 @@ class HistoryTab:
         except FeedbackError as exc:
             return self._refused(exc)
         name = " ".join((name or "").split())
-        return self._save(new, query, ids, f"Run {run_id} is named “{name}”." if name else
-                          f"Run {run_id} has no name now.")
+        return self._save(
+            new, query, ids, f"Run {run_id} is named “{name}”." if name else f"Run {run_id} has no name now."
+        )
 
-    def rate(self, hist, ids, column: str | None, verdict: str | None, note: str | None, query: str | None) -> dict:
+    def rate(
+        self, hist, ids, column: str | None, verdict: str | None, note: str | None, query: str | None
+    ) -> dict:
         try:
             run_id = _first(ids, "rate")
             new = history.rate(hist, run_id, column, verdict, note)
@@ -165,8 +190,13 @@ class HistoryTab:
             return self._refused(exc)
         removed.sort(key=lambda pair: chosen.index(pair[1]["id"]))  # as chosen, for Undo to choose them again
         which = ", ".join(e["id"] for _, e in removed)
-        return self._save(new, query, [], f"Deleted {_plural(len(removed))}: {which}. Undo brings "
-                          f"{'it' if len(removed) == 1 else 'them'} back.") | {self.removed: removed}
+        return self._save(
+            new,
+            query,
+            [],
+            f"Deleted {_plural(len(removed))}: {which}. Undo brings "
+            f"{'it' if len(removed) == 1 else 'them'} back.",
+        ) | {self.removed: removed}
 
     def undo(self, hist, removed, query: str | None) -> dict:
         """Put the deleted runs back in their places and choose them again, in the order they were
@@ -178,8 +208,11 @@ class HistoryTab:
         except FeedbackError as exc:
             return self._refused(exc)
         out = self._save(new, query, [e["id"] for _, e in removed], "") | {self.removed: None}
-        again = ("chosen again" if out[self.ids]["value"] else
-                 "not listed: they do not match the search (clear it to choose them)")
+        again = (
+            "chosen again"
+            if out[self.ids]["value"]
+            else "not listed: they do not match the search (clear it to choose them)"
+        )
         return out | {self.status: render.status_html(f"Restored {_plural(len(removed))}, {again}.")}
 
     def _save(self, new: list[dict], query: str | None, ids, message: str) -> dict:
@@ -204,9 +237,12 @@ class HistoryTab:
             out = self.compare.restore(entries[0]["result"], view)
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:  # FeedbackError too
             raise notice.refusal(f"this run cannot be restored: {exc}") from None
-        return out | {self.compare.ui.run.status: render.status_html(
-            f"Reloaded run {entries[0]['id']} from History: every control is as that run had it."),
-            self.tabs: gr.update(selected=COMPARE_TAB)}
+        return out | {
+            self.compare.ui.run.status: render.status_html(
+                f"Reloaded run {entries[0]['id']} from History: every control is as that run had it."
+            ),
+            self.tabs: gr.update(selected=COMPARE_TAB),
+        }
 
     def export_json(self, hist: list | None, ids: list[str] | None, query: str | None = "") -> str:
         """Selected runs (all matching the search when none is selected) as a JSON list of RunResult
@@ -229,13 +265,19 @@ class HistoryTab:
         runs = _entries(hist)
         entries = history.select(runs, ids) if ids else history.search(runs, query)
         if not entries:
-            why = ("no runs in this browser's history yet" if not runs else
-                   "none of the chosen runs is in this browser's history" if ids else "no run matches the search")
+            why = (
+                "no runs in this browser's history yet"
+                if not runs
+                else "none of the chosen runs is in this browser's history"
+                if ids
+                else "no run matches the search"
+            )
             raise notice.refusal(why)
         name = entries[0]["id"] if len(entries) == 1 else f"{len(entries)}-runs"
         if kind == "comparator":
-            return export_file(f"feedback-lens-{name}-{stamp()}.llm-comparator.json",
-                               history.to_llm_comparator(entries))
+            return export_file(
+                f"feedback-lens-{name}-{stamp()}.llm-comparator.json", history.to_llm_comparator(entries)
+            )
         text = history.to_json(entries) if kind == "json" else history.to_csv(entries)
         return export_file(f"feedback-lens-{name}-{stamp()}.{kind}", text)
 
@@ -244,13 +286,25 @@ class HistoryTab:
         with gr.Tab("History", id=TAB) as tab:
             self.note = gr.Markdown(elem_id="history-note")
             # value "": an API client may leave the query out (every run)
-            query = gr.Textbox("", label="Search", placeholder="a name, prompt, column name or output", lines=1,
-                               max_lines=1, max_length=SEARCH_MAX_CHARS, elem_id="history-search")
+            query = gr.Textbox(
+                "",
+                label="Search",
+                placeholder="a name, prompt, column name or output",
+                lines=1,
+                max_lines=1,
+                max_length=SEARCH_MAX_CHARS,
+                elem_id="history-search",
+            )
             self.table = gr.HTML(LOADING_TABLE, elem_id="history-table")  # the page's load draws the runs
-            self.ids = gr.Dropdown([], multiselect=True, label="Runs (reload, name and rate take the first; "
-                                   "delete takes all chosen; export takes all chosen, or every run listed when none "
-                                   "is chosen)",
-                                   allow_custom_value=True, elem_id="history-runs")
+            self.ids = gr.Dropdown(
+                [],
+                multiselect=True,
+                label="Runs (reload, name and rate take the first; "
+                "delete takes all chosen; export takes all chosen, or every run listed when none "
+                "is chosen)",
+                allow_custom_value=True,
+                elem_id="history-runs",
+            )
             with gr.Row():
                 reload_btn = gr.Button("Reload into Compare", elem_id="history-reload")
                 json_btn = gr.Button("Export JSON", elem_id="history-json")
@@ -260,14 +314,28 @@ class HistoryTab:
                 undo_btn = gr.Button("Undo delete", elem_id="history-undo")
             self.status = gr.HTML(elem_id="history-status")
             with gr.Row(equal_height=True):
-                self.name = gr.Textbox(label="Name of the chosen run (empty: none)", lines=1, max_lines=1,
-                                       max_length=NAME_MAX_CHARS, scale=3, elem_id="history-name")
+                self.name = gr.Textbox(
+                    label="Name of the chosen run (empty: none)",
+                    lines=1,
+                    max_lines=1,
+                    max_length=NAME_MAX_CHARS,
+                    scale=3,
+                    elem_id="history-name",
+                )
                 name_btn = gr.Button("Name run", scale=1, elem_id="history-name-save")
             with gr.Row(equal_height=True):
                 self.column = gr.Dropdown([], label="Rate column", scale=1, elem_id="history-rate-column")
-                self.verdict = gr.Radio(list(history.VERDICTS), label="Verdict", scale=1, elem_id="history-verdict")
-                self.rate_note = gr.Textbox(label="Note", lines=1, max_lines=3, max_length=history.NOTE_MAX_CHARS,
-                                            scale=2, elem_id="history-rate-note")
+                self.verdict = gr.Radio(
+                    list(history.VERDICTS), label="Verdict", scale=1, elem_id="history-verdict"
+                )
+                self.rate_note = gr.Textbox(
+                    label="Note",
+                    lines=1,
+                    max_lines=3,
+                    max_length=history.NOTE_MAX_CHARS,
+                    scale=2,
+                    elem_id="history-rate-note",
+                )
                 rate_btn = gr.Button("Save rating", scale=1, elem_id="history-rate")
             export = gr.File(label="Export", interactive=False, elem_id="history-file")
             self.catalog, self.removed, self.picked = gr.State([]), gr.State(None), gr.State(None)
@@ -283,32 +351,70 @@ class HistoryTab:
         # page (no round trip): a table drawn from other runs than those held says they are loading.
         # Only when the tab opens: run on every change of the history as well, it wrote back the table
         # it had read, and an edit made here (a rating) could lose its new table to the old one.
-        tab.select(None, [hist, self.table, self.note], [self.table, self.note], js=STALE_JS, api_name=False,
-                   queue=False, show_progress="hidden")
+        tab.select(
+            None,
+            [hist, self.table, self.note],
+            [self.table, self.note],
+            js=STALE_JS,
+            api_name=False,
+            queue=False,
+            show_progress="hidden",
+        )
         # queue=False: one HTTP request, not the queue's join and event stream, whose status messages
         # each make Gradio's page copy every component's value (Compare's charts and tokens too):
         # measured with 26 runs stored, the table came in ~1.0 s instead of ~2.1 s
-        tab.select(self.view, [hist, query], self.view_outputs, api_name="history", show_progress="hidden",
-                   queue=False)
+        tab.select(
+            self.view,
+            [hist, query],
+            self.view_outputs,
+            api_name="history",
+            show_progress="hidden",
+            queue=False,
+        )
         # change, not input: a paste or an autofill changes the query too (and nothing else sets it)
-        query.change(self.search, [query, self.catalog, self.ids], self.view_outputs, api_name=False,
-                     trigger_mode="always_last", show_progress="hidden")
-        self.ids.change(self.pick, [self.ids, self.column, self.catalog, self.picked],
-                        [self.name, self.column, self.verdict, self.rate_note, self.picked], api_name=False,
-                        show_progress="hidden", queue=False)  # light, and fired by every redraw of the picker
-        self.column.input(self.rating_of, [self.ids, self.column, self.catalog], [self.verdict, self.rate_note],
-                          api_name=False, show_progress="hidden")
+        query.change(
+            self.search,
+            [query, self.catalog, self.ids],
+            self.view_outputs,
+            api_name=False,
+            trigger_mode="always_last",
+            show_progress="hidden",
+        )
+        self.ids.change(
+            self.pick,
+            [self.ids, self.column, self.catalog, self.picked],
+            [self.name, self.column, self.verdict, self.rate_note, self.picked],
+            api_name=False,
+            show_progress="hidden",
+            queue=False,
+        )  # light, and fired by every redraw of the picker
+        self.column.input(
+            self.rating_of,
+            [self.ids, self.column, self.catalog],
+            [self.verdict, self.rate_note],
+            api_name=False,
+            show_progress="hidden",
+        )
         json_btn.click(self.export_json, [hist, self.ids, query], export, api_name="export_json")
         csv_btn.click(self.export_csv, [hist, self.ids, query], export, api_name="export_csv")
-        comparator_btn.click(self.export_comparator, [hist, self.ids, query], export, api_name="export_llm_comparator")
-        reload_btn.click(self.reload, [hist, self.ids, c.ui.out.view], [*c.restore_outputs(), self.tabs],
-                         api_name="reload", show_progress="hidden")
+        comparator_btn.click(
+            self.export_comparator, [hist, self.ids, query], export, api_name="export_llm_comparator"
+        )
+        reload_btn.click(
+            self.reload,
+            [hist, self.ids, c.ui.out.view],
+            [*c.restore_outputs(), self.tabs],
+            api_name="reload",
+            show_progress="hidden",
+        )
 
     def _wire_edits(self, hist, query, name_btn, rate_btn, delete_btn, undo_btn) -> None:
         edited = [hist, *self.view_outputs, self.status]
         quiet = dict(api_name=False, show_progress="hidden")
         for trigger in (name_btn.click, self.name.submit):
             trigger(self.rename, [hist, self.ids, self.name, query], edited, **quiet)
-        rate_btn.click(self.rate, [hist, self.ids, self.column, self.verdict, self.rate_note, query], edited, **quiet)
+        rate_btn.click(
+            self.rate, [hist, self.ids, self.column, self.verdict, self.rate_note, query], edited, **quiet
+        )
         delete_btn.click(self.delete, [hist, self.ids, query], [*edited, self.removed], **quiet)
         undo_btn.click(self.undo, [hist, self.removed, query], [*edited, self.removed], **quiet)

@@ -9,6 +9,7 @@ range and choices, and refuses a bad one with the field's name (its label, and i
 Compare), as the handlers' own checks do: a toast on the page, an error message for an API
 client, one line in the log. What passes is then read by Gradio as before.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,11 @@ _PREVIEW = 80
 
 def field_name(component) -> str:
     """The name a refusal gives a control: its label, with its Compare column when it has one."""
-    name = str(getattr(component, "label", None) or getattr(component, "elem_id", None)
-               or type(component).__name__.lower())
+    name = str(
+        getattr(component, "label", None)
+        or getattr(component, "elem_id", None)
+        or type(component).__name__.lower()
+    )
     column = _COLUMN_ID.match(getattr(component, "elem_id", None) or "")
     return f"column {column.group(1)}: {name}" if column else name
 
@@ -61,7 +65,9 @@ def check_value(component, value):
         integer = getattr(component, "precision", None) == 0
         number = Bound(name, component.minimum, component.maximum, integer).check(value)
         return number if integer or not isinstance(number, int) else float(number)
-    if isinstance(component, gr.CheckboxGroup) or (isinstance(component, gr.Dropdown) and component.multiselect):
+    if isinstance(component, gr.CheckboxGroup) or (
+        isinstance(component, gr.Dropdown) and component.multiselect
+    ):
         if not isinstance(value, list):
             raise FeedbackError(f"{name} must be a list of its choices, got {_shown(value)}")
         return [_one_choice(component, v, name) for v in value]
@@ -87,13 +93,17 @@ class CheckedBlocks(gr.Blocks):
     async def preprocess_data(self, block_fn, inputs, state, explicit_call: bool = False):
         if not isinstance(inputs, list) or len(inputs) < len(block_fn.inputs):
             got = len(inputs) if isinstance(inputs, list) else type(inputs).__name__
-            raise notice.refusal(f"this request sends {got} values; the endpoint takes {len(block_fn.inputs)}")
+            raise notice.refusal(
+                f"this request sends {got} values; the endpoint takes {len(block_fn.inputs)}"
+            )
         inputs = list(inputs)
         props = getattr(block_fn, "component_prop_inputs", ())
         for i, block in enumerate(block_fn.inputs):
             if getattr(block, "stateful", False) or i in props:
                 continue
-            live = state[block._id] if state is not None and block._id in state else block  # per-session choices
+            live = (
+                state[block._id] if state is not None and block._id in state else block
+            )  # per-session choices
             try:
                 inputs[i] = check_value(live, inputs[i])
             except FeedbackError as exc:
@@ -102,6 +112,13 @@ class CheckedBlocks(gr.Blocks):
             return await super().preprocess_data(block_fn, inputs, state, explicit_call)
         except gr.Error as exc:  # Gradio's own check of a value: its message, without the repr's quotes
             raise notice.refusal(exc.message) from None
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:  # a payload Gradio cannot read
-            raise notice.refusal(f"a value of this request could not be read: {type(exc).__name__}: {exc}"[:500]) from None
-
+        except (
+            ValueError,
+            TypeError,
+            KeyError,
+            AttributeError,
+            RecursionError,
+        ) as exc:  # a payload Gradio cannot read
+            raise notice.refusal(
+                f"a value of this request could not be read: {type(exc).__name__}: {exc}"[:500]
+            ) from None

@@ -12,6 +12,7 @@ Stacks: a second dropdown, "Stack with", adds a second hidden-state strategy aft
 the same row (`a+b`); both strategies' controls show, and the presets are the ones both share. A
 stack of more than two runs from the API, the command line and batch files.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,12 +30,14 @@ NONE = "none"  # a column without feedback (Compare's columns may each have a st
 NONE_ABOUT = "**none** — no feedback: the model as it is (a baseline, or a prompt variant on its own)."
 
 
-def parse_number(value, name: str, integer: bool = False, lo: float | None = None,
-                 hi: float | None = None) -> float | int:
+def parse_number(
+    value, name: str, integer: bool = False, lo: float | None = None, hi: float | None = None
+) -> float | int:
     """A typed-in number with no declared `Bound` of its own (a threshold, a floor only), refused as
     a bound refuses: empty, not a number, non-finite, fractional where a whole number is needed, or
     outside [lo, hi]."""
     return Bound(name, lo, hi, integer).check(value)
+
 
 def api_name(strategy: str, param: str) -> str:
     """A strategy control's API parameter name: `<strategy>_<param>` (e.g. residual_alpha)."""
@@ -44,16 +47,25 @@ def api_name(strategy: str, param: str) -> str:
 def about(strategy: str, preset: str | None) -> str:
     """What the strategy (or stack) does, its update rule, and what the chosen preset is for."""
     cls = get_strategy(strategy)
-    kind = ("prompt-level: the model is unchanged; it is asked differently and given marker tokens"
-            if issubclass(cls, PromptStrategy)
-            else "recurrent: each token's feedback feeds the next one" if cls.recurrent
-            else "not recurrent: one parallel pass scores a text exactly")
+    kind = (
+        "prompt-level: the model is unchanged; it is asked differently and given marker tokens"
+        if issubclass(cls, PromptStrategy)
+        else "recurrent: each token's feedback feeds the next one"
+        if cls.recurrent
+        else "not recurrent: one parallel pass scores a text exactly"
+    )
     if is_stack_name(strategy):
         kind = f"a stack, applied in this order: {' then '.join(cls.member_names())}; {kind}"
     note = next((p.note for p in cls.presets if p.name == preset), None)
-    preset_line = (f"\n\n**Preset “{preset}”**: {note}" if note else
-                   "\n\n**Custom settings** (choose a preset to see what a setting is known to do).")
-    return f"**{strategy}** — {cls.description}.  \n`{cls.formula}`  \n<span class='fl-note'>{kind}</span>{preset_line}"
+    preset_line = (
+        f"\n\n**Preset “{preset}”**: {note}"
+        if note
+        else "\n\n**Custom settings** (choose a preset to see what a setting is known to do)."
+    )
+    return (
+        f"**{strategy}** — {cls.description}.  \n`{cls.formula}`  \n"
+        f"<span class='fl-note'>{kind}</span>{preset_line}"
+    )
 
 
 def preset_names(strategy: str) -> list[str]:
@@ -114,14 +126,14 @@ def stackable(names: list[str]) -> list[str]:
 
 
 def stack_offer(names: list[str], first: str) -> tuple[list[str], bool]:
-    """"Stack with": its choices after `first` (none, or another hidden-state strategy) and whether
+    """ "Stack with": its choices after `first` (none, or another hidden-state strategy) and whether
     it shows (only after a hidden-state strategy)."""
     stacks = stackable(names)
     return [NONE, *(n for n in stacks if n != first)], first in stacks
 
 
 def _range_text(lo, hi) -> str:
-    """" (0 to 1)", " (≥ 1)", " (≤ 5)" or ""."""
+    """ " (0 to 1)", " (≥ 1)", " (≤ 5)" or ""."""
     if lo is None and hi is None:
         return ""
     if hi is None:
@@ -138,16 +150,26 @@ def component_for(schema: dict, elem_id: str, value=None, visible: bool = True) 
     lo, hi = schema["minimum"], schema["maximum"]
     info = (schema["help"] or "") + _range_text(lo, hi)
     if schema["choices"]:
-        return gr.Dropdown(schema["choices"], value=value, label=label, info=info or None, elem_id=elem_id,
-                           visible=visible)
+        return gr.Dropdown(
+            schema["choices"], value=value, label=label, info=info or None, elem_id=elem_id, visible=visible
+        )
     if schema["type"] == "bool":
         return gr.Checkbox(value=value, label=label, info=info or None, elem_id=elem_id, visible=visible)
     if schema["is_layer"]:
-        return gr.Slider(lo, hi, value=value, step=1, label=label, info=info, elem_id=elem_id, visible=visible)
+        return gr.Slider(
+            lo, hi, value=value, step=1, label=label, info=info, elem_id=elem_id, visible=visible
+        )
     integer = schema["type"] == "int"
     # the range is in the help and checked by the strategy, naming the parameter (see `bound_number`)
-    return gr.Number(value=value, label=label, info=info or None, precision=0 if integer else None,
-                     step=1 if integer else 0.01, elem_id=elem_id, visible=visible)
+    return gr.Number(
+        value=value,
+        label=label,
+        info=info or None,
+        precision=0 if integer else None,
+        step=1 if integer else 0.01,
+        elem_id=elem_id,
+        visible=visible,
+    )
 
 
 @dataclass
@@ -178,29 +200,40 @@ class StrategyPanel:
         return self.components[self.keys.index((strategy, param))]
 
     def _stack_update(self, first: str, second: str | None) -> dict:
-        """"Stack with": offered after a hidden-state strategy, listing the others."""
+        """ "Stack with": offered after a hidden-state strategy, listing the others."""
         choices, shown = stack_offer(list(self.groups), first)
         return {self.stack: gr.update(choices=choices, value=second or NONE, visible=shown)}
 
     def show(self, strategy: str, preset: str | None = None, params: dict | None = None) -> dict:
-        """Updates that select `strategy` (a stack of two too), with a preset's values (or explicit `params`)."""
+        """Updates that select `strategy` (a stack of two too), with a preset's values (or explicit
+        `params`)."""
         if strategy not in REGISTRY and not is_stack_name(strategy):  # "none": nothing to set
-            return ({self.strategy: NONE, self.preset: gr.update(choices=[], value=None, visible=False),
-                     self.about: NONE_ABOUT} | self._stack_update(NONE, None)
-                    | {group: gr.update(visible=False) for group in self.groups.values()})
+            return (
+                {
+                    self.strategy: NONE,
+                    self.preset: gr.update(choices=[], value=None, visible=False),
+                    self.about: NONE_ABOUT,
+                }
+                | self._stack_update(NONE, None)
+                | {group: gr.update(visible=False) for group in self.groups.values()}
+            )
         members = strategy.split(SEP)
         if len(members) > 2:
-            raise FeedbackError(f"the page stacks two strategies; {strategy} has {len(members)} (run it from the "
-                                "API, the command line or a batch file)")
+            raise FeedbackError(
+                f"the page stacks two strategies; {strategy} has {len(members)} (run it from the "
+                "API, the command line or a batch file)"
+            )
         if params is None:
             preset = preset or first_preset(strategy, self.context)
             params = get_strategy(strategy).preset_values(preset, self.num_layers)
         elif preset is None:
             preset = matching_preset(strategy, params, self.num_layers)
         own = split_params(params, tuple(members)) if len(members) > 1 else {strategy: params}
-        out: dict = {self.strategy: members[0],
-                     self.preset: gr.update(choices=preset_names(strategy), value=preset, visible=True),
-                     self.about: about(strategy, preset)}
+        out: dict = {
+            self.strategy: members[0],
+            self.preset: gr.update(choices=preset_names(strategy), value=preset, visible=True),
+            self.about: about(strategy, preset),
+        }
         out |= self._stack_update(members[0], members[1] if len(members) > 1 else None)
         out |= {group: gr.update(visible=name in members) for name, group in self.groups.items()}
         out |= {self.component(m, k): v for m in members for k, v in own[m].items() if (m, k) in self.keys}
@@ -224,7 +257,9 @@ class StrategyPanel:
         first, second = values["strategy"], values["stack"]
         # a stale "Stack with" (the first strategy changed under it) is not a stack the page offers
         choices, shown = stack_offer(list(self.groups), first)
-        return chosen_name({"strategy": first, "stack": second if shown and second in choices else None}) or NONE
+        return (
+            chosen_name({"strategy": first, "stack": second if shown and second in choices else None}) or NONE
+        )
 
     def _on_strategy(self, values: dict) -> dict:
         return self.show(self._selected(values))
@@ -248,35 +283,64 @@ class StrategyPanel:
         quiet = dict(api_name=False, queue=False, show_progress="hidden")
         chosen_inputs = {"strategy": self.strategy, "stack": self.stack}
         for dropdown in (self.strategy, self.stack):
-            dropdown.input(by_name(self._on_strategy, ["strategy", "stack"]), inputs_kwargs=chosen_inputs,
-                           outputs=self.outputs(), **quiet)
-        self.preset.input(by_name(self._on_preset, ["strategy", "stack", "preset"]),
-                          inputs_kwargs=chosen_inputs | {"preset": self.preset}, outputs=self.outputs(), **quiet)
+            dropdown.input(
+                by_name(self._on_strategy, ["strategy", "stack"]),
+                inputs_kwargs=chosen_inputs,
+                outputs=self.outputs(),
+                **quiet,
+            )
+        self.preset.input(
+            by_name(self._on_preset, ["strategy", "stack", "preset"]),
+            inputs_kwargs=chosen_inputs | {"preset": self.preset},
+            outputs=self.outputs(),
+            **quiet,
+        )
         on_edit = by_name(self._on_edit, ["strategy", "stack"])
         for comp in self.components:
             comp.input(on_edit, inputs_kwargs=chosen_inputs, outputs=[self.preset, self.about], **quiet)
 
 
-def build_strategy_panel(num_layers: int, selected: str = "residual", prefix: str = "param",
-                         context: str = "generate", strategies: list[str] | None = None,
-                         allow_none: bool = False) -> StrategyPanel:
+def build_strategy_panel(
+    num_layers: int,
+    selected: str = "residual",
+    prefix: str = "param",
+    context: str = "generate",
+    strategies: list[str] | None = None,
+    allow_none: bool = False,
+) -> StrategyPanel:
     """The panel, inside the current Blocks; `prefix` keeps element ids unique per tab. In a
     "generate" context, controls that only perplexity reads are hidden. With `allow_none`, the
     dropdown also offers "none" (no feedback), which may be `selected`. Text perplexity cannot score
     a prompt-level strategy (restate), so a "perplexity" panel does not offer one."""
-    names = strategies or [n for n, cls in REGISTRY.items()
-                           if not (issubclass(cls, PromptStrategy) and context == "perplexity")]
+    names = strategies or [
+        n for n, cls in REGISTRY.items() if not (issubclass(cls, PromptStrategy) and context == "perplexity")
+    ]
     has = selected in REGISTRY
     preset = first_preset(selected, context) if has else None
     values = REGISTRY[selected].preset_values(preset, num_layers) if has else {}
-    strategy = gr.Dropdown(([NONE] if allow_none else []) + names, value=selected, label="Feedback strategy",
-                           elem_id=f"{prefix}-strategy")
-    preset_dd = gr.Dropdown(preset_names(selected) if has else [], value=preset, label="Preset", visible=has,
-                            elem_id=f"{prefix}-preset",
-                            info="named settings with what each is for; editing a value makes it custom")
+    strategy = gr.Dropdown(
+        ([NONE] if allow_none else []) + names,
+        value=selected,
+        label="Feedback strategy",
+        elem_id=f"{prefix}-strategy",
+    )
+    preset_dd = gr.Dropdown(
+        preset_names(selected) if has else [],
+        value=preset,
+        label="Preset",
+        visible=has,
+        elem_id=f"{prefix}-preset",
+        info="named settings with what each is for; editing a value makes it custom",
+    )
     stack_choices, stack_shown = stack_offer(names, selected)
-    stack = gr.Dropdown(stack_choices, value=NONE, label="Stack with", elem_id=f"{prefix}-stack", visible=stack_shown,
-                        info="a second strategy, applied after the first on the same row")
+    stack = gr.Dropdown(
+        stack_choices,
+        value=NONE,
+        label="Stack with",
+        elem_id=f"{prefix}-stack",
+        visible=stack_shown,
+        info="a second strategy, applied after the first on the same row",
+    )
     note = gr.Markdown(about(selected, preset) if has else NONE_ABOUT, elem_id=f"{prefix}-about")
     groups, components, keys = {}, [], []
     for name in names:
@@ -293,13 +357,17 @@ def build_strategy_panel(num_layers: int, selected: str = "residual", prefix: st
     return panel
 
 
-def bound_number(bound: Bound, value, label: str | None = None, info: str | None = None, **kwargs) -> gr.Number:
+def bound_number(
+    bound: Bound, value, label: str | None = None, info: str | None = None, **kwargs
+) -> gr.Number:
     """A number box whose hint says `bound`'s range; `label` (default the bound's name) and `info`
     (said before the range) may say more. The range is the handler's to check (`bound.check`): a box's
     own minimum and maximum make Gradio refuse a value before any handler runs, with its own words,
     and the tab's status line would go on saying whatever it said before."""
     said = bound.info if info is None or bound.info in info else f"{info}; {bound.info}"
-    return gr.Number(value, label=label or bound.name, precision=0 if bound.integer else None, info=said, **kwargs)
+    return gr.Number(
+        value, label=label or bound.name, precision=0 if bound.integer else None, info=said, **kwargs
+    )
 
 
 def to_components(outputs: dict[str, gr.components.Component], view: dict) -> dict:

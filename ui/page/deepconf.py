@@ -1,4 +1,5 @@
 """DeepConf settings shared by the Compare tab's Calibrate and the Deep Think tab."""
+
 from __future__ import annotations
 
 from feedback.eval.voting import ETA, PRESETS
@@ -22,6 +23,10 @@ def traces_gpu_work(lm, cfg, runs: list[int]) -> GpuWork:
     side at most)."""
     prompt = len(lm.encode(cfg.prompt, cfg.chat_template))
     new = cfg.max_new_tokens
-    return GpuWork(steps=len(runs) * new, row_tokens=sum(runs) * new, scored=len(runs) * 2 * prompt,
-                   how=" then ".join(f"{n} traces" for n in runs) + f" x {new:,} new tokens",
-                   fewer="fewer traces or warm-up traces, or fewer max new tokens")
+    return GpuWork(
+        steps=len(runs) * new,
+        row_tokens=sum(runs) * new,
+        scored=len(runs) * 2 * prompt,
+        how=" then ".join(f"{n} traces" for n in runs) + f" x {new:,} new tokens",
+        fewer="fewer traces or warm-up traces, or fewer max new tokens",
+    )

@@ -1,5 +1,6 @@
 """Files the page offers for download (history and sweep exports): one folder of this app, a
 readable name per file, and nothing kept longer than an hour."""
+
 from __future__ import annotations
 
 import tempfile

@@ -8,6 +8,7 @@ name or rating that this page could not have written is dropped as the entry is 
 functions (`rename`, `rate`, `delete`, `undelete`) are pure: they take the stored history and return
 a new one for the page to store, runs still packed (each one a JSON text: see `to_text`).
 """
+
 from __future__ import annotations
 
 import csv
@@ -23,7 +24,9 @@ from feedback.serve.limits import HISTORY_MAX_BYTES, NAME_MAX_CHARS
 from ui.page.settings import OVERRIDES, SHARED
 
 MAX_RUNS = 30
-MAX_BYTES = HISTORY_MAX_BYTES  # well under browsers' ~5 MB of local storage; the page server's body limit allows it
+MAX_BYTES = (
+    HISTORY_MAX_BYTES  # well under browsers' ~5 MB of local storage; the page server's body limit allows it
+)
 OUTPUT_PREVIEW = 80
 
 # The run's value of each setting every column shares, from Compare's settings table (`SHARED`):
@@ -35,12 +38,46 @@ RUN_SETTING_COLUMNS = [name for name, _ in RUN_SETTINGS]
 # A row's value of each setting a column may have of its own (prompt, system prompt, temperature):
 # its own, else the run's.
 ROW_SETTING_COLUMNS = [f"row_{name}" for name, _ in OVERRIDES]
-CSV_COLUMNS = ["run_id", "created", *RUN_SETTING_COLUMNS, "run_name", "row", "strategy", "params",
-               *ROW_SETTING_COLUMNS, "row_messages", "row_metrics", "rating", "rating_note", "step", "token_id",
-               "forced", "text", "logprob", "prob", "confidence", "entropy", "group_confidence", "top5"]
-TABLE_HEADERS = ["name", "id", "time", "prompt", "columns", "first column output", "other columns' output", "tokens",
-                 "differ at", "stop", "ratings"]
-TABLE_OTHERS_SHOWN = 3  # other columns listed per table cell (the UI's runs have at most 3); the rest are counted
+CSV_COLUMNS = [
+    "run_id",
+    "created",
+    *RUN_SETTING_COLUMNS,
+    "run_name",
+    "row",
+    "strategy",
+    "params",
+    *ROW_SETTING_COLUMNS,
+    "row_messages",
+    "row_metrics",
+    "rating",
+    "rating_note",
+    "step",
+    "token_id",
+    "forced",
+    "text",
+    "logprob",
+    "prob",
+    "confidence",
+    "entropy",
+    "group_confidence",
+    "top5",
+]
+TABLE_HEADERS = [
+    "name",
+    "id",
+    "time",
+    "prompt",
+    "columns",
+    "first column output",
+    "other columns' output",
+    "tokens",
+    "differ at",
+    "stop",
+    "ratings",
+]
+TABLE_OTHERS_SHOWN = (
+    3  # other columns listed per table cell (the UI's runs have at most 3); the rest are counted
+)
 LABEL_PREVIEW = 40
 NOTE_PREVIEW = 40  # of a rating's note in the table; the exports carry it whole
 BRANCH_PREVIEW = 24  # of the chosen token(s) in a branch's label
@@ -67,12 +104,17 @@ _FLOATS = {"logprob": 5, "confidence": 4, "entropy": 4, "group_confidence": 4, "
 
 
 def _pack_steps(steps: list[dict]) -> dict:
-    packed: dict = {PACKED: 1, "step": [s["step"] for s in steps], "token_id": [s["token_id"] for s in steps],
-                    "text": [s["text"] for s in steps]}
+    packed: dict = {
+        PACKED: 1,
+        "step": [s["step"] for s in steps],
+        "token_id": [s["token_id"] for s in steps],
+        "text": [s["text"] for s in steps],
+    }
     for name, digits in _FLOATS.items():
         packed[name] = [round(float(s[name]), digits) for s in steps]
-    packed["top"] = [[[a["token_id"], a["text"], round(float(a["prob"]), 4)] for a in s.get("top") or []]
-                     for s in steps]
+    packed["top"] = [
+        [[a["token_id"], a["text"], round(float(a["prob"]), 4)] for a in s.get("top") or []] for s in steps
+    ]
     packed["forced"] = [i for i, s in enumerate(steps) if s.get("forced")]
     packed["chosen"] = [i for i, s in enumerate(steps) if s.get("chosen")]
     if any(s.get("part") for s in steps):
@@ -84,21 +126,36 @@ def _unpack_steps(packed: dict) -> list[dict]:
     n = len(packed["token_id"])
     forced, chosen = set(packed.get("forced") or []), set(packed.get("chosen") or [])
     parts = packed.get("part") or [None] * n
-    return [{"step": packed["step"][i], "token_id": packed["token_id"][i], "text": packed["text"][i],
-             **{name: packed[name][i] for name in _FLOATS}, "prob": math.exp(packed["logprob"][i]),
-             "top": [{"token_id": t, "text": x, "prob": p} for t, x, p in packed["top"][i]],
-             "forced": i in forced, "chosen": i in chosen, "part": parts[i]} for i in range(n)]
+    return [
+        {
+            "step": packed["step"][i],
+            "token_id": packed["token_id"][i],
+            "text": packed["text"][i],
+            **{name: packed[name][i] for name in _FLOATS},
+            "prob": math.exp(packed["logprob"][i]),
+            "top": [{"token_id": t, "text": x, "prob": p} for t, x, p in packed["top"][i]],
+            "forced": i in forced,
+            "chosen": i in chosen,
+            "part": parts[i],
+        }
+        for i in range(n)
+    ]
 
 
 def pack(result: dict) -> dict:
     """A RunResult dict as History stores it (its rows' steps packed)."""
-    rows = [r | {"steps": _pack_steps(r["steps"])} if isinstance(r.get("steps"), list) else r for r in result["rows"]]
+    rows = [
+        r | {"steps": _pack_steps(r["steps"])} if isinstance(r.get("steps"), list) else r
+        for r in result["rows"]
+    ]
     return result | {"rows": rows}
 
 
 def to_text(result: dict | str) -> str:
     """A packed run as History stores it: compact JSON text (kept as it is when already text)."""
-    return result if isinstance(result, str) else json.dumps(result, separators=(",", ":"), ensure_ascii=False)
+    return (
+        result if isinstance(result, str) else json.dumps(result, separators=(",", ":"), ensure_ascii=False)
+    )
 
 
 def unpack(result: dict | str) -> dict:
@@ -107,14 +164,21 @@ def unpack(result: dict | str) -> dict:
     RecursionError."""
     if isinstance(result, str):
         result = json.loads(result)
-    rows = [r | {"steps": _unpack_steps(r["steps"])} if isinstance(r.get("steps"), dict) else r for r in result["rows"]]
+    rows = [
+        r | {"steps": _unpack_steps(r["steps"])} if isinstance(r.get("steps"), dict) else r
+        for r in result["rows"]
+    ]
     return result | {"rows": rows}
 
 
 def _readable(entry) -> dict | None:
     """A stored entry with its run unpacked, or None when it is not one this page could have stored."""
-    if not (isinstance(entry, dict) and isinstance(entry.get("id"), str) and isinstance(entry.get("created"), str)
-            and isinstance(entry.get("result"), (str, dict))):
+    if not (
+        isinstance(entry, dict)
+        and isinstance(entry.get("id"), str)
+        and isinstance(entry.get("created"), str)
+        and isinstance(entry.get("result"), (str, dict))
+    ):
         return None
     try:
         result = unpack(entry["result"])
@@ -173,10 +237,19 @@ def _unpacked(entries: list[dict]) -> list[dict]:
 def _is_run(result) -> bool:
     try:
         cfg = result["config"]
-        return (isinstance(cfg["prompt"], str) and isinstance(cfg["sampling"], dict) and isinstance(cfg["deepconf"], dict)
-                and isinstance(result["rows"], list) and len(result["rows"]) >= 1
-                and all(isinstance(r["name"], str) and isinstance(r["token_ids"], list) and isinstance(r["steps"], list)
-                        for r in result["rows"]))
+        return (
+            isinstance(cfg["prompt"], str)
+            and isinstance(cfg["sampling"], dict)
+            and isinstance(cfg["deepconf"], dict)
+            and isinstance(result["rows"], list)
+            and len(result["rows"]) >= 1
+            and all(
+                isinstance(r["name"], str)
+                and isinstance(r["token_ids"], list)
+                and isinstance(r["steps"], list)
+                for r in result["rows"]
+            )
+        )
     except (KeyError, TypeError):
         return False
 
@@ -184,8 +257,10 @@ def _is_run(result) -> bool:
 def _check_size(history) -> None:
     """A history larger than a browser could have stored did not come from this page: refused whole."""
     if history and len(json.dumps(history, default=str)) > 2 * MAX_BYTES:
-        raise FeedbackError(f"a run history is at most {MAX_BYTES // 1_000_000} MB (this page stores no more); "
-                            "this one is larger")
+        raise FeedbackError(
+            f"a run history is at most {MAX_BYTES // 1_000_000} MB (this page stores no more); "
+            "this one is larger"
+        )
 
 
 def valid(history) -> tuple[list[dict], int]:
@@ -222,6 +297,7 @@ def _capped(runs: list[dict], max_bytes: int | None = None) -> list[dict]:
 
 # --- names, ratings, deletion -----------------------------------------------------------------------
 
+
 def _check_name(name) -> str:
     """A run's name on one line ("" for none); refused unless text of at most NAME_MAX_CHARS characters."""
     if name is None:
@@ -243,7 +319,9 @@ def _check_rating(verdict, note) -> dict:
     if not isinstance(note, str):
         raise FeedbackError(f"note must be text, got {type(note).__name__}")
     if len(note.strip()) > NOTE_MAX_CHARS:
-        raise FeedbackError(f"note: a rating's note is at most {NOTE_MAX_CHARS} characters, got {len(note.strip())}")
+        raise FeedbackError(
+            f"note: a rating's note is at most {NOTE_MAX_CHARS} characters, got {len(note.strip())}"
+        )
     return {"verdict": verdict, "note": note.strip()}
 
 
@@ -256,9 +334,11 @@ def _find(runs: list[dict], run_id) -> int:
 
 def _edited(runs: list[dict], index: int, entry: dict) -> list[dict]:
     """`runs` with entry `index` replaced, refused when that takes History past what the page stores."""
-    runs = [*runs[:index], entry, *runs[index + 1:]]
+    runs = [*runs[:index], entry, *runs[index + 1 :]]
     if len(json.dumps(runs)) > MAX_BYTES + EDIT_SLACK_BYTES:
-        raise FeedbackError("this browser's History is full: delete or export runs before naming or rating more")
+        raise FeedbackError(
+            "this browser's History is full: delete or export runs before naming or rating more"
+        )
     return runs
 
 
@@ -281,8 +361,10 @@ def rate(history, run_id: str, column: str, verdict: str, note: str | None = "")
     i = _find(runs, run_id)
     columns = [r["name"] for r in unpack(runs[i]["result"])["rows"]]
     if not isinstance(column, str) or column not in columns:
-        raise FeedbackError(f"column: run {run_id} has no column {str(column)[:NAME_MAX_CHARS]!r} "
-                            f"(it has {', '.join(columns)})")
+        raise FeedbackError(
+            f"column: run {run_id} has no column {str(column)[:NAME_MAX_CHARS]!r} "
+            f"(it has {', '.join(columns)})"
+        )
     ratings = runs[i].get("ratings", {}) | {column: rating}
     return _edited(runs, i, runs[i] | {"ratings": {c: ratings[c] for c in columns if c in ratings}})
 
@@ -311,15 +393,18 @@ def undelete(history, removed: list[tuple[int, dict]]) -> list[dict]:
 def _preview(text, limit: int = OUTPUT_PREVIEW) -> str:
     """One line of at most `limit` characters, so a long or multi-line text keeps a table row short."""
     text = " ".join(str(text or "").split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _specs(result: dict) -> dict[str, dict]:
     """The run's row specs (`config["rows"]`) by row name. Stored history is untrusted, so specs
     that are not dicts with a name are ignored rather than failing the whole table or export."""
     rows = result["config"].get("rows")
-    return {r["name"]: r for r in rows if isinstance(r, dict) and isinstance(r.get("name"), str)} \
-        if isinstance(rows, list) else {}
+    return (
+        {r["name"]: r for r in rows if isinstance(r, dict) and isinstance(r.get("name"), str)}
+        if isinstance(rows, list)
+        else {}
+    )
 
 
 def _own_prompt(spec: dict) -> str | None:
@@ -364,8 +449,15 @@ def _seen(config: dict, spec: dict, name: str, shared: str):
 def _turns(spec: dict) -> list[dict]:
     """The row's earlier conversation turns that have the {role, content} shape (others dropped)."""
     turns = spec.get("messages")
-    return [m for m in turns if isinstance(m, dict) and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str)] if isinstance(turns, list) else []
+    return (
+        [
+            m
+            for m in turns
+            if isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        ]
+        if isinstance(turns, list)
+        else []
+    )
 
 
 def run_prompt(result: dict) -> str:
@@ -385,13 +477,13 @@ def label(entry: dict) -> str:
 
 
 def branch_label(entry: dict) -> str:
-    """"branch at step 27: ' resulting'" for a run that came from a branch (the step and the text of
+    """ "branch at step 27: ' resulting'" for a run that came from a branch (the step and the text of
     the token(s) a person chose, from the first column that took them), else "" (entry assumed valid)."""
     for row in unpack(entry["result"])["rows"]:
         chosen = [s for s in row["steps"] if s.get("chosen")]
         if chosen:
             text = "".join(str(s["text"]) for s in chosen)
-            text = text if len(text) <= BRANCH_PREVIEW else text[:BRANCH_PREVIEW - 1] + "…"
+            text = text if len(text) <= BRANCH_PREVIEW else text[: BRANCH_PREVIEW - 1] + "…"
             return f"branch at step {chosen[0]['step']}: {text!r}"  # repr: a leading space or a newline shows
     return ""
 
@@ -408,8 +500,13 @@ def search_text(entry: dict) -> str:
     prompt and the columns' own prompts, the column names and their outputs (entry assumed valid)."""
     res = unpack(entry["result"])
     own = [p for spec in _specs(res).values() if (p := _own_prompt(spec)) is not None]
-    parts = [entry["id"], title(entry), res["config"]["prompt"], *own,
-             *(f"{r['name']} {r.get('text', '')}" for r in res["rows"])]
+    parts = [
+        entry["id"],
+        title(entry),
+        res["config"]["prompt"],
+        *own,
+        *(f"{r['name']} {r.get('text', '')}" for r in res["rows"]),
+    ]
     return _folded(" ".join(str(p) for p in parts))
 
 
@@ -434,14 +531,14 @@ def _params(row: dict) -> dict:
 
 
 def _strategy_label(row: dict) -> str:
-    """"residual alpha=0.1", or "no feedback" for a row without a strategy."""
+    """ "residual alpha=0.1", or "no feedback" for a row without a strategy."""
     if not row.get("strategy"):
         return "no feedback"
     return " ".join([str(row["strategy"]), ", ".join(f"{k}={v}" for k, v in _params(row).items())]).strip()
 
 
 def _column_label(row: dict, spec: dict) -> str:
-    """"name: strategy params", marked when the column did not see the run's prompt as is."""
+    """ "name: strategy params", marked when the column did not see the run's prompt as is."""
     marks = [" (own prompt)"] if _own_prompt(spec) is not None else []
     if turns := _turns(spec):
         marks.append(f" (+{len(turns)} earlier turn{'s' if len(turns) != 1 else ''})")
@@ -477,25 +574,49 @@ def table_row(entry: dict) -> list:
     columns = _listed([_column_label(r, specs.get(r["name"], {})) for r in rows], TABLE_OTHERS_SHOWN + 1)
     others = [f"{r['name']}: {_preview(r.get('text', ''))}" for r in rows[1:]]
     div = " / ".join("—" if d is None else str(d) for d in _divergences(rows)) or "—"
-    return [title(entry), entry["id"], entry["created"], _preview(run_prompt(res)), columns,
-            _preview(rows[0].get("text", "")), _listed(others), " / ".join(str(len(r["token_ids"])) for r in rows),
-            div, " / ".join(str(r.get("stop_reason")) for r in rows), ratings_text(entry)]
+    return [
+        title(entry),
+        entry["id"],
+        entry["created"],
+        _preview(run_prompt(res)),
+        columns,
+        _preview(rows[0].get("text", "")),
+        _listed(others),
+        " / ".join(str(len(r["token_ids"])) for r in rows),
+        div,
+        " / ".join(str(r.get("stop_reason")) for r in rows),
+        ratings_text(entry),
+    ]
 
 
 def ratings_text(entry: dict) -> str:
     """The run's ratings in one table cell, "baseline: better | feedback: worse (too terse)", the
     notes shortened; "—" for none."""
-    return _listed([f"{c}: {r['verdict']}" + (f" ({_preview(r['note'], NOTE_PREVIEW)})" if r["note"] else "")
-                    for c, r in (entry.get("ratings") or {}).items()], TABLE_OTHERS_SHOWN + 1)
+    return _listed(
+        [
+            f"{c}: {r['verdict']}" + (f" ({_preview(r['note'], NOTE_PREVIEW)})" if r["note"] else "")
+            for c, r in (entry.get("ratings") or {}).items()
+        ],
+        TABLE_OTHERS_SHOWN + 1,
+    )
 
 
 def overview(entries: list[dict]) -> list[dict]:
     """What the History tab keeps of each valid entry between requests, so a search or a change of
     the chosen run needs no second copy of the history from the browser: its id, picker label, table
     row, search text, column names, name and ratings."""
-    return [{"id": e["id"], "label": label(e), "row": table_row(e), "text": search_text(e),
-             "columns": [r["name"] for r in e["result"]["rows"]], "name": e.get("name", ""),
-             "ratings": e.get("ratings", {})} for e in _unpacked(entries)]
+    return [
+        {
+            "id": e["id"],
+            "label": label(e),
+            "row": table_row(e),
+            "text": search_text(e),
+            "columns": [r["name"] for r in e["result"]["rows"]],
+            "name": e.get("name", ""),
+            "ratings": e.get("ratings", {}),
+        }
+        for e in _unpacked(entries)
+    ]
 
 
 def select(history: list[dict], ids: list[str] | None) -> list[dict]:
@@ -507,8 +628,19 @@ def to_json(entries: list[dict]) -> str:
     """The selected runs as a JSON list of RunResult dicts (each with its history id, time, name —
     null for none — and ratings by column name), the form `RunResult.from_dict` reads back (it
     ignores the extra keys), whatever the number of columns."""
-    return json.dumps([{"id": e["id"], "created": e["created"], "name": e.get("name"),
-                        "ratings": e.get("ratings", {}), **e["result"]} for e in _unpacked(entries)], indent=1)
+    return json.dumps(
+        [
+            {
+                "id": e["id"],
+                "created": e["created"],
+                "name": e.get("name"),
+                "ratings": e.get("ratings", {}),
+                **e["result"],
+            }
+            for e in _unpacked(entries)
+        ],
+        indent=1,
+    )
 
 
 def to_csv(entries: list[dict]) -> str:
@@ -536,13 +668,36 @@ def to_csv(entries: list[dict]) -> str:
             metrics = json.dumps(row.get("metrics", {}), sort_keys=True, ensure_ascii=False)
             rating = ratings.get(row["name"], {})
             for st in row["steps"]:
-                top = json.dumps([{"token_id": a["token_id"], "text": a["text"], "prob": round(a["prob"], 6)}
-                                  for a in st.get("top", [])], ensure_ascii=False)
-                writer.writerow([*run, row["name"], row.get("strategy") or "", params, *seen, turns, metrics,
-                                 rating.get("verdict", ""), rating.get("note", ""), st["step"], st["token_id"],
-                                 int(bool(st.get("forced"))), st["text"],
-                                 f"{st['logprob']:.6f}", f"{st['prob']:.6f}", f"{st['confidence']:.6f}",
-                                 f"{st['entropy']:.6f}", f"{st['group_confidence']:.6f}", top])
+                top = json.dumps(
+                    [
+                        {"token_id": a["token_id"], "text": a["text"], "prob": round(a["prob"], 6)}
+                        for a in st.get("top", [])
+                    ],
+                    ensure_ascii=False,
+                )
+                writer.writerow(
+                    [
+                        *run,
+                        row["name"],
+                        row.get("strategy") or "",
+                        params,
+                        *seen,
+                        turns,
+                        metrics,
+                        rating.get("verdict", ""),
+                        rating.get("note", ""),
+                        st["step"],
+                        st["token_id"],
+                        int(bool(st.get("forced"))),
+                        st["text"],
+                        f"{st['logprob']:.6f}",
+                        f"{st['prob']:.6f}",
+                        f"{st['confidence']:.6f}",
+                        f"{st['entropy']:.6f}",
+                        f"{st['group_confidence']:.6f}",
+                        top,
+                    ]
+                )
     return buf.getvalue()
 
 
@@ -558,13 +713,27 @@ def to_csv(entries: list[dict]) -> str:
 # per-model field holds exactly two values, so each example carries every field ([null, null] when a
 # column lacks it). JSON.parse rejects NaN and Infinity: non-finite numbers are written as null.
 
-COMPARATOR_MODELS = ("reference column", "other column")  # model names when the selection's column names differ
-COMPARATOR_RUN_FIELDS = [("run_id", "string"), ("created", "string"), ("run_name", "string"), ("pair", "category"),
-                         ("language_model", "category"), ("first_divergence_step", "number")]
-COMPARATOR_COLUMN_FIELDS = {"column": "per_model_category", "feedback": "per_model_category",
-                            "strategy": "per_model_category", "own_prompt": "per_model_boolean",
-                            "stop_reason": "per_model_category", "generated_tokens": "per_model_number",
-                            "rating": "per_model_category"}
+COMPARATOR_MODELS = (
+    "reference column",
+    "other column",
+)  # model names when the selection's column names differ
+COMPARATOR_RUN_FIELDS = [
+    ("run_id", "string"),
+    ("created", "string"),
+    ("run_name", "string"),
+    ("pair", "category"),
+    ("language_model", "category"),
+    ("first_divergence_step", "number"),
+]
+COMPARATOR_COLUMN_FIELDS = {
+    "column": "per_model_category",
+    "feedback": "per_model_category",
+    "strategy": "per_model_category",
+    "own_prompt": "per_model_boolean",
+    "stop_reason": "per_model_category",
+    "generated_tokens": "per_model_number",
+    "rating": "per_model_category",
+}
 _RESERVED = {name for name, _ in COMPARATOR_RUN_FIELDS} | set(COMPARATOR_COLUMN_FIELDS)
 
 
@@ -601,12 +770,18 @@ def _column_values(row: dict, spec: dict, rating: dict | None) -> dict:
     """A column's per-model values by field name: what it is, how it ended, a person's verdict on it,
     its parameters (as "param <name>") and its metrics (a metric whose name is taken is written as
     "metric <name>")."""
-    values = {"column": row["name"], "feedback": _strategy_label(row), "strategy": row.get("strategy") or "none",
-              "own_prompt": _own_prompt(spec) is not None, "stop_reason": row.get("stop_reason"),
-              "generated_tokens": len(row["token_ids"]), "rating": (rating or {}).get("verdict")}
+    values = {
+        "column": row["name"],
+        "feedback": _strategy_label(row),
+        "strategy": row.get("strategy") or "none",
+        "own_prompt": _own_prompt(spec) is not None,
+        "stop_reason": row.get("stop_reason"),
+        "generated_tokens": len(row["token_ids"]),
+        "rating": (rating or {}).get("verdict"),
+    }
     values |= {f"param {k}": v for k, v in _params(row).items()}
     metrics = row.get("metrics")
-    for k, v in (metrics.items() if isinstance(metrics, dict) else ()):
+    for k, v in metrics.items() if isinstance(metrics, dict) else ():
         values[f"metric {k}" if k in _RESERVED else str(k)] = v
     return values
 
@@ -647,8 +822,10 @@ def _column_schema(columns: list[dict]) -> list[tuple[str, str]]:
     """(name, type) of every per-model field any column of the export has, in first-seen order: the
     fixed fields with their own types, parameters and metrics typed from their values."""
     names = list(dict.fromkeys(k for values in columns for k in values))
-    return [(n, COMPARATOR_COLUMN_FIELDS.get(n) or _per_model_type([values.get(n) for values in columns]))
-            for n in names]
+    return [
+        (n, COMPARATOR_COLUMN_FIELDS.get(n) or _per_model_type([values.get(n) for values in columns]))
+        for n in names
+    ]
 
 
 def _model_names(pairs: list[tuple[dict, dict, dict]]) -> list[str]:
@@ -686,33 +863,53 @@ def to_llm_comparator(entries: list[dict]) -> str:
     from their values (numbers as per_model_number, etc.; see `_per_model_type`)."""
     entries = _unpacked(entries)
     pairs = _pairs(entries)
-    columns = [tuple(_column_values(r, _specs(e["result"]).get(r["name"], {}), e.get("ratings", {}).get(r["name"]))
-                     for r in (a, b)) for e, a, b in pairs]
+    columns = [
+        tuple(
+            _column_values(r, _specs(e["result"]).get(r["name"], {}), e.get("ratings", {}).get(r["name"]))
+            for r in (a, b)
+        )
+        for e, a, b in pairs
+    ]
     per_model = _column_schema([values for pair in columns for values in pair])
     schema = [{"name": n, "type": t} for n, t in [*COMPARATOR_RUN_FIELDS, *per_model]]
-    doc = {"metadata": {"source_path": "Feedback Lens history: runs " + ", ".join(e["id"] for e in entries),
-                        "custom_fields_schema": schema},
-           "models": [{"name": n} for n in _model_names(pairs)],
-           "examples": [_example(pair, values, per_model) for pair, values in zip(pairs, columns)]}
+    doc = {
+        "metadata": {
+            "source_path": "Feedback Lens history: runs " + ", ".join(e["id"] for e in entries),
+            "custom_fields_schema": schema,
+        },
+        "models": [{"name": n} for n in _model_names(pairs)],
+        "examples": [_example(pair, values, per_model) for pair, values in zip(pairs, columns)],
+    }
     return json.dumps(doc, indent=1, allow_nan=False)
 
 
-def _example(pair: tuple[dict, dict, dict], values: tuple[dict, dict], per_model: list[tuple[str, str]]) -> dict:
+def _example(
+    pair: tuple[dict, dict, dict], values: tuple[dict, dict], per_model: list[tuple[str, str]]
+) -> dict:
     """One LLM Comparator example: a run's first column (A) against one other column (B), with the run's
     fields and every per-model field of the export (null where a column lacks it)."""
     e, a, b = pair
     cfg = e["result"]["config"]
     raters = _raters(e.get("ratings", {}), a, b)
-    fields = {"run_id": e["id"], "created": e["created"], "run_name": e.get("name"),
-              "pair": f"{a['name']} vs {b['name']}",
-              "language_model": str(cfg.get("model", "")),
-              "first_divergence_step": _typed(first_divergence(a["token_ids"], b["token_ids"]), "number")}
+    fields = {
+        "run_id": e["id"],
+        "created": e["created"],
+        "run_name": e.get("name"),
+        "pair": f"{a['name']} vs {b['name']}",
+        "language_model": str(cfg.get("model", "")),
+        "first_divergence_step": _typed(first_divergence(a["token_ids"], b["token_ids"]), "number"),
+    }
     fields |= {n: [_typed(v.get(n), t) for v in values] for n, t in per_model}
-    return {"input_text": _pair_input(cfg, _specs(e["result"]), a, b),
-            "tags": [str(b.get("strategy") or "no feedback")],
-            "output_text_a": str(a.get("text", "")), "output_text_b": str(b.get("text", "")),
-            "score": _pair_score(raters), "individual_rater_scores": raters, "rationale_list": [],
-            "custom_fields": fields}
+    return {
+        "input_text": _pair_input(cfg, _specs(e["result"]), a, b),
+        "tags": [str(b.get("strategy") or "no feedback")],
+        "output_text_a": str(a.get("text", "")),
+        "output_text_b": str(b.get("text", "")),
+        "score": _pair_score(raters),
+        "individual_rater_scores": raters,
+        "rationale_list": [],
+        "custom_fields": fields,
+    }
 
 
 # A rating's vote for column A: positive when A is better. A rating of column B votes the other way.
@@ -726,9 +923,16 @@ def _raters(ratings: dict, a: dict, b: dict) -> list[dict]:
     out = []
     for side, row, sign in (("A", a, 1), ("B", b, -1)):
         if rating := ratings.get(row["name"]):
-            out.append({"index": len(out), "score": sign * _VOTE[rating["verdict"]],
-                        "rating_label": f"{side} ({row['name']}) {rating['verdict']}", "is_flipped": False,
-                        "rationale": rating["note"], "custom_fields": {}})
+            out.append(
+                {
+                    "index": len(out),
+                    "score": sign * _VOTE[rating["verdict"]],
+                    "rating_label": f"{side} ({row['name']}) {rating['verdict']}",
+                    "is_flipped": False,
+                    "rationale": rating["note"],
+                    "custom_fields": {},
+                }
+            )
     return out
 
 

@@ -10,6 +10,7 @@ The toast's title also says what kind of answer it is, for the routes that answe
 status (`/gradio_api/run/...`, see `ui.page.server.DirectCalls`): a refusal of the caller's input is
 `REFUSED` (422), a full line `BUSY` (503 with Retry-After), anything else a failure (500).
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,7 +37,9 @@ def refusal(message) -> gr.Error:
     """A refused request: the message as plain text, one line in the log, no traceback. A full
     model line (`Busy`) is titled so that its HTTP answer is a 503 with Retry-After."""
     log.info("refused: %s", message)
-    return gr.Error(plain(message), title=BUSY if isinstance(message, Busy) else REFUSED, print_exception=False)
+    return gr.Error(
+        plain(message), title=BUSY if isinstance(message, Busy) else REFUSED, print_exception=False
+    )
 
 
 def failure(message) -> gr.Error:

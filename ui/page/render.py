@@ -8,6 +8,7 @@ attributes; the detail card's data is JSON in an attribute, and the page script 
 text only. The one inline style taken from a caller (a column's colour) is checked against a strict
 pattern first.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,13 @@ from html import escape
 from markdown_it import MarkdownIt
 
 from feedback.core import quality
-from feedback.core.records import RowResult, StepRecord, confidence_summary, first_divergence, tokens_per_second
+from feedback.core.records import (
+    RowResult,
+    StepRecord,
+    confidence_summary,
+    first_divergence,
+    tokens_per_second,
+)
 
 MISSING = "—"
 # An absolute scale (the same colour means the same confidence in every run and column), in one hue
@@ -38,8 +45,10 @@ _VISIBLE = {" ": "·", "\n": "↵", "\t": "⇥", "\r": "␍"}
 CHOSEN_ROW = ("forced", "yes — chosen by you (branch)")
 REPLAYED_ROW = ("forced", "replayed: the text before the branch")
 # Parts of a prompt-level strategy's reply (restate): shown on the card and marked in the text.
-PART_ROWS = {"restate": ("part", "restatement of the key facts (before the answer)"),
-             "transition": ("part", "marker forced by the strategy: the answer starts")}
+PART_ROWS = {
+    "restate": ("part", "restatement of the key facts (before the answer)"),
+    "transition": ("part", "marker forced by the strategy: the answer starts"),
+}
 BEST_TITLE = "best of the columns"
 
 
@@ -49,15 +58,20 @@ def visible(text: str) -> str:
 
 
 def confidence_legend(k: int = 20) -> str:
-    swatches = "".join(f'<span><span class="fl-swatch" style="background:{color}"></span>{escape(label)}</span>'
-                       for _, label, color in CONFIDENCE_BINS)
-    return (f'<div class="fl-legend" id="confidence-legend"><span>Token confidence (DeepConf, k = {k}; the '
-            f'stronger the orange, the less sure the model):</span>{swatches}'
-            '<span>· hover, tap or focus a token for details</span></div>')
+    swatches = "".join(
+        f'<span><span class="fl-swatch" style="background:{color}"></span>{escape(label)}</span>'
+        for _, label, color in CONFIDENCE_BINS
+    )
+    return (
+        f'<div class="fl-legend" id="confidence-legend"><span>Token confidence (DeepConf, k = {k}; the '
+        f"stronger the orange, the less sure the model):</span>{swatches}"
+        "<span>· hover, tap or focus a token for details</span></div>"
+    )
 
 
-def card_attr(title: str, rows: list[tuple[str, str]], top: list[tuple] | None = None,
-              top_label: str | None = None) -> str:
+def card_attr(
+    title: str, rows: list[tuple[str, str]], top: list[tuple] | None = None, top_label: str | None = None
+) -> str:
     """A `data-card` attribute for the page's detail card (escaped JSON).
 
     `top` entries are (text, prob, chosen) or (text, prob, chosen, token_id): the card script reads
@@ -71,6 +85,7 @@ def card_attr(title: str, rows: list[tuple[str, str]], top: list[tuple] | None =
 
 
 # ---- markdown view: the answer as formatted text ----
+
 
 def _markdown_parser() -> MarkdownIt:
     """CommonMark with tables and strikethrough, as chat UIs render answers. Raw HTML in the text
@@ -110,8 +125,10 @@ def _inserted(text: str) -> str:
     words = text.rstrip()
     if not words:
         return escape(text, quote=True)
-    return (f'<mark class="fl-ins" title="not in column 1">{escape(words, quote=True)}</mark>'
-            f"{escape(text[len(words):], quote=True)}")
+    return (
+        f'<mark class="fl-ins" title="not in column 1">{escape(words, quote=True)}</mark>'
+        f"{escape(text[len(words) :], quote=True)}"
+    )
 
 
 def _deleted(text: str) -> str:
@@ -125,8 +142,9 @@ def _word_diff(ref_text: str, text: str) -> str:
     whitespace around them, and this column's own words and whitespace are what is shown, so the
     output minus its <del> elements is exactly `text`."""
     ref_units, units = _UNIT.findall(ref_text), _UNIT.findall(text)
-    ops = SequenceMatcher(None, [u.rstrip() for u in ref_units], [u.rstrip() for u in units],
-                          autojunk=False).get_opcodes()
+    ops = SequenceMatcher(
+        None, [u.rstrip() for u in ref_units], [u.rstrip() for u in units], autojunk=False
+    ).get_opcodes()
     parts = []
     for tag, i1, i2, j1, j2 in ops:
         own = "".join(units[j1:j2])
@@ -158,9 +176,11 @@ def diff_html(reference: list[StepRecord], steps: list[StepRecord]) -> str:
 
 def diff_legend() -> str:
     """What the diff view's marks mean."""
-    return ('<div class="fl-legend" id="diff-legend"><span>Differences from column 1, from the first token '
-            'where they part:</span><span><mark class="fl-ins">words</mark> only in this column</span>'
-            '<span><del class="fl-del">words</del> only in column 1</span></div>')
+    return (
+        '<div class="fl-legend" id="diff-legend"><span>Differences from column 1, from the first token '
+        'where they part:</span><span><mark class="fl-ins">words</mark> only in this column</span>'
+        '<span><del class="fl-del">words</del> only in column 1</span></div>'
+    )
 
 
 def _fmt(value: float | None, spec: str = ".3f") -> str:
@@ -218,7 +238,9 @@ def _key_facts_item(m: dict, best: set[str]) -> tuple:
 def _quality_items(row: RowResult, best: set[str]) -> list[tuple]:
     """The row's quality metrics that it has (a run computes only the ones asked for)."""
     m = row.metrics
-    items: list[tuple] = [(label, _fmt(m[key], spec), key in best) for key, label, spec in QUALITY_ITEMS if key in m]
+    items: list[tuple] = [
+        (label, _fmt(m[key], spec), key in best) for key, label, spec in QUALITY_ITEMS if key in m
+    ]
     if "reference_ppl" in m:
         items.append(_reference_item(row, best))
     if "key_fact_recall" in m:
@@ -248,10 +270,14 @@ def stat_items(row: RowResult, live: bool = False, best: set[str] | None = None)
     return items + _quality_items(row, best)
 
 
-RATE_NOTE = ("this column's tokens over the time of the steps that made them; each step decodes every running "
-             "column at once, so a column's rate rises when others stop")
-RERUN_RATE_NOTE = ("measured when this column was re-run alone (one column a step); the other columns' rates come "
-                   "from their run, where every step decoded all of them together")
+RATE_NOTE = (
+    "this column's tokens over the time of the steps that made them; each step decodes every running "
+    "column at once, so a column's rate rises when others stop"
+)
+RERUN_RATE_NOTE = (
+    "measured when this column was re-run alone (one column a step); the other columns' rates come "
+    "from their run, where every step decoded all of them together"
+)
 
 
 def _speed_item(row: RowResult, tps: float | None) -> tuple:
@@ -261,26 +287,40 @@ def _speed_item(row: RowResult, tps: float | None) -> tuple:
     return "tokens/s", _fmt(tps, ".1f"), False, RATE_NOTE
 
 
-def data_table(headers: list[str], rows: list[list], elem_class: str = "", row_ids: list[str] | None = None,
-               empty: str = "nothing to show") -> str:
+def data_table(
+    headers: list[str],
+    rows: list[list],
+    elem_class: str = "",
+    row_ids: list[str] | None = None,
+    empty: str = "nothing to show",
+) -> str:
     """A read-only table of text cells (escaped), its header kept in view while its box scrolls.
     Drawn as HTML rather than a `gr.Dataframe`: Gradio's Dataframe keeps every row it ever drew
     alive in its scroller's cache (a new key per row per update), so a table redrawn again and again
     (History, opened after each run) grew the page by its whole size each time."""
+
     def tr(row: list, row_id: str | None) -> str:
         attr = "" if row_id is None else f' data-id="{escape(str(row_id), quote=True)}"'
-        return f"<tr{attr}>" + "".join(f"<td>{escape('' if v is None else str(v))}</td>" for v in row) + "</tr>"
+        return (
+            f"<tr{attr}>" + "".join(f"<td>{escape('' if v is None else str(v))}</td>" for v in row) + "</tr>"
+        )
 
     head = "".join(f'<th scope="col">{escape(str(h))}</th>' for h in headers)
     body = "".join(tr(row, i) for row, i in zip(rows, row_ids or [None] * len(rows)))
     if not rows:
         body = f'<tr><td colspan="{len(headers)}" class="fl-table-empty">{escape(empty)}</td></tr>'
-    return (f'<div class="fl-table {escape(elem_class, quote=True)}"><table><thead><tr>{head}</tr></thead>'
-            f"<tbody>{body}</tbody></table></div>")
+    return (
+        f'<div class="fl-table {escape(elem_class, quote=True)}"><table><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>"
+    )
 
 
-def render_metrics(rows: list[RowResult], running: list[bool] | None = None, best: list[set[str]] | None = None,
-                   colors: list[str | None] | None = None) -> str:
+def render_metrics(
+    rows: list[RowResult],
+    running: list[bool] | None = None,
+    best: list[set[str]] | None = None,
+    colors: list[str | None] | None = None,
+) -> str:
     """One table for every column: a row per metric, a column per column (headed by its name and
     chart colour), so a metric reads across the columns. A metric a column lacks shows "—".
     `running`: which columns still stream; `best`: each column's best marks."""
@@ -290,11 +330,16 @@ def render_metrics(rows: list[RowResult], running: list[bool] | None = None, bes
     per = [{item[0]: item[1:] for item in stat_items(r, live, b)} for r, live, b in zip(rows, running, best)]
     labels = list(dict.fromkeys(label for items in per for label in items))
     head = "".join(f'<th scope="col">{color_dot(c)}{escape(r.name)}</th>' for r, c in zip(rows, colors))
-    body = "".join(f'<tr><th scope="row">{escape(label)}</th>'
-                   + "".join(_stat_cell(*items.get(label, (MISSING,))) for items in per) + "</tr>"
-                   for label in labels)
-    return (f'<div class="fl-metrics"><table class="fl-stats"><thead><tr><th scope="col">metric</th>{head}</tr>'
-            f'</thead><tbody>{body}</tbody></table></div>')
+    body = "".join(
+        f'<tr><th scope="row">{escape(label)}</th>'
+        + "".join(_stat_cell(*items.get(label, (MISSING,))) for items in per)
+        + "</tr>"
+        for label in labels
+    )
+    return (
+        f'<div class="fl-metrics"><table class="fl-stats"><thead><tr><th scope="col">metric</th>{head}</tr>'
+        f"</thead><tbody>{body}</tbody></table></div>"
+    )
 
 
 def best_marks(rows: list[RowResult]) -> list[set[str]]:
@@ -316,7 +361,7 @@ def _stat_cell(value: str, best: bool = False, note: str | None = None) -> str:
 
 
 def params_text(params: dict) -> str:
-    """"alpha=0.1, source_layer=21" — a strategy's parameters as a run used them."""
+    """ "alpha=0.1, source_layer=21" — a strategy's parameters as a run used them."""
     return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
 
 
@@ -335,7 +380,9 @@ def color_dot(color: str | None) -> str:
 def modified_badges(modified: list[str] | None) -> str:
     """Badges naming what a column overrides of the run ("prompt modified"), so a column whose
     input differs is not mistaken for a pure strategy comparison."""
-    return "".join(f' <span class="fl-badge">{escape(what, quote=True)} modified</span>' for what in modified or [])
+    return "".join(
+        f' <span class="fl-badge">{escape(what, quote=True)} modified</span>' for what in modified or []
+    )
 
 
 def setting_badges(settings: list[str] | None) -> str:
@@ -343,9 +390,15 @@ def setting_badges(settings: list[str] | None) -> str:
     return "".join(f' <span class="fl-badge">{escape(text, quote=True)}</span>' for text in settings or [])
 
 
-def column_heading(title: str, strategy: str | None, params: dict, color: str | None = None,
-                   modified: list[str] | None = None, settings: list[str] | None = None) -> str:
-    """"● Feedback · residual" over "alpha=0.1, …": the column names what produced it, so a
+def column_heading(
+    title: str,
+    strategy: str | None,
+    params: dict,
+    color: str | None = None,
+    modified: list[str] | None = None,
+    settings: list[str] | None = None,
+) -> str:
+    """ "● Feedback · residual" over "alpha=0.1, …": the column names what produced it, so a
     screenshot explains itself; badges say what it overrides (`modified`) and its own `settings`
     ("temperature 0"). HTML (it goes into a gr.HTML): a column's name comes from the user, or from
     a link a stranger made, so it is text, escaped, and never read as Markdown (no links)."""
@@ -355,10 +408,14 @@ def column_heading(title: str, strategy: str | None, params: dict, color: str | 
     note = escape(params_text(params), quote=True) if strategy else "no feedback: the model as it is"
     # One line of heading and two of note, whatever the column: the texts below then start at the
     # same height in every column (side by side on a phone too); the full text is the tooltip.
-    full = escape(" · ".join(x for x in (title, strategy) if x) + " — " + params_text(params) if strategy
-                  else title, quote=True)
-    return (f'<h3 class="fl-heading fl-colhead" title="{full}">{head}{modified_badges(modified)}'
-            f'{setting_badges(settings)}</h3><span class="fl-note fl-colnote" title="{note}">{note}</span>')
+    full = escape(
+        " · ".join(x for x in (title, strategy) if x) + " — " + params_text(params) if strategy else title,
+        quote=True,
+    )
+    return (
+        f'<h3 class="fl-heading fl-colhead" title="{full}">{head}{modified_badges(modified)}'
+        f'{setting_badges(settings)}</h3><span class="fl-note fl-colnote" title="{note}">{note}</span>'
+    )
 
 
 # ':' and '@' too: escaped, "https\://a\.b" and "me\@a\.b" are no longer bare URLs or addresses,

@@ -20,6 +20,7 @@ For each request it:
 A tab supplies a `Work`: the model work itself (`task`, run inside the GPU function) and how its
 progress and end look on the page (dicts of component updates, built in the handler's thread).
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -30,8 +31,9 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import gradio as gr
 
@@ -57,8 +59,10 @@ def zero_gpu():
     try:
         import spaces
     except ImportError:
+
         def no_op(fn=None, **_kwargs):
             return fn if fn is not None else (lambda f: f)
+
         return no_op
     return spaces.GPU
 
@@ -71,7 +75,9 @@ class Outcome:
     kind: str
     error: BaseException | None = None
     seconds: float = 0.0
-    trace: str = ""  # the failure's traceback, as text (an exception that crossed from ZeroGPU's worker has none)
+    trace: str = (
+        ""  # the failure's traceback, as text (an exception that crossed from ZeroGPU's worker has none)
+    )
 
     @property
     def message(self) -> str:
@@ -99,7 +105,7 @@ class GpuTask:
     def run(self, lm, stop: StopSignal) -> Iterator[Any]:
         raise NotImplementedError
 
-    def split(self, fits: Callable[[GpuWork], bool]) -> list["GpuTask"]:
+    def split(self, fits: Callable[[GpuWork], bool]) -> list[GpuTask]:
         """The task as consecutive GPU calls, for a request longer than one call may ask for
         (ZeroGPU's cap): a task made of independent pieces (Recall's prompts) returns parts of its
         own class, in order, each one's work `fits` where a piece alone does; the rest run whole."""
@@ -178,7 +184,8 @@ def ended_text(outcome: Outcome, stopped: str, left: str = "Left the line; nothi
 
 
 def waiting_text(place: Place) -> str:
-    """"Waiting for the model: 2nd in line, behind a Sweep (running 1 min 20 s) and …"."""
+    """ "Waiting for the model: 2nd in line, behind a Sweep (running 1 min 20 s) and …"."""
+
     def ordinal(n: int) -> str:
         return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
@@ -186,10 +193,16 @@ def waiting_text(place: Place) -> str:
         return f"{s:.0f} s" if s < 60 else f"{int(s // 60)} min {int(s % 60)} s"
 
     running = "; ".join(f"{label} (running {duration(s)})" for label, s in place.running) or "nothing"
-    ahead = f", then {len(place.ahead)} waiting ahead of you ({', '.join(place.ahead[:3])}" \
-            f"{', …' if len(place.ahead) > 3 else ''})" if place.ahead else ""
-    return (f"Waiting for the model: {ordinal(place.position)} in line, behind {running}{ahead}. "
-            "The model serves one request at a time; press Stop to leave the line.")
+    ahead = (
+        f", then {len(place.ahead)} waiting ahead of you ({', '.join(place.ahead[:3])}"
+        f"{', …' if len(place.ahead) > 3 else ''})"
+        if place.ahead
+        else ""
+    )
+    return (
+        f"Waiting for the model: {ordinal(place.position)} in line, behind {running}{ahead}. "
+        "The model serves one request at a time; press Stop to leave the line."
+    )
 
 
 @dataclass(eq=False)
@@ -221,7 +234,9 @@ class Jobs:
         with self._lock:
             self._jobs.append(job)
             if self._watchdog is None or not self._watchdog.is_alive():
-                self._watchdog = threading.Thread(target=self._watch, name="feedback-lens-watchdog", daemon=True)
+                self._watchdog = threading.Thread(
+                    target=self._watch, name="feedback-lens-watchdog", daemon=True
+                )
                 self._watchdog.start()
         return job
 
@@ -253,12 +268,16 @@ class Jobs:
     def works(self, session: str, tab: str) -> list:
         """The works this session's running (not stopping) jobs of `tab` run."""
         with self._lock:
-            return [j.work for j in self._jobs if j.session == session and j.tab == tab and not j.stop.is_set()]
+            return [
+                j.work for j in self._jobs if j.session == session and j.tab == tab and not j.stop.is_set()
+            ]
 
     def active(self, session: str, tab: str | None = None) -> bool:
         with self._lock:
-            return any(j.session == session and (tab is None or j.tab == tab) and not j.stop.is_set()
-                       for j in self._jobs)
+            return any(
+                j.session == session and (tab is None or j.tab == tab) and not j.stop.is_set()
+                for j in self._jobs
+            )
 
     def _watch(self) -> None:
         while True:
@@ -271,7 +290,9 @@ class Jobs:
                     return
             for job in jobs:
                 if not job.stop.is_set() and now - job.last_pull > self.abandon_s:
-                    log.info("stopping a %s job: its page took no update for %.0f s", job.tab, now - job.last_pull)
+                    log.info(
+                        "stopping a %s job: its page took no update for %.0f s", job.tab, now - job.last_pull
+                    )
                     job.abandoned = True
                     job.stop.set()
                 # A job whose page is gone is never resumed, so its handler's cleanup never runs:
@@ -287,14 +308,18 @@ def keyword_signature(names: list[str]) -> inspect.Signature:
     """(request, *, name1, name2, ...): Gradio gives the request to the first parameter annotated
     `gr.Request` (it must be positional) and the `inputs_kwargs` values by name; API clients see
     the names as parameters."""
-    request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
-                                annotation=gr.Request)
-    return inspect.Signature([request, *(inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in names)])
+    request = inspect.Parameter(
+        "request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=gr.Request
+    )
+    return inspect.Signature(
+        [request, *(inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in names)]
+    )
 
 
 def by_name(fn: Callable[[dict], Any], names: list[str]) -> Callable:
     """A plain (not model) handler wired with `inputs_kwargs`: `fn(values)` gets the controls'
     values as one dict keyed by name."""
+
     def handler(request: gr.Request = None, **values):
         try:
             return fn(values)
@@ -380,8 +405,12 @@ class ModelRunner:
 
         handler.__signature__ = keyword_signature(names)
         handler.__name__, handler.__doc__ = prepare.__name__, prepare.__doc__
-        handler.__annotations__ = {"request": gr.Request}  # Gradio finds the request parameter by its type hint
-        handler.model_handler = True  # marks the handlers that go through here (tests check every model event)
+        handler.__annotations__ = {
+            "request": gr.Request
+        }  # Gradio finds the request parameter by its type hint
+        handler.model_handler = (
+            True  # marks the handlers that go through here (tests check every model event)
+        )
         return handler
 
     def stop(self, tab: str, request: gr.Request | None) -> str:
@@ -435,8 +464,12 @@ class ModelRunner:
         work.signal = stop_signal.claim()  # what the work reads, in whichever process it runs
         job.stop.attach(work.signal)
         ctx = contextvars.copy_context()  # Gradio's request context, for spaces.GPU and gr.Warning
-        job.worker = threading.Thread(target=ctx.run, args=(self._work, work, job, ticket, items),
-                                      name=f"feedback-lens-{job.tab}", daemon=True)
+        job.worker = threading.Thread(
+            target=ctx.run,
+            args=(self._work, work, job, ticket, items),
+            name=f"feedback-lens-{job.tab}",
+            daemon=True,
+        )
         job.worker.start()
         started = time.monotonic()
         last = started - UPDATE_EVERY_S  # the first update goes at once
@@ -494,7 +527,6 @@ def _outcome(ended: Ended | None, stopped: bool) -> Outcome:
     return Outcome("failed", ended.error, trace=ended.trace)
 
 
-
 def _ended_as_item(items: Iterator[Any]) -> Iterator[Any]:
     """`items`, then how they ended (an `Ended`, with the seconds they took) instead of an exception."""
     started = time.perf_counter()
@@ -509,7 +541,8 @@ def _ended_as_item(items: Iterator[Any]) -> Iterator[Any]:
 
 
 def _crossable(exc: BaseException) -> BaseException:
-    """`exc` if it survives pickling (ZeroGPU sends it to this process), else a RuntimeError saying what it was."""
+    """`exc` if it survives pickling (ZeroGPU sends it to this process), else a RuntimeError saying
+    what it was."""
     try:
         pickle.loads(pickle.dumps(exc))
         return exc

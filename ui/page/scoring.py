@@ -5,6 +5,7 @@ Every corpus job says before it starts what it will score and about how long tha
 (`JobClock`, from the library's `Estimate` and the model's measured speed), then where it stands
 within a point, and a request over the scoring budget is refused naming the fields that would make
 it fit (`check_budget`)."""
+
 from __future__ import annotations
 
 import gradio as gr
@@ -35,8 +36,12 @@ from ui.page.controls import bound_number
 def max_tokens_input(prefix: str) -> gr.Number:
     """The per-document token limit; it starts at the served cap, which cuts nothing the default
     budget could score, so a person lowers it for a shorter job."""
-    return bound_number(MAX_TOKENS_PER_DOC, SERVED_MAX_TOKENS_PER_DOC, elem_id=f"{prefix}-max-tokens",
-                        info=f"each document cut to its first N tokens ({MAX_TOKENS_PER_DOC.info})")
+    return bound_number(
+        MAX_TOKENS_PER_DOC,
+        SERVED_MAX_TOKENS_PER_DOC,
+        elem_id=f"{prefix}-max-tokens",
+        info=f"each document cut to its first N tokens ({MAX_TOKENS_PER_DOC.info})",
+    )
 
 
 def doc_limits(values: dict) -> dict:
@@ -61,33 +66,41 @@ def check_budget(budget: Budget, est: Estimate, counts: list[int], cfg: PPLConfi
 def fit_hint(counts: list[int], cfg: PPLConfig, points: int, limit: int) -> str:
     cap, docs = fitting_cap(counts, cfg, points, limit), fitting_docs(counts, cfg, points, limit)
     options = ([f"{MAX_TOKENS_PER_DOC.name} {cap:,}"] if cap else []) + (
-        [f"{MAX_DOCS.name} {docs}"] if 0 < docs < len(counts) else [])
+        [f"{MAX_DOCS.name} {docs}"] if 0 < docs < len(counts) else []
+    )
     return f". It fits with {' or '.join(options)}." if options else ""
 
 
 def duration(seconds: float) -> str:
-    """"about 40 s", "about 700 s (12 min)"."""
+    """ "about 40 s", "about 700 s (12 min)"."""
     return f"about {seconds:,.0f} s" + (f" ({seconds / 60:.0f} min)" if seconds >= 120 else "")
 
 
 def part_text(est: Estimate, label: str = "", noun: str = "points") -> str:
-    """"3 documents, 5,989 tokens, fed as 11,200 window tokens × (baseline + 6 points × 3 passes) =
+    """ "3 documents, 5,989 tokens, fed as 11,200 window tokens × (baseline + 6 points × 3 passes) =
     246,400 token-forwards": tokens × points × passes, the sum the budget checks."""
     if est.mode is None:
         each = "baseline only"
     else:
-        passes = (f"{est.passes} (token by token)" if est.mode == "exact" else
-                  f"{est.passes} pass{'es' if est.passes != 1 else ''}")
+        passes = (
+            f"{est.passes} (token by token)"
+            if est.mode == "exact"
+            else f"{est.passes} pass{'es' if est.passes != 1 else ''}"
+        )
         each = f"(baseline + {est.points} {noun} × {passes})" if noun else f"(baseline + feedback × {passes})"
-    return (f"{label}{est.documents:,} document{'s' if est.documents != 1 else ''}, {est.tokens:,} tokens, fed as "
-            f"{est.window_tokens:,} window tokens × {each} = {est.forwards:,} token-forwards")
+    return (
+        f"{label}{est.documents:,} document{'s' if est.documents != 1 else ''}, {est.tokens:,} tokens, "
+        f"fed as {est.window_tokens:,} window tokens × {each} = {est.forwards:,} token-forwards"
+    )
 
 
 def scored_text(at: ScoringProgress) -> str:
-    """"point 2 of 6: 1,024 of 3,000 tokens scored (document 2 of 3)"."""
-    where = {"point": f"point {at.point} of {at.points}: ",
-             "trial": f"trial {at.point}" + (f" of {at.points}" if at.points else "") + ": ",
-             "test": "test: "}.get(at.stage, "")
+    """ "point 2 of 6: 1,024 of 3,000 tokens scored (document 2 of 3)"."""
+    where = {
+        "point": f"point {at.point} of {at.points}: ",
+        "trial": f"trial {at.point}" + (f" of {at.points}" if at.points else "") + ": ",
+        "test": "test: ",
+    }.get(at.stage, "")
     return f"{where}{at.tokens:,} of {at.total:,} tokens scored (document {at.document} of {at.documents})"
 
 
@@ -115,8 +128,12 @@ class JobClock:
 
     def estimate_text(self) -> str:
         parts = "; then ".join(part_text(est, label, noun) for label, noun, est in self.parts)
-        when = (f"{duration(self.forwards / self.rate)} at {self.rate:,.0f} token-forwards/s measured on this model"
-                if self.rate else "the time follows once this model's speed is measured")
+        when = (
+            f"{duration(self.forwards / self.rate)} at {self.rate:,.0f} token-forwards/s "
+            "measured on this model"
+            if self.rate
+            else "the time follows once this model's speed is measured"
+        )
         return f"Estimate: {parts}; {when}."
 
     def where_text(self, elapsed: float) -> str:
@@ -130,11 +147,14 @@ class JobClock:
         return f"{scored_text(self.at)}; {duration(max(0.0, left - (elapsed - self.at_s)))} left"
 
 
-LESS_TEXT = f"less text ({MAX_DOCS.name}, {MAX_TOKENS_PER_DOC.name})"  # what a scoring job over the cap asks less of
+LESS_TEXT = (
+    f"less text ({MAX_DOCS.name}, {MAX_TOKENS_PER_DOC.name})"  # what a scoring job over the cap asks less of
+)
 
 
 def measure(est: Estimate, lm, stop) -> Estimate:
-    """In the GPU function, holding the model: `est` at this model's rate, a report the page's clock `take`s."""
+    """In the GPU function, holding the model: `est` at this model's rate, a report the page's clock
+    `take`s."""
     return est.at(scoring_rate(lm, stop))
 
 
@@ -142,5 +162,3 @@ def scoring_gpu_work(*ests: Estimate | None, fewer: str) -> GpuWork:
     """The GPU work of scoring a corpus: every estimate's token-forwards, and the rate's probe."""
     forwards = sum(est.forwards for est in ests if est is not None)
     return GpuWork(scored=forwards + RATE_PROBE_TOKENS + 8, how=f"{forwards:,} token-forwards", fewer=fewer)
-
-

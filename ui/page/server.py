@@ -21,13 +21,13 @@ makes every door hold the same rules.
   history a browser sends back (`PAGE_MAX_BODY_BYTES`), an upload as large as an uploaded file
   may be plus its framing; larger ones get 413 while they are read, before Gradio parses them.
 """
+
 from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
-
 import json
+import logging
 
 from starlette.middleware import Middleware
 from starlette.requests import HTTPConnection
@@ -43,7 +43,10 @@ from ui.page import notice
 log = logging.getLogger("feedback_lens.server")
 
 _FRAGILE_ROUTES = ("/gradio_api/call/", "/gradio_api/upload", "/gradio_api/queue/join", "/gradio_api/run/")
-_ONE_ANSWER_ROUTES = ("/gradio_api/run/", "/gradio_api/api/")  # Gradio's direct calls: the status is the answer
+_ONE_ANSWER_ROUTES = (
+    "/gradio_api/run/",
+    "/gradio_api/api/",
+)  # Gradio's direct calls: the status is the answer
 # What the login page needs before anyone has logged in: its HTML, the scripts, styles and fonts it
 # loads (Gradio's build: /assets, /static; the theme's colours: /theme.css) and the form's POST.
 LOGIN_PAGE = ("/", "/login", "/login/", "/theme.css")
@@ -62,8 +65,11 @@ def page_auth(settings: ApiSettings, pair: tuple[str, str] | None):
         return pair
 
     def login(user: str, password: str) -> bool:
-        if pair is not None and hmac.compare_digest(str(user).encode(), pair[0].encode()) and \
-                hmac.compare_digest(str(password).encode(), pair[1].encode()):
+        if (
+            pair is not None
+            and hmac.compare_digest(str(user).encode(), pair[0].encode())
+            and hmac.compare_digest(str(password).encode(), pair[1].encode())
+        ):
             return True
         return key_ok(f"Bearer {password}", settings.keys)
 
@@ -114,9 +120,16 @@ class LoginFirst:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and not _is_api(scope["path"]) and not login_page_route(scope["path"]) \
-                and not _starting(scope) and not _logged_in(scope):
-            response = JSONResponse({"error": "log in first: this server requires a login (or an API key)"}, 401)
+        if (
+            scope["type"] == "http"
+            and not _is_api(scope["path"])
+            and not login_page_route(scope["path"])
+            and not _starting(scope)
+            and not _logged_in(scope)
+        ):
+            response = JSONResponse(
+                {"error": "log in first: this server requires a login (or an API key)"}, 401
+            )
             return await response(scope, receive, send)
         await self.app(scope, receive, send)
 
@@ -128,8 +141,10 @@ def _starting(scope) -> bool:
 def _logged_in(scope) -> bool:
     """Whether the request carries a session cookie that the Gradio app (`scope["app"]`) issued."""
     gradio, cookies = scope["app"], HTTPConnection(scope).cookies
-    return any(cookies.get(name) in gradio.tokens
-               for name in (f"access-token-{gradio.cookie_id}", f"access-token-unsecure-{gradio.cookie_id}"))
+    return any(
+        cookies.get(name) in gradio.tokens
+        for name in (f"access-token-{gradio.cookie_id}", f"access-token-unsecure-{gradio.cookie_id}")
+    )
 
 
 class DirectCalls:
@@ -148,9 +163,13 @@ class DirectCalls:
             return await self.app(scope, receive, send)
         name = scope["path"].rstrip("/").rsplit("/", 1)[-1]
         if _streams(scope["app"], name):
-            response = JSONResponse({"error": f"/{name} streams its answer as it runs: call it through "
-                                              f"/gradio_api/call/{name} (then read its event stream) or gradio_client"},
-                                    400)
+            response = JSONResponse(
+                {
+                    "error": f"/{name} streams its answer as it runs: call it through "
+                    f"/gradio_api/call/{name} (then read its event stream) or gradio_client"
+                },
+                400,
+            )
             return await response(scope, receive, send)
         start: dict | None = None
         body = bytearray()
@@ -233,8 +252,11 @@ def app_kwargs(pool: ModelPool, settings: ApiSettings, login: bool = False) -> d
     """`launch(app_kwargs=...)`: the HTTP API at /api and the server's middleware (the first is
     the outermost: keys and logins are checked before a body is read, its size before Gradio
     parses it). `login`: the page has Gradio's login (--auth), which keys imply."""
-    middleware = [Middleware(BodyLimit, limit=body_limit(settings)), Middleware(MalformedCalls),
-                  Middleware(DirectCalls)]
+    middleware = [
+        Middleware(BodyLimit, limit=body_limit(settings)),
+        Middleware(MalformedCalls),
+        Middleware(DirectCalls),
+    ]
     if settings.gradio_keys or login:
         middleware.insert(0, Middleware(LoginFirst))
     if settings.gradio_keys:

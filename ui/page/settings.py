@@ -20,18 +20,35 @@ the settings it stands in for (`OVERRIDES`), and a column's heading
 the badge of each column setting that is set. Adding a column setting is adding an entry to
 `COLUMN`; a shared one also gets its place in the layout (`ui.compare.layout`).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import gradio as gr
 
 from feedback.core.bounds import Bound
-from feedback.core.records import (DEEPCONF_K, DEEPCONF_WINDOW, ROW_OVERRIDES, SEED, DeepConfConfig, RowSpec,
-                                   RunConfig)
-from feedback.core.sampling import (MIN_P, MIN_TEMPERATURE, REPETITION_PENALTY, TEMPERATURE, TOP_K, TOP_P,
-                                    SamplingConfig, check_temperature)
+from feedback.core.records import (
+    DEEPCONF_K,
+    DEEPCONF_WINDOW,
+    ROW_OVERRIDES,
+    SEED,
+    DeepConfConfig,
+    RowSpec,
+    RunConfig,
+)
+from feedback.core.sampling import (
+    MIN_P,
+    MIN_TEMPERATURE,
+    REPETITION_PENALTY,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+    SamplingConfig,
+    check_temperature,
+)
 from feedback.errors import FeedbackError
 from feedback.eval.voting import ETA
 from feedback.serve.limits import BOX_MAX_CHARS, MAX_NEW_TOKENS, NAME_MAX_CHARS, WARMUP_TRACES
@@ -40,12 +57,22 @@ from ui.page.controls import NONE, StrategyPanel, build_strategy_panel, chosen, 
 from ui.page.deepconf import ETA_CHOICES
 
 MIN_COLUMNS, MAX_COLUMNS = 2, 4
-TOKEN_VIEWS = ("confidence", "plain", "markdown", "diff")  # how the columns' text is shown; the first is a new page's
+TOKEN_VIEWS = (
+    "confidence",
+    "plain",
+    "markdown",
+    "diff",
+)  # how the columns' text is shown; the first is a new page's
 COLUMNS = Bound("columns", MIN_COLUMNS, MAX_COLUMNS, integer=True)
 # (default name, default strategy) of each column slot; columns 3 and 4 appear on "Add column".
 # An added column starts on another strategy's "visible effect" preset, so it shows something new at
 # once; "none" with a prompt override makes it a prompt variant.
-DEFAULT_COLUMNS = (("Baseline", NONE), ("Feedback", "residual"), ("Column 3", "deep_cache"), ("Column 4", "anchor"))
+DEFAULT_COLUMNS = (
+    ("Baseline", NONE),
+    ("Feedback", "residual"),
+    ("Column 3", "deep_cache"),
+    ("Column 4", "anchor"),
+)
 DEFAULT_THRESHOLD = 4.5  # lowest group confidence (w = 32) of normal answers on the embedded model: 4.7–7.1
 FIRST_MAX_NEW_TOKENS = 160  # a new page's run: long enough to show a difference, short enough to wait for
 COLUMN_NAME_MAX_CHARS = NAME_MAX_CHARS  # a column is a row: its name is held as the API holds a row's
@@ -131,7 +158,9 @@ class Field:
     info: str | None = None
     bound: Bound | None = None  # the declared range: a number box's minimum and maximum, and the check
     what: str | None = None  # the field as messages name it; default: the label
-    parse: Callable[[Any, Scope], Any] | None = None  # control value -> config value; default: the bound's check
+    parse: Callable[[Any, Scope], Any] | None = (
+        None  # control value -> config value; default: the bound's check
+    )
     shown: Callable[[Any], Any] = _same  # config value -> control value (or KEEP)
     get: Callable[[Any], Any] | None = None  # reads it from a config where no path says where it is
     optional: bool = False  # an empty control means None (for a column: the shared setting's value)
@@ -154,7 +183,9 @@ class Field:
         if self.info is not None:
             kwargs["info"] = self.info
         if self.bound is not None and self.control is gr.Number and self.bound.info not in (self.info or ""):
-            kwargs["info"] = f"{self.info}; {self.bound.info}" if self.info else self.bound.info  # its range, said
+            kwargs["info"] = (
+                f"{self.info}; {self.bound.info}" if self.info else self.bound.info
+            )  # its range, said
         if self.choices is not None:
             kwargs["choices"] = self.choices(page) if callable(self.choices) else list(self.choices)
         if page.column is not None and "elem_id" in kwargs:
@@ -216,8 +247,9 @@ class StrategyChoice:
     bound: Bound | None = None
 
     def build(self, page: Page) -> StrategyPanel:
-        return build_strategy_panel(page.num_layers, DEFAULT_COLUMNS[page.column][1], prefix=f"c{page.column + 1}",
-                                    allow_none=True)
+        return build_strategy_panel(
+            page.num_layers, DEFAULT_COLUMNS[page.column][1], prefix=f"c{page.column + 1}", allow_none=True
+        )
 
     def inputs(self, panel: StrategyPanel) -> dict:
         return {"strategy": panel.strategy} | panel.named_inputs()
@@ -274,85 +306,284 @@ def _prompt_override(raw, scope: Scope) -> str | None:
 NUMBER = {"min_width": 100}  # the sampling and DeepConf boxes share rows
 
 SHARED: tuple[Field, ...] = (
-    Field("prompt", "prompt", gr.Textbox, "Prompt", parse=lambda raw, scope: raw or "",
-          options=dict(lines=4, max_length=BOX_MAX_CHARS, elem_id="prompt",
-                       placeholder="Ask something… (Enter runs, Shift+Enter for a new line)")),
-    Field("system_prompt", "system_prompt", gr.Textbox, "System prompt (every column; a column may override it)",
-          optional=True, shown=_blank_for_none,
-          options=dict(lines=2, max_length=BOX_MAX_CHARS, elem_id="system-prompt")),
-    Field("chat_template", "chat_template", gr.Checkbox, "Use the chat template", parse=lambda raw, scope: bool(raw),
-          options=dict(elem_id="chat-template")),
-    Field("model", "model", gr.Dropdown, "Model", first=lambda page: page.default_model,
-          choices=lambda page: list(page.models), options=dict(elem_id="model")),
-    Field("temperature", "sampling.temperature", gr.Number, "temperature", bound=TEMPERATURE,
-          info=f"0 = greedy, else ≥ {MIN_TEMPERATURE:g}", parse=_temperature,
-          options=NUMBER | dict(step=0.05, elem_id="temperature")),
-    Field("top_p", "sampling.top_p", gr.Number, "top-p", bound=TOP_P, info="1 = off",
-          options=NUMBER | dict(step=0.05, elem_id="top-p")),
-    Field("top_k", "sampling.top_k", gr.Number, "top-k", bound=TOP_K, info="0 = off",
-          options=NUMBER | dict(elem_id="top-k")),
-    Field("min_p", "sampling.min_p", gr.Number, "min-p", bound=MIN_P, info="0 = off",
-          options=NUMBER | dict(step=0.01, elem_id="min-p")),
-    Field("repetition_penalty", "sampling.repetition_penalty", gr.Number, "repetition penalty",
-          bound=REPETITION_PENALTY, info="1 = off", options=NUMBER | dict(step=0.05, elem_id="repetition-penalty")),
-    Field("max_new_tokens", "max_new_tokens", gr.Number, "max new tokens", first=FIRST_MAX_NEW_TOKENS,
-          bound=MAX_NEW_TOKENS, info=MAX_NEW_TOKENS.info, options=dict(elem_id="max-new-tokens")),
+    Field(
+        "prompt",
+        "prompt",
+        gr.Textbox,
+        "Prompt",
+        parse=lambda raw, scope: raw or "",
+        options=dict(
+            lines=4,
+            max_length=BOX_MAX_CHARS,
+            elem_id="prompt",
+            placeholder="Ask something… (Enter runs, Shift+Enter for a new line)",
+        ),
+    ),
+    Field(
+        "system_prompt",
+        "system_prompt",
+        gr.Textbox,
+        "System prompt (every column; a column may override it)",
+        optional=True,
+        shown=_blank_for_none,
+        options=dict(lines=2, max_length=BOX_MAX_CHARS, elem_id="system-prompt"),
+    ),
+    Field(
+        "chat_template",
+        "chat_template",
+        gr.Checkbox,
+        "Use the chat template",
+        parse=lambda raw, scope: bool(raw),
+        options=dict(elem_id="chat-template"),
+    ),
+    Field(
+        "model",
+        "model",
+        gr.Dropdown,
+        "Model",
+        first=lambda page: page.default_model,
+        choices=lambda page: list(page.models),
+        options=dict(elem_id="model"),
+    ),
+    Field(
+        "temperature",
+        "sampling.temperature",
+        gr.Number,
+        "temperature",
+        bound=TEMPERATURE,
+        info=f"0 = greedy, else ≥ {MIN_TEMPERATURE:g}",
+        parse=_temperature,
+        options=NUMBER | dict(step=0.05, elem_id="temperature"),
+    ),
+    Field(
+        "top_p",
+        "sampling.top_p",
+        gr.Number,
+        "top-p",
+        bound=TOP_P,
+        info="1 = off",
+        options=NUMBER | dict(step=0.05, elem_id="top-p"),
+    ),
+    Field(
+        "top_k",
+        "sampling.top_k",
+        gr.Number,
+        "top-k",
+        bound=TOP_K,
+        info="0 = off",
+        options=NUMBER | dict(elem_id="top-k"),
+    ),
+    Field(
+        "min_p",
+        "sampling.min_p",
+        gr.Number,
+        "min-p",
+        bound=MIN_P,
+        info="0 = off",
+        options=NUMBER | dict(step=0.01, elem_id="min-p"),
+    ),
+    Field(
+        "repetition_penalty",
+        "sampling.repetition_penalty",
+        gr.Number,
+        "repetition penalty",
+        bound=REPETITION_PENALTY,
+        info="1 = off",
+        options=NUMBER | dict(step=0.05, elem_id="repetition-penalty"),
+    ),
+    Field(
+        "max_new_tokens",
+        "max_new_tokens",
+        gr.Number,
+        "max new tokens",
+        first=FIRST_MAX_NEW_TOKENS,
+        bound=MAX_NEW_TOKENS,
+        info=MAX_NEW_TOKENS.info,
+        options=dict(elem_id="max-new-tokens"),
+    ),
     Field("seed", "seed", gr.Number, "seed", bound=SEED, options=NUMBER | dict(elem_id="seed")),
-    Field("k", "deepconf.k", gr.Number, "k (top-k for confidence)", bound=DEEPCONF_K, what=DEEPCONF_K.name,
-          options=NUMBER | dict(elem_id="deepconf-k")),
-    Field("window", "deepconf.window", gr.Number, "group window (tokens)", bound=DEEPCONF_WINDOW,
-          what=DEEPCONF_WINDOW.name, options=NUMBER | dict(elem_id="deepconf-window")),
-    Field("threshold_mode", None, gr.Radio, "early stop", choices=["off", "fixed"],
-          get=lambda cfg: "off" if cfg.deepconf.threshold is None else "fixed",
-          info="stop a column once its window is full and its group confidence falls below the threshold",
-          options=dict(elem_id="thr-mode")),
-    Field("threshold", "deepconf.threshold", gr.Number, "threshold (group confidence)", first=DEFAULT_THRESHOLD,
-          parse=_threshold, shown=lambda value: KEEP if value is None else value,
-          info="normal answers of the embedded model stay above 4.7 (window 32); Calibrate measures it for your prompt",
-          options=NUMBER | dict(precision=2, elem_id="threshold")),
-    Field("reference", "reference", gr.Textbox, "Reference answer", optional=True, shown=_blank_for_none,
-          info="its perplexity after each column's prompt (with the column's strategy where it can score a text)",
-          options=dict(lines=2, max_length=BOX_MAX_CHARS, elem_id="reference")),
-    Field("key_facts", "key_facts", gr.Textbox, "Key facts", parse=lambda raw, scope: parse_key_facts(raw),
-          shown="\n".join,
-          info="one per line; /…/ is a regular expression; each column's recall is shown",
-          options=dict(lines=2, elem_id="key-facts")),
+    Field(
+        "k",
+        "deepconf.k",
+        gr.Number,
+        "k (top-k for confidence)",
+        bound=DEEPCONF_K,
+        what=DEEPCONF_K.name,
+        options=NUMBER | dict(elem_id="deepconf-k"),
+    ),
+    Field(
+        "window",
+        "deepconf.window",
+        gr.Number,
+        "group window (tokens)",
+        bound=DEEPCONF_WINDOW,
+        what=DEEPCONF_WINDOW.name,
+        options=NUMBER | dict(elem_id="deepconf-window"),
+    ),
+    Field(
+        "threshold_mode",
+        None,
+        gr.Radio,
+        "early stop",
+        choices=["off", "fixed"],
+        get=lambda cfg: "off" if cfg.deepconf.threshold is None else "fixed",
+        info="stop a column once its window is full and its group confidence falls below the threshold",
+        options=dict(elem_id="thr-mode"),
+    ),
+    Field(
+        "threshold",
+        "deepconf.threshold",
+        gr.Number,
+        "threshold (group confidence)",
+        first=DEFAULT_THRESHOLD,
+        parse=_threshold,
+        shown=lambda value: KEEP if value is None else value,
+        info=(
+            "normal answers of the embedded model stay above 4.7 (window 32); Calibrate measures it for "
+            "your prompt"
+        ),
+        options=NUMBER | dict(precision=2, elem_id="threshold"),
+    ),
+    Field(
+        "reference",
+        "reference",
+        gr.Textbox,
+        "Reference answer",
+        optional=True,
+        shown=_blank_for_none,
+        info=(
+            "its perplexity after each column's prompt (with the column's strategy where it can score a text)"
+        ),
+        options=dict(lines=2, max_length=BOX_MAX_CHARS, elem_id="reference"),
+    ),
+    Field(
+        "key_facts",
+        "key_facts",
+        gr.Textbox,
+        "Key facts",
+        parse=lambda raw, scope: parse_key_facts(raw),
+        shown="\n".join,
+        info="one per line; /…/ is a regular expression; each column's recall is shown",
+        options=dict(lines=2, elem_id="key-facts"),
+    ),
     # How many columns run: the rows of the config are the first `columns` columns' settings.
-    Field("columns", None, gr.Number, "columns", first=MIN_COLUMNS, bound=COLUMNS, get=lambda cfg: len(cfg.rows),
-          options=dict(elem_id="n-columns", elem_classes="fl-hidden", container=False)),
+    Field(
+        "columns",
+        None,
+        gr.Number,
+        "columns",
+        first=MIN_COLUMNS,
+        bound=COLUMNS,
+        get=lambda cfg: len(cfg.rows),
+        options=dict(elem_id="n-columns", elem_classes="fl-hidden", container=False),
+    ),
 )
 
 COLUMN: tuple[Field | StrategyChoice, ...] = (
-    Field("name", "name", gr.Textbox, "Name", first=lambda page: DEFAULT_COLUMNS[page.column][0], parse=_column_name,
-          options=dict(max_length=COLUMN_NAME_MAX_CHARS, elem_id="name")),
+    Field(
+        "name",
+        "name",
+        gr.Textbox,
+        "Name",
+        first=lambda page: DEFAULT_COLUMNS[page.column][0],
+        parse=_column_name,
+        options=dict(max_length=COLUMN_NAME_MAX_CHARS, elem_id="name"),
+    ),
     StrategyChoice(),
-    Field("prompt", "prompt", gr.Textbox, "Prompt override", optional=True, parse=_prompt_override,
-          shown=_blank_for_none,
-          options=dict(lines=2, max_length=BOX_MAX_CHARS, elem_id="prompt", placeholder="empty: the shared prompt")),
-    Field("system", "system_prompt", gr.Textbox, "System prompt override", optional=True, shown=_blank_for_none, options=dict(lines=1, max_length=BOX_MAX_CHARS, elem_id="system",
-                                                  placeholder="empty: the shared system prompt")),
+    Field(
+        "prompt",
+        "prompt",
+        gr.Textbox,
+        "Prompt override",
+        optional=True,
+        parse=_prompt_override,
+        shown=_blank_for_none,
+        options=dict(
+            lines=2, max_length=BOX_MAX_CHARS, elem_id="prompt", placeholder="empty: the shared prompt"
+        ),
+    ),
+    Field(
+        "system",
+        "system_prompt",
+        gr.Textbox,
+        "System prompt override",
+        optional=True,
+        shown=_blank_for_none,
+        options=dict(
+            lines=1, max_length=BOX_MAX_CHARS, elem_id="system", placeholder="empty: the shared system prompt"
+        ),
+    ),
     # A text box, not a number box: a page's number box cannot be empty (it shows and sends 0, greedy).
-    Field("temperature", "temperature", gr.Textbox, "temperature", bound=TEMPERATURE, optional=True,
-          info=f"empty: the shared temperature; 0 = greedy, else {MIN_TEMPERATURE:g} to {TEMPERATURE.hi:g}",
-          parse=_temperature, shown=_number_text,
-          badge=lambda t: f"temperature {t:g}",
-          options=dict(lines=1, max_lines=1, elem_id="temperature", placeholder="the shared temperature")),
-    Field("top_p", "top_p", gr.Textbox, "top-p", bound=TOP_P, optional=True,
-          info="empty: the shared top-p; above 0, up to 1 (1 = off)", parse=_top_p, shown=_number_text, badge=lambda p: f"top-p {p:g}",
-          options=dict(lines=1, max_lines=1, elem_id="top-p", placeholder="the shared top-p")),
-    Field("seed", "seed", gr.Textbox, "seed", bound=SEED, optional=True,
-          info="empty: the shared seed; a whole number, 0 or more (another seed draws other tokens)", shown=_whole_text, badge=lambda seed: f"seed {seed}",
-          options=dict(lines=1, max_lines=1, elem_id="seed", placeholder="the shared seed")),
+    Field(
+        "temperature",
+        "temperature",
+        gr.Textbox,
+        "temperature",
+        bound=TEMPERATURE,
+        optional=True,
+        info=f"empty: the shared temperature; 0 = greedy, else {MIN_TEMPERATURE:g} to {TEMPERATURE.hi:g}",
+        parse=_temperature,
+        shown=_number_text,
+        badge=lambda t: f"temperature {t:g}",
+        options=dict(lines=1, max_lines=1, elem_id="temperature", placeholder="the shared temperature"),
+    ),
+    Field(
+        "top_p",
+        "top_p",
+        gr.Textbox,
+        "top-p",
+        bound=TOP_P,
+        optional=True,
+        info="empty: the shared top-p; above 0, up to 1 (1 = off)",
+        parse=_top_p,
+        shown=_number_text,
+        badge=lambda p: f"top-p {p:g}",
+        options=dict(lines=1, max_lines=1, elem_id="top-p", placeholder="the shared top-p"),
+    ),
+    Field(
+        "seed",
+        "seed",
+        gr.Textbox,
+        "seed",
+        bound=SEED,
+        optional=True,
+        info="empty: the shared seed; a whole number, 0 or more (another seed draws other tokens)",
+        shown=_whole_text,
+        badge=lambda seed: f"seed {seed}",
+        options=dict(lines=1, max_lines=1, elem_id="seed", placeholder="the shared seed"),
+    ),
 )
 
 CALIBRATION: tuple[Field, ...] = (
-    Field("eta_preset", None, gr.Radio, "calibration η", first=ETA_CHOICES[1], choices=ETA_CHOICES,
-          options=dict(elem_id="eta-preset")),
-    Field("eta", None, gr.Number, "custom η %", first=50, bound=ETA,
-          parse=lambda raw, scope: raw,  # checked by `resolve_eta`, which reads it only for a custom η
-          options=NUMBER | dict(elem_id="eta")),
-    Field("warmup", None, gr.Number, "warm-up traces per column", first=8, bound=WARMUP_TRACES, what=WARMUP_TRACES.name,
-          options=NUMBER | dict(elem_id="warmup")),
+    Field(
+        "eta_preset",
+        None,
+        gr.Radio,
+        "calibration η",
+        first=ETA_CHOICES[1],
+        choices=ETA_CHOICES,
+        options=dict(elem_id="eta-preset"),
+    ),
+    Field(
+        "eta",
+        None,
+        gr.Number,
+        "custom η %",
+        first=50,
+        bound=ETA,
+        parse=lambda raw, scope: raw,  # checked by `resolve_eta`, which reads it only for a custom η
+        options=NUMBER | dict(elem_id="eta"),
+    ),
+    Field(
+        "warmup",
+        None,
+        gr.Number,
+        "warm-up traces per column",
+        first=8,
+        bound=WARMUP_TRACES,
+        what=WARMUP_TRACES.name,
+        options=NUMBER | dict(elem_id="warmup"),
+    ),
 )
 
 SHARED_BY_NAME = {s.name: s for s in SHARED}
@@ -371,7 +602,7 @@ def column_key(index: int, name: str) -> str:
 def column_values(values: dict, index: int) -> dict:
     """Column slot `index`'s values out of an event's, by their unprefixed names."""
     prefix = column_key(index, "")
-    return {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in values.items() if k.startswith(prefix)}
 
 
 def read_all(settings, values: dict, scope: Scope) -> dict:
@@ -418,9 +649,12 @@ def run_config(values: dict) -> RunConfig:
     found = {path: value for s in SHARED for path, value in s.fields(shared[s.name]).items()}
     data = _nested(found)
     parts = {name: kind(**data.pop(name, {})) for name, kind in CONFIG_PARTS.items()}
-    return RunConfig(**data, **parts, rows=column_specs(values, shared["columns"]),
-                     quality=True,  # self and prompt perplexity per row: ~a forward pass each, after the run
-                     ).validate()
+    return RunConfig(
+        **data,
+        **parts,
+        rows=column_specs(values, shared["columns"]),
+        quality=True,  # self and prompt perplexity per row: ~a forward pass each, after the run
+    ).validate()
 
 
 def badges(spec: RowSpec) -> list[str]:
@@ -434,5 +668,8 @@ def default_row(column: int, num_layers: int) -> RowSpec:
     name, strategy = DEFAULT_COLUMNS[column]
     if strategy == NONE:
         return RowSpec(name=name)
-    return RowSpec(name=name, strategy=strategy,
-                   params=REGISTRY[strategy].preset_values(first_preset(strategy), num_layers))
+    return RowSpec(
+        name=name,
+        strategy=strategy,
+        params=REGISTRY[strategy].preset_values(first_preset(strategy), num_layers),
+    )

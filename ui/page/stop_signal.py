@@ -8,6 +8,7 @@ this module loads: every process forked afterwards (the worker is forked at a GP
 A `StopSignal` pickles as its serial number, so the work's copy in the worker reads the same cells.
 Outside ZeroGPU the work runs in this process and reads them the same way.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -27,7 +28,7 @@ _lock = threading.Lock()  # this process's writers (the read-modify-write of a r
 # worker only reads (a lock held here when it was forked would stay held there)
 
 
-def claim() -> "StopSignal":
+def claim() -> StopSignal:
     """A new, unset signal for a job about to run."""
     with _lock:
         serial = next(_serials)

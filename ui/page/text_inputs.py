@@ -1,6 +1,7 @@
 """What the Perplexity and Sweep tabs share: where the text comes from, its limits, the mode inputs,
 and the per-token surprise view. Every limit is read from where it is declared (`feedback.serve.limits`,
 `feedback.eval.perplexity`)."""
+
 from __future__ import annotations
 
 from html import escape
@@ -39,8 +40,10 @@ def load_documents(source: str, text: str | None, upload: str | None, max_docs: 
         path = Path(upload)
         problem = None
         if path.stat().st_size > UPLOAD_MAX_BYTES:
-            problem = (f"uploads are limited to {UPLOAD_MAX_BYTES // 1_000_000} MB; "
-                       f"this file is {path.stat().st_size / 1e6:.1f} MB")
+            problem = (
+                f"uploads are limited to {UPLOAD_MAX_BYTES // 1_000_000} MB; "
+                f"this file is {path.stat().st_size / 1e6:.1f} MB"
+            )
         elif path.suffix not in (".txt", ".jsonl"):
             problem = "upload a .txt file or a .jsonl file with a 'text' field"
         if problem:
@@ -49,7 +52,9 @@ def load_documents(source: str, text: str | None, upload: str | None, max_docs: 
         warnings: list[str] = []
         docs = corpus.load(str(path), warnings.append)
         if warnings:
-            notice.warning(f"{len(warnings)} line(s) skipped: " + "; ".join(w.split(": ", 1)[1] for w in warnings[:3]))
+            notice.warning(
+                f"{len(warnings)} line(s) skipped: " + "; ".join(w.split(": ", 1)[1] for w in warnings[:3])
+            )
         return docs[:max_docs]
     if source in ("builtin:dev", "builtin:test"):
         return corpus.load(source)[:max_docs]
@@ -58,7 +63,9 @@ def load_documents(source: str, text: str | None, upload: str | None, max_docs: 
 
 def load_named(values: dict) -> list[corpus.Document]:
     """The documents of a handler's values by name: `source`, `text`, `upload` and `max_docs`."""
-    return load_documents(values["source"], values["text"], values["upload"], MAX_DOCS.check(values["max_docs"]))
+    return load_documents(
+        values["source"], values["text"], values["upload"], MAX_DOCS.check(values["max_docs"])
+    )
 
 
 def scoring_config(values: dict, strategy: str, params: dict, **settings) -> PPLConfig:
@@ -76,14 +83,23 @@ def source_inputs(prefix: str, start_source: str = "pasted text", start_docs: in
         source = gr.Radio(SOURCES, value=start_source, label="Text", elem_id=f"{prefix}-source")
         max_docs = bound_number(MAX_DOCS, start_docs, elem_id=f"{prefix}-max-docs")
     text = gr.Textbox(label="Text to score", lines=6, max_length=TEXT_MAX_CHARS, elem_id=f"{prefix}-text")
-    upload = gr.File(label=f"or a .txt / .jsonl file (≤ {UPLOAD_MAX_BYTES // 1_000_000} MB)",
-                     file_types=[".txt", ".jsonl"], type="filepath", elem_id=f"{prefix}-upload")
+    upload = gr.File(
+        label=f"or a .txt / .jsonl file (≤ {UPLOAD_MAX_BYTES // 1_000_000} MB)",
+        file_types=[".txt", ".jsonl"],
+        type="filepath",
+        elem_id=f"{prefix}-upload",
+    )
     return source, text, upload, max_docs
 
 
 def mode_inputs(prefix: str):
-    mode = gr.Radio(["auto", "exact", "parallel", "jacobi"], value="auto", label="mode", elem_id=f"{prefix}-mode",
-                    info="auto: parallel when exact in one pass, else jacobi")
+    mode = gr.Radio(
+        ["auto", "exact", "parallel", "jacobi"],
+        value="auto",
+        label="mode",
+        elem_id=f"{prefix}-mode",
+        info="auto: parallel when exact in one pass, else jacobi",
+    )
     passes = bound_number(PASSES, PPLConfig().passes, elem_id=f"{prefix}-passes")
     return mode, passes
 
@@ -102,18 +118,32 @@ def surprise_html(detail: dict) -> str:
     diffs = [f - b for f, b in zip(detail["feedback_nll"], detail["baseline_nll"])]
     bound = float(np.percentile(np.abs(diffs), 95)) if diffs else 0.0
     first = detail.get("first_token", "")
-    spans = [f'<span class="fl-tok fl-first" tabindex="0" '
-             f'{render.card_attr(render.visible(first), [("first token", "not scored: nothing predicts it")])}>'
-             f"{escape(first, quote=True)}</span>"] if first else []
+    first_card = [("first token", "not scored: nothing predicts it")]
+    spans = (
+        [
+            f'<span class="fl-tok fl-first" tabindex="0" '
+            f"{render.card_attr(render.visible(first), first_card)}>"
+            f"{escape(first, quote=True)}</span>"
+        ]
+        if first
+        else []
+    )
     for tok, d, b, f in zip(detail["tokens"], diffs, detail["baseline_nll"], detail["feedback_nll"]):
-        rows = [("NLL baseline", f"{b:.3f}"), ("NLL feedback", f"{f:.3f}"),
-                ("Δ (feedback − baseline)", f"{d:+.3f} nats")]
-        spans.append(f'<span class="fl-tok" tabindex="-1" style="background-color: {surprise_color(d, bound)}" '
-                     f"{render.card_attr(render.visible(tok), rows)}>{escape(tok, quote=True)}</span>")
-    legend = (f'<div class="fl-legend"><span class="fl-swatch" style="background:{surprise_color(-1, 1)}"></span>'
-              f'feedback less surprised (better)<span class="fl-swatch" style="background:{surprise_color(1, 1)}">'
-              f"</span>more surprised (worse) · full colour at the 95th percentile of |Δ| · first token not scored"
-              f"</div>")
+        rows = [
+            ("NLL baseline", f"{b:.3f}"),
+            ("NLL feedback", f"{f:.3f}"),
+            ("Δ (feedback − baseline)", f"{d:+.3f} nats"),
+        ]
+        spans.append(
+            f'<span class="fl-tok" tabindex="-1" style="background-color: {surprise_color(d, bound)}" '
+            f"{render.card_attr(render.visible(tok), rows)}>{escape(tok, quote=True)}</span>"
+        )
+    legend = (
+        f'<div class="fl-legend"><span class="fl-swatch" style="background:{surprise_color(-1, 1)}"></span>'
+        f'feedback less surprised (better)<span class="fl-swatch" style="background:{surprise_color(1, 1)}">'
+        f"</span>more surprised (worse) · full colour at the 95th percentile of |Δ| · first token not scored"
+        f"</div>"
+    )
     return f'{legend}<div class="fl-text">{"".join(spans)}</div>'
 
 

@@ -4,6 +4,7 @@ Both go to `launch()` (Gradio 6 takes `css` and `head` there): use `launch_kwarg
 Colours use Gradio's theme variables, so light and dark themes both read well; charts are drawn
 with transparent backgrounds and get their text and grid colours here.
 """
+
 from __future__ import annotations
 
 from feedback.serve.limits import UPLOAD_MAX_BYTES
@@ -19,7 +20,8 @@ CSS = """
 .fl-markdown ul, .fl-markdown ol { padding-left: 1.4em; }
 .fl-markdown code { font-family: var(--font-mono, ui-monospace, monospace); font-size: 0.92em;
   background: var(--background-fill-secondary); border-radius: 3px; padding: 0 3px; }
-.fl-markdown pre { overflow-x: auto; background: var(--background-fill-secondary); border-radius: 6px; padding: 8px; }
+.fl-markdown pre { overflow-x: auto; background: var(--background-fill-secondary); border-radius: 6px;\
+ padding: 8px; }
 .fl-markdown pre code { padding: 0; background: none; white-space: pre; }
 .fl-markdown table { display: block; overflow-x: auto; border-collapse: collapse; }
 .fl-markdown th, .fl-markdown td { border: 1px solid var(--border-color-primary); padding: 2px 6px; }
@@ -27,13 +29,15 @@ CSS = """
 .fl-tok:hover, .fl-tok:focus, .fl-tok.fl-active { outline: 2px solid var(--color-accent); outline-offset: 0; }
 .fl-tok.fl-first { color: var(--body-text-color-subdued); }
 /* a streaming text's cursor, after its last token (the box stays open while it streams) */
-.fl-text.fl-live::after { content: ""; display: inline-block; width: 0.5em; height: 1.1em; vertical-align: text-bottom;
+.fl-text.fl-live::after { content: ""; display: inline-block; width: 0.5em; height: 1.1em;\
+ vertical-align: text-bottom;
   background: var(--body-text-color); animation: fl-blink 1s step-end infinite; }
 @keyframes fl-blink { 50% { opacity: 0; } }
 .fl-diverge { display: inline-block; font-size: 0.72em; font-family: var(--font); font-weight: 600;
   line-height: 1.2; padding: 0 4px; margin: 0 2px; border-radius: 3px; vertical-align: 1px;
   color: var(--body-text-color); border: 1px dashed var(--body-text-color-subdued); }
-.fl-diverge ~ .fl-tok, .fl-diverge ~ .fl-plain { text-decoration: underline dotted var(--body-text-color-subdued);
+.fl-diverge ~ .fl-tok, .fl-diverge ~ .fl-plain { text-decoration: underline dotted\
+ var(--body-text-color-subdued);
   text-underline-offset: 3px; }
 /* ---- the metrics table ---- */
 .fl-stats { border-collapse: collapse; width: 100%; font-size: 0.88em; border: none !important; margin: 0; }
@@ -49,7 +53,8 @@ CSS = """
 /* a read-only data table (History): scrolls in its box both ways, its header kept in view */
 .fl-table { max-height: 32rem; overflow: auto; border: 1px solid var(--border-color-primary);
   border-radius: var(--radius-md, 6px); }
-.fl-table table { border-collapse: collapse; width: 100%; font-size: 0.85em; margin: 0; border: none !important; }
+.fl-table table { border-collapse: collapse; width: 100%; font-size: 0.85em; margin: 0;\
+ border: none !important; }
 .fl-table th, .fl-table td { padding: 4px 8px; text-align: left; vertical-align: top;
   border: none !important; border-bottom: 1px solid var(--border-color-primary) !important;
   color: var(--body-text-color); overflow-wrap: anywhere; }
@@ -70,7 +75,8 @@ CSS = """
 .fl-note { font-size: 0.88em; color: var(--body-text-color); opacity: 0.85; }
 .fl-status { font-size: 0.95em; }
 .fl-status.fl-wait { font-weight: 600; }
-.fl-status.fl-wait::before { content: ""; display: inline-block; width: 0.6em; height: 0.6em; border-radius: 50%;
+.fl-status.fl-wait::before { content: ""; display: inline-block; width: 0.6em; height: 0.6em;\
+ border-radius: 50%;
   margin-right: 0.45em; background: var(--color-accent); animation: fl-blink 1s step-end infinite; }
 .fl-status.fl-error { color: var(--error-text-color, #b91c1c); }
 /* Help under controls: Gradio's default grey is 1.9:1 on white; this is ~7:1 in both themes. */
@@ -92,7 +98,8 @@ CSS = """
 #fl-card .fl-alt-text { min-width: 6em; white-space: pre; overflow: hidden; text-overflow: ellipsis; }
 #fl-card .fl-alt.fl-chosen { font-weight: 700; }
 #fl-card.fl-pinned { pointer-events: auto; }
-#fl-card button.fl-alt { width: 100%; background: transparent; border: 1px solid transparent; border-radius: 4px;
+#fl-card button.fl-alt { width: 100%; background: transparent; border: 1px solid transparent;\
+ border-radius: 4px;
   color: inherit; cursor: pointer; padding: 1px 2px; text-align: left; font: inherit; }
 #fl-card button.fl-alt:hover, #fl-card button.fl-alt:focus { border-color: var(--color-accent, #f97316); }
 #fl-card .fl-card-hint { margin-top: 4px; font-size: 12px; opacity: 0.8; }
@@ -101,7 +108,8 @@ CSS = """
 .fl-tok.fl-replayed { box-shadow: inset 0 -1px 0 var(--body-text-color-subdued); }
 .fl-tok.fl-part-restate { font-style: italic; opacity: 0.8; }
 .fl-tok.fl-part-transition { font-weight: 600; text-decoration: underline dotted; }
-mark.fl-ins { background: rgba(0, 158, 115, 0.25); color: var(--body-text-color); border-radius: 2px; padding: 0 1px; }
+mark.fl-ins { background: rgba(0, 158, 115, 0.25); color: var(--body-text-color); border-radius: 2px;\
+ padding: 0 1px; }
 .dark mark.fl-ins { background: rgba(0, 158, 115, 0.4); }
 del.fl-del { font-size: 0.8em; color: var(--body-text-color-subdued); margin-right: 0.25em; }
 td.fl-best { font-weight: 700; }
@@ -116,7 +124,8 @@ td.fl-best { font-weight: 700; }
 .fl-badge { display: inline-block; font-size: 0.6em; font-weight: 500; padding: 1px 6px; margin-left: 4px;
   border: 1px solid var(--color-accent); border-radius: 999px; vertical-align: 0.2em; }
 .fl-turns { display: flex; flex-direction: column; gap: 6px; margin-bottom: 8px; }
-.fl-turn { white-space: pre-wrap; word-break: break-word; padding: 6px 10px; border-radius: 10px; max-width: 85%;
+.fl-turn { white-space: pre-wrap; word-break: break-word; padding: 6px 10px; border-radius: 10px;\
+ max-width: 85%;
   font-size: 0.9em; color: var(--body-text-color); }
 .fl-turn.fl-user { align-self: flex-end; background: rgba(0, 114, 178, 0.14); }
 .fl-turn.fl-assistant { align-self: flex-start; background: var(--background-fill-secondary); }
@@ -132,7 +141,8 @@ td.fl-best { font-weight: 700; }
 .fl-badges .fl-badge { margin-left: 0; margin-right: 4px; font-size: 0.75em; }
 .fl-turns.fl-none { display: none; }
 .fl-n3 .fl-word, .fl-n4 .fl-word { display: none; }  /* three or four columns: the buttons keep their sign */
-.fl-board-cols:empty::before { content: "The columns show here when you Generate (set them up under Settings, Columns).";
+.fl-board-cols:empty::before {\
+ content: "The columns show here when you Generate (set them up under Settings, Columns).";
   color: var(--body-text-color-subdued); font-style: italic; }
 .fl-board-tabs, .fl-board-legend { display: none; }
 .fl-view-diff .fl-board-legend { display: block; margin-bottom: 6px; }
@@ -144,7 +154,8 @@ td.fl-best { font-weight: 700; }
   #view-row { flex-wrap: wrap !important; }  /* the token views, then the colour legend under them */
   #view-row > * { flex: 1 1 100% !important; min-width: 100% !important; }
   .fl-board-tabs { display: flex; gap: 4px; overflow-x: auto; margin-bottom: 6px; }
-  .fl-board-tab { flex: 0 0 auto; max-width: 60vw; overflow: hidden; text-overflow: ellipsis; white-space: nowrap;
+  .fl-board-tab { flex: 0 0 auto; max-width: 60vw; overflow: hidden; text-overflow: ellipsis;\
+ white-space: nowrap;
     padding: 4px 10px; border-radius: 999px; border: 2px solid var(--border-color-primary); font-size: 0.85em;
     background: var(--background-fill-secondary); color: var(--body-text-color); cursor: pointer; }
   .fl-board-tab[aria-selected="true"] { font-weight: 700; background: var(--background-fill-primary); }
@@ -162,14 +173,16 @@ td.fl-best { font-weight: 700; }
 .fl-hidden { display: none !important; }
 .fl-skip { position: absolute; left: -9999px; }
 .fl-col-actions { display: flex; flex-wrap: wrap; gap: 6px; }
-.fl-copy, .fl-col-act { font-size: 0.8em; padding: 2px 10px; margin: 2px 0 4px; border-radius: 6px; cursor: pointer;
+.fl-copy, .fl-col-act { font-size: 0.8em; padding: 2px 10px; margin: 2px 0 4px; border-radius: 6px;\
+ cursor: pointer;
   border: 1px solid var(--border-color-primary); background: var(--background-fill-secondary);
   color: var(--body-text-color); }
 /* Re-run while the Compare tab is idle, Stop column while it runs (its Generate/Stop buttons say which) */
 body:has(#generate:disabled) :is(.fl-rerun, .fl-rate), body:has(#stop:enabled) :is(.fl-rerun, .fl-rate) {
   display: none; }
 body:has(#stop:disabled) .fl-col-stop { display: none; }
-.fl-skip:focus { position: static; display: inline-block; padding: 4px 8px; border: 2px solid var(--color-accent);
+.fl-skip:focus { position: static; display: inline-block; padding: 4px 8px;\
+ border: 2px solid var(--color-accent);
   border-radius: 6px; color: var(--body-text-color); }
 /* ---- charts: transparent figures take the theme's text and grid colours ---- */
 .js-plotly-plot .main-svg .gtitle, .js-plotly-plot .main-svg .xtitle, .js-plotly-plot .main-svg .ytitle,
@@ -194,7 +207,8 @@ HEAD = """
 (() => {
   let card = null, pinned = null, shown = null;
   const ensure = () => {
-    if (!card) { card = document.createElement("div"); card.id = "fl-card"; card.setAttribute("role", "tooltip");
+    if (!card) { card = document.createElement("div"); card.id = "fl-card"; card.setAttribute("role",\
+ "tooltip");
                  document.body.appendChild(card); }
     return card;
   };
@@ -210,7 +224,8 @@ HEAD = """
     const d = cardOf(el);
     if (!d) return false;
     const c = ensure(); c.replaceChildren();
-    const title = document.createElement("div"); title.className = "fl-card-title"; title.textContent = d.title;
+    const title = document.createElement("div"); title.className = "fl-card-title";\
+ title.textContent = d.title;
     c.appendChild(title);
     const table = document.createElement("table");
     for (const [k, v] of d.rows || []) row(table, k, v);
@@ -227,7 +242,8 @@ HEAD = """
           line.type = "button";
           line.title = "force this token here and continue (a branch)";
           line.addEventListener("click", (ev) => {
-            ev.stopPropagation(); branchTo(where.row, where.step, tokenId, ev.detail === 0);  // 0: Enter or Space
+            ev.stopPropagation();\
+ branchTo(where.row, where.step, tokenId, ev.detail === 0);  // 0: Enter or Space
           });
         }
         const t = document.createElement("span"); t.className = "fl-alt-text"; t.textContent = text;
@@ -269,7 +285,8 @@ HEAD = """
   // A branch: only from a pinned card of a finished column (no caret) that names its column.
   const branchable = (el) => {
     const box = el.closest(".fl-text[data-row]");
-    if (!pinned || pinned !== el || !box || box.classList.contains("fl-live") || el.dataset.step === undefined) return null;
+    if (!pinned || pinned !== el || !box || box.classList.contains("fl-live")\
+ || el.dataset.step === undefined) return null;
     return {row: box.dataset.row, step: parseInt(el.dataset.step, 10)};
   };
   // After a branch made from the keyboard, focus goes back to the branched token once its column
@@ -277,7 +294,8 @@ HEAD = """
   let refocus = null;
   const restoreFocus = () => {
     if (!refocus) return;
-    const box = Array.from(document.querySelectorAll(".fl-text[data-row]")).find((b) => b.dataset.row === refocus.row);
+    const box = Array.from(document.querySelectorAll(".fl-text[data-row]")).find((b) =>\
+ b.dataset.row === refocus.row);
     if (!box) return;
     if (box.classList.contains("fl-live")) { refocus.streamed = true; return; }
     if (!refocus.streamed) return;  // still the text from before the branch
@@ -290,7 +308,8 @@ HEAD = """
     const go = document.querySelector("#fl-branch-go");
     if (!go) return;
     // the branch event reads its request from here (ui.compare.tab.page_request), not from a box
-    window.flRequest = Object.assign(window.flRequest || {}, {branch: JSON.stringify({row: row, step: step, token_id: tokenId})});
+    window.flRequest = Object.assign(window.flRequest || {},\
+ {branch: JSON.stringify({row: row, step: step, token_id: tokenId})});
     close();
     go.click();
   };
@@ -331,7 +350,8 @@ HEAD = """
     if (!t || !["ArrowRight", "ArrowLeft", "Home", "End"].includes(e.key)) return;
     const all = Array.from(t.parentElement.querySelectorAll(".fl-tok"));
     const i = all.indexOf(t);
-    const j = e.key === "ArrowRight" ? i + 1 : e.key === "ArrowLeft" ? i - 1 : e.key === "Home" ? 0 : all.length - 1;
+    const j = e.key === "ArrowRight" ? i + 1 : e.key === "ArrowLeft" ? i - 1 :\
+ e.key === "Home" ? 0 : all.length - 1;
     if (all[j]) { e.preventDefault(); all[j].focus(); }
   });
   window.addEventListener("scroll", () => { if (shown && document.contains(shown)) place(shown); }, true);
@@ -348,13 +368,16 @@ HEAD = """
   document.addEventListener("click", (e) => {
     const button = e.target.closest ? e.target.closest("button.fl-col-act") : null;
     if (!button) return;
-    const go = document.querySelector({stop: "#fl-stop-go", rate: "#fl-rate-go"}[button.dataset.act] || "#fl-rerun-go");
+    const go = document.querySelector({stop: "#fl-stop-go", rate: "#fl-rate-go"}[button.dataset.act] ||\
+ "#fl-rerun-go");
     if (!go) return;
     // a rating sends its verdict; a column's Stop the tokens the board shows of it (what it keeps)
     const n = button.dataset.column;
     const column = button.dataset.act === "rate" ? `${n} ${button.dataset.verdict}`
-                 : button.dataset.act === "stop" && window.flBoard ? `${n} ${window.flBoard.shown(Number(n))}` : n;
-    window.flRequest = Object.assign(window.flRequest || {}, {column: column});  // read by the event (page_request)
+                 : button.dataset.act === "stop" && window.flBoard\
+ ? `${n} ${window.flBoard.shown(Number(n))}` : n;
+    window.flRequest = Object.assign(window.flRequest || {}, {column: column});\
+  // read by the event (page_request)
     go.click();
   });
   // Copy answer: the column's text as plain text (the "differs from here" marker left out).
@@ -379,7 +402,8 @@ HEAD = """
   // In the Compare prompt Enter runs and Shift+Enter starts a new line, as in the follow-up box
   // (Gradio's multi-line box does the reverse). Caught before Gradio's own key handler sees it.
   window.addEventListener("keypress", (e) => {
-    if (e.key !== "Enter" || e.isComposing || !e.target.closest || !e.target.closest("#prompt textarea")) return;
+    if (e.key !== "Enter" || e.isComposing || !e.target.closest || !e.target.closest("#prompt textarea"))\
+ return;
     e.stopImmediatePropagation();  // Gradio's handler would submit on Shift+Enter
     if (e.shiftKey) return;  // the browser inserts the new line
     e.preventDefault();
@@ -395,7 +419,8 @@ HEAD = """
   // that handler (a whole purge would break the redraws Gradio still has queued on it).
   const release = (node) => {
     if (node.nodeType !== 1) return;
-    const charts = node.classList.contains("js-plotly-plot") ? [node] : node.querySelectorAll(".js-plotly-plot");
+    const charts = node.classList.contains("js-plotly-plot") ? [node] :\
+ node.querySelectorAll(".js-plotly-plot");
     for (const gd of charts) {
       if (gd.isConnected || !gd._responsiveChartHandler) continue;
       window.removeEventListener("resize", gd._responsiveChartHandler);
@@ -416,7 +441,8 @@ HEAD = """
 """
 
 
-UPLOAD_MAX = f"{UPLOAD_MAX_BYTES // 1_000_000}mb"  # Gradio refuses larger uploads itself, before writing anything to disk
+# Gradio refuses larger uploads itself, before writing anything to disk
+UPLOAD_MAX = f"{UPLOAD_MAX_BYTES // 1_000_000}mb"
 
 
 def launch_kwargs() -> dict:

@@ -1,10 +1,12 @@
 """The Sweep's and the Tune's best point, as both keep it for "Send best to Compare": only a point
 that beats the baseline is kept (`recommend`), and where in Compare it goes (`target_column`,
 `unique_name`). Each job's report stream feeds its clock and rows here too (`take_reports`)."""
+
 from __future__ import annotations
 
 import itertools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import gradio as gr
 
@@ -31,14 +33,20 @@ def take_reports(work, items: list, elapsed: float) -> bool:
     return new
 
 
-def kept_best(source: str, strategy: str, params: dict, num_layers: int, delta_pct: float,
-              judged: str = "") -> dict:
+def kept_best(
+    source: str, strategy: str, params: dict, num_layers: int, delta_pct: float, judged: str = ""
+) -> dict:
     """A job's best point as the tab keeps it for "Send best to Compare": the job that found it
     ("Sweep", "Tune"), the strategy, every parameter with defaults filled in (a Compare column takes
     a whole set: one left out would keep whatever the column had), its ΔPPL and the verdict on it
     (`feedback.eval.verdict`, in words). Only a point that beats the baseline is kept (`recommend`)."""
-    return {"source": source, "strategy": strategy, "params": get_strategy(strategy).validate(params, num_layers),
-            "delta_pct": delta_pct, "verdict": judged}
+    return {
+        "source": source,
+        "strategy": strategy,
+        "params": get_strategy(strategy).validate(params, num_layers),
+        "delta_pct": delta_pct,
+        "verdict": judged,
+    }
 
 
 def offer(best: dict | None) -> dict:
@@ -72,5 +80,5 @@ def target_column(strategy: str, strategies: list, shown: int) -> int:
 def unique_name(base: str, names: list[str], column: int) -> str:
     """`base` ("Sweep best"), numbered ("Sweep best 2") while another column has that name: a run
     refuses two columns of one name."""
-    others = set(names[:column] + names[column + 1:])
+    others = set(names[:column] + names[column + 1 :])
     return next(name for k in itertools.count(1) if (name := base if k == 1 else f"{base} {k}") not in others)

@@ -7,12 +7,14 @@ from there, so a route is a plain module-level function and a test may hand it o
 `key_ok`, for the routes (`require_key`) and for the middleware that guards a whole server's paths
 (`KeyGate`: the API's, and the Gradio API's with FEEDBACK_GRADIO_API=keys).
 """
+
 from __future__ import annotations
 
 import hmac
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Callable
+from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -42,7 +44,7 @@ class ApiSettings:
     gradio_keys: bool = False  # FEEDBACK_GRADIO_API=keys: the Gradio API's clients need a key too
 
     @classmethod
-    def from_env(cls) -> "ApiSettings":
+    def from_env(cls) -> ApiSettings:
         env = os.environ.get
         keys = tuple(k.strip() for k in env("FEEDBACK_API_KEYS", "").split(",") if k.strip())
         gradio = env("FEEDBACK_GRADIO_API", "open").strip().lower()
@@ -51,9 +53,13 @@ class ApiSettings:
         if gradio == "keys" and not keys:
             raise FeedbackError("FEEDBACK_GRADIO_API=keys needs FEEDBACK_API_KEYS")
         try:
-            return cls(keys, int(env("FEEDBACK_API_MAX_BODY", cls.max_body_bytes)),
-                       float(env("FEEDBACK_API_WAIT_S", cls.wait_s)),
-                       Budget.from_env(), gradio == "keys")
+            return cls(
+                keys,
+                int(env("FEEDBACK_API_MAX_BODY", cls.max_body_bytes)),
+                float(env("FEEDBACK_API_WAIT_S", cls.wait_s)),
+                Budget.from_env(),
+                gradio == "keys",
+            )
         except ValueError as exc:
             raise FeedbackError(f"bad FEEDBACK_API_* setting: {exc}") from None
 
@@ -82,14 +88,19 @@ def key_ok(authorization: str | None, keys: tuple[str, ...]) -> bool:
     if not keys:
         return True
     scheme, _, given = (authorization or "").partition(" ")
-    return scheme.lower() == "bearer" and any(hmac.compare_digest(given.strip().encode(), k.encode()) for k in keys)
+    return scheme.lower() == "bearer" and any(
+        hmac.compare_digest(given.strip().encode(), k.encode()) for k in keys
+    )
 
 
 _bearer = HTTPBearer(auto_error=False, description="an API key from FEEDBACK_API_KEYS")
 
 
-def require_key(request: Request, settings: Settings,
-                _scheme: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+def require_key(
+    request: Request,
+    settings: Settings,
+    _scheme: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
     """The routes' key check. `_scheme` declares the bearer scheme in the OpenAPI schema; the
     header itself is judged by `key_ok`, unless `KeyGate` already found it good."""
     if getattr(request.state, _KEY_CHECKED, False):
@@ -111,7 +122,9 @@ class KeyGate:
             headers = dict(scope["headers"])
             if self.protected(scope["path"], headers):
                 if not key_ok(headers.get(b"authorization", b"").decode("latin-1"), self.keys):
-                    response = JSONResponse({"error": KEY_REQUIRED}, 401, headers={"WWW-Authenticate": "Bearer"})
+                    response = JSONResponse(
+                        {"error": KEY_REQUIRED}, 401, headers={"WWW-Authenticate": "Bearer"}
+                    )
                     return await response(scope, receive, send)
                 scope.setdefault("state", {})[_KEY_CHECKED] = True
         await self.app(scope, receive, send)

@@ -1,9 +1,10 @@
 """How the API answers what goes wrong: every error is `{"error": ...}` with its status (the
 invalid-request answer adds `details`, one per field), and bodies over the size limit are refused
 while they are read."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -74,8 +75,10 @@ async def invalid_request(_request, exc: RequestValidationError) -> JSONResponse
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
         return JSONResponse({"error": "the body is not valid JSON"}, 400)
-    details = [{"field": ".".join(str(p) for p in e.get("loc", ())[1:]) or "body", "message": e.get("msg", "")}
-               for e in errors]
+    details = [
+        {"field": ".".join(str(p) for p in e.get("loc", ())[1:]) or "body", "message": e.get("msg", "")}
+        for e in errors
+    ]
     text = "; ".join(f"{d['field']}: {d['message']}" for d in details)
     return JSONResponse({"error": f"invalid request: {text}", "details": details}, 422)
 

@@ -1,5 +1,6 @@
 """POST /continue and /branch: the next turn of an earlier run, or the run replayed and forced to
 another token at one step. The earlier run comes back in the request, or by its run_id."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -13,7 +14,15 @@ from feedback.core.session import RecentRuns, branch, continue_run
 from feedback.errors import FeedbackError
 from feedback.serve.api.deps import ApiSettings, Pool, Recent, Settings, require_key
 from feedback.serve.api.errors import ApiError
-from feedback.serve.api.schemas import ERRORS, NOT_FOUND, STREAMED, BranchIn, ContinueIn, FollowUpIn, saved_result
+from feedback.serve.api.schemas import (
+    ERRORS,
+    NOT_FOUND,
+    STREAMED,
+    BranchIn,
+    ContinueIn,
+    FollowUpIn,
+    saved_result,
+)
 from feedback.serve.api.streaming import answer, stream_format
 from feedback.serve.limits import check_run, check_saved_run
 from feedback.serve.pool import ModelPool
@@ -57,32 +66,54 @@ def start(req: ContinueIn | BranchIn, pool: ModelPool, settings: ApiSettings, re
     return start_run(lm, check_run(config, lm.num_layers), budget=settings.budget)
 
 
-async def follow_up(req: ContinueIn | BranchIn, request: Request, format: str | None, pool: ModelPool,
-                    settings: ApiSettings, recent: RecentRuns):
+async def follow_up(
+    req: ContinueIn | BranchIn,
+    request: Request,
+    format: str | None,
+    pool: ModelPool,
+    settings: ApiSettings,
+    recent: RecentRuns,
+):
     """Continue and branch alike: the run built from the earlier one, whole unless asked to stream."""
     run = await anyio.to_thread.run_sync(start, req, pool, settings, recent)
     return await answer(run, request, req.steps, stream_format(request, format, None), pool, settings, recent)
 
 
-@router.post("/continue",
-             summary="the next turn of an earlier run: each row answers `message` after its own conversation",
-             description="Give the earlier RunResult (`run`, best sent with `steps: false`) or its `run_id`. "
-                         "Each row's history is its own prompt and answer, so the rows' conversations diverge "
-                         "as their answers did. Settings carry over. `format=ndjson|sse` streams it as "
-                         "/generate/stream does.")
-async def continue_(req: ContinueIn, request: Request, pool: Pool, settings: Settings, recent: Recent,
-                    format: Literal["ndjson", "sse"] | None = Query(None)):
+@router.post(
+    "/continue",
+    summary="the next turn of an earlier run: each row answers `message` after its own conversation",
+    description="Give the earlier RunResult (`run`, best sent with `steps: false`) or its `run_id`. "
+    "Each row's history is its own prompt and answer, so the rows' conversations diverge "
+    "as their answers did. Settings carry over. `format=ndjson|sse` streams it as "
+    "/generate/stream does.",
+)
+async def continue_(
+    req: ContinueIn,
+    request: Request,
+    pool: Pool,
+    settings: Settings,
+    recent: Recent,
+    format: Literal["ndjson", "sse"] | None = Query(None),
+):
     return await follow_up(req, request, format, pool, settings, recent)
 
 
-@router.post("/branch",
-             summary="an earlier run again, replayed up to `step` and forced to another token there",
-             description="`row` is replayed token for token up to `step`, then forced `token_id` (or "
-                         "`token_text`'s tokens), then decodes on; with `all_rows` (default) every row goes on "
-                         "from that same text and token, so the rows compare what each does from one point "
-                         "(`matching_only`: only rows whose answer matched up to `step`; the others are "
-                         "replayed as they were). Forced steps are marked `forced`, the token chosen here "
-                         "also `chosen`. `format=ndjson|sse` streams it.")
-async def branch_(req: BranchIn, request: Request, pool: Pool, settings: Settings, recent: Recent,
-                  format: Literal["ndjson", "sse"] | None = Query(None)):
+@router.post(
+    "/branch",
+    summary="an earlier run again, replayed up to `step` and forced to another token there",
+    description="`row` is replayed token for token up to `step`, then forced `token_id` (or "
+    "`token_text`'s tokens), then decodes on; with `all_rows` (default) every row goes on "
+    "from that same text and token, so the rows compare what each does from one point "
+    "(`matching_only`: only rows whose answer matched up to `step`; the others are "
+    "replayed as they were). Forced steps are marked `forced`, the token chosen here "
+    "also `chosen`. `format=ndjson|sse` streams it.",
+)
+async def branch_(
+    req: BranchIn,
+    request: Request,
+    pool: Pool,
+    settings: Settings,
+    recent: Recent,
+    format: Literal["ndjson", "sse"] | None = Query(None),
+):
     return await follow_up(req, request, format, pool, settings, recent)

@@ -7,15 +7,17 @@ worker threads so the event loop keeps watching the connection: a client that go
 waits leaves the line at once, and one that goes away while its run decodes (or its text is scored)
 stops it within a step, a prefill chunk or a scoring window.
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import asdict
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import anyio
 from fastapi import Request
@@ -60,8 +62,9 @@ async def watching(request: Request | None, gone: threading.Event) -> AsyncItera
             watcher.cancel()
 
 
-async def take_place(pool: ModelPool, settings: ApiSettings, label: str,
-                     request: Request | None = None) -> tuple[Ticket, float]:
+async def take_place(
+    pool: ModelPool, settings: ApiSettings, label: str, request: Request | None = None
+) -> tuple[Ticket, float]:
     """A slot of the shared model line, and the seconds waited for it. The wait happens in a
     worker thread; a caller that goes away while waiting (its request cancelled, or — with
     `request` — its client disconnected) leaves the line at once instead of holding its place.
@@ -95,8 +98,9 @@ async def take_place(pool: ModelPool, settings: ApiSettings, label: str,
 
 
 @asynccontextmanager
-async def turn(pool: ModelPool, settings: ApiSettings, label: str,
-               request: Request | None = None) -> AsyncIterator[float]:
+async def turn(
+    pool: ModelPool, settings: ApiSettings, label: str, request: Request | None = None
+) -> AsyncIterator[float]:
     """Hold one slot of the shared model line for the body; yields seconds queued."""
     ticket, queued = await take_place(pool, settings, label, request)
     try:
@@ -139,7 +143,9 @@ async def decode(run: Run) -> AsyncIterator[StepEvent]:
     a while): the run is told to stop first, and its generator is closed once that step ends."""
     events = iter(run)
     try:
-        while (event := await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)) is not None:
+        while (
+            event := await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)
+        ) is not None:
             yield event
     finally:
         run.stop()
@@ -189,20 +195,33 @@ async def _events(run: Run, steps: bool, sse: bool, recent: RecentRuns) -> Async
     say it; every refusal, a full line included, came before it as an HTTP status)."""
     names = [r.name for r in run.config.rows]
     try:
-        yield event("start", {"rows": [{"name": r.name, "strategy": r.strategy, "params": r.params}
-                                       for r in run.result.rows],
-                              "prompt_tokens": run.result.prompt_tokens, "config": run.result.config}, sse)
+        yield event(
+            "start",
+            {
+                "rows": [
+                    {"name": r.name, "strategy": r.strategy, "params": r.params} for r in run.result.rows
+                ],
+                "prompt_tokens": run.result.prompt_tokens,
+                "config": run.result.config,
+            },
+            sse,
+        )
         run.prefill_events = True  # a long prompt's reading is reported as it goes
         async with aclosing(decode(run)) as steps_seen:
             async for step in steps_seen:
                 if isinstance(step, PrefillEvent):
                     yield event("prefill", asdict(step), sse)
                     continue
-                yield event("step", {
-                    "step": step.step,
-                    "rows": {names[i]: asdict(rec) for i, rec in step.records.items()},
-                    "finished": {names[i]: why for i, why in step.finished.items()},
-                    "memory": step.memory.to_dict() if step.memory is not None else None}, sse)
+                yield event(
+                    "step",
+                    {
+                        "step": step.step,
+                        "rows": {names[i]: asdict(rec) for i, rec in step.records.items()},
+                        "finished": {names[i]: why for i, why in step.finished.items()},
+                        "memory": step.memory.to_dict() if step.memory is not None else None,
+                    },
+                    sse,
+                )
         recent.put(run.result)
         yield event("done", {"result": result_json(run, steps)}, sse)
     except FeedbackError as exc:  # refused once it ran (a request is sized before it waits, so rarely)
@@ -211,8 +230,15 @@ async def _events(run: Run, steps: bool, sse: bool, recent: RecentRuns) -> Async
         yield event("error", {"error": f"generation failed: {one_line(exc)}", "status": 500}, sse)
 
 
-async def answer(run: Run, request: Request, steps: bool, stream_as: str | None, pool: ModelPool,
-                 settings: ApiSettings, recent: RecentRuns):
+async def answer(
+    run: Run,
+    request: Request,
+    steps: bool,
+    stream_as: str | None,
+    pool: ModelPool,
+    settings: ApiSettings,
+    recent: RecentRuns,
+):
     """A started run's answer: the whole RunResult once it is done, or streamed (`stream_as`
     ndjson or sse). Either way the run first waits for its slot of the model line, before any
     byte of the answer is sent, so a refusal (a full line, a wait that ran out) is an HTTP 503
@@ -220,9 +246,12 @@ async def answer(run: Run, request: Request, steps: bool, stream_as: str | None,
     if stream_as is not None:
         ticket, _ = await take_place(pool, settings, "an API stream request", request)
         sse = stream_as == "sse"
-        return HeldStream(_events(run, steps, sse, recent), release=lambda: pool.gate.leave(ticket),
-                          media_type="text/event-stream" if sse else "application/x-ndjson",
-                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return HeldStream(
+            _events(run, steps, sse, recent),
+            release=lambda: pool.gate.leave(ticket),
+            media_type="text/event-stream" if sse else "application/x-ndjson",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     async with turn(pool, settings, "an API generate request", request) as queued:
         try:
             # a hang-up stops the run between prefill chunks or decode steps: nobody waits for the answer
@@ -231,7 +260,9 @@ async def answer(run: Run, request: Request, steps: bool, stream_as: str | None,
                     pass
         except FeedbackError:
             raise  # a refusal: 422 naming the field
-        except Exception as exc:  # out-of-memory, tokenizer or model errors: this request fails, the server stays
+        except (
+            Exception
+        ) as exc:  # out-of-memory, tokenizer or model errors: this request fails, the server stays
             raise ApiError(500, f"generation failed: {one_line(exc)}") from None
     recent.put(run.result)
     return JSONResponse(json_safe(result_json(run, steps) | {"queued_seconds": round(queued, 4)}))

@@ -1,4 +1,5 @@
 """POST /calibrate's size when a request names none, costed by the function the server costs it with."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """The API key, decided by one function (`key_ok`) for the routes and for the middleware, and the
 routes' dependencies, exercised on a router served on its own with `dependency_overrides`."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,21 +14,24 @@ from feedback.serve.pool import ModelPool
 KEYS = ("k-one", "k-two")
 
 
-@pytest.mark.parametrize("authorization, keys, good", [
-    (None, (), True),  # no key configured: every request is good
-    ("Bearer anything", (), True),
-    ("Bearer k-one", KEYS, True),  # the right key, either of them, any case of the scheme
-    ("Bearer k-two", KEYS, True),
-    ("bearer k-one", KEYS, True),
-    ("Bearer  k-one ", KEYS, True),
-    ("Bearer wrong", KEYS, False),  # a wrong key
-    ("Bearer k-one-and-more", KEYS, False),
-    ("Bearer ", KEYS, False),
-    (None, KEYS, False),  # a missing key
-    ("", KEYS, False),
-    ("Basic k-one", KEYS, False),  # the right key in another scheme
-    ("k-one", KEYS, False),
-])
+@pytest.mark.parametrize(
+    "authorization, keys, good",
+    [
+        (None, (), True),  # no key configured: every request is good
+        ("Bearer anything", (), True),
+        ("Bearer k-one", KEYS, True),  # the right key, either of them, any case of the scheme
+        ("Bearer k-two", KEYS, True),
+        ("bearer k-one", KEYS, True),
+        ("Bearer  k-one ", KEYS, True),
+        ("Bearer wrong", KEYS, False),  # a wrong key
+        ("Bearer k-one-and-more", KEYS, False),
+        ("Bearer ", KEYS, False),
+        (None, KEYS, False),  # a missing key
+        ("", KEYS, False),
+        ("Basic k-one", KEYS, False),  # the right key in another scheme
+        ("k-one", KEYS, False),
+    ],
+)
 def test_key_ok_decides_whether_credentials_are_good(authorization, keys, good):
     assert key_ok(authorization, keys) is good
 
@@ -45,12 +49,17 @@ def models_alone(tiny_lm):
 def test_a_router_on_its_own_takes_its_pool_and_settings_from_overrides_and_checks_the_key(models_alone):
     with TestClient(models_alone) as client:
         health = client.get("/health")
-        assert health.status_code == 200 and health.json()["models_loaded"] == ["tiny"]  # /health needs no key
+        assert health.status_code == 200 and health.json()["models_loaded"] == [
+            "tiny"
+        ]  # /health needs no key
         r = client.get("/models")
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
         assert client.get("/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
         r = client.get("/models", headers={"Authorization": "Bearer k-two"})
-        assert r.status_code == 200 and r.json()["models"][0] == r.json()["models"][0] | {"name": "tiny", "layers": 4}
+        assert r.status_code == 200 and r.json()["models"][0] == r.json()["models"][0] | {
+            "name": "tiny",
+            "layers": 4,
+        }
         r = client.get("/strategies", headers={"Authorization": "Bearer k-one"})
         assert r.status_code == 200 and r.json()["layers"] == 4
 

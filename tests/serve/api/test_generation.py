@@ -1,5 +1,6 @@
 """The generation router served on its own: its model pool, settings and recent runs come through
 `dependency_overrides`, as a test or another app may give them."""
+
 from __future__ import annotations
 
 from fastapi import FastAPI
@@ -17,8 +18,11 @@ def test_generate_on_a_bare_app_with_its_collaborators_overridden(tiny_lm):
     recent = RecentRuns()
     app = FastAPI()
     app.include_router(generation.router)
-    app.dependency_overrides |= {get_pool: lambda: ModelPool.serving(tiny_lm), get_settings: lambda: ApiSettings(),
-                                 get_recent: lambda: recent}
+    app.dependency_overrides |= {
+        get_pool: lambda: ModelPool.serving(tiny_lm),
+        get_settings: lambda: ApiSettings(),
+        get_recent: lambda: recent,
+    }
     body = {"prompt": "Name a colour.", "max_new_tokens": 3, "steps": False}
     with TestClient(app) as client:
         r = client.post("/generate", json=body)

@@ -1,5 +1,6 @@
 """What the published schema states agrees with what the library takes, read as schemathesis reads
 a schema (jsonschema_rs, its validator)."""
+
 from __future__ import annotations
 
 import itertools
@@ -16,7 +17,16 @@ from feedback.errors import FeedbackError
 from feedback.serve.api.schemas import NOT_BLANK, STRATEGY_GRAMMAR, GenerateIn, RowIn
 from feedback.strategies import REGISTRY, get_strategy
 
-SPACES = ["", " ", "\t", "\n", "\x1c", "\x85", "\u3000", "\ufeff"]  # \x1c and \x85: Python's only; \ufeff: ECMA's only
+SPACES = [
+    "",
+    " ",
+    "\t",
+    "\n",
+    "\x1c",
+    "\x85",
+    "\u3000",
+    "\ufeff",
+]  # \x1c and \x85: Python's only; \ufeff: ECMA's only
 
 
 def _taken(name: str) -> bool:
@@ -30,8 +40,11 @@ def _taken(name: str) -> bool:
 def test_the_strategy_grammar_is_exactly_the_names_the_library_takes():
     grammar = jsonschema_rs.Draft202012Validator({"type": "string", **STRATEGY_GRAMMAR})
     names = [*sorted(REGISTRY), "nope", ""]
-    cases = {"+".join(f"{a}{n}{b}" for n, a, b in zip(combo, SPACES, reversed(SPACES)))
-             for k in (1, 2, 3) for combo in itertools.product(names, repeat=k)}
+    cases = {
+        "+".join(f"{a}{n}{b}" for n, a, b in zip(combo, SPACES, reversed(SPACES)))
+        for k in (1, 2, 3)
+        for combo in itertools.product(names, repeat=k)
+    }
     cases |= {"deep_cache+deep_cachex", "inner_loop + deep_cache", "residual+", "+residual", "a++b"}
     assert len(cases) > 500
     assert [c for c in cases if grammar.is_valid(c) != _taken(c)] == []
@@ -64,13 +77,18 @@ REQUIRED_IN_THE_API = {"name"}  # a request names each row; "baseline" is only t
 def test_the_api_row_has_the_library_row_s_fields_and_defaults():
     spec = {f.name: f for f in fields(RowSpec)}
     api = RowIn.model_fields
-    assert set(api) == set(spec), f"only in RowIn: {sorted(set(api) - set(spec))}, " \
-                                  f"only in RowSpec: {sorted(set(spec) - set(api))}"
+    assert set(api) == set(spec), (
+        f"only in RowIn: {sorted(set(api) - set(spec))}, only in RowSpec: {sorted(set(spec) - set(api))}"
+    )
     for name, f in api.items():
         if name in REQUIRED_IN_THE_API:
             assert f.is_required(), name
         else:
-            library = spec[name].default_factory() if spec[name].default_factory is not MISSING else spec[name].default
+            library = (
+                spec[name].default_factory()
+                if spec[name].default_factory is not MISSING
+                else spec[name].default
+            )
             assert f.get_default(call_default_factory=True) == library, name
     assert RowSpec(**RowIn(name="r").model_dump()) == RowSpec("r")
 

@@ -2,6 +2,7 @@
 prompts, strategies and temperatures, follow-ups and branches prepared from the last run, a stored
 run or a shared link restored into every control; the settings table itself (every entry round-trips,
 each takes its declared bound)."""
+
 from __future__ import annotations
 
 import json
@@ -18,20 +19,43 @@ from feedback.errors import FeedbackError
 from feedback.serve import limits
 from feedback.serve.limits import SERVED_MAX_NEW_TOKENS
 from feedback.strategies import REGISTRY
-from ui.compare import link
-from ui.compare import stream
+from ui.compare import link, stream
 from ui.compare.tab import CompareTab, parse_branch
 from ui.compare.view import divergences, modified
-from ui.page import deepconf
-from ui.page import history
+from ui.page import deepconf, history
 from ui.page import settings as compare_settings
 from ui.page.controls import api_name
-from ui.page.settings import (CALIBRATION, COLUMN, DEFAULT_COLUMNS, SHARED, Field, column_key, parse_key_facts,
-                              resolve, run_config)
+from ui.page.settings import (
+    CALIBRATION,
+    COLUMN,
+    DEFAULT_COLUMNS,
+    SHARED,
+    Field,
+    column_key,
+    parse_key_facts,
+    resolve,
+    run_config,
+)
 
-SHARED_VALUES = dict(prompt="hi", system_prompt="", chat_template=True, model="embedded", temperature=0.7, top_p=0.9,
-                     top_k=40, min_p=0.0, repetition_penalty=1.1, max_new_tokens=64, seed=3, k=20, window=16,
-                     threshold_mode="off", threshold=4.5, reference="", key_facts="")
+SHARED_VALUES = dict(
+    prompt="hi",
+    system_prompt="",
+    chat_template=True,
+    model="embedded",
+    temperature=0.7,
+    top_p=0.9,
+    top_k=40,
+    min_p=0.0,
+    repetition_penalty=1.1,
+    max_new_tokens=64,
+    seed=3,
+    k=20,
+    window=16,
+    threshold_mode="off",
+    threshold=4.5,
+    reference="",
+    key_facts="",
+)
 
 
 def built(lm) -> CompareTab:
@@ -70,43 +94,57 @@ def tab(embedded_lm) -> CompareTab:
 
 def test_default_columns_make_the_baseline_and_a_feedback_row(tab):
     cfg = config(tab)
-    assert [r.name for r in cfg.rows] == [DEFAULT_COLUMNS[0][0], DEFAULT_COLUMNS[1][0]] == ["Baseline", "Feedback"]
-    assert cfg.rows[0].strategy is None and cfg.rows[1].strategy == "residual" and "alpha" in cfg.rows[1].params
+    assert (
+        [r.name for r in cfg.rows]
+        == [DEFAULT_COLUMNS[0][0], DEFAULT_COLUMNS[1][0]]
+        == ["Baseline", "Feedback"]
+    )
+    assert (
+        cfg.rows[0].strategy is None and cfg.rows[1].strategy == "residual" and "alpha" in cfg.rows[1].params
+    )
     assert cfg.sampling.temperature == 0.7 and cfg.sampling.top_k == 40 and cfg.deepconf.threshold is None
-    assert cfg.quality and all(r.prompt is None and r.seed_offset == 0 for r in cfg.rows)  # common random numbers
+    assert cfg.quality and all(
+        r.prompt is None and r.seed_offset == 0 for r in cfg.rows
+    )  # common random numbers
     assert config(tab, threshold_mode="fixed", threshold=7.5).deepconf.threshold == 7.5
 
 
 def test_columns_carry_their_own_prompt_system_prompt_and_strategy(tab):
-    changes = {1: {"strategy": "deep_cache", "deep_cache.lam": 0.3, "system": "Be terse."},
-               2: {"name": "Strong", "strategy": "none", "prompt": "hi! Answer in one precise sentence."}}
+    changes = {
+        1: {"strategy": "deep_cache", "deep_cache.lam": 0.3, "system": "Be terse."},
+        2: {"name": "Strong", "strategy": "none", "prompt": "hi! Answer in one precise sentence."},
+    }
     cfg = config(tab, columns=3, changes=changes, reference="Hello.", key_facts="hello\n\n/h+i/\n")
     assert [r.name for r in cfg.rows] == ["Baseline", "Feedback", "Strong"]
     assert cfg.rows[1].strategy == "deep_cache" and cfg.rows[1].params["lam"] == 0.3
     assert cfg.rows[1].system_prompt == "Be terse." and cfg.rows[1].prompt is None
     assert cfg.rows[2].prompt == "hi! Answer in one precise sentence." and cfg.rows[2].strategy is None
     assert cfg.reference == "Hello." and cfg.key_facts == ["hello", "/h+i/"]
-    # an override equal to the shared prompt is no override; an empty shared prompt is fine when all have their own
+    # an override equal to the shared prompt is no override; an empty shared prompt is fine when all have
+    # their own
     assert config(tab, changes={1: {"prompt": "hi"}}).rows[1].prompt is None
     own = {0: {"prompt": "a"}, 1: {"prompt": "b"}}
     assert [r.prompt for r in config(tab, changes=own, prompt="").rows] == ["a", "b"]
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"prompt": ""}, "prompt is empty"),
-    ({"prompt": None}, "prompt is empty"),
-    ({"max_new_tokens": None}, "max new tokens must be a number"),
-    ({"max_new_tokens": 2.5}, "max new tokens must be a whole number"),
-    ({"max_new_tokens": SERVED_MAX_NEW_TOKENS + 1}, f"between 1 and {SERVED_MAX_NEW_TOKENS}"),
-    ({"temperature": float("nan")}, "temperature must be finite"),
-    ({"temperature": "hot"}, "temperature must be a number"),
-    ({"top_p": float("inf")}, "top-p must be finite"),
-    ({"seed": -1}, "seed must be at least 0"),
-    ({"window": 0}, "window"),
-    ({"threshold_mode": "fixed", "threshold": None}, "threshold must be a number"),
-    ({"columns": 5}, "columns must be between 2 and 4"),
-    ({"columns": 1}, "columns must be between 2 and 4"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"prompt": ""}, "prompt is empty"),
+        ({"prompt": None}, "prompt is empty"),
+        ({"max_new_tokens": None}, "max new tokens must be a number"),
+        ({"max_new_tokens": 2.5}, "max new tokens must be a whole number"),
+        ({"max_new_tokens": SERVED_MAX_NEW_TOKENS + 1}, f"between 1 and {SERVED_MAX_NEW_TOKENS}"),
+        ({"temperature": float("nan")}, "temperature must be finite"),
+        ({"temperature": "hot"}, "temperature must be a number"),
+        ({"top_p": float("inf")}, "top-p must be finite"),
+        ({"seed": -1}, "seed must be at least 0"),
+        ({"window": 0}, "window"),
+        ({"threshold_mode": "fixed", "threshold": None}, "threshold must be a number"),
+        ({"columns": 5}, "columns must be between 2 and 4"),
+        ({"columns": 1}, "columns must be between 2 and 4"),
+    ],
+)
 def test_bad_values_are_refused_with_a_message(tab, change, message):
     columns = change.pop("columns", 2)
     with pytest.raises(FeedbackError, match=message):
@@ -116,8 +154,10 @@ def test_bad_values_are_refused_with_a_message(tab, change, message):
 def test_bad_columns_are_refused_naming_the_column(tab):
     with pytest.raises(FeedbackError, match="column names must be different"):
         config(tab, changes={1: {"name": "Baseline"}})
-    for change, message in [({"strategy": "nope"}, "unknown strategy"),
-                            ({"residual.alpha": 5.0}, r"alpha=5.0 is out of range \[-1.0, 1.0\]")]:
+    for change, message in [
+        ({"strategy": "nope"}, "unknown strategy"),
+        ({"residual.alpha": 5.0}, r"alpha=5.0 is out of range \[-1.0, 1.0\]"),
+    ]:
         with pytest.raises(FeedbackError, match=message):  # the engine refuses it before anything waits
             tab.prepare_compare(compare(tab, changes={1: change}))
     with pytest.raises(FeedbackError, match="row Column 3: prompt is limited"):
@@ -132,8 +172,10 @@ def compare(t: CompareTab, changes: dict | None = None, **shared) -> dict:
 def test_prepare_refuses_context_and_model_errors_before_any_waiting(tab, embedded_lm):
     work = tab.prepare_compare(compare(tab, model=embedded_lm.name, max_new_tokens=8))
     assert work.label == "a Compare run" and len(work.engine_run.config.rows) == 2
-    for change, message in [({"prompt": "word " * 9000}, "exceeds the model context"),
-                            ({"model": "evil/model"}, "not in the allowlist")]:
+    for change, message in [
+        ({"prompt": "word " * 9000}, "exceeds the model context"),
+        ({"model": "evil/model"}, "not in the allowlist"),
+    ]:
         with pytest.raises(FeedbackError, match=message):
             tab.prepare_compare(compare(tab, **{"model": embedded_lm.name} | change))
 
@@ -143,10 +185,17 @@ def test_follow_ups_need_a_run_and_a_branch_request():
     with pytest.raises(FeedbackError, match="run a prompt first"):
         t.prepare_continue({"last": None, "message": "and then?"})
     with pytest.raises(FeedbackError, match="run a prompt first"):
-        t.prepare_branch({"last": None, "choice": '{"row": "a", "step": 1, "token_id": 2}', "all_columns": True})
+        t.prepare_branch(
+            {"last": None, "choice": '{"row": "a", "step": 1, "token_id": 2}', "all_columns": True}
+        )
     assert parse_branch(json.dumps({"row": "Feedback", "step": 3, "token_id": 42})) == ("Feedback", 3, 42)
-    for bad in ("", "{", '{"row": 1, "step": 2, "token_id": 3}', '{"row": "a", "step": true, "token_id": 3}',
-                '{"row": "a"}'):
+    for bad in (
+        "",
+        "{",
+        '{"row": 1, "step": 2, "token_id": 3}',
+        '{"row": "a", "step": true, "token_id": 3}',
+        '{"row": "a"}',
+    ):
         with pytest.raises(FeedbackError):
             parse_branch(bad)
     assert parse_key_facts(" a \n\n b\n") == ["a", "b"] and parse_key_facts(None) == []
@@ -178,7 +227,11 @@ def test_a_finished_run_continues_and_branches_from_the_last_result(tab, embedde
 def test_divergences_pair_every_column_with_the_first():
     from feedback.core.records import RowResult
 
-    rows = [RowResult("a", None, {}, [1, 2, 3]), RowResult("b", None, {}, [1, 2, 4]), RowResult("c", None, {}, [1, 2, 3])]
+    rows = [
+        RowResult("a", None, {}, [1, 2, 3]),
+        RowResult("b", None, {}, [1, 2, 4]),
+        RowResult("c", None, {}, [1, 2, 3]),
+    ]
     for r in rows:
         r.steps = [None] * len(r.token_ids)
     assert divergences(rows) == {1: 2}
@@ -187,17 +240,41 @@ def test_divergences_pair_every_column_with_the_first():
 def test_restore_sets_every_control_and_column_from_a_stored_run(tab, embedded_lm):
     from feedback.core.engine import run_to_end
 
-    changes = {1: {"strategy": "soft_token", "soft_token.beta": 0.25, "soft_token.top_k": 8},
-               2: {"name": "Terse", "strategy": "none", "prompt": "hi, briefly", "system": "Be terse."}}
-    cfg = config(tab, columns=3, changes=changes, model=embedded_lm.name, threshold_mode="fixed", threshold=3.25,
-                 max_new_tokens=3, key_facts="hello")
+    changes = {
+        1: {"strategy": "soft_token", "soft_token.beta": 0.25, "soft_token.top_k": 8},
+        2: {"name": "Terse", "strategy": "none", "prompt": "hi, briefly", "system": "Be terse."},
+    }
+    cfg = config(
+        tab,
+        columns=3,
+        changes=changes,
+        model=embedded_lm.name,
+        threshold_mode="fixed",
+        threshold=3.25,
+        max_new_tokens=3,
+        key_facts="hello",
+    )
     data = run_to_end(embedded_lm, cfg).to_dict() | {"run_id": "r1"}
     out = tab.restore(data)
     s = tab.ui.settings
-    expected = {s["prompt"]: "hi", s["chat_template"]: True, s["model"]: embedded_lm.name, s["temperature"]: 0.7,
-                s["top_p"]: 0.9, s["top_k"]: 40, s["min_p"]: 0.0, s["repetition_penalty"]: 1.1, s["max_new_tokens"]: 3,
-                s["seed"]: 3, s["k"]: 20, s["window"]: 16, s["threshold_mode"]: "fixed", s["threshold"]: 3.25,
-                s["columns"]: 3, s["key_facts"]: "hello"}
+    expected = {
+        s["prompt"]: "hi",
+        s["chat_template"]: True,
+        s["model"]: embedded_lm.name,
+        s["temperature"]: 0.7,
+        s["top_p"]: 0.9,
+        s["top_k"]: 40,
+        s["min_p"]: 0.0,
+        s["repetition_penalty"]: 1.1,
+        s["max_new_tokens"]: 3,
+        s["seed"]: 3,
+        s["k"]: 20,
+        s["window"]: 16,
+        s["threshold_mode"]: "fixed",
+        s["threshold"]: 3.25,
+        s["columns"]: 3,
+        s["key_facts"]: "hello",
+    }
     for comp, value in expected.items():
         assert out[comp] == value, comp.label
     cols = tab.ui.cols
@@ -208,7 +285,11 @@ def test_restore_sets_every_control_and_column_from_a_stored_run(tab, embedded_l
     assert "soft_token" in out[fb.heading] and "beta=0.25" in out[fb.heading]
     assert out[terse.box]["visible"] and not out[cols[3].box]["visible"]
     own = terse.settings
-    assert out[own["name"]] == "Terse" and out[own["prompt"]] == "hi, briefly" and out[own["system"]] == "Be terse."
+    assert (
+        out[own["name"]] == "Terse"
+        and out[own["prompt"]] == "hi, briefly"
+        and out[own["system"]] == "Be terse."
+    )
     assert out[terse.panel.strategy] == "none" and "prompt modified" in out[terse.heading]
     assert out[tab.ui.out.last]["run_id"] == "r1"
     events = stream.parse(out[tab.ui.out.board])  # the board draws the run whole: every token, its views
@@ -221,11 +302,16 @@ def test_restore_sets_every_control_and_column_from_a_stored_run(tab, embedded_l
 
 
 def test_a_link_round_trips_every_setting(tab, embedded_lm):
-    changes = {1: {"strategy": "anchor", "anchor.alpha": 0.3}, 3: {"name": "Four", "strategy": "none",
-                                                                  "prompt": "hello there"}}
+    changes = {
+        1: {"strategy": "anchor", "anchor.alpha": 0.3},
+        3: {"name": "Four", "strategy": "none", "prompt": "hello there"},
+    }
     data = tab.make_link(values(tab, 4, changes, model=embedded_lm.name, reference="Hi!") | {"view": "diff"})
     cfg, view = link.opened(data[tab.ui.link.data])
-    assert cfg == config(tab, columns=4, changes=changes, model=embedded_lm.name, reference="Hi!") and view == "diff"
+    assert (
+        cfg == config(tab, columns=4, changes=changes, model=embedded_lm.name, reference="Hi!")
+        and view == "diff"
+    )
     out = tab.apply_config(cfg)
     s, four = tab.ui.settings, tab.ui.cols[3].settings
     assert out[s["columns"]] == 4 and out[four["name"]] == "Four" and out[four["prompt"]] == "hello there"
@@ -238,18 +324,25 @@ def _link_of(**config) -> str:
     return link.encode(RunConfig(**{"prompt": "hi", "max_new_tokens": 8, "rows": rows} | config))
 
 
-@pytest.mark.parametrize("config, message", [
-    ({"rows": [RowSpec("a"), RowSpec("b", "bogus")]}, "row b: unknown strategy 'bogus'"),
-    ({"rows": [RowSpec(f"r{i}") for i in range(64)]}, "columns must be between 1 and 4, got 64"),
-    ({"max_new_tokens": 4096}, "max new tokens must be between 1 and 1024, got 4096"),
-    ({"reference": "ref " * 25_000}, "reference is 25001 tokens; .* exceeds the model context"),
-    ({"rows": [RowSpec("a"), RowSpec("b", "residual", {"alpha": 1e9})]}, r"row 'b': .*alpha=1000000000.0 is out of range"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"rows": [RowSpec("a"), RowSpec("b", "bogus")]}, "row b: unknown strategy 'bogus'"),
+        ({"rows": [RowSpec(f"r{i}") for i in range(64)]}, "columns must be between 1 and 4, got 64"),
+        ({"max_new_tokens": 4096}, "max new tokens must be between 1 and 1024, got 4096"),
+        ({"reference": "ref " * 25_000}, "reference is 25001 tokens; .* exceeds the model context"),
+        (
+            {"rows": [RowSpec("a"), RowSpec("b", "residual", {"alpha": 1e9})]},
+            r"row 'b': .*alpha=1000000000.0 is out of range",
+        ),
+    ],
+)
 def test_a_link_over_any_limit_is_refused_on_open_naming_the_field(tab, embedded_lm, config, message):
     """A link is a request a stranger wrote: opened, it is checked as Generate would check it, and
     one over a limit restores nothing ("not applied", naming the field), not "Settings restored"."""
-    request = SimpleNamespace(query_params={link.PARAM: _link_of(model=embedded_lm.name, **config)},
-                              session_hash="s")
+    request = SimpleNamespace(
+        query_params={link.PARAM: _link_of(model=embedded_lm.name, **config)}, session_hash="s"
+    )
     with pytest.warns(UserWarning, match="not applied"):  # the page's toast
         out = tab.open_link(request)
     assert set(out) == {tab.ui.link.note}
@@ -259,22 +352,35 @@ def test_a_link_over_any_limit_is_refused_on_open_naming_the_field(tab, embedded
 
 
 def test_a_link_opens_in_its_token_view_and_a_history_reload_lets_go_of_it(tab, embedded_lm):
-    cfg = RunConfig(prompt="hi", model=embedded_lm.name, max_new_tokens=8,
-                    rows=[RowSpec("a"), RowSpec("b", "residual", {"alpha": 0.1})])
+    cfg = RunConfig(
+        prompt="hi",
+        model=embedded_lm.name,
+        max_new_tokens=8,
+        rows=[RowSpec("a"), RowSpec("b", "residual", {"alpha": 0.1})],
+    )
     data = link.encode(cfg, "diff")
     out = tab.open_link(SimpleNamespace(query_params={link.PARAM: data}, session_hash="s"))
-    assert out[tab.ui.out.view] == "diff" and out[tab.ui.link.data] == data and "restored" in out[tab.ui.link.note]
+    assert (
+        out[tab.ui.out.view] == "diff"
+        and out[tab.ui.link.data] == data
+        and "restored" in out[tab.ui.link.note]
+    )
     assert link.opened(link.encode(cfg)) == (cfg, "confidence")  # the usual view: nothing added to the link
-    stored = RunResult(config=cfg.to_dict(), rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows])
+    stored = RunResult(
+        config=cfg.to_dict(), rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows]
+    )
     reloaded = tab.restore(stored.to_dict(), "diff")
-    assert reloaded[tab.ui.link.note] == "" and reloaded[tab.ui.link.data] == ""  # the page script drops ?cfg=
+    assert (
+        reloaded[tab.ui.link.note] == "" and reloaded[tab.ui.link.data] == ""
+    )  # the page script drops ?cfg=
     with pytest.raises(FeedbackError, match="token view must be one of"):
         link.encode(cfg, "fancy")
 
 
 def test_a_link_note_shows_what_the_link_said_as_text(tab, embedded_lm):
-    request = SimpleNamespace(query_params={link.PARAM: _link_of(model="[x](javascript:alert(1))")},
-                              session_hash="s")
+    request = SimpleNamespace(
+        query_params={link.PARAM: _link_of(model="[x](javascript:alert(1))")}, session_hash="s"
+    )
     note = tab.open_link(request)[tab.ui.link.note]
     assert "](javascript" not in note and r"\[x\]\(javascript\:alert\(1\)\)" in note
 
@@ -291,10 +397,12 @@ def test_bad_links_are_refused_with_a_message():
     def pack(obj) -> str:
         return base64.urlsafe_b64encode(zlib.compress(json.dumps(obj).encode())).decode().rstrip("=")
 
-    for obj, message in [({"v": 2, "config": {}}, "version"), ({"v": 1, "config": {"prompt": "hi", "rows": [
-            {"name": "a", "prefix": [1]}]}}, "columns"), ({"v": 1, "config": {"prompt": "hi", "seed": -1,
-                                                                              "rows": [{"name": "a"}]}}, "seed"),
-            ({"v": 1, "config": {"prompt": "hi", "nope": 1}}, "could not be read")]:
+    for obj, message in [
+        ({"v": 2, "config": {}}, "version"),
+        ({"v": 1, "config": {"prompt": "hi", "rows": [{"name": "a", "prefix": [1]}]}}, "columns"),
+        ({"v": 1, "config": {"prompt": "hi", "seed": -1, "rows": [{"name": "a"}]}}, "seed"),
+        ({"v": 1, "config": {"prompt": "hi", "nope": 1}}, "could not be read"),
+    ]:
         with pytest.raises(FeedbackError, match=message):
             link.decode(pack(obj))
     bomb = base64.urlsafe_b64encode(zlib.compress(b"{" * 5_000_000)).decode()
@@ -307,8 +415,11 @@ def test_bad_links_are_refused_with_a_message():
 def test_modified_badges_follow_a_column_into_its_conversation():
     first = RowSpec("a", messages=[{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A1"}])
     same = RowSpec("b", messages=[{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A2"}])
-    other = RowSpec("c", system_prompt="Be terse.",
-                    messages=[{"role": "user", "content": "Q, precisely"}, {"role": "assistant", "content": "A3"}])
+    other = RowSpec(
+        "c",
+        system_prompt="Be terse.",
+        messages=[{"role": "user", "content": "Q, precisely"}, {"role": "assistant", "content": "A3"}],
+    )
     assert modified(same, first) == []  # its own answer differs, its question does not
     assert modified(other, first) == ["prompt", "system prompt"]
     assert modified(RowSpec("d", prompt="own")) == ["prompt"] and modified(RowSpec("e")) == []
@@ -350,7 +461,9 @@ def every_setting_changed(t: CompareTab) -> tuple[dict, dict]:
             if isinstance(s, Field):
                 out[column_key(col.index, s.name)] = expected[control] = sample(s, control, col.index)
             else:  # the strategy panel: another strategy, its parameters as they are
-                out[column_key(col.index, "strategy")] = expected[control.strategy] = strategy_sample(col.index)
+                out[column_key(col.index, "strategy")] = expected[control.strategy] = strategy_sample(
+                    col.index
+                )
     return out, expected
 
 
@@ -363,7 +476,9 @@ def test_every_setting_round_trips_through_a_config_a_stored_run_and_a_link(tab)
             assert resolve(cfg, s.path) == s.value(changed, compare_settings.Scope(changed)), s.name
     assert all(row.temperature == 2.5 for row in cfg.rows)
     restored = tab.apply_config(cfg)
-    stored = RunResult(config=cfg.to_dict(), rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows])
+    stored = RunResult(
+        config=cfg.to_dict(), rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows]
+    )
     entry = history.valid(history.add_run(None, stored.to_dict()))[0][0]  # as History reads it back
     reloaded = tab.restore(entry["result"], "plain")
     opened = tab.apply_config(link.decode(tab.make_link(changed | {"view": "plain"})[tab.ui.link.data]))
@@ -373,8 +488,10 @@ def test_every_setting_round_trips_through_a_config_a_stored_run_and_a_link(tab)
     for col in tab.ui.cols:  # the strategy's parameters come back as the column had them
         strategy = changed[column_key(col.index, "strategy")]
         for p in REGISTRY[strategy].params:
-            assert opened[col.panel.component(strategy, p.name)] == changed[column_key(col.index,
-                                                                                      api_name(strategy, p.name))]
+            assert (
+                opened[col.panel.component(strategy, p.name)]
+                == changed[column_key(col.index, api_name(strategy, p.name))]
+            )
 
 
 def test_swapped_numbers_land_in_their_own_fields(tab):
@@ -383,20 +500,35 @@ def test_swapped_numbers_land_in_their_own_fields(tab):
     assert (cfg.deepconf.k, cfg.deepconf.window) == (20, 16)
     swapped = config(tab, top_p=0.4, top_k=9, k=16, window=20)
     assert (swapped.sampling.top_p, swapped.sampling.top_k, swapped.deepconf.k, swapped.deepconf.window) == (
-        0.4, 9, 16, 20)
+        0.4,
+        9,
+        16,
+        20,
+    )
 
 
 DECLARED_BOUNDS = {
-    ("shared", "temperature"): sampling.TEMPERATURE, ("shared", "top_p"): sampling.TOP_P,
-    ("shared", "top_k"): sampling.TOP_K, ("shared", "min_p"): sampling.MIN_P,
-    ("shared", "repetition_penalty"): sampling.REPETITION_PENALTY, ("shared", "max_new_tokens"): limits.MAX_NEW_TOKENS,
-    ("shared", "seed"): records.SEED, ("shared", "k"): records.DEEPCONF_K,
+    ("shared", "temperature"): sampling.TEMPERATURE,
+    ("shared", "top_p"): sampling.TOP_P,
+    ("shared", "top_k"): sampling.TOP_K,
+    ("shared", "min_p"): sampling.MIN_P,
+    ("shared", "repetition_penalty"): sampling.REPETITION_PENALTY,
+    ("shared", "max_new_tokens"): limits.MAX_NEW_TOKENS,
+    ("shared", "seed"): records.SEED,
+    ("shared", "k"): records.DEEPCONF_K,
     ("shared", "window"): records.DEEPCONF_WINDOW,
-    ("shared", "columns"): compare_settings.COLUMNS, ("column", "temperature"): sampling.TEMPERATURE,
-    ("column", "top_p"): sampling.TOP_P, ("column", "seed"): records.SEED,
-    ("calibration", "eta"): deepconf.ETA, ("calibration", "warmup"): limits.WARMUP_TRACES,
+    ("shared", "columns"): compare_settings.COLUMNS,
+    ("column", "temperature"): sampling.TEMPERATURE,
+    ("column", "top_p"): sampling.TOP_P,
+    ("column", "seed"): records.SEED,
+    ("calibration", "eta"): deepconf.ETA,
+    ("calibration", "warmup"): limits.WARMUP_TRACES,
 }
-ENTRIES = [("shared", s) for s in SHARED] + [("column", s) for s in COLUMN] + [("calibration", s) for s in CALIBRATION]
+ENTRIES = (
+    [("shared", s) for s in SHARED]
+    + [("column", s) for s in COLUMN]
+    + [("calibration", s) for s in CALIBRATION]
+)
 
 
 @pytest.mark.parametrize("table, setting", ENTRIES, ids=[f"{t}-{s.name}" for t, s in ENTRIES])
@@ -408,8 +540,11 @@ def test_the_controls_show_their_bounds(tab):
     for table, s in ENTRIES:
         if s.bound is None:
             continue
-        control = {"shared": tab.ui.settings, "column": tab.ui.cols[1].settings,
-                   "calibration": tab.ui.calibration.settings}[table][s.name]
+        control = {
+            "shared": tab.ui.settings,
+            "column": tab.ui.cols[1].settings,
+            "calibration": tab.ui.calibration.settings,
+        }[table][s.name]
         if isinstance(control, gr.Number):  # the range said; the handler checks it, naming the setting
             assert s.bound.info in control.info and (control.minimum, control.maximum) == (None, None), s.name
         elif s.bound.integer:  # a text box (it may be empty) says its range
@@ -418,7 +553,15 @@ def test_the_controls_show_their_bounds(tab):
             assert f"{s.bound.hi:g}" in control.info, s.name
 
 
-EMPTY_COLUMN = {"name": "", "strategy": "none", "prompt": "", "system": "", "temperature": "", "top_p": "", "seed": ""}
+EMPTY_COLUMN = {
+    "name": "",
+    "strategy": "none",
+    "prompt": "",
+    "system": "",
+    "temperature": "",
+    "top_p": "",
+    "seed": "",
+}
 
 
 def test_a_column_temperature_is_read_checked_and_named():
@@ -426,14 +569,19 @@ def test_a_column_temperature_is_read_checked_and_named():
     spec = compare_settings.row_spec(EMPTY_COLUMN, scope)
     assert spec.temperature is None and spec.name == "Feedback"  # empty: the shared temperature
     assert compare_settings.row_spec(EMPTY_COLUMN | {"name": "x", "temperature": "0"}, scope).temperature == 0
-    for bad, message in [("11", "column 2: temperature must be between 0 and 10"),
-                         ("warm", "column 2: temperature must be a number, got 'warm'"),
-                         ("0.001", r"column 2: temperature must be 0 \(greedy\) or at least 0.01")]:
+    for bad, message in [
+        ("11", "column 2: temperature must be between 0 and 10"),
+        ("warm", "column 2: temperature must be a number, got 'warm'"),
+        ("0.001", r"column 2: temperature must be 0 \(greedy\) or at least 0.01"),
+    ]:
         with pytest.raises(FeedbackError, match=message):
             compare_settings.row_spec(EMPTY_COLUMN | {"name": "x", "temperature": bad}, scope)
     assert "temperature 0.5" in compare_settings.badges(RowSpec("a", temperature=0.5))
     assert compare_settings.badges(RowSpec("a")) == []
-    assert "temperature" in link.ROW_FIELDS and ("temperature", "sampling.temperature") in compare_settings.OVERRIDES
+    assert (
+        "temperature" in link.ROW_FIELDS
+        and ("temperature", "sampling.temperature") in compare_settings.OVERRIDES
+    )
 
 
 def test_a_column_top_p_and_seed_are_read_checked_and_named():
@@ -442,10 +590,12 @@ def test_a_column_top_p_and_seed_are_read_checked_and_named():
     assert (spec.top_p, spec.seed) == (None, None)  # empty: the shared ones
     spec = compare_settings.row_spec(EMPTY_COLUMN | {"top_p": "0.8", "seed": "42"}, scope)
     assert (spec.top_p, spec.seed) == (0.8, 42)
-    for change, message in [({"top_p": "0"}, "column 3: top_p must be above 0"),
-                            ({"top_p": "1.2"}, "column 3: top_p must be between 0 and 1"),
-                            ({"seed": "-3"}, "column 3: seed must be at least 0"),
-                            ({"seed": "1.5"}, "column 3: seed must be a whole number")]:
+    for change, message in [
+        ({"top_p": "0"}, "column 3: top_p must be above 0"),
+        ({"top_p": "1.2"}, "column 3: top_p must be between 0 and 1"),
+        ({"seed": "-3"}, "column 3: seed must be at least 0"),
+        ({"seed": "1.5"}, "column 3: seed must be a whole number"),
+    ]:
         with pytest.raises(FeedbackError, match=message):
             compare_settings.row_spec(EMPTY_COLUMN | change, scope)
     assert compare_settings.badges(RowSpec("a", top_p=0.8, seed=42)) == ["top-p 0.8", "seed 42"]
@@ -467,7 +617,10 @@ def test_a_column_at_temperature_0_in_a_sampled_run_gives_its_greedy_text(tiny_l
 
     greedy, _ = run(temperature=0.0)
     sampled, page = run(temperature=1.0, c2_temperature="0")  # as the page's text box sends it
-    assert sampled["config"]["sampling"]["temperature"] == 1.0 and sampled["config"]["rows"][1]["temperature"] == 0
+    assert (
+        sampled["config"]["sampling"]["temperature"] == 1.0
+        and sampled["config"]["rows"][1]["temperature"] == 0
+    )
     assert sampled["rows"][1]["token_ids"] == greedy["rows"][1]["token_ids"]
     assert sampled["rows"][1]["text"] == greedy["rows"][1]["text"]
     assert sampled["rows"][0]["token_ids"] != greedy["rows"][0]["token_ids"]  # column 1 did sample
@@ -481,11 +634,19 @@ def test_one_column_rerun_with_new_settings_and_one_column_stopped_while_the_oth
     streaming run while column 1 runs on."""
     t, demo = built_with_page(tiny_lm)
     fns = {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name}
-    base = t.initial_values() | {"prompt": "Say hi.", "model": tiny_lm.name, "max_new_tokens": 10,
-                                 "c2_strategy": "residual", "c2_residual_alpha": 0.1}
+    base = t.initial_values() | {
+        "prompt": "Say hi.",
+        "model": tiny_lm.name,
+        "max_new_tokens": 10,
+        "c2_strategy": "residual",
+        "c2_residual_alpha": 0.1,
+    }
     request = types.SimpleNamespace(session_hash="rerun")
     first = list(fns["compare"](request, **base))[-1][t.ui.out.run_json.data]
-    stronger = base | {"c2_residual_alpha": 0.5, "prompt": "Something else."}  # the shared prompt is the run's
+    stronger = base | {
+        "c2_residual_alpha": 0.5,
+        "prompt": "Something else.",
+    }  # the shared prompt is the run's
     updates = list(fns["rerun"](request, **stronger | {"last": first, "column": "2"}))
     again = updates[-1][t.ui.out.run_json.data]
     assert again["rows"][0] == first["rows"][0] and again["config"]["rows"][1]["params"]["alpha"] == 0.5
@@ -498,7 +659,9 @@ def test_one_column_rerun_with_new_settings_and_one_column_stopped_while_the_oth
         list(fns["rerun"](request, **base | {"last": first, "column": "3"}))
 
     assert t.stop_column("2", request) == "Column 2 is not running."
-    assert t.stop_column("", request).startswith("Not stopped: choose a column (1 to 4)")  # a message, no traceback
+    assert t.stop_column("", request).startswith(
+        "Not stopped: choose a column (1 to 4)"
+    )  # a message, no traceback
     long = base | {"max_new_tokens": 40, "threshold_mode": "off"}
     updates = fns["compare"](request, **long)
     said, last, board = None, None, ""
@@ -514,21 +677,31 @@ def test_one_column_rerun_with_new_settings_and_one_column_stopped_while_the_oth
     # the column keeps what the page showed at the click, however far the decode got before it stopped
     assert len(rows[1]["token_ids"]) == shown < len(rows[0]["token_ids"])
     column_2 = [e for e in stream.parse(board) if e[1:2] == [1]]
-    assert len([e for e in column_2 if e[0] == "t"]) >= shown and ["end", 1, "stopped"] == [
-        e[:3] for e in column_2 if e[0] == "end"][0] and [e[4] for e in column_2 if e[0] == "end"] == [shown]
+    assert (
+        len([e for e in column_2 if e[0] == "t"]) >= shown
+        and ["end", 1, "stopped"] == [e[:3] for e in column_2 if e[0] == "end"][0]
+        and [e[4] for e in column_2 if e[0] == "end"] == [shown]
+    )
 
 
 def test_rating_a_column_stores_it_with_the_run_in_history(tab):
     cfg = RunConfig(prompt="hi", rows=[RowSpec("Baseline"), RowSpec("Feedback", "residual", {"alpha": 0.1})])
-    last = RunResult(config=cfg.to_dict(), rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows],
-                     run_id="r9").to_dict()
+    last = RunResult(
+        config=cfg.to_dict(),
+        rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows],
+        run_id="r9",
+    ).to_dict()
     hist = history.add_run(None, last)
     out = tab.rate_column(hist, last, "2 better")
     entry = history.valid(out[tab.hist])[0][0]
     assert entry["ratings"] == {"Feedback": {"verdict": "better", "note": ""}}
     assert "Rated Feedback: better" in out[tab.ui.run.status]
-    for request, given, message in [("2 great", last, "verdict"), ("3 tie", last, "column 3 was not in the last run"),
-                                    ("1 tie", None, "run a prompt first"), ("x", last, "choose a column")]:
+    for request, given, message in [
+        ("2 great", last, "verdict"),
+        ("3 tie", last, "column 3 was not in the last run"),
+        ("1 tie", None, "run a prompt first"),
+        ("x", last, "choose a column"),
+    ]:
         with pytest.warns(UserWarning, match=message):
             refused = tab.rate_column(hist, given, request)
         assert tab.hist not in refused and "Not rated" in refused[tab.ui.run.status]
@@ -538,8 +711,11 @@ def test_a_rating_clicked_while_a_column_re_runs_is_kept_and_said_in_a_toast(tab
     """The status line is the running job's (it would overwrite a note there at its next update):
     the rating is kept with the run on the page before the re-run, and a toast says so."""
     cfg = RunConfig(prompt="hi", rows=[RowSpec("Baseline"), RowSpec("Feedback", "residual", {"alpha": 0.1})])
-    last = RunResult(config=cfg.to_dict(), rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows],
-                     run_id="r7").to_dict()
+    last = RunResult(
+        config=cfg.to_dict(),
+        rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows],
+        run_id="r7",
+    ).to_dict()
     request = types.SimpleNamespace(session_hash="rating-while-running")
     job = tab.runner.jobs.begin(request.session_hash, "compare")
     try:

@@ -1,5 +1,6 @@
 """A Compare run as the page gets it, through the tab's own handlers on a tiny model: the board's
 document grows by appending, the live charts are named for it, a re-run replays the other columns."""
+
 from __future__ import annotations
 
 import types
@@ -21,20 +22,30 @@ def page(tiny_lm):
     with gr.Blocks() as demo:
         t.build(tiny_lm.num_layers, gr.BrowserState([]))
     fns = {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name}
-    base = t.initial_values() | {"prompt": "Say hi.", "model": tiny_lm.name, "max_new_tokens": 24,
-                                 "threshold_mode": "off", "c2_strategy": "residual", "c2_residual_alpha": 0.1}
+    base = t.initial_values() | {
+        "prompt": "Say hi.",
+        "model": tiny_lm.name,
+        "max_new_tokens": 24,
+        "threshold_mode": "off",
+        "c2_strategy": "residual",
+        "c2_residual_alpha": 0.1,
+    }
     return t, fns, base
 
 
 def test_a_run_streams_one_growing_document_and_charts_named_for_it(page):
     t, fns, base = page
-    updates = [u for u in fns["compare"](types.SimpleNamespace(session_hash="w1"), **base) if isinstance(u, dict)]
+    updates = [
+        u for u in fns["compare"](types.SimpleNamespace(session_hash="w1"), **base) if isinstance(u, dict)
+    ]
     docs = [u[t.ui.out.board] for u in updates if t.ui.out.board in u]
     assert len(docs) >= 2 and all(later.startswith(earlier) for earlier, later in zip(docs, docs[1:]))
     events = stream.parse(docs[-1])
     run_id = events[0][1]["id"]
     assert events[0][1]["fresh"] == [0, 1] and events[-1][0] == "done"
-    first = next(u for u in updates if t.ui.out.conf_plot in u)  # the run's first charts: named for its document
+    first = next(
+        u for u in updates if t.ui.out.conf_plot in u
+    )  # the run's first charts: named for its document
     assert first[t.ui.out.conf_plot].layout.meta["feed"] == run_id
     assert first[t.ui.memory.plot].layout.meta["feed"] == run_id
     final = updates[-1][t.ui.out.run_json.data]
@@ -51,11 +62,16 @@ def test_a_rerun_replays_the_other_columns_and_streams_its_own(page):
     t, fns, base = page
     request = types.SimpleNamespace(session_hash="w2")
     first = list(fns["compare"](request, **base))[-1][t.ui.out.run_json.data]
-    updates = [u for u in fns["rerun"](request, **base | {"c2_residual_alpha": 0.4, "last": first, "column": "2"})
-               if isinstance(u, dict) and t.ui.out.board in u]
+    updates = [
+        u
+        for u in fns["rerun"](request, **base | {"c2_residual_alpha": 0.4, "last": first, "column": "2"})
+        if isinstance(u, dict) and t.ui.out.board in u
+    ]
     events = stream.parse(updates[0][t.ui.out.board])
     assert events[0][1]["fresh"] == [1]  # only column 2 draws chart points
-    assert [e[3] for e in events if e[0] == "t" and e[1] == 0] == first["rows"][0]["token_ids"]  # column 1 whole
+    assert [e[3] for e in events if e[0] == "t" and e[1] == 0] == first["rows"][0][
+        "token_ids"
+    ]  # column 1 whole
     whole = stream.parse(updates[-1][t.ui.out.board])
     again = list(fns["compare"](request, **base | {"c2_residual_alpha": 0.4}))[-1][t.ui.out.run_json.data]
     assert [e[3] for e in whole if e[0] == "t" and e[1] == 1] == again["rows"][1]["token_ids"]

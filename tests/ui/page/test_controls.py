@@ -1,4 +1,5 @@
 """The strategy panel: controls generated from the Param schema, presets, and values read back."""
+
 from __future__ import annotations
 
 import gradio as gr
@@ -6,7 +7,15 @@ import pytest
 
 from feedback.errors import FeedbackError
 from feedback.strategies import REGISTRY, get_strategy
-from ui.page.controls import CUSTOM, about, build_strategy_panel, chosen, component_for, matching_preset, parse_number
+from ui.page.controls import (
+    CUSTOM,
+    about,
+    build_strategy_panel,
+    chosen,
+    component_for,
+    matching_preset,
+    parse_number,
+)
 
 
 def panel(context: str = "generate", selected: str = "residual"):
@@ -57,8 +66,10 @@ def test_show_selects_a_strategy_with_a_preset_or_explicit_values():
     assert out[p.groups["residual"]]["visible"] is False and "−0.36 %" in out[p.about]
     restored = p.show("residual", params={"alpha": 0.3, "source_layer": 20, "target_layer": 5})
     assert restored[p.preset]["value"] == CUSTOM and restored[p.component("residual", "alpha")] == 0.3
-    assert p.show("residual", params={"alpha": 0.1, "source_layer": 21, "target_layer": 9})[p.preset]["value"] \
+    assert (
+        p.show("residual", params={"alpha": 0.1, "source_layer": 21, "target_layer": 9})[p.preset]["value"]
         == "visible effect"
+    )
 
 
 def test_matching_preset_and_about():
@@ -77,12 +88,43 @@ def test_layer_updates():
 
 def test_component_kinds_follow_the_schema():
     with gr.Blocks():
-        choice = component_for({"name": "mode", "type": "str", "default": "a", "minimum": None, "maximum": None,
-                                "choices": ["a", "b"], "help": ""}, "x1")
-        flag = component_for({"name": "gate", "type": "bool", "default": True, "minimum": None, "maximum": None,
-                              "choices": None, "help": "on/off"}, "x2")
-        free = component_for({"name": "theta", "type": "float", "default": 20.0, "minimum": 0.0, "maximum": None,
-                              "choices": None, "help": "", "is_layer": False}, "x3")
+        choice = component_for(
+            {
+                "name": "mode",
+                "type": "str",
+                "default": "a",
+                "minimum": None,
+                "maximum": None,
+                "choices": ["a", "b"],
+                "help": "",
+            },
+            "x1",
+        )
+        flag = component_for(
+            {
+                "name": "gate",
+                "type": "bool",
+                "default": True,
+                "minimum": None,
+                "maximum": None,
+                "choices": None,
+                "help": "on/off",
+            },
+            "x2",
+        )
+        free = component_for(
+            {
+                "name": "theta",
+                "type": "float",
+                "default": 20.0,
+                "minimum": 0.0,
+                "maximum": None,
+                "choices": None,
+                "help": "",
+                "is_layer": False,
+            },
+            "x3",
+        )
     assert isinstance(choice, gr.Dropdown) and isinstance(flag, gr.Checkbox) and isinstance(free, gr.Number)
     assert free.info == " (≥ 0)"
 
@@ -99,8 +141,13 @@ def test_a_layer_slider_comes_from_the_schema_not_the_parameter_name():
 
 def test_parse_number_edge_cases():
     assert parse_number("3", "n", integer=True) == 3 and parse_number(2.0, "n", integer=True) == 2
-    for value, message in [(float("inf"), "finite"), ("x", "must be a number"), (None, "must be a number"),
-                           (1.5, "whole number"), (0, "n must be between 1 and 9, got 0")]:
+    for value, message in [
+        (float("inf"), "finite"),
+        ("x", "must be a number"),
+        (None, "must be a number"),
+        (1.5, "whole number"),
+        (0, "n must be between 1 and 9, got 0"),
+    ]:
         with pytest.raises(FeedbackError, match=message):
             parse_number(value, "n", integer=True, lo=1, hi=9)
     with pytest.raises(FeedbackError, match="at least 2"):
@@ -116,8 +163,13 @@ def test_a_bound_number_box_takes_its_range_and_hint_from_the_bound():
         whole = bound_number(trials, 12)
         share = bound_number(eta, 50, label="custom η %", info="the share kept")
     # the range is said, and checked by the handler (Bound.check), not by the box (see bound_number)
-    assert (whole.minimum, whole.maximum, whole.precision, whole.label, whole.info) == (None, None, 0, "trials",
-                                                                                        "1 to 24")
+    assert (whole.minimum, whole.maximum, whole.precision, whole.label, whole.info) == (
+        None,
+        None,
+        0,
+        "trials",
+        "1 to 24",
+    )
     assert (share.minimum, share.maximum, share.precision) == (None, None, None)
     assert share.label == "custom η %" and share.info == "the share kept; 0.0001 to 100"
 
@@ -125,10 +177,14 @@ def test_a_bound_number_box_takes_its_range_and_hint_from_the_bound():
 def test_strategy_controls_by_their_api_names():
     p = panel()
     named = p.named_inputs()
-    assert list(named) == ["stack", *p.api_names] and named["residual_alpha"] is p.component("residual", "alpha")
+    assert list(named) == ["stack", *p.api_names] and named["residual_alpha"] is p.component(
+        "residual", "alpha"
+    )
     values = {name: c.value for name, c in named.items()} | {"prompt": "other values are left alone"}
-    assert chosen(values | {"strategy": "residual"}) == ("residual", {"alpha": 0.1, "source_layer": 21,
-                                                                      "target_layer": 9})
+    assert chosen(values | {"strategy": "residual"}) == (
+        "residual",
+        {"alpha": 0.1, "source_layer": 21, "target_layer": 9},
+    )
     assert chosen(values | {"strategy": "none", "stack": "deep_cache"}) == (None, {})
 
 
@@ -145,7 +201,10 @@ def test_a_second_strategy_stacks_after_the_first():
     assert shown[p.stack]["choices"][0] == "none" and "inner_loop" not in shown[p.stack]["choices"]
     assert shown[p.groups["inner_loop"]]["visible"] and shown[p.groups["deep_cache"]]["visible"]
     assert not shown[p.groups["residual"]]["visible"]
-    assert shown[p.component("inner_loop", "beta")] == 0.08451 and shown[p.component("deep_cache", "lam")] == 0.02
+    assert (
+        shown[p.component("inner_loop", "beta")] == 0.08451
+        and shown[p.component("deep_cache", "lam")] == 0.02
+    )
     assert shown[p.preset]["choices"] == ["visible effect", "tuned for perplexity", CUSTOM]
     assert "a stack, applied in this order: inner_loop then deep_cache" in shown[p.about]
     custom = p.show("inner_loop+deep_cache", params={"inner_loop.beta": 0.3, "deep_cache.lam": 0.2})
@@ -164,11 +223,18 @@ def test_the_panel_handlers_take_their_values_by_name():
     assert len(events) == 3 + len(p.components) and all(fn.input_keyword_names for fn in events)
     on_preset = next(fn for fn in events if fn.input_keyword_names == ["strategy", "stack", "preset"])
     shown = on_preset.fn(None, strategy="deep_cache", stack="none", preset="tuned for perplexity")
-    assert shown[p.component("deep_cache", "lam")] == 0.02 and shown[p.preset]["value"] == "tuned for perplexity"
+    assert (
+        shown[p.component("deep_cache", "lam")] == 0.02 and shown[p.preset]["value"] == "tuned for perplexity"
+    )
     both = on_preset.fn(None, strategy="inner_loop", stack="deep_cache", preset="visible effect")
     assert both[p.component("deep_cache", "lam")] == 0.1 and both[p.stack]["value"] == "deep_cache"
-    on_pick = [fn for fn in events if fn.fn.__name__ == "_on_strategy" or fn.input_keyword_names == ["strategy", "stack"]
-               and p.strategy in fn.outputs]
+    on_pick = [
+        fn
+        for fn in events
+        if fn.fn.__name__ == "_on_strategy"
+        or fn.input_keyword_names == ["strategy", "stack"]
+        and p.strategy in fn.outputs
+    ]
     assert len(on_pick) == 2  # the first strategy and "Stack with" answer alike
     picked = on_pick[0].fn(None, strategy="restate", stack="deep_cache")  # a prompt-level one does not stack
     assert picked[p.strategy] == "restate" and picked[p.stack]["value"] == "none"

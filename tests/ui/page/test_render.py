@@ -1,6 +1,7 @@
 """HTML the server renders: the diff and Markdown views of finished answers, the metrics table and
 best marks, quality metrics, column headings, legends, escaping everywhere. (The Compare columns'
 tokens are events drawn by the page: tests/ui/compare/test_stream.py.)"""
+
 from __future__ import annotations
 
 import random
@@ -13,24 +14,44 @@ import pytest
 
 from feedback.core.records import Alternative, RowResult, StepRecord
 from ui.page import render
-from ui.page.render import (best_marks, column_heading, diff_html, diff_legend,
-                            render_metrics)
-from ui.page.render import md_text
+from ui.page.render import best_marks, column_heading, diff_html, diff_legend, md_text, render_metrics
 
-HOSTILE = ['<img src=x onerror=alert(1)>', '"><script>alert(1)</script>', "' onmouseover='x"]
+HOSTILE = ["<img src=x onerror=alert(1)>", '"><script>alert(1)</script>', "' onmouseover='x"]
 
 
-def make_step(step: int, text: str, confidence: float = 1.0, *, prob: float = 0.5,
-              group: float | None = None, top: list[Alternative] | None = None,
-              time_ms: float = 10.0) -> StepRecord:
-    return StepRecord(step=step, token_id=100 + step, text=text, logprob=-0.7, prob=prob,
-                      confidence=confidence, entropy=0.25,
-                      group_confidence=confidence if group is None else group, top=top or [], time_ms=time_ms)
+def make_step(
+    step: int,
+    text: str,
+    confidence: float = 1.0,
+    *,
+    prob: float = 0.5,
+    group: float | None = None,
+    top: list[Alternative] | None = None,
+    time_ms: float = 10.0,
+) -> StepRecord:
+    return StepRecord(
+        step=step,
+        token_id=100 + step,
+        text=text,
+        logprob=-0.7,
+        prob=prob,
+        confidence=confidence,
+        entropy=0.25,
+        group_confidence=confidence if group is None else group,
+        top=top or [],
+        time_ms=time_ms,
+    )
 
 
 def make_row(steps: list[StepRecord], **kwargs) -> RowResult:
-    return RowResult(name="baseline", strategy=None, params={}, token_ids=[s.token_id for s in steps],
-                     steps=steps, **kwargs)
+    return RowResult(
+        name="baseline",
+        strategy=None,
+        params={},
+        token_ids=[s.token_id for s in steps],
+        steps=steps,
+        **kwargs,
+    )
 
 
 class TagCollector(HTMLParser):
@@ -53,17 +74,27 @@ def parse(html: str) -> list[tuple[str, dict[str, str | None]]]:
 
 def test_column_heading_names_strategy_and_parameters() -> None:
     assert column_heading("Baseline", None, {}).startswith(
-        '<h3 class="fl-heading fl-colhead" title="Baseline">Baseline</h3>')
+        '<h3 class="fl-heading fl-colhead" title="Baseline">Baseline</h3>'
+    )
     heading = column_heading("Feedback", "residual", {"alpha": 0.1, "source_layer": 21, "target_layer": 9})
     # one line of heading, two of note, each with its full text as the tooltip (cut short on a phone)
-    assert heading.startswith('<h3 class="fl-heading fl-colhead" title="Feedback · residual — alpha=0.1, '
-                              'source_layer=21, target_layer=9">Feedback · residual')
+    assert heading.startswith(
+        '<h3 class="fl-heading fl-colhead" title="Feedback · residual — alpha=0.1, '
+        'source_layer=21, target_layer=9">Feedback · residual'
+    )
     assert "alpha=0.1, source_layer=21, target_layer=9" in heading
     assert "&lt;b&gt;" in column_heading("Feedback", "x", {"k": "<b>"})
 
 
-@pytest.mark.parametrize("name", ["[md](javascript:alert(1))", "<img src=x onerror=alert(1)>",
-                                  '"><svg onload=alert(1)>', "**bold** `code` # h1"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "[md](javascript:alert(1))",
+        "<img src=x onerror=alert(1)>",
+        '"><svg onload=alert(1)>',
+        "**bold** `code` # h1",
+    ],
+)
 def test_a_column_name_is_text_in_its_heading(name: str) -> None:
     """Headings are HTML with the name escaped: no Markdown reads it, so no link, tag or handler."""
     heading = column_heading(name, "residual", {"alpha": 0.1})
@@ -74,8 +105,10 @@ def test_a_column_name_is_text_in_its_heading(name: str) -> None:
 def test_md_text_makes_text_literal_inside_markdown() -> None:
     assert md_text("[x](javascript:alert(1))") == r"\[x\]\(javascript\:alert\(1\)\)"
     # bare URLs and addresses, which Markdown would link by itself
-    assert md_text("see https://example.org or me@example.org") == \
-        r"see https\://example\.org or me\@example\.org"
+    assert (
+        md_text("see https://example.org or me@example.org")
+        == r"see https\://example\.org or me\@example\.org"
+    )
     assert md_text("`a` <b> & it's") == r"\`a\` &lt;b&gt; &amp; it's"
 
 
@@ -89,28 +122,45 @@ def render_stats(row: RowResult, live: bool = False, best: set[str] | None = Non
 
 
 def test_stats_final_row_uses_metrics() -> None:
-    row = make_row([make_step(0, "a", 1.0, time_ms=500.0), make_step(1, "b", 3.0)],
-                   stop_reason="early_stop", stop_step=1, tokens_per_s=42.25,
-                   metrics={"mean": 2.0, "lowest_group": 1.5})
+    row = make_row(
+        [make_step(0, "a", 1.0, time_ms=500.0), make_step(1, "b", 3.0)],
+        stop_reason="early_stop",
+        stop_step=1,
+        tokens_per_s=42.25,
+        metrics={"mean": 2.0, "lowest_group": 1.5},
+    )
     values = stats(render_stats(row))
-    assert values == {"tokens": "2", "tokens/s": "42.2", "mean confidence": "2.00",
-                      "lowest group confidence": "1.50", "stop": "early_stop @ step 1"}
+    assert values == {
+        "tokens": "2",
+        "tokens/s": "42.2",
+        "mean confidence": "2.00",
+        "lowest group confidence": "1.50",
+        "stop": "early_stop @ step 1",
+    }
 
 
 def test_a_columns_speed_says_how_it_was_measured() -> None:
     """A column re-run alone decoded one row a step, its neighbours all of theirs together: its
     tokens/s is marked (alone) and both cells say what their figure means."""
     steps = [make_step(0, "a", time_ms=500.0), make_step(1, "b", time_ms=100.0)]
-    batched, alone = make_row(steps, tokens_per_s=4.6), make_row(steps, tokens_per_s=9.9, metrics={"rerun_alone": True})
+    batched, alone = (
+        make_row(steps, tokens_per_s=4.6),
+        make_row(steps, tokens_per_s=9.9, metrics={"rerun_alone": True}),
+    )
     html = render_metrics([batched, alone])
-    assert stats(render_stats(alone))["tokens/s"] == "9.9 (alone)" and stats(render_stats(batched))["tokens/s"] == "4.6"
+    assert (
+        stats(render_stats(alone))["tokens/s"] == "9.9 (alone)"
+        and stats(render_stats(batched))["tokens/s"] == "4.6"
+    )
     assert escape(render.RERUN_RATE_NOTE, quote=True) in html and escape(render.RATE_NOTE, quote=True) in html
 
 
 def test_stats_live_computed_from_steps() -> None:
-    steps = [make_step(0, "a", 1.0, group=1.0, time_ms=900.0),
-             make_step(1, "b", 2.0, group=1.5, time_ms=20.0),
-             make_step(2, "c", 4.0, group=0.5, time_ms=30.0)]
+    steps = [
+        make_step(0, "a", 1.0, group=1.0, time_ms=900.0),
+        make_step(1, "b", 2.0, group=1.5, time_ms=20.0),
+        make_step(2, "c", 4.0, group=0.5, time_ms=30.0),
+    ]
     values = stats(render_stats(make_row(steps), live=True))
     assert values["tokens"] == "3"
     assert values["tokens/s"] == "40.0"  # 2 tokens in 50 ms; step 0 (prefill) excluded
@@ -128,6 +178,7 @@ def test_stats_missing_values_and_escaping() -> None:
 
 
 # ---- diff view ----
+
 
 class TextWithoutDeletions(HTMLParser):
     """The text a reader sees in the column, minus the struck words of column 1."""
@@ -156,9 +207,21 @@ def shown_text(html: str) -> str:
 
 def word_steps(words: list[str], ids: dict[str, int]) -> list[StepRecord]:
     """Steps whose token ids follow their text (equal text, equal id), as a tokenizer's would."""
-    return [StepRecord(step=i, token_id=ids.setdefault(w, len(ids)), text=w, logprob=-0.1, prob=0.9,
-                       confidence=5.0, entropy=0.1, group_confidence=5.0, top=[], time_ms=1.0)
-            for i, w in enumerate(words)]
+    return [
+        StepRecord(
+            step=i,
+            token_id=ids.setdefault(w, len(ids)),
+            text=w,
+            logprob=-0.1,
+            prob=0.9,
+            confidence=5.0,
+            entropy=0.1,
+            group_confidence=5.0,
+            top=[],
+            time_ms=1.0,
+        )
+        for i, w in enumerate(words)
+    ]
 
 
 def test_diff_marks_inserted_replaced_and_missing_words() -> None:
@@ -166,11 +229,13 @@ def test_diff_marks_inserted_replaced_and_missing_words() -> None:
     ref = word_steps(["The", " cat", " sat", " on", " the", " mat", "."], ids)
     col = word_steps(["The", " cat", " lay", " on", " a", " big", " mat", "."], ids)
     html = diff_html(ref, col)
-    assert html == ('The cat '
-                    '<del class="fl-del" title="only in column 1">sat</del>'
-                    '<mark class="fl-ins" title="not in column 1">lay</mark> on '
-                    '<del class="fl-del" title="only in column 1">the</del>'
-                    '<mark class="fl-ins" title="not in column 1">a big</mark> mat.')
+    assert html == (
+        "The cat "
+        '<del class="fl-del" title="only in column 1">sat</del>'
+        '<mark class="fl-ins" title="not in column 1">lay</mark> on '
+        '<del class="fl-del" title="only in column 1">the</del>'
+        '<mark class="fl-ins" title="not in column 1">a big</mark> mat.'
+    )
     assert shown_text(html) == "The cat lay on a big mat."
 
 
@@ -181,7 +246,7 @@ def test_diff_is_plain_before_the_first_different_token() -> None:
     col = word_steps(["a", " b", " c", " y"], ids)
     html = diff_html(ref, col)
     before, _ = html.split("<del")
-    assert before == 'a b c ' and shown_text(html) == "a b c y"
+    assert before == "a b c " and shown_text(html) == "a b c y"
 
 
 def test_diff_compares_a_word_split_across_tokens_whole() -> None:
@@ -196,7 +261,7 @@ def test_diff_compares_a_word_split_across_tokens_whole() -> None:
 def test_diff_of_the_reference_itself_or_an_identical_column_is_plain() -> None:
     ids: dict[str, int] = {}
     ref = word_steps(["x", " <y>"], ids)
-    assert diff_html(ref, ref) == 'x &lt;y&gt;'
+    assert diff_html(ref, ref) == "x &lt;y&gt;"
     assert diff_html(ref, word_steps(["x", " <y>"], ids)) == diff_html(ref, ref)
     assert shown_text(diff_html(ref, [])) == ""  # an empty answer: column 1's words, struck
 
@@ -241,8 +306,10 @@ def test_diff_legend_names_both_marks() -> None:
 
 # ---- quality metrics and best marks in the stats table ----
 
+
 def cells(html: str) -> dict[str, dict]:
     """label -> {"text", "class", "title"} of each value cell, as a browser sees it."""
+
     class Cells(HTMLParser):
         def __init__(self) -> None:
             super().__init__()
@@ -254,7 +321,10 @@ def cells(html: str) -> dict[str, dict]:
             if tag in ("th", "td"):
                 self.where = tag
                 if tag == "td":
-                    self.rows[self.label] = {"text": "", **{k: v for k, v in attrs if k in ("class", "title")}}
+                    self.rows[self.label] = {
+                        "text": "",
+                        **{k: v for k, v in attrs if k in ("class", "title")},
+                    }
                 else:
                     self.label = ""
 
@@ -273,10 +343,22 @@ def cells(html: str) -> dict[str, dict]:
     return parser.rows
 
 
-METRICS = {"mean": 2.0, "lowest_group": 1.5, "length": 2, "distinct_1": 0.875, "distinct_2": 2 / 3,
-           "repeat_3gram_rate": 0.125, "longest_repeat": 3, "self_ppl": 4.567, "prompt_ppl": 20.0,
-           "reference_ppl": 8.25, "reference_ppl_with_strategy": False,
-           "key_facts_found": ["Paris"], "key_facts_total": 2, "key_fact_recall": 0.5}
+METRICS = {
+    "mean": 2.0,
+    "lowest_group": 1.5,
+    "length": 2,
+    "distinct_1": 0.875,
+    "distinct_2": 2 / 3,
+    "repeat_3gram_rate": 0.125,
+    "longest_repeat": 3,
+    "self_ppl": 4.567,
+    "prompt_ppl": 20.0,
+    "reference_ppl": 8.25,
+    "reference_ppl_with_strategy": False,
+    "key_facts_found": ["Paris"],
+    "key_facts_total": 2,
+    "key_fact_recall": 0.5,
+}
 
 
 def test_stats_show_quality_metrics_after_the_existing_items() -> None:
@@ -285,8 +367,15 @@ def test_stats_show_quality_metrics_after_the_existing_items() -> None:
     got = cells(render_stats(row))
     assert list(got)[:5] == ["tokens", "tokens/s", "mean confidence", "lowest group confidence", "stop"]
     assert {k: v["text"] for k, v in list(got.items())[5:]} == {
-        "distinct-1": "0.88", "distinct-2": "0.67", "repeated 3-grams": "12.5%", "longest repeat (tokens)": "3",
-        "self-PPL": "4.57", "prompt PPL": "20.00", "reference PPL": "8.25 (plain model)", "key facts": "1/2"}
+        "distinct-1": "0.88",
+        "distinct-2": "0.67",
+        "repeated 3-grams": "12.5%",
+        "longest repeat (tokens)": "3",
+        "self-PPL": "4.57",
+        "prompt PPL": "20.00",
+        "reference PPL": "8.25 (plain model)",
+        "key facts": "1/2",
+    }
     assert "plain model" in got["reference PPL"]["title"] and got["key facts"]["title"] == "found: Paris"
     assert not any("class" in c for c in got.values())  # nothing is best without `best`
 
@@ -307,8 +396,12 @@ def test_stats_without_quality_metrics_show_none_and_key_fact_totals_are_recover
 
 
 def test_key_facts_that_ran_out_of_time_are_shown_as_not_judged() -> None:
-    metrics = {"key_facts_found": ["Paris"], "key_facts_total": 3, "key_fact_recall": 0.5,
-               "key_facts_unjudged": ["/(a+)+$/"]}
+    metrics = {
+        "key_facts_found": ["Paris"],
+        "key_facts_total": 3,
+        "key_fact_recall": 0.5,
+        "key_facts_unjudged": ["/(a+)+$/"],
+    }
     got = cells(render_stats(make_row([], metrics=metrics)))["key facts"]
     assert got["text"] == "1/2 (1 not judged)"
     assert got["title"] == "found: Paris; not judged (the pattern's search ran out of time): /(a+)+$/"
@@ -333,7 +426,9 @@ def test_stats_escape_hostile_key_facts() -> None:
 
 def test_best_marks_per_row_with_live_confidence() -> None:
     finished = make_row([make_step(0, "a")], metrics={"mean": 3.0, "lowest_group": 1.0, "self_ppl": 5.0})
-    streaming = make_row([make_step(0, "a", 2.0, group=2.0), make_step(1, "b", 4.0, group=2.0)])  # mean 3, low 2
+    streaming = make_row(
+        [make_step(0, "a", 2.0, group=2.0), make_step(1, "b", 4.0, group=2.0)]
+    )  # mean 3, low 2
     other = make_row([], metrics={"mean": 1.0, "lowest_group": 0.5, "self_ppl": 4.0})
     assert best_marks([finished, streaming, other]) == [{"mean"}, {"mean", "lowest_group"}, {"self_ppl"}]
     assert best_marks([finished]) == [set()]
@@ -341,21 +436,29 @@ def test_best_marks_per_row_with_live_confidence() -> None:
 
 # ---- column headings ----
 
+
 def test_column_heading_colour_dot_and_modified_badges() -> None:
-    heading = column_heading("Feedback", "residual", {"alpha": 0.1}, color="#D55E00",
-                             modified=["prompt", "system prompt"])
+    heading = column_heading(
+        "Feedback", "residual", {"alpha": 0.1}, color="#D55E00", modified=["prompt", "system prompt"]
+    )
     first, note = heading.split("</h3>")
-    assert first.startswith('<h3 class="fl-heading fl-colhead" title="Feedback · residual — alpha=0.1">'
-                            '<span class="fl-dot" style="background:#D55E00" aria-hidden="true"></span>Feedback')
-    assert first.endswith('<span class="fl-badge">prompt modified</span> '
-                          '<span class="fl-badge">system prompt modified</span>')
+    assert first.startswith(
+        '<h3 class="fl-heading fl-colhead" title="Feedback · residual — alpha=0.1">'
+        '<span class="fl-dot" style="background:#D55E00" aria-hidden="true"></span>Feedback'
+    )
+    assert first.endswith(
+        '<span class="fl-badge">prompt modified</span> <span class="fl-badge">system prompt modified</span>'
+    )
     assert note == '<span class="fl-note fl-colnote" title="alpha=0.1">alpha=0.1</span>'
     assert column_heading("B", None, {}, "rgb(0, 114, 178)").startswith(
-        '<h3 class="fl-heading fl-colhead" title="B"><span class="fl-dot" style="background:rgb')
+        '<h3 class="fl-heading fl-colhead" title="B"><span class="fl-dot" style="background:rgb'
+    )
     assert column_heading("Baseline", None, {}) == column_heading("Baseline", None, {}, None, [])
 
 
-@pytest.mark.parametrize("color", ["red;background-image:url(x)", '"><img src=x>', "url(javascript:x)", "#12345z"])
+@pytest.mark.parametrize(
+    "color", ["red;background-image:url(x)", '"><img src=x>', "url(javascript:x)", "#12345z"]
+)
 def test_column_heading_refuses_unsafe_colours(color: str) -> None:
     assert "fl-dot" not in column_heading("A", None, {}, color=color)
 
@@ -368,6 +471,7 @@ def test_column_heading_escapes_hostile_names() -> None:
 
 # ---- markdown view ----
 
+
 def test_markdown_view_formats_a_finished_answer() -> None:
     text = ["Use ", "`ls`", ":\n\n", "```python\n", "print(1 < 2)\n", "```\n", "\n- one\n- **two**\n"]
     html = render.markdown_html([make_step(i, t) for i, t in enumerate(text)])
@@ -376,8 +480,10 @@ def test_markdown_view_formats_a_finished_answer() -> None:
     assert "```" not in html and "print(1 &lt; 2)" in html
 
 
-@pytest.mark.parametrize("hostile", HOSTILE + ["[x](javascript:alert(1))", "![t](https://evil.example/p.png)",
-                                               "<iframe src=//evil>"])
+@pytest.mark.parametrize(
+    "hostile",
+    HOSTILE + ["[x](javascript:alert(1))", "![t](https://evil.example/p.png)", "<iframe src=//evil>"],
+)
 def test_markdown_view_keeps_html_links_and_images_harmless(hostile: str) -> None:
     html = render.markdown_html([make_step(0, hostile)])
     tags = parse(html)
@@ -388,21 +494,25 @@ def test_markdown_view_keeps_html_links_and_images_harmless(hostile: str) -> Non
 
 def test_the_metrics_table_has_a_column_per_column_and_a_row_per_metric() -> None:
     plain = make_row([make_step(0, "a", 1.0)], stop_reason="eos", metrics={"self_ppl": 3.0})
-    fb = make_row([make_step(0, "a", 2.0), make_step(1, "b", 3.0)], metrics={"self_ppl": 2.0, "extra_layer_passes": 4})
-    fb.name = '<b>fb</b>'
+    fb = make_row(
+        [make_step(0, "a", 2.0), make_step(1, "b", 3.0)], metrics={"self_ppl": 2.0, "extra_layer_passes": 4}
+    )
+    fb.name = "<b>fb</b>"
     html = render_metrics([plain, fb], [False, True], render.best_marks([plain, fb]), ["#1f77b4", "red;x:y"])
     heads = re.findall(r'<th scope="col">(.*?)</th>', html)
     assert heads[0] == "metric" and heads[1].endswith("baseline") and heads[2] == "&lt;b&gt;fb&lt;/b&gt;"
-    assert 'background:#1f77b4' in heads[1] and "fl-dot" not in heads[2]  # an unsafe colour draws no dot
-    rows = {label: re.findall(r"<td[^>]*>(.*?)</td>", cells_html)
-            for label, cells_html in re.findall(r'<tr><th scope="row">(.*?)</th>(.*?)</tr>', html)}
+    assert "background:#1f77b4" in heads[1] and "fl-dot" not in heads[2]  # an unsafe colour draws no dot
+    rows = {
+        label: re.findall(r"<td[^>]*>(.*?)</td>", cells_html)
+        for label, cells_html in re.findall(r'<tr><th scope="row">(.*?)</th>(.*?)</tr>', html)
+    }
     assert rows["tokens"] == ["1", "2"] and rows["stop"] == ["eos", "running…"]
     assert rows["extra layer passes / token"] == ["—", "4"]  # only column 2 has it
     assert rows["self-PPL"][1].startswith("2.00") and "★" in rows["self-PPL"][1]  # the lower self-PPL is best
 
 
 def test_a_data_table_escapes_its_cells_keeps_row_ids_and_says_when_empty():
-    html = render.data_table(["name", "output"], [["<b>x</b>", None], ["y", 3]], "fl-history", ["a\"1", "b"])
+    html = render.data_table(["name", "output"], [["<b>x</b>", None], ["y", 3]], "fl-history", ['a"1', "b"])
     assert "<td>&lt;b&gt;x&lt;/b&gt;</td><td></td>" in html and "<td>3</td>" in html
     assert re.findall(r'<tr data-id="([^"]*)">', html) == ["a&quot;1", "b"]
     assert '<th scope="col">name</th>' in html and 'class="fl-table fl-history"' in html

@@ -1,5 +1,6 @@
 """The one wrapper for model handlers: the line is released on every exit path, waiting is visible
 and can be left, and every model handler of the app runs its work inside the GPU function."""
+
 from __future__ import annotations
 
 import inspect
@@ -12,10 +13,17 @@ import gradio as gr
 import pytest
 
 from feedback.errors import FeedbackError, Stopped
-from feedback.serve.gpu_time import GpuWork
 from feedback.serve.gate import Gate
-from tests.ui.model_handlers import (MODEL_HANDLERS, SETTINGS, handler_values, line_free, model_handlers,
-                                     remember_compare, start)
+from feedback.serve.gpu_time import GpuWork
+from tests.ui.model_handlers import (
+    MODEL_HANDLERS,
+    SETTINGS,
+    handler_values,
+    line_free,
+    model_handlers,
+    remember_compare,
+    start,
+)
 from ui.page.runner import GpuTask, Jobs, ModelRunner, Outcome, Work
 
 
@@ -83,8 +91,13 @@ def test_a_finished_job_streams_its_items_and_releases_the_line():
     assert not runner.jobs.active("s1")
 
 
-@pytest.mark.parametrize("error, shown", [(RuntimeError("kaboom"), "A test job failed: RuntimeError: kaboom"),
-                                          (FeedbackError("too long"), "too long")])
+@pytest.mark.parametrize(
+    "error, shown",
+    [
+        (RuntimeError("kaboom"), "A test job failed: RuntimeError: kaboom"),
+        (FeedbackError("too long"), "too long"),
+    ],
+)
 def test_a_failing_job_reports_once_and_releases_the_line(error, shown):
     runner, work = make_runner(), Ticker(steps=2, fail=error)
     updates = []
@@ -153,7 +166,9 @@ def test_a_full_line_is_refused_at_once():
     gen = runner.drive("s1", "compare", Ticker())
     next(gen)
     assert next(gen) == {"finish": "failed"}  # the page is put back as it was ...
-    with pytest.raises(gr.Error, match=r"the most this server lets wait\); try again in 10 s"):  # ... and told why
+    with pytest.raises(
+        gr.Error, match=r"the most this server lets wait\); try again in 10 s"
+    ):  # ... and told why
         next(gen)
     runner.pool.gate.release(held)
 
@@ -200,13 +215,16 @@ def fake_spaces(monkeypatch):
                         raise RuntimeError("the GPU went away")
             finally:
                 state["inside"] -= 1
+
         return wrapped
 
     monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=GPU))
     return state
 
 
-def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_every_path(fake_spaces, tiny_lm):
+def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_every_path(
+    fake_spaces, tiny_lm
+):
     """Each model tab's handler, on each exit path: it finishes; it is cancelled (Gradio closes the
     generator); its page stops listening (closed tab); its work fails."""
     from feedback.serve.pool import ModelPool
@@ -218,7 +236,9 @@ def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_
     app.runner.jobs.abandon_s = 0.5
     assert fake_spaces["decorated"] == 1
     handlers = model_handlers(demo)
-    assert set(handlers) == MODEL_HANDLERS  # and no other handler touches the model (they are plain UI updates)
+    assert (
+        set(handlers) == MODEL_HANDLERS
+    )  # and no other handler touches the model (they are plain UI updates)
 
     forwards: list[int] = []
     settings = dict(SETTINGS)
@@ -258,9 +278,12 @@ def test_named_handlers_get_one_dict_by_name_and_the_request(tiny_lm):
     assert sig.parameters["request"].annotation is gr.Request
     seen = []
     handler = by_name(lambda values: seen.append(values) or "ok", ["prompt", "temperature"])
-    assert handler(None, prompt="hi", temperature=0.5) == "ok" and seen == [{"prompt": "hi", "temperature": 0.5}]
+    assert handler(None, prompt="hi", temperature=0.5) == "ok" and seen == [
+        {"prompt": "hi", "temperature": 0.5}
+    ]
 
     from feedback.serve.pool import ModelPool
+
     runner = ModelRunner(ModelPool.serving(tiny_lm), gpu=lambda fn, **_: fn)
 
     def refuse(values):

@@ -3,6 +3,7 @@ its best point — nothing when it does not beat the baseline, the status line s
 handler puts it into a Compare column and shows the Compare tab. The handlers run as the page wires
 them, on the tiny model (a real sweep and tune of two or three points); the page's first Run is
 checked against the served budget on the served model."""
+
 from __future__ import annotations
 
 import types
@@ -41,7 +42,9 @@ def run_job(app, api: str, **changes) -> list[dict]:
     """Every update of a Sweep or Tune run through its handler, as the page runs it."""
     ev = event(app, api)
     values = first_values(ev) | {"source": "pasted text", "text": TEXT, "max_docs": 2} | changes
-    return [u for u in ev.fn(types.SimpleNamespace(session_hash=f"send-{api}"), **values) if isinstance(u, dict)]
+    return [
+        u for u in ev.fn(types.SimpleNamespace(session_hash=f"send-{api}"), **values) if isinstance(u, dict)
+    ]
 
 
 def send(app, handler: str, best, **compare) -> dict:
@@ -61,28 +64,44 @@ def test_the_target_is_the_first_shown_column_on_the_strategy_else_column_2():
 
 def test_the_name_is_numbered_while_another_column_has_it():
     assert unique_name("Sweep best", ["Baseline", "Feedback", "Column 3"], 1) == "Sweep best"
-    assert unique_name("Sweep best", ["Baseline", "Sweep best", "Column 3"], 1) == "Sweep best"  # its own name
+    assert (
+        unique_name("Sweep best", ["Baseline", "Sweep best", "Column 3"], 1) == "Sweep best"
+    )  # its own name
     assert unique_name("Sweep best", ["Sweep best", "Feedback", "Sweep best 2"], 1) == "Sweep best 3"
 
 
 def test_a_finished_sweep_sends_its_best_point_to_compare(app, tiny_lm):
     updates = run_job(app, "sweep", strategy="deep_cache", grid_x="lam=0,0.1", grid_y="", deep_cache_theta=20)
     sweep = app.sweep
-    assert updates[0][sweep.best] is None and updates[0][sweep.send_button]["interactive"] is False  # cleared at start
+    assert (
+        updates[0][sweep.best] is None and updates[0][sweep.send_button]["interactive"] is False
+    )  # cleared at start
     best = updates[-1][sweep.best]
-    assert "Done: 2 points" in updates[-1][sweep.status] and updates[-1][sweep.send_button]["interactive"] is True
+    assert (
+        "Done: 2 points" in updates[-1][sweep.status]
+        and updates[-1][sweep.send_button]["interactive"] is True
+    )
     assert "best (strength-0 points left out): lam=0.1, ΔPPL -" in updates[-1][sweep.status]
     assert best["verdict"] in updates[-1][sweep.status]  # the verdict on it, as the status line said
     # lam=0 only measures the baseline: never best. The fixed values come along with defaults filled in.
     assert best["source"] == "Sweep" and best["strategy"] == "deep_cache" and best["params"]["lam"] == 0.1
-    assert best["params"]["theta"] == 20 and set(best["params"]) == {p.name for p in REGISTRY["deep_cache"].params}
+    assert best["params"]["theta"] == 20 and set(best["params"]) == {
+        p.name for p in REGISTRY["deep_cache"].params
+    }
 
     out = send(app, "send_sweep_best", best)  # a new page: columns 1-2 are Baseline and residual
     col = app.compare.ui.cols[1]
     assert out[col.settings["name"]] == "Sweep best" and out[col.panel.strategy] == "deep_cache"
-    assert out[col.panel.component("deep_cache", "lam")] == 0.1 and out[col.panel.component("deep_cache", "theta")] == 20
+    assert (
+        out[col.panel.component("deep_cache", "lam")] == 0.1
+        and out[col.panel.component("deep_cache", "theta")] == 20
+    )
     assert out[col.panel.groups["deep_cache"]]["visible"] and not out[col.panel.groups["residual"]]["visible"]
-    assert "deep_cache" in out[col.heading] and "lam=0.1" in out[col.heading] and "Sweep best" in out[col.heading]
+    assert (
+        "deep_cache" in out[col.heading]
+        and "lam=0.1" in out[col.heading]
+        and "Sweep best" in out[col.heading]
+    )
     assert out[app.sweep.tabs]["selected"] == "compare"
     note = out[app.compare.ui.run.status]
     assert "Column 2 (Sweep best)" in note and best["verdict"] in note
@@ -104,36 +123,55 @@ def test_a_sweep_whose_lowest_point_is_worse_than_the_baseline_offers_nothing(ap
 
 def test_a_tune_whose_best_trial_is_worse_than_the_baseline_on_dev_offers_nothing(app):
     # residual at a strength that raises perplexity on the tiny model, wherever it injects
-    updates = run_job(app, "tune", strategy="anchor", search=["source_layer"], anchor_alpha=1.0, trials=2, seed=0)
+    updates = run_job(
+        app, "tune", strategy="anchor", search=["source_layer"], anchor_alpha=1.0, trials=2, seed=0
+    )
     tune, last = app.sweep, updates[-1]
     status = last[tune.tune_status]
     assert last[tune.tune_best] is None and last[tune.tune_send]["interactive"] is False
-    assert "Done: 2 trials" in status and "no trial beats the baseline, so nothing is offered to Compare" in status
+    assert (
+        "Done: 2 trials" in status
+        and "no trial beats the baseline, so nothing is offered to Compare" in status
+    )
     assert "the lowest dev ΔPPL: trial" in status and "best on dev" not in status
 
 
 def _trial(delta, ci):
-    return {"trial": 3, "params": {"lam": 0.05}, "delta_pct": delta, "ci95": ci, "strategy_params": {"lam": 0.05}}
+    return {
+        "trial": 3,
+        "params": {"lam": 0.05},
+        "delta_pct": delta,
+        "ci95": ci,
+        "strategy_params": {"lam": 0.05},
+    }
 
 
 def test_a_dev_best_that_is_worse_on_test_is_no_recommendation_and_says_so():
     # the reported case: a dev best whose held-out ΔPPL is +0.491 %, its CI above 0
     test = {"data": "builtin:test", "delta_pct": 0.491, "ci95": [0.1, 0.9]}
     judged = tune_best(_trial(-0.3, [-0.6, -0.05]), test)
-    assert judged.why == ("the best trial is not confirmed on the test text: there it is worse than the baseline: "
-                          "CI above 0")
-    assert "best on dev: trial 3 (lam=0.05), ΔPPL -0.300 % [-0.600, -0.050] (CI excludes 0: a real improvement)" in \
-        judged.text
-    assert ("on builtin:test (scored once): ΔPPL +0.491 %, 95% CI [+0.100, +0.900] % (worse than the baseline"
-            in judged.text)
+    assert judged.why == (
+        "the best trial is not confirmed on the test text: there it is worse than the baseline: CI above 0"
+    )
+    assert (
+        "best on dev: trial 3 (lam=0.05), ΔPPL -0.300 % [-0.600, -0.050] (CI excludes 0: a real improvement)"
+        in judged.text
+    )
+    assert (
+        "on builtin:test (scored once): ΔPPL +0.491 %, 95% CI [+0.100, +0.900] % (worse than the baseline"
+        in judged.text
+    )
     text, kept = recommend(judged, lambda verdict: {"kept": verdict})
     assert kept is None and text.startswith("the best trial is not confirmed on the test text")
     # within noise on test (ΔPPL < 0, CI across 0): still a recommendation, marked as such
     judged = tune_best(_trial(-0.3, [-0.6, -0.05]), test | {"delta_pct": -0.1, "ci95": [-0.4, 0.2]})
     assert judged.why is None and "(within noise: CI spans 0)" in judged.text
-    assert recommend(judged, lambda verdict: {"kept": verdict}) == (judged.text, {
-        "kept": "CI excludes 0: a real improvement"})
-    # no bootstrap: a dev best without a CI is lower but untested, and without a test text nothing more is said
+    assert recommend(judged, lambda verdict: {"kept": verdict}) == (
+        judged.text,
+        {"kept": "CI excludes 0: a real improvement"},
+    )
+    # no bootstrap: a dev best without a CI is lower but untested, and without a test text nothing more
+    # is said
     judged = tune_best(_trial(-0.3, [None, None]), None)
     assert judged.why is None and "-0.300 % (no CI) (lower, but untested" in judged.text
 
@@ -150,25 +188,39 @@ def test_a_stack_is_swept_on_its_members_parameters_and_sent_as_a_stack(app, tin
     from ui.sweep.tune import searchable
 
     assert "deep_cache.lam" in searchable({"strategy": "inner_loop", "stack": "deep_cache"})["choices"]
-    updates = run_job(app, "sweep", strategy="inner_loop", stack="deep_cache", grid_x="deep_cache.lam=0,0.1",
-                      grid_y="", inner_loop_beta=0.3)
+    updates = run_job(
+        app,
+        "sweep",
+        strategy="inner_loop",
+        stack="deep_cache",
+        grid_x="deep_cache.lam=0,0.1",
+        grid_y="",
+        inner_loop_beta=0.3,
+    )
     best = updates[-1][app.sweep.best]
     assert best["strategy"] == "inner_loop+deep_cache" and best["params"]["deep_cache.lam"] == 0.1
     assert best["params"]["inner_loop.beta"] == 0.3  # the fixed member keeps the value set above
     out = send(app, "send_sweep_best", best)
     col = app.compare.ui.cols[1]
     assert out[col.panel.strategy] == "inner_loop" and out[col.panel.stack]["value"] == "deep_cache"
-    assert out[col.panel.component("deep_cache", "lam")] == 0.1 and out[col.panel.component("inner_loop", "beta")] == 0.3
+    assert (
+        out[col.panel.component("deep_cache", "lam")] == 0.1
+        and out[col.panel.component("inner_loop", "beta")] == 0.3
+    )
     assert "inner_loop+deep_cache" in out[col.heading]
 
 
 def test_a_finished_tune_sends_its_best_trial(app, tiny_lm):
-    # lam is searched over 0.002 to 0.3 (never the baseline's 0), and a first trial is never pruned: a best exists
+    # lam is searched over 0.002 to 0.3 (never the baseline's 0), and a first trial is never pruned: a best
+    # exists
     updates = run_job(app, "tune", strategy="deep_cache", search=["lam"], trials=2, seed=0)
     tune = app.sweep
     assert updates[0][tune.tune_best] is None and updates[0][tune.tune_send]["interactive"] is False
     best = updates[-1][tune.tune_best]
-    assert "Done: 2 trials" in updates[-1][tune.tune_status] and updates[-1][tune.tune_send]["interactive"] is True
+    assert (
+        "Done: 2 trials" in updates[-1][tune.tune_status]
+        and updates[-1][tune.tune_send]["interactive"] is True
+    )
     assert best["source"] == "Tune" and set(best["params"]) == {p.name for p in REGISTRY["deep_cache"].params}
     out = send(app, "send_tune_best", best)
     col = app.compare.ui.cols[1]
@@ -177,20 +229,30 @@ def test_a_finished_tune_sends_its_best_trial(app, tiny_lm):
     assert out[app.sweep.tabs]["selected"] == "compare" and f"lam={lam:g}" in out[col.heading]
 
 
-@pytest.mark.parametrize("handler, status, says", [("send_sweep_best", "status", "no best point yet"),
-                                                  ("send_tune_best", "tune_status", "no best trial yet")])
+@pytest.mark.parametrize(
+    "handler, status, says",
+    [
+        ("send_sweep_best", "status", "no best point yet"),
+        ("send_tune_best", "tune_status", "no best trial yet"),
+    ],
+)
 def test_without_a_best_point_nothing_is_sent_and_the_status_line_says_why(app, handler, status, says):
     out = send(app, handler, None)
     assert list(out) == [getattr(app.sweep, status)] and "Not sent" in out[getattr(app.sweep, status)]
     assert says in out[getattr(app.sweep, status)]
-    assert app.sweep.send_button.interactive is False and app.sweep.tune_send.interactive is False  # off on a new page
+    assert (
+        app.sweep.send_button.interactive is False and app.sweep.tune_send.interactive is False
+    )  # off on a new page
 
 
-@pytest.mark.parametrize("grid_x, grid_y, message", [
-    ("beta=1", "", "grid x: unknown parameter 'beta'"),
-    ("lam=0,0.1", "lam", "grid y expects NAME=V1,V2,..., got 'lam'"),
-    ("", "", "give at least one grid x NAME=V1,V2,..."),
-])
+@pytest.mark.parametrize(
+    "grid_x, grid_y, message",
+    [
+        ("beta=1", "", "grid x: unknown parameter 'beta'"),
+        ("lam=0,0.1", "lam", "grid y expects NAME=V1,V2,..., got 'lam'"),
+        ("", "", "give at least one grid x NAME=V1,V2,..."),
+    ],
+)
 def test_a_refused_grid_names_the_box_it_was_typed_in(app, grid_x, grid_y, message):
     """The page's refusal names its own field ("grid x"), not the command line's flag (--grid)."""
     import gradio as gr
@@ -216,8 +278,9 @@ def test_the_first_sweep_and_tune_as_the_page_opens_fit_the_scoring_budget(embed
     tab = SweepTab(pool, ModelRunner(pool, budget=Budget()))
     with gr.Blocks() as demo:
         tab.build(embedded_lm.num_layers)
-    sweep, tune = (first_values(next(fn for fn in demo.fns.values() if fn.api_name == api))
-                   for api in ("sweep", "tune"))
+    sweep, tune = (
+        first_values(next(fn for fn in demo.fns.values() if fn.api_name == api)) for api in ("sweep", "tune")
+    )
     assert (sweep["source"], sweep["max_docs"], sweep["max_tokens_per_doc"]) == ("builtin:dev", 10, 128)
     assert sweep["text"] in (None, "") and tune["source"] == sweep["source"]  # one text box serves both
     work = tab.prepare(sweep)
