@@ -246,9 +246,10 @@ def _sdpa_forward_s(lm: LoadedModel, prompt: str) -> float:
         lm.model.set_attn_implementation(kept)
 
 
-def prefill(lm: LoadedModel, tokens: int, repeats: int) -> dict[str, Ratio]:
+def prefill(lm: LoadedModel, tokens: int, repeats: int, new_tokens: int = 64) -> dict[str, Ratio]:
     """A long prompt's prefill: the engine ÷ one SDPA forward of the same tokens, and four rows with
-    four different prompts of that length ÷ one row."""
+    four different prompts of that length ÷ one row; and the quality metrics' cost after that prompt
+    in a run of `new_tokens`."""
     texts = prompt_of(lm, 5 * tokens)
     ids = lm.tokenizer(texts, add_special_tokens=False)["input_ids"]
     prompts = [lm.tokenizer.decode(ids[i * tokens : (i + 1) * tokens]) for i in range(4)]
@@ -261,8 +262,8 @@ def prefill(lm: LoadedModel, tokens: int, repeats: int) -> dict[str, Ratio]:
         f"{name}_rows4_vs_row1": ratio(
             lambda: _prefill_s(lm, prompts), lambda: _prefill_s(lm, prompts[:1]), repeats
         ),
-        # the quality metrics after a long prompt: a 64-token baseline + feedback run with them ÷ without
-        quality: _quality_overhead(lm, 64, repeats, prompts[0], chat_template=False),
+        # the quality metrics after a long prompt: a baseline + feedback run with them ÷ without
+        quality: _quality_overhead(lm, new_tokens, repeats, prompts[0], chat_template=False),
     }
 
 
@@ -424,7 +425,7 @@ def measure(
     }
     ratios |= scaling(lm, max(4, tokens // 4), repeats, QUICK_SCALING if quick else SCALING)
     # three rounds at most: a 4,096-token prefill takes ~15 CPU seconds a side
-    ratios |= prefill(lm, QUICK_PREFILL if quick else PREFILL, min(repeats, 3))
+    ratios |= prefill(lm, QUICK_PREFILL if quick else PREFILL, min(repeats, 3), 16 if quick else 64)
     deep_shape = QUICK_DEEPTHINK if quick else DEEPTHINK
     ratios |= deepthink_throughput(lm, max(4, tokens // 4), repeats, *deep_shape)
     invariance = batch_invariance(lm, max(4, tokens // 4))

@@ -713,9 +713,11 @@ def test_each_strategy_acts_on_its_own_row_when_prompts_are_padded(tiny_lm, monk
     it gives alone, also when the padded prompts are prefilled in chunks."""
     import feedback.core.engine as engine
 
-    prompts = ["The river runs to the sea. " * k for k in (1, 4, 2, 3)]
+    # each strategy row a prompt of its own length (2, 4, 1, 3 sentences for four rows), so each is padded
+    repeats = sorted(range(1, len(STRATEGY_ROWS) + 1), key=lambda k: (k % 2, k))
     rows = [RowSpec("baseline", prompt="Tell me about rivers, seas and the clouds above the hills.")] + [
-        RowSpec(name, name, params, prompt=p) for (name, params), p in zip(STRATEGY_ROWS, prompts)
+        RowSpec(name, name, params, prompt="The river runs to the sea. " * k)
+        for (name, params), k in zip(STRATEGY_ROWS, repeats, strict=True)
     ]
     monkeypatch.setattr(engine, "PREFILL_CHUNK", chunk)
     result, seen = _logits_by_row(

@@ -47,7 +47,7 @@ def test_registry_and_unknown_name():
         get_strategy("nope")
 
 
-def test_registry_has_all_six():
+def test_registry_has_every_strategy():
     assert set(REGISTRY) == {"residual", "soft_token", "deep_cache", "anchor", "inner_loop", "restate"}
     assert not get_strategy("deep_cache").recurrent and not get_strategy("anchor").recurrent
     assert not get_strategy("inner_loop").recurrent and issubclass(get_strategy("restate"), PromptStrategy)
