@@ -90,9 +90,22 @@ def save_metrics(**values: float) -> dict:
     return data
 
 
-def shot(page: Page, name: str, full: bool = True) -> None:
+# Screenshots to look at (1440 and 390 px, light and dark) are written to test-output/ only when
+# FEEDBACK_SCREENSHOTS is set (with docs/images/compare.png, the README's picture): a full-page
+# screenshot takes ~2 s, and nothing in the suite reads them.
+SCREENSHOTS = bool(os.environ.get("FEEDBACK_SCREENSHOTS"))
+
+
+def shot(page: Page, name: str, full: bool = True, element: str | None = None) -> None:
+    """A screenshot of the page (or of one element) into test-output/, when FEEDBACK_SCREENSHOTS is set."""
+    if not SCREENSHOTS:
+        return
     OUT.mkdir(exist_ok=True)
-    page.screenshot(path=str(OUT / f"e2e-{name}.png"), full_page=full)
+    path = str(OUT / f"e2e-{name}.png")
+    if element:
+        page.locator(element).screenshot(path=path)
+    else:
+        page.screenshot(path=path, full_page=full)
 
 
 def health(url: str) -> dict:
@@ -595,8 +608,7 @@ def test_the_recall_section_runs_one_prompt_and_draws_its_heatmaps(page: Page, a
     for plot in ("baseline", "strategy", "difference"):
         expect(page.locator(f"#recall-{plot}-plot .heatmaplayer")).to_have_count(1)
     expect(page.locator("#recall-run")).to_be_enabled()
-    OUT.mkdir(exist_ok=True)
-    page.locator("#recall").screenshot(path=str(OUT / "e2e-recall-1440.png"))
+    shot(page, "recall-1440", element="#recall")
     wait_idle(app_url, 10)
 
 
@@ -1134,9 +1146,7 @@ def test_four_columns_stream_and_their_first_token_comes_soon(page: Page):
         save_metrics(first_token_4_vs_2_columns=ttft4 / data["click_to_first_token_s"])
     assert 0 < ttft4 < 60, ttft4
     shot(page, "workbench-4-columns-1440")
-    if os.environ.get(
-        "FEEDBACK_SCREENSHOTS"
-    ):  # the README's picture; ordinary runs leave the tracked file alone
+    if SCREENSHOTS:  # the README's picture; ordinary runs leave the tracked file alone
         DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(DOCS_IMAGES / "compare.png"), full_page=False)
     # four headings side by side: each wraps rather than being cut, its badges shown
