@@ -34,6 +34,9 @@ from feedback.errors import FeedbackError, one_line
 # An unexpected failure prints one line; with this set to 1 the command raises it, traceback and all.
 TRACEBACK_ENV = "FEEDBACK_TRACEBACK"
 
+# The installed console script (pyproject.toml); `python -m feedback` is the same command.
+SCRIPT = "feedback-lens"
+
 # Every command, in the order `python -m feedback --help` lists them.
 COMMANDS = (
     generate,
@@ -53,11 +56,14 @@ COMMANDS = (
 )
 
 
+def program() -> str:
+    """How the user called the command line, for its usage lines."""
+    return SCRIPT if os.path.basename(sys.argv[0]) == SCRIPT else "python -m feedback"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every command in COMMANDS."""
-    parser = common.Parser(
-        prog="python -m feedback", description="Feedback Lens: baseline vs activation feedback"
-    )
+    parser = common.Parser(prog=program(), description="Feedback Lens: baseline vs activation feedback")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=common.Parser)
     for command in COMMANDS:
         command.add_parser(sub)

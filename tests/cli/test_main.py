@@ -50,3 +50,12 @@ def test_every_command_prints_its_help(command, capsys):
 def test_help_lists_every_command_once_in_the_order_registered():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert list(sub.choices) == [command.NAME for command in COMMANDS]
+
+
+def test_usage_names_the_command_as_it_was_called(monkeypatch):
+    from feedback.cli import build_parser
+
+    monkeypatch.setattr("sys.argv", ["/usr/local/bin/feedback-lens", "--help"])
+    assert build_parser().format_usage().startswith("usage: feedback-lens ")
+    monkeypatch.setattr("sys.argv", ["/repo/feedback/__main__.py", "--help"])
+    assert build_parser().format_usage().startswith("usage: python -m feedback ")
