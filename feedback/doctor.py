@@ -53,7 +53,7 @@ from feedback.bench import (
     weight_bytes,
 )
 from feedback.core.budget import dtype_bytes, kv_bytes_per_token
-from feedback.core.engine import run_to_end
+from feedback.core.engine import run_to_end, run_with_logits
 from feedback.core.model import LoadedModel, load_model, resolve_dtype
 from feedback.core.records import RowSpec, RunConfig, first_divergence
 from feedback.errors import FeedbackError, one_line
@@ -705,17 +705,6 @@ def step_compiled(ctx: Context) -> Outcome:
 # ---- 6. strategies ---------------------------------------------------------------------------------------
 
 
-def _logits_by_row(lm: LoadedModel, cfg: RunConfig):
-    """The run's result and each row's logits per step (rows leave the batch as they finish)."""
-    seen: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(cfg.rows))}
-
-    def keep(step, live, logits):
-        for pos, index in enumerate(live):
-            seen[index].append(logits[pos].detach().clone())
-
-    return run_to_end(lm, cfg, observer=keep), seen
-
-
 def _max_gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(((x - y).abs().max().item() for x, y in zip(a, b)), default=0.0)
 
@@ -765,8 +754,8 @@ def strategy_check(lm: LoadedModel, name: str, plan: Plan) -> dict:
     if hidden:  # a prompt-level strategy at strength 0 still adds its markers: no baseline to match
         rows.append(RowSpec("zero", name, {cls.strength_param: 0.0}))
     cfg = RunConfig(prompt=SHORT_PROMPT, model=lm.name, max_new_tokens=plan.strategy_tokens, rows=rows)
-    batched, logits = _logits_by_row(lm, cfg)
-    alone, alone_logits = _logits_by_row(lm, dataclasses.replace(cfg, rows=[rows[2]]))
+    batched, logits = run_with_logits(lm, cfg)
+    alone, alone_logits = run_with_logits(lm, dataclasses.replace(cfg, rows=[rows[2]]))
     base, own = batched.rows[1], batched.rows[2]
     out = {
         "tokens": len(own.token_ids),

@@ -718,3 +718,15 @@ def run_to_end(
     for _ in run:
         pass
     return run.result
+
+
+def run_with_logits(lm: LoadedModel, config: RunConfig) -> tuple[RunResult, dict[int, list[torch.Tensor]]]:
+    """`run_to_end`, and each row's raw logits at every step it decoded (row index -> [V] per step;
+    rows leave the batch as they finish): what exactness checks compare row by row."""
+    seen: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(config.rows))}
+
+    def keep(step: int, live: list[int], logits: torch.Tensor) -> None:
+        for pos, index in enumerate(live):
+            seen[index].append(logits[pos].clone())
+
+    return run_to_end(lm, config, observer=keep), seen

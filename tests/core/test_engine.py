@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from feedback.core.engine import run_to_end, start_run
+from feedback.core.engine import run_to_end, run_with_logits, start_run
 from feedback.core.records import DeepConfConfig, RowSpec, RunConfig, RunResult
 from feedback.core.sampling import SamplingConfig
 from feedback.errors import FeedbackError
@@ -634,20 +634,10 @@ PADDED_LOGIT_TOL = 2e-4
 _alone_cache: dict = {}
 
 
-def _logits_by_row(lm, cfg) -> tuple[RunResult, dict[int, list[torch.Tensor]]]:
-    seen: dict[int, list[torch.Tensor]] = {}
-
-    def observer(step, live, logits):
-        for pos, row in enumerate(live):
-            seen.setdefault(row, []).append(logits[pos].clone())
-
-    return run_to_end(lm, cfg, observer=observer), seen
-
-
 def _alone(lm, spec: RowSpec, n: int):
     key = (spec.prompt, spec.strategy, tuple(sorted(spec.params.items())), n, lm.name)
     if key not in _alone_cache:
-        _alone_cache[key] = _logits_by_row(
+        _alone_cache[key] = run_with_logits(
             lm, RunConfig(prompt="", model=lm.name, max_new_tokens=n, rows=[spec])
         )
     result, seen = _alone_cache[key]
@@ -657,7 +647,7 @@ def _alone(lm, spec: RowSpec, n: int):
 @pytest.mark.parametrize("mix", [(0, 1, 2), (2, 0), (1, 2)])
 def test_a_row_with_its_own_prompt_batched_equals_the_row_alone(embedded_lm, mix):
     rows = [RowSpec(f"v{p}", prompt=VARIANTS[p]) for p in mix]
-    result, seen = _logits_by_row(embedded_lm, RunConfig(prompt="", max_new_tokens=16, rows=rows))
+    result, seen = run_with_logits(embedded_lm, RunConfig(prompt="", max_new_tokens=16, rows=rows))
     for i, spec in enumerate(rows):
         alone, alone_logits = _alone(embedded_lm, spec, 16)
         assert result.rows[i].token_ids == alone.token_ids, spec.name
@@ -672,7 +662,7 @@ def test_strength_zero_reproduces_its_baseline_beside_padded_rows(embedded_lm):
         RowSpec("short", prompt=VARIANTS[0]),
         RowSpec("short0", "anchor", {"alpha": 0.0}, prompt=VARIANTS[0]),
     ]
-    result, seen = _logits_by_row(embedded_lm, RunConfig(prompt="", max_new_tokens=12, rows=rows))
+    result, seen = run_with_logits(embedded_lm, RunConfig(prompt="", max_new_tokens=12, rows=rows))
     for base, zero in ((0, 1), (2, 3)):
         assert result.rows[base].token_ids == result.rows[zero].token_ids
         for a, b in zip(seen[base], seen[zero]):
@@ -720,11 +710,11 @@ def test_each_strategy_acts_on_its_own_row_when_prompts_are_padded(tiny_lm, monk
         for (name, params), k in zip(STRATEGY_ROWS, repeats, strict=True)
     ]
     monkeypatch.setattr(engine, "PREFILL_CHUNK", chunk)
-    result, seen = _logits_by_row(
+    result, seen = run_with_logits(
         tiny_lm, RunConfig(prompt="", model="tiny", max_new_tokens=6, rows=rows, chat_template=False)
     )
     for i, spec in enumerate(rows):
-        alone, alone_seen = _logits_by_row(
+        alone, alone_seen = run_with_logits(
             tiny_lm, RunConfig(prompt="", model="tiny", max_new_tokens=6, rows=[spec], chat_template=False)
         )
         assert result.rows[i].token_ids == alone.rows[0].token_ids, spec.name

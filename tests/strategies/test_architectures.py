@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from feedback.core.engine import run_to_end
+from feedback.core.engine import run_with_logits
 from feedback.core.model import load_model
 from feedback.core.records import RowSpec, RunConfig
 from feedback.eval.perplexity import PPLConfig, token_nlls
@@ -53,14 +53,7 @@ def family(request, embedded_lm, tmp_path_factory):
 
 def _run(lm, rows: list[RowSpec]):
     """The run's result and each row's logits at every step."""
-    seen: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(rows))}
-
-    def keep(step, live, logits):
-        for pos, index in enumerate(live):
-            seen[index].append(logits[pos].clone())
-
-    cfg = RunConfig(prompt=PROMPT, model=lm.name, max_new_tokens=TOKENS, rows=rows)
-    return run_to_end(lm, cfg, observer=keep), seen
+    return run_with_logits(lm, RunConfig(prompt=PROMPT, model=lm.name, max_new_tokens=TOKENS, rows=rows))
 
 
 _BATCHED: dict[str, dict] = {}  # per model: the batched run, made once for every test that reads it
