@@ -107,6 +107,28 @@ def test_readme_gpu_space_figures_match_the_budget_code():
         assert f"{mb:,.0f} MB" in README, f"README lacks {rows} rows x ({prompt} + {new}): {mb:,.0f} MB"
 
 
+def test_the_shared_decode_memory_figures_match_the_budget_code(embedded_lm):
+    """Several people at once (docs/deploy.md): the memory each request needs and how many fit the
+    stated room, on a CPU Space (the embedded model, fp32) and a T4 (Qwen2.5-1.5B, fp16)."""
+    from feedback.core.budget import generation_memory_mb
+
+    deploy = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
+    rooms = {"cpu": 0.8 * 14.5 * 1024, "t4": 0.8 * (15_095 - 3_300)}
+    assert f"{rooms['cpu']:,.0f} MB (80 % of ~14.5 GB free)" in deploy
+    assert f"{rooms['t4']:,.0f} MB (80 % of ~{15_095 - 3_300:,} MB free)" in deploy
+    cases = [
+        ("cpu", embedded_lm.model.config, 4, (2, 200, 1_024)),
+        ("cpu", embedded_lm.model.config, 4, (4, 1_000, 1_024)),
+        ("t4", QWEN_1_5B, 2, (2, 200, 1_024)),
+        ("t4", QWEN_1_5B, 2, (4, 1_000, 1_024)),
+        ("t4", QWEN_1_5B, 2, (4, 31_744, 1_024)),
+    ]
+    for room, config, width, (rows, prompt, new) in cases:
+        mb = generation_memory_mb(config, width, rows, prompt, new)
+        fit = int(rooms[room] // mb)
+        assert f"{mb:,.0f} MB: {fit} fit" in deploy, (room, rows, prompt, new, mb, fit)
+
+
 # --- the Dockerfile, statically ------------------------------------------------------------------
 
 

@@ -216,6 +216,7 @@ class Run:
                     scored, "the quality metrics and the reference answer, scored after the run"
                 )
         check_fits(need, how, lm.device)
+        self.memory_mb = need  # what a shared decode admits it by
         self.result = RunResult(
             config={**config.to_dict(), "model": lm.name, "dtype": lm.dtype, "precision": lm.precision},
             rows=[
@@ -324,6 +325,28 @@ class Run:
 
     # ---- the loop: prefill, then one step at a time until every row has finished ----
     def _loop(self) -> Iterator[StepEvent]:
+        cfg = self.config
+        completed, prefilled, t0 = False, None, time.perf_counter()
+        try:
+            batch, sampler, t0 = self._open()
+            # inference_mode is thread-local and a generator may resume on another thread (Gradio
+            # workers do), so it is entered per block (the helpers below), never held across a yield.
+            prefilled = yield from self._reported(self._prefill(batch, sampler.needs_history))
+            if prefilled is None:  # stopped while prefilling a long prompt
+                for row in self.rows:
+                    row.result.stop_reason = "stopped"
+                return
+            self.result.prefill_seconds = time.perf_counter() - t0
+            yield from self._decode(batch, sampler, t0, *prefilled)
+            completed = not self.stop_event.is_set()
+        finally:
+            self._close()
+            prefilled = None  # the KV cache goes before the quality passes run
+            self._finish(t0, with_quality=completed and (cfg.quality or cfg.reference is not None))
+
+    def _open(self) -> tuple[BatchView, Sampler, float]:
+        """The run's batch view and sampler, its strategies attached (between forwards: forwards of
+        other runs on this model may be in flight in other threads), and its start time."""
         cfg, lm = self.config, self.lm
         batch = BatchView(Phase.PREFILL, [r.index for r in self.rows])
         sampler = Sampler(
@@ -334,27 +357,29 @@ class Run:
         )
         t0 = time.perf_counter()
         self.result.memory.append(memory.sample(t0, lm.device).to_dict())
-        completed, prefilled = False, None
-        try:
+        with lm.forward_lock:
             for i, strategy in self.strategies.items():
                 strategy.attach(lm.model, lm.layers, i, batch)
-            for strategy in self.prompt_strategies.values():  # after attach: it resets their state
-                strategy.begin(lm.tokenizer, lm.eos_token_ids)
-            # inference_mode is thread-local and a generator may resume on another thread (Gradio
-            # workers do), so it is entered per block (the helpers below), never held across a yield.
-            prefilled = yield from self._prefill(batch, sampler.needs_history)
-            if prefilled is None:  # stopped while prefilling a long prompt
-                for row in self.rows:
-                    row.result.stop_reason = "stopped"
-                return
-            self.result.prefill_seconds = time.perf_counter() - t0
-            yield from self._decode(batch, sampler, t0, *prefilled)
-            completed = not self.stop_event.is_set()
-        finally:
+        for strategy in self.prompt_strategies.values():  # after attach: it resets their state
+            strategy.begin(lm.tokenizer, lm.eos_token_ids)
+        return batch, sampler, t0
+
+    def _close(self) -> None:
+        """Every hook of the run removed (between forwards, as `_open` attached them)."""
+        with self.lm.forward_lock:
             for strategy in self.strategies.values():
                 strategy.detach()
-            prefilled = None  # the KV cache goes before the quality passes run
-            self._finish(t0, with_quality=completed and (cfg.quality or cfg.reference is not None))
+
+    def _reported(self, prefill: Iterator[PrefillEvent]):
+        """The prefill to its end, its progress passed on when the run reports it (`prefill_events`);
+        returns what the prefill returns."""
+        while True:
+            try:
+                event = next(prefill)
+            except StopIteration as done:
+                return done.value
+            if self.prefill_events:
+                yield event
 
     def _decode(
         self, batch: BatchView, sampler: Sampler, t0: float, state: DecodeState, logits: torch.Tensor
@@ -389,8 +414,9 @@ class Run:
         the cache (a long prompt's attention scratch stays bounded, and Stop is seen between chunks
         and, inside a chunk's forward, between decoder layers). Then each row takes its sequence's
         cache and last logits. One prompt shared by all rows takes one unpadded forward, exactly as
-        before rows had prompts. A generator: with `prefill_events` it yields a `PrefillEvent` after
-        each chunk of a prompt longer than one chunk; it returns (state, logits), or None when stopped."""
+        before rows had prompts. A generator: it yields a `PrefillEvent` after each chunk of a prompt
+        longer than one chunk (a shared decode steps its other rows there); it returns (state,
+        logits), or None when stopped."""
         setup = self._prefill_inputs()
         ids, mask, positions, cache = setup
         width = ids.shape[1]
@@ -404,7 +430,7 @@ class Run:
             out = self._prefill_chunk(batch, setup, start)
             if out is None:
                 return None
-            if self.prefill_events and chunks > 1:
+            if chunks > 1:
                 yield PrefillEvent(n, chunks, min(start + PREFILL_CHUNK, width), width)
         return self._prefill_done(batch, out, cache, mask, needs_history)
 

@@ -42,6 +42,23 @@ def hooked_forward(lm: LoadedModel, batch: BatchView, strategies, **inputs):
     return out
 
 
+def shared_forward(lm: LoadedModel, views: list[BatchView], strategies, **inputs):
+    """One decode forward shared by several runs' rows: each run's `views` entry places its rows in
+    the batch (its `live_rows`, None at the others' places), and every view's hooks act at once, on
+    their own rows; then each strategy's end-of-forward update."""
+    with lm.forward_lock:
+        for view in views:
+            view.together, view.active = views, True
+        try:
+            out = lm.model(**inputs)
+        finally:
+            for view in views:
+                view.together, view.active = None, False
+    for strategy in strategies:
+        strategy.end_forward()
+    return out
+
+
 def nll_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-position negative log-likelihood of `targets` [T] under `logits` [T, V] (fp32)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
@@ -56,7 +73,8 @@ def window_logits_parallel(
     batch = BatchView(Phase.SEQUENCE, [0], stop=stop)
     strategies = [strategy] if strategy else []
     if strategy:
-        strategy.attach(lm.model, lm.layers, 0, batch)
+        with lm.forward_lock:  # hooks change only between forwards (another thread's may be in flight)
+            strategy.attach(lm.model, lm.layers, 0, batch)
     try:
         with torch.inference_mode():
             for _ in range(passes):
@@ -65,7 +83,8 @@ def window_logits_parallel(
             return out.logits[0, :-1]
     finally:
         if strategy:
-            strategy.detach()
+            with lm.forward_lock:
+                strategy.detach()
 
 
 def window_nll_parallel(
@@ -126,7 +145,8 @@ def window_logits_exact(
     """The logits that predict ids[1:], decoding token by token with the KV cache, exactly as in
     generation; checks `stop` at every token (this mode is slow, ~1 forward per token)."""
     batch = BatchView(Phase.PREFILL, [0])
-    strategy.attach(lm.model, lm.layers, 0, batch)
+    with lm.forward_lock:
+        strategy.attach(lm.model, lm.layers, 0, batch)
     try:
         with torch.inference_mode():
             cache = DynamicCache(config=lm.model.config)
@@ -141,7 +161,8 @@ def window_logits_exact(
                 logits.append(out.logits[0, -1])
             return torch.stack(logits)
     finally:
-        strategy.detach()
+        with lm.forward_lock:
+            strategy.detach()
 
 
 def window_nll_exact(

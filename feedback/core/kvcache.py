@@ -206,3 +206,38 @@ def cache_from(config, kv: list[tuple[torch.Tensor, torch.Tensor]], capacity: in
     for index, (keys, values) in enumerate(kv):
         cache.update(keys, values, index)
     return cache
+
+
+def shareable(config) -> bool:
+    """Whether runs on this model can share decode steps: its run cache is preallocated (every layer
+    attends to the whole sequence), whose rows can be stacked and re-padded (`stack_rows`). A
+    sliding-window layer's cache keeps only its window, which no left padding can line up."""
+    return isinstance(run_cache(config, 1), PreallocatedCache)
+
+
+def stack_rows(parts: list[tuple[Cache, int]], room: int) -> PreallocatedCache:
+    """One preallocated cache holding the rows of each (cache, shift) of `parts`, in order, every
+    part's positions moved `shift` to the right (zeros in front, which the attention mask hides;
+    a negative shift drops leading positions, which must be padding) so that all end at the same
+    position; with room for `room` more positions."""
+    widths = {cache.get_seq_length() + shift for cache, shift in parts}
+    if len(widths) != 1:
+        raise ValueError(f"stacked rows must end at one position, got {sorted(widths)}")
+    (width,) = widths
+    layers = len(parts[0][0].layers)
+    out = PreallocatedCache(layers, width + room)
+    for index in range(layers):
+        keys, values = [], []
+        for cache, shift in parts:
+            layer = cache.layers[index]
+            keys.append(_shifted(layer.keys, shift))
+            values.append(_shifted(layer.values, shift))
+        out.update(torch.cat(keys), torch.cat(values), index)
+    return out
+
+
+def _shifted(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """x [B, H, T, D] with `shift` zero positions in front (shift < 0: its first -shift dropped)."""
+    if shift >= 0:
+        return torch.cat([x.new_zeros(*x.shape[:2], shift, x.shape[3]), x], dim=2) if shift else x
+    return x[:, :, -shift:]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -74,6 +76,48 @@ def check_layer_state(model: nn.Module) -> None:
         )
 
 
+class TurnLock:
+    """A lock handed over in arrival order: the thread that waited longest gets it next. Forwards on
+    one model take turns at it, so a request scoring its answer chunk after chunk cannot keep the
+    shared decode loop's step waiting for more than one of its chunks (a plain lock may go back to
+    the thread that just released it)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._held = False
+        self._line: deque[object] = deque()
+
+    def acquire(self) -> bool:
+        with self._cond:
+            if not self._held and not self._line:
+                self._held = True
+                return True
+            me = object()
+            self._line.append(me)
+            while self._held or self._line[0] is not me:
+                self._cond.wait()
+            self._line.popleft()
+            self._held = True
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            if not self._held:
+                raise RuntimeError("TurnLock.release of a lock that is not held")
+            self._held = False
+            self._cond.notify_all()
+
+    def locked(self) -> bool:
+        return self._held
+
+    def __enter__(self) -> TurnLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 @dataclass
 class LoadedModel:
     """A model ready for the engine, with what the engine needs to know about it."""
@@ -87,7 +131,8 @@ class LoadedModel:
     eos_token_ids: list[int] = field(default_factory=list)
     quantization: str | None = None  # how the weights are stored when not in `dtype` (8-bit, 4-bit)
     # Held for each forward pass: runs sharing this model interleave step by step, never overlap.
-    forward_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    forward_lock: TurnLock = field(default_factory=TurnLock, repr=False, compare=False)
+    decoder: Any = field(default=None, repr=False, compare=False)  # its shared decode loop (core.sharing)
 
     @property
     def layers(self) -> nn.ModuleList:

@@ -27,6 +27,7 @@ from feedback.core.engine import start_run
 from feedback.core.model import LoadedModel
 from feedback.core.records import DeepConfConfig, RowResult, RowSpec, RunConfig, answer_text
 from feedback.core.sampling import SamplingConfig
+from feedback.core.sharing import shared_events
 from feedback.errors import FeedbackError, Stopped
 from feedback.eval.voting import (
     Trace,
@@ -113,9 +114,15 @@ def check_budget(lm: LoadedModel, cfg: DeepThinkConfig, budget: Budget, warm_up_
     budget.check_decoding(
         2 * per_side * cfg.max_new_tokens, f"2 sides x {per_side} traces x {cfg.max_new_tokens} new tokens"
     )
+    need, how = memory_need(lm, cfg, warm_up_only)
+    budget.check_memory(need, how)
+
+
+def memory_need(lm: LoadedModel, cfg: DeepThinkConfig, warm_up_only: bool = False) -> tuple[float, str]:
+    """MB of its largest batched run's cache, and what that run is."""
     prompt = len(lm.encode(cfg.prompt, cfg.chat_template))
     rows = 2 * (cfg.warmup if warm_up_only else max(cfg.warmup, cfg.traces))
-    budget.check_memory(
+    return (
         generation_memory_mb(lm.model.config, dtype_bytes(lm.dtype), rows, prompt, cfg.max_new_tokens),
         f"{rows} traces at once, {prompt} prompt + {cfg.max_new_tokens} new tokens",
     )
@@ -128,9 +135,11 @@ def _run(
     stop: threading.Event | None = None,
     progress=None,
     phase: str = "",
+    shared: bool = False,
 ) -> list[RowResult]:
-    """One batched engine run of these traces; `progress(message)` hears of every decode step.
-    Raises `Stopped` when `stop` is set (within one decode step)."""
+    """One batched engine run of these traces (`shared`: beside other requests' runs, in the model's
+    decode loop); `progress(message)` hears of every decode step. Raises `Stopped` when `stop` is
+    set (within one decode step)."""
     run_cfg = RunConfig(
         prompt=cfg.prompt,
         model=lm.name,
@@ -142,7 +151,7 @@ def _run(
         rows=rows,
     )
     run = start_run(lm, run_cfg, stop_event=stop)
-    for event in run:
+    for event in shared_events(run) if shared else run:
         if progress:
             live = len(rows) - sum(r.stop_reason is not None for r in run.result.rows)
             progress(
@@ -194,12 +203,14 @@ def warm_up(
     stop: threading.Event | None = None,
     progress=None,
     budget: Budget | None = None,
+    shared: bool = False,
 ) -> tuple[dict, dict, dict]:
-    """Warm-up traces per side (never stopped), their lowest group confidences, and the thresholds."""
+    """Warm-up traces per side (never stopped), their lowest group confidences, and the thresholds
+    (`shared`: see `deep_think`)."""
     pattern = compile_answer_regex(cfg.answer_regex)
     if budget is not None:
         check_budget(lm, cfg, budget, warm_up_only=True)
-    warm_rows = _run(lm, cfg, _rows(cfg, cfg.warmup, 0, {}), stop, progress, "warm-up")
+    warm_rows = _run(lm, cfg, _rows(cfg, cfg.warmup, 0, {}), stop, progress, "warm-up", shared)
     warm = {
         side: [_trace(r, pattern, "warmup", cfg) for r in warm_rows if r.name.startswith(side)]
         for side in SIDES
@@ -219,18 +230,21 @@ def deep_think(
     progress=None,
     stop: threading.Event | None = None,
     budget: Budget | None = None,
+    shared: bool = False,
 ) -> dict:
     """Warm-up, calibrate, run online with early stop, vote; a JSON-serialisable report per side.
     `progress(message)` hears of each phase and decode step; setting `stop` ends it (raising
-    `Stopped`) within one decode step. With `budget`, a run it does not allow is refused first."""
+    `Stopped`) within one decode step. With `budget`, a run it does not allow is refused first.
+    `shared`: its traces decode beside other requests' runs, in the model's one decode loop
+    (`feedback.core.sharing`; a served request admitted beside them)."""
     warnings = cfg.validate(lm.num_layers)
     if budget is not None:
         check_budget(lm, cfg, budget)
     pattern = compile_answer_regex(cfg.answer_regex)
     started = time.perf_counter()
-    warm, lows, thresholds = warm_up(lm, cfg, stop, progress)
+    warm, lows, thresholds = warm_up(lm, cfg, stop, progress, shared=shared)
     phase = "online (thresholds " + ", ".join(f"{side} {thresholds[side]:.2f}" for side in SIDES) + ")"
-    online_rows = _run(lm, cfg, _rows(cfg, cfg.traces, cfg.warmup, thresholds), stop, progress, phase)
+    online_rows = _run(lm, cfg, _rows(cfg, cfg.traces, cfg.warmup, thresholds), stop, progress, phase, shared)
     online = {
         side: [_trace(r, pattern, "online", cfg) for r in online_rows if r.name.startswith(side)]
         for side in SIDES
@@ -246,7 +260,7 @@ def deep_think(
         if stopped:
             full_lengths = {
                 r.name: len(r.token_ids)
-                for r in _run(lm, cfg, stopped, stop, progress, "check: finishing the stopped traces")
+                for r in _run(lm, cfg, stopped, stop, progress, "check: finishing the stopped traces", shared)
             }
 
     report = {

@@ -1,6 +1,11 @@
 """First-come, first-served admission to model work, shared by the page and the HTTP API.
 
-Every caller takes a `Ticket`, waits in one line, runs while it holds a slot, and leaves. Waiting is
+Every caller takes a `Ticket`, waits in one line, runs while it holds a slot, and leaves. A ticket
+that `shares` (an engine run, which decodes beside the others in the model's one decode loop:
+`feedback.core.sharing`) may start while other sharing tickets run, up to `capacity` of them and
+while their memory needs (`need_mb`, the run's cache and scoring) fit `room_mb` together; any other
+work (perplexity, sweeps, tuning) runs alone. The line's order is kept whatever the kind: the first
+in line that cannot start yet holds the ones behind it. Waiting is
 done in short `wait` calls, each of which renews the ticket's lease: a waiter that stops renewing
 (its browser tab closed, its generator was never resumed, its HTTP client hung up) loses its place
 within `lease_s` seconds, so an abandoned request never blocks the people behind it. A ticket that
@@ -38,6 +43,8 @@ class Ticket:
 
     kind: str
     label: str
+    need_mb: float | None = None  # memory it holds while it runs (a sharing ticket is admitted by it)
+    shares: bool = False  # decodes beside other sharing tickets' runs
     joined: float = field(default_factory=time.monotonic)
     seen: float = field(default_factory=time.monotonic)  # last renewal of the lease while waiting
     started: float | None = None  # when it got a slot
@@ -54,17 +61,25 @@ class Place:
 
 
 class Gate:
-    """At most `capacity` runs at once; live waiters are served strictly in arrival order, whatever
-    door they came through, and at most `max_waiting` of them wait at once (None: no cap).
+    """At most `capacity` sharing runs at once (while their needs fit `room_mb`; None: no memory
+    limit), any other work alone; live waiters are served strictly in arrival order, whatever door
+    they came through, and at most `max_waiting` of them wait at once (None: no cap).
 
     One line and one cap for every door is what keeps it fair: a page request that is already
     waiting is served before an API request that came later, and when the line is full every
     door refuses alike (none loses its place to another)."""
 
-    def __init__(self, capacity: int = 1, lease_s: float = LEASE_S, max_waiting: int | None = None):
+    def __init__(
+        self,
+        capacity: int = 1,
+        lease_s: float = LEASE_S,
+        max_waiting: int | None = None,
+        room_mb: float | None = None,
+    ):
         if capacity < 1:
             raise FeedbackError(f"concurrency must be at least 1, got {capacity}")
         self.capacity = capacity
+        self.room_mb = room_mb
         self.lease_s = lease_s
         self.max_waiting = max_waiting
         self._line: deque[Ticket] = deque()
@@ -72,17 +87,19 @@ class Gate:
         self._cond = threading.Condition()
 
     # ---- the line ----
-    def join(self, kind: str = "ui", label: str = "") -> Ticket:
-        """A ticket at the end of the line. Raises `Busy` at once when `max_waiting` live callers
-        are already waiting (unless a slot is free right now)."""
+    def join(
+        self, kind: str = "ui", label: str = "", need_mb: float | None = None, shares: bool = False
+    ) -> Ticket:
+        """A ticket at the end of the line (`need_mb`, `shares`: see `Ticket`). Raises `Busy` at once
+        when `max_waiting` live callers are already waiting (unless a slot is free right now)."""
         with self._cond:
             self._drop_stale()
-            if self._refuses():
+            ticket = Ticket(kind, label or kind, need_mb, shares)
+            if self._refuses(ticket):
                 raise Busy(
                     f"the model is busy ({len(self._running)} running, {len(self._line)} waiting, the most "
                     f"this server lets wait); try again in {RETRY_AFTER_S} s"
                 )
-            ticket = Ticket(kind, label or kind)
             self._line.append(ticket)
             return ticket
 
@@ -101,7 +118,7 @@ class Gate:
                 self._drop_stale()
                 if ticket not in self._line:
                     self._line.append(ticket)
-                if self._line[0] is ticket and len(self._running) < self.capacity:
+                if self._line[0] is ticket and self._admits(ticket):
                     self._line.popleft()
                     ticket.started = now
                     self._running.append(ticket)
@@ -111,6 +128,20 @@ class Gate:
                 if remaining <= 0:
                     return False
                 self._cond.wait(min(remaining, self.lease_s / 3))
+
+    def _admits(self, ticket: Ticket) -> bool:
+        """Caller holds the lock. Whether `ticket` may start beside the running ones: anything when
+        nothing runs; a sharing ticket beside sharing ones while they are fewer than `capacity` and
+        their memory needs, its own included, fit `room_mb`."""
+        if not self._running:
+            return True
+        if not ticket.shares or not all(t.shares for t in self._running):
+            return False
+        if len(self._running) >= self.capacity:
+            return False
+        if self.room_mb is None:
+            return True
+        return sum(t.need_mb or 0.0 for t in self._running) + (ticket.need_mb or 0.0) <= self.room_mb
 
     def leave(self, ticket: Ticket) -> None:
         """Give up the place in line, or the slot; safe to call more than once."""
@@ -141,10 +172,12 @@ class Gate:
         timeout: float | None = None,
         label: str = "",
         cancelled: Callable[[], bool] | None = None,
+        need_mb: float | None = None,
+        shares: bool = False,
     ) -> Ticket:
         """Wait (blocking) for a slot. Raises `Busy` when the line is full or `timeout` seconds
         pass first; leaves the line at once when `cancelled()` turns true."""
-        ticket = self.join(kind, label)
+        ticket = self.join(kind, label, need_mb, shares)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
@@ -173,8 +206,10 @@ class Gate:
         timeout: float | None = None,
         label: str = "",
         cancelled: Callable[[], bool] | None = None,
+        need_mb: float | None = None,
+        shares: bool = False,
     ) -> Iterator[Ticket]:
-        ticket = self.acquire(kind, timeout, label, cancelled)
+        ticket = self.acquire(kind, timeout, label, cancelled, need_mb, shares)
         try:
             yield ticket
         finally:
@@ -194,6 +229,7 @@ class Gate:
             now = time.monotonic()
             return {
                 "capacity": self.capacity,
+                "room_mb": self.room_mb,
                 "running": len(self._running),
                 "waiting": len(self._line),
                 "max_waiting": self.max_waiting,
@@ -209,8 +245,9 @@ class Gate:
         if stale:
             self._cond.notify_all()
 
-    def _refuses(self) -> bool:
-        """Caller holds the lock. A full line refuses, unless a slot is free right now."""
-        if self.max_waiting is None or (not self._line and len(self._running) < self.capacity):
+    def _refuses(self, ticket: Ticket | None = None) -> bool:
+        """Caller holds the lock. A full line refuses, unless the line is empty and `ticket` (None:
+        work that runs alone) could start right now."""
+        if self.max_waiting is None or (not self._line and self._admits(ticket or Ticket("", ""))):
             return False
         return len(self._line) >= self.max_waiting

@@ -57,6 +57,11 @@ PAGE_MAX_BODY_BYTES = MAX_BODY_BYTES + HISTORY_MAX_BYTES
 # the page's message) until a place frees. FEEDBACK_QUEUE_SIZE / --queue-size change it.
 MAX_WAITING = 16
 QUEUE_SIZE_ENV = "FEEDBACK_QUEUE_SIZE"
+# Runs that decode together: each request's rows join the model's running batch (one forward a step
+# for all of them) while their caches fit the memory cap together, at most this many requests at
+# once; the next ones wait in the line. FEEDBACK_SHARED_RUNS changes it; 1 serves one run at a time.
+SHARED_RUNS = 8
+SHARED_RUNS_ENV = "FEEDBACK_SHARED_RUNS"
 API_WAIT_S = (
     300.0  # the longest an HTTP API request waits for the model before a 503 (a page waits until Stop)
 )
@@ -229,6 +234,13 @@ def queue_size_setting(flag: int | None = None) -> int:
     FEEDBACK_QUEUE_SIZE, else MAX_WAITING; refused naming the setting unless a whole number >= 0."""
     raw = flag if flag is not None else os.environ.get(QUEUE_SIZE_ENV, "").strip() or MAX_WAITING
     return Bound(f"the queue size ({QUEUE_SIZE_ENV} / --queue-size)", 0, None, integer=True).check(raw)
+
+
+def shared_runs_setting() -> int:
+    """How many runs may decode together: FEEDBACK_SHARED_RUNS, else SHARED_RUNS; refused naming
+    the setting unless a whole number of at least 1."""
+    raw = os.environ.get(SHARED_RUNS_ENV, "").strip() or SHARED_RUNS
+    return Bound(f"the runs decoding together ({SHARED_RUNS_ENV})", 1, None, integer=True).check(raw)
 
 
 def gpu_duration_cap_setting() -> int:

@@ -9,10 +9,12 @@ import os
 import threading
 
 from feedback.core import embedded
+from feedback.core.budget import memory_cap_mb
 from feedback.core.model import DTYPES, LoadedModel, load_model
+from feedback.core.sharing import can_share
 from feedback.errors import FeedbackError
 from feedback.serve.gate import Gate
-from feedback.serve.limits import MAX_WAITING
+from feedback.serve.limits import MAX_WAITING, shared_runs_setting
 
 
 class ModelPool:
@@ -22,14 +24,21 @@ class ModelPool:
     take a slot of `gate` first."""
 
     def __init__(
-        self, allowlist: list[str], capacity: int = 1, max_waiting: int | None = MAX_WAITING, **load_kwargs
+        self,
+        allowlist: list[str],
+        capacity: int = 1,
+        max_waiting: int | None = MAX_WAITING,
+        shared_runs: int | None = None,
+        **load_kwargs,
     ):
         if not allowlist:
             raise FeedbackError("the model allowlist is empty")
-        # One line for all model work of this process, page and API alike; one run at a time, as
-        # forwards on a model are serialised anyway (LoadedModel.forward_lock); `max_waiting`
-        # requests from any door may wait in it at once.
-        self.gate = Gate(1, max_waiting=max_waiting)
+        # One line for all model work of this process, page and API alike; `max_waiting` requests
+        # from any door may wait in it at once. Engine runs decode together (`shares`), up to
+        # `shared_runs` (FEEDBACK_SHARED_RUNS) while their memory fits the cap measured once the
+        # model is in memory; other work runs alone, as forwards are serialised anyway.
+        self.shared_runs = shared_runs if shared_runs is not None else shared_runs_setting()
+        self.gate = Gate(self.shared_runs, max_waiting=max_waiting)
         self.allowlist = list(dict.fromkeys(allowlist))
         self.capacity = max(1, capacity)
         self.load_kwargs = load_kwargs
@@ -41,6 +50,7 @@ class ModelPool:
         """A pool whose allowlist is one model that is already loaded (tests, benchmarks)."""
         pool = cls([lm.name])
         pool._models[lm.name] = lm
+        pool._room(lm)
         return pool
 
     @property
@@ -56,7 +66,18 @@ class ModelPool:
                 while len(self._models) >= self.capacity:
                     self._models.pop(next(iter(self._models)))
                 self._models[name] = load_model(name, **self.load_kwargs)
+                self._room(self._models[name])
             return self._models[name]
+
+    def _room(self, lm: LoadedModel) -> None:
+        """The memory that runs decoding together may hold: the run memory cap, measured with the
+        model in memory and nothing running (each run is refused alone over it when it is built)."""
+        self.gate.room_mb = memory_cap_mb(lm.device)
+
+    def shares(self, lm: LoadedModel) -> bool:
+        """Whether runs on `lm` decode together here (`core.sharing.can_share`, and more than one
+        run allowed at once)."""
+        return self.shared_runs > 1 and can_share(lm)
 
     def resident(self, name: str) -> LoadedModel:
         """The model `name` as it is in memory, read without the pool's lock, else `get(name)`. For

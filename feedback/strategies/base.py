@@ -17,7 +17,8 @@ import functools
 import inspect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
@@ -60,6 +61,9 @@ class BatchView:
     # A caller's stop signal that a forward in flight honours between decoder layers and inside long
     # strategy loops (a perplexity window's single forward can take seconds); None: not looked at.
     stop: Any = None
+    # Requests sharing one decode step: every view of the forward in flight (this one among them), so
+    # a strategy re-running a layer on its own row silences all of their hooks, not only its own run's.
+    together: list[BatchView] | None = None
 
     def __post_init__(self) -> None:
         self.phase = Phase(self.phase)
@@ -67,6 +71,19 @@ class BatchView:
     def check_stop(self) -> None:
         """Raise `Stopped` (out of the forward in flight) once the caller's stop is set."""
         check_stop(self.stop, "the forward pass")
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No hook of this forward's views acts inside the block (a layer re-run on one row)."""
+        views = self.together or [self]
+        was = [v.active for v in views]
+        for v in views:
+            v.active = False
+        try:
+            yield
+        finally:
+            for v, on in zip(views, was):
+                v.active = on
 
     def index_of(self, row_id: int) -> int | None:
         """Batch position of a row in the current forward, or None if it is not in it."""
@@ -299,6 +316,23 @@ def cache_like(cache: Cache | None) -> Cache | None:
     return Cache(layers=layers)
 
 
+def shift_cache(cache: Cache, n: int) -> None:
+    """Move every layer of a strategy's own cache (`cache_like`'s: dynamic layers, one row) `n`
+    positions to the right, zeros in front (the attention mask hides them); n < 0 drops the first -n
+    positions, which must be padding. A sliding-window layer's keys are the window's last positions
+    whatever the padding: it is left as it is."""
+    for layer in cache.layers:
+        if not layer.is_initialized or isinstance(layer, DynamicSlidingWindowLayer) or n == 0:
+            continue
+        if n > 0:
+            pad = layer.keys.new_zeros(*layer.keys.shape[:-2], n, layer.keys.shape[-1])
+            vpad = layer.values.new_zeros(*layer.values.shape[:-2], n, layer.values.shape[-1])
+            layer.keys = torch.cat([pad, layer.keys], dim=-2)
+            layer.values = torch.cat([vpad, layer.values], dim=-2)
+        else:
+            layer.keys, layer.values = layer.keys[..., -n:, :], layer.values[..., -n:, :]
+
+
 def unit(d: torch.Tensor) -> torch.Tensor:
     """d / rms(d) along the last dim; zero where d is (numerically) zero: no direction to push."""
     scale = rms(d)
@@ -517,11 +551,8 @@ class Strategy(ABC):
         acts meanwhile, so the model's own cache and the other rows are untouched."""
         self.batch.check_stop()
         dtype = next(call.layer.parameters()).dtype
-        self.batch.active = False
-        try:
+        with self.batch.paused():
             out = call.layer(**call.bound(states[None].to(dtype), cache))
-        finally:
-            self.batch.active = True
         return layer_output(out)[0].float()
 
     def check_model(self, model: nn.Module, layers: nn.ModuleList) -> None:
@@ -531,6 +562,12 @@ class Strategy(ABC):
     def extra_layer_passes(self) -> int:
         """Decoder-layer applications per token beyond the model's own (its cost, reported)."""
         return 0
+
+    def pad_left(self, n: int) -> None:
+        """The row's place in the model's KV cache gained `n` positions of left padding (n < 0: lost
+        -n of them), as when requests join or leave a shared decode: state kept per cache position
+        (a KV cache of the strategy's own) moves with it (`shift_cache`). Other state is kept per
+        real token and does not move."""
 
     def report(self) -> dict[str, Any]:
         """Facts about this row's run that go into its metrics (what it cost, what it did)."""

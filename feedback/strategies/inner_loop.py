@@ -22,7 +22,16 @@ from torch import nn
 from transformers.cache_utils import Cache
 
 from feedback.errors import FeedbackError
-from feedback.strategies.base import LayerCall, Param, Phase, Preset, Strategy, cache_like, layer_signature
+from feedback.strategies.base import (
+    LayerCall,
+    Param,
+    Phase,
+    Preset,
+    Strategy,
+    cache_like,
+    layer_signature,
+    shift_cache,
+)
 
 # Layer kinds whose KV cache a pass of the loop can keep as the model keeps its own.
 KV_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
@@ -139,6 +148,10 @@ class InnerLoopStrategy(Strategy):
                 f"inner_loop re-runs decoder layers with KV caches of its own, and this model has "
                 f"{', '.join(sorted(kinds))} layers, whose state it cannot keep"
             )
+
+    def pad_left(self, n: int) -> None:
+        for cache in self.caches:  # each pass's keys stand where the model's own do
+            shift_cache(cache, n)
 
     def extra_layer_passes(self) -> int:
         if self.values["loops"] == 0 or self.values["beta"] == 0:

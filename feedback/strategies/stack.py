@@ -146,6 +146,10 @@ class StackStrategy(Strategy):
     def extra_layer_passes(self) -> int:
         return sum(part.extra_layer_passes() for part in self.parts)
 
+    def pad_left(self, n: int) -> None:
+        for part in self.parts:
+            part.pad_left(n)
+
     def report(self) -> dict[str, Any]:
         """The members' reports: extra layer passes summed, every other fact under its member's name."""
         out: dict[str, Any] = {}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -503,3 +505,48 @@ def test_a_model_whose_layers_keep_a_recurrent_state_is_refused_at_load(embedded
         r"\(LinearAttentionLayer\)",
     ):
         load_model(f"random:{folder}")
+
+
+def test_the_forward_lock_goes_to_the_thread_that_waited_longest():
+    """Forwards take turns: a thread that releases and at once asks again goes behind the waiter
+    (a request scoring chunk after chunk cannot starve the shared decode loop's step)."""
+    from feedback.core.model import TurnLock
+
+    lock, order = TurnLock(), []
+    lock.acquire()
+    waiters = []
+    for i in range(4):
+        waiters.append(threading.Thread(target=lambda i=i: (lock.acquire(), order.append(i), lock.release())))
+        waiters[-1].start()
+        deadline = time.monotonic() + 5
+        while len(lock._line) < i + 1 and time.monotonic() < deadline:  # each in line before the next
+            time.sleep(0.001)
+    lock.release()
+    for t in waiters:
+        t.join(5)
+    assert order == [0, 1, 2, 3] and not lock.locked()
+
+    seq: list[str] = []
+    asked = threading.Event()
+
+    def hog() -> None:
+        for _ in range(3):
+            with lock:
+                seq.append("hog")
+                asked.wait(5)  # the other thread is in line before this turn ends
+
+    def other() -> None:
+        while not lock.locked():
+            time.sleep(0.001)
+        threading.Timer(0.05, asked.set).start()
+        with lock:
+            seq.append("other")
+
+    threads = [threading.Thread(target=hog), threading.Thread(target=other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seq == ["hog", "other", "hog", "hog"]
+    with pytest.raises(RuntimeError):
+        lock.release()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +21,7 @@ from feedback.core.budget import Budget
 from feedback.core.engine import run_to_end
 from feedback.core.records import MAX_PROMPT_CHARS
 from feedback.serve.api import ApiSettings, GenerateIn, local_server, to_config
+from feedback.serve.limits import SHARED_RUNS
 from feedback.serve.pool import ModelPool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -309,7 +312,8 @@ def test_calibrate_reports_every_measure_per_row_and_refuses_what_it_cannot_do(a
 def test_health_models_strategies_and_openapi(api):
     client, _ = api
     health = client.get("/health").json()
-    assert health["status"] == "ok" and health["capacity"] == 1 and health["models_loaded"] == ["embedded"]
+    assert health["status"] == "ok" and health["capacity"] == SHARED_RUNS
+    assert health["models_loaded"] == ["embedded"] and health["room_mb"] > 0
     models = client.get("/models").json()
     assert models["default"] == "embedded" and models["models"][0]["layers"] == 30
     strategies = {s["name"]: s for s in client.get("/strategies").json()["strategies"]}
@@ -746,22 +750,54 @@ def test_schemathesis_with_every_check_finds_the_schema_and_the_server_agree(tin
 
 
 def test_the_page_waits_in_the_same_line_as_the_api(app_url):
+    """Work that holds the model alone (an API perplexity request) makes the page's run wait in the
+    one line; when its client hangs up, the page's run goes."""
+    from gradio_client import Client
+
+    base = app_url.rstrip("/")
+    body = {"text": LONG_TEXT, "strategy": "deep_cache", "bootstrap": 0}
+    hung_up = threading.Event()
+
+    def hold() -> None:
+        with contextlib.suppress(httpx.ReadTimeout):
+            httpx.post(f"{base}/api/ppl", json=body, timeout=8)
+        hung_up.set()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    deadline = time.time() + 30
+    while httpx.get(f"{base}/api/health").json()["running"] != 1 and time.time() < deadline:
+        time.sleep(0.05)
+    job = Client(app_url, verbose=False).submit("Say hi.", max_new_tokens=3, api_name="/compare")
+    while httpx.get(f"{base}/api/health").json()["waiting"] != 1 and time.time() < deadline:
+        time.sleep(0.05)
+    health = httpx.get(f"{base}/api/health").json()
+    assert (health["running"], health["waiting"]) == (1, 1) and not job.done() and not hung_up.is_set()
+    *_, status, run = job.result(timeout=120)  # after the hang-up ends the perplexity job
+    holder.join()
+    assert "Done" in status and run["rows"][0]["token_ids"]
+
+
+def test_the_page_run_decodes_beside_an_api_stream(app_url):
+    """Two people at once: while an API stream decodes a long answer, a page run (through
+    gradio_client, as the page's own handler) starts beside it, streams and finishes; the API
+    stream goes on."""
     from gradio_client import Client
 
     base = app_url.rstrip("/")
     body = {"prompt": "Write a very long story about a lighthouse keeper.", "max_new_tokens": 1000}
     with httpx.stream("POST", f"{base}/api/generate/stream", json=body, timeout=120) as r:
         lines = r.iter_lines()
-        next(lines), next(lines)  # the API run holds the model
-        job = Client(app_url, verbose=False).submit("Say hi.", max_new_tokens=3, api_name="/compare")
-        deadline = time.time() + 30
-        while httpx.get(f"{base}/api/health").json()["waiting"] != 1 and time.time() < deadline:
-            time.sleep(0.05)
+        next(lines), next(lines)  # the API run decodes
+        *_, status, run = (
+            Client(app_url, verbose=False)
+            .submit("Say hi.", max_new_tokens=3, api_name="/compare")
+            .result(timeout=120)
+        )
+        assert "Done" in status and run["rows"][0]["token_ids"]
+        assert json.loads(next(lines))["event"] == "step"  # still streaming after the page's run ended
         health = httpx.get(f"{base}/api/health").json()
-        assert (health["running"], health["waiting"]) == (1, 1) and not job.done()
-    # Hanging up ends the API run; the page's run goes next.
-    *_, status, run = job.result(timeout=120)
-    assert "Done" in status and run["rows"][0]["token_ids"]
+        assert health["running"] == 1 and health["decoding"]["embedded"]["shared_runs"] == 1
 
 
 def _wait_free(pool, within_s: float) -> float:

@@ -36,7 +36,14 @@ def test_waiters_are_served_in_arrival_order_whatever_their_kind():
     for t in threads:
         t.join(5)
     assert order == ["page-1", "api-1", "api-2", "page-2"]
-    assert gate.status() == {"capacity": 1, "running": 0, "waiting": 0, "max_waiting": None, "runs": []}
+    assert gate.status() == {
+        "capacity": 1,
+        "room_mb": None,
+        "running": 0,
+        "waiting": 0,
+        "max_waiting": None,
+        "runs": [],
+    }
 
 
 def test_a_full_line_refuses_every_door_at_once():
@@ -79,14 +86,62 @@ def test_a_wait_that_times_out_leaves_the_line():
         gate.release(held)
 
 
-def test_capacity_two_runs_two_at_once():
+def test_capacity_two_runs_two_sharing_runs_at_once_and_other_work_alone():
     gate = Gate(2)
-    gate.acquire()
-    gate.acquire(timeout=0.1)
+    first = gate.acquire(shares=True)
+    second = gate.acquire(timeout=0.1, shares=True)
     with pytest.raises(Busy):
-        gate.acquire(timeout=0.05)
+        gate.acquire(timeout=0.05, shares=True)  # a third: over the capacity
+    gate.release(second)
+    with pytest.raises(Busy):
+        gate.acquire(timeout=0.05)  # work that runs alone waits for the sharing run to end
+    gate.release(first)
+    alone = gate.acquire(timeout=0.1)
+    with pytest.raises(Busy):
+        gate.acquire(timeout=0.05, shares=True)  # ... and nothing shares a step with it
+    gate.release(alone)
     with pytest.raises(Exception, match="at least 1"):
         Gate(0)
+
+
+def test_sharing_runs_are_admitted_while_their_memory_fits_the_room():
+    gate = Gate(8, room_mb=100)
+    a = gate.acquire(shares=True, need_mb=60)
+    with pytest.raises(Busy):
+        gate.acquire(timeout=0.05, shares=True, need_mb=50)  # 60 + 50 > 100
+    b = gate.acquire(timeout=0.1, shares=True, need_mb=40)  # 60 + 40 fits
+    assert gate.status()["running"] == 2
+    gate.release(a)
+    gate.release(b)
+    # one that needs more than the whole room still runs alone (its own run's check refuses what
+    # cannot fit at all, before it waits)
+    big = gate.acquire(timeout=0.1, shares=True, need_mb=500)
+    gate.release(big)
+
+
+def test_the_first_in_line_that_cannot_start_holds_the_ones_behind_it():
+    """First come, first served across kinds: a sharing request behind a Perplexity job waits for it,
+    even though it could start beside the sharing run now holding the model."""
+    gate = Gate(4)
+    running = gate.acquire(shares=True)
+    alone = gate.join("ui", "a Perplexity job")  # must wait for the run to end
+    behind = gate.join("api", "an API generate request", shares=True)
+    assert not gate.wait(behind, 0.05)
+    gate.release(running)
+    assert gate.wait(alone, 0.1) and not gate.wait(behind, 0.05)
+    gate.leave(alone)
+    assert gate.wait(behind, 0.1)
+    gate.leave(behind)
+
+
+def test_a_full_line_still_lets_a_sharing_request_start_beside_a_sharing_run():
+    gate = Gate(2, max_waiting=0)
+    held = gate.acquire(shares=True)
+    beside = gate.acquire(timeout=0.1, shares=True)  # nobody waits, and it may start now: not refused
+    with pytest.raises(Busy, match="busy"):
+        gate.join("ui", "a Sweep")  # runs alone: it would have to wait, and the line holds no one
+    gate.release(beside)
+    gate.release(held)
 
 
 def test_a_waiter_that_stops_renewing_its_lease_loses_its_place():

@@ -19,7 +19,8 @@ from feedback.core import memory
 from feedback.core.engine import PrefillEvent, Run, StepEvent, start_run
 from feedback.core.records import RowResult, RunConfig, RunResult
 from feedback.core.session import cut_row, keep_shown, merge_rerun
-from feedback.eval.deepthink import DeepThinkConfig, warm_up
+from feedback.core.sharing import shared_events
+from feedback.eval.deepthink import DeepThinkConfig, memory_need, warm_up
 from feedback.serve.gate import Place
 from feedback.serve.gpu_time import GpuWork
 from ui.compare.stream import BoardDoc, diffs
@@ -81,6 +82,8 @@ class CompareTask(GpuTask):
     model: str
     gpu: GpuWork
     config: RunConfig
+    shared: bool = False  # decodes beside other requests' runs (set by the runner)
+    shares_decode = True
 
     def run(self, lm, stop: StopSignal):
         run = start_run(
@@ -88,7 +91,7 @@ class CompareTask(GpuTask):
         )  # the budgets were checked here; the device's memory is checked there
         run.stop_event = stop  # the job's stop: Stop, cancel, or a page that went away
         run.prefill_events = True  # a long prompt's reading shows in the status line
-        for event in run:
+        for event in shared_events(run) if self.shared else run:
             yield event
             for row in stop.rows() - run.stopped_rows:  # columns stopped on their own, from the page
                 run.stop_row(row)
@@ -138,6 +141,7 @@ class CompareWork(ViewWork):
             int, int
         ] = {}  # column -> the tokens the page showed when its Stop column was pressed
         self.task = CompareTask(run.lm.name, run_gpu_work(run), cfg)
+        self.need_mb = run.memory_mb
 
     def shown_at_stop(self, steps: int) -> None:
         """The page's Stop came when it showed `steps` steps: the stopped run keeps those (what the
@@ -336,9 +340,13 @@ class CalibrateTask(GpuTask):
     model: str
     gpu: GpuWork
     cfg: DeepThinkConfig
+    shared: bool = False  # its traces decode beside other requests' runs (set by the runner)
+    shares_decode = True
 
     def run(self, lm, stop: StopSignal):
-        yield from reporting(lambda report, halt: warm_up(lm, self.cfg, halt, report), stop)
+        yield from reporting(
+            lambda report, halt: warm_up(lm, self.cfg, halt, report, shared=self.shared), stop
+        )
 
 
 class CalibrateWork(ViewWork):
@@ -351,6 +359,7 @@ class CalibrateWork(ViewWork):
         super().__init__(show)
         self.lm, self.cfg, self.note = lm, cfg, note
         self.task = CalibrateTask(lm.name, traces_gpu_work(lm, cfg, [2 * cfg.warmup]), cfg)
+        self.need_mb = memory_need(lm, cfg, warm_up_only=True)[0]
         self.result = None
 
     def progress_view(self, items: list, elapsed: float) -> CalibrationView:

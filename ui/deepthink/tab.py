@@ -14,7 +14,7 @@ import gradio as gr
 from feedback.core.records import DEEPCONF_WINDOW, SEED
 from feedback.core.sampling import MIN_TEMPERATURE, TEMPERATURE, TOP_P, SamplingConfig
 from feedback.errors import FeedbackError
-from feedback.eval.deepthink import SIDES, VOTE_KINDS, DeepThinkConfig, check_budget, deep_think
+from feedback.eval.deepthink import SIDES, VOTE_KINDS, DeepThinkConfig, check_budget, deep_think, memory_need
 from feedback.eval.voting import ETA
 from feedback.serve.gpu_time import GpuWork
 from feedback.serve.limits import TRACE_MAX_NEW_TOKENS, TRACES, WARMUP_TRACES
@@ -107,9 +107,14 @@ class DeepThinkTask(GpuTask):
     model: str
     gpu: GpuWork
     cfg: DeepThinkConfig
+    shared: bool = False  # its traces decode beside other requests' runs (set by the runner)
+    shares_decode = True
 
     def run(self, lm, stop: StopSignal):
-        yield from reporting(lambda report, halt: deep_think(lm, self.cfg, progress=report, stop=halt), stop)
+        yield from reporting(
+            lambda report, halt: deep_think(lm, self.cfg, progress=report, stop=halt, shared=self.shared),
+            stop,
+        )
 
 
 def deep_think_gpu_work(lm, cfg: DeepThinkConfig) -> GpuWork:
@@ -128,6 +133,7 @@ class DeepThinkWork(TabWork):
         self.outputs, self.lm, self.cfg = tab.outputs, lm, cfg
         self.report = None
         self.task = DeepThinkTask(lm.name, deep_think_gpu_work(lm, cfg), cfg)
+        self.need_mb = memory_need(lm, cfg)[0]
 
     def progress(self, items: list, elapsed: float) -> dict:
         out = self.busy()

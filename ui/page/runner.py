@@ -33,7 +33,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import gradio as gr
 
@@ -101,6 +101,9 @@ class GpuTask:
 
     model: str | None
     gpu: GpuWork
+    # A task whose engine runs may decode beside other requests' runs (the model's one decode loop):
+    # such a task has a `shared` field, which the runner sets when its place in line shares.
+    shares_decode: ClassVar[bool] = False
 
     def run(self, lm, stop: StopSignal) -> Iterator[Any]:
         raise NotImplementedError
@@ -135,6 +138,7 @@ class Work:
     task: GpuTask
     calls: list[GpuTask] | None = None  # the GPU calls it runs as, in order (None: `task`, whole)
     signal: StopSignal | None = None
+    need_mb: float | None = None  # the memory its runs hold (a task that shares the decode is admitted by it)
 
     def starting(self) -> dict:
         return {}
@@ -201,7 +205,8 @@ def waiting_text(place: Place) -> str:
     )
     return (
         f"Waiting for the model: {ordinal(place.position)} in line, behind {running}{ahead}. "
-        "The model serves one request at a time; press Stop to leave the line."
+        "Compare and Deep Think runs share the model's decode while memory allows, other work runs "
+        "alone; press Stop to leave the line."
     )
 
 
@@ -438,8 +443,12 @@ class ModelRunner:
         """Join the line and wait, telling the page its place; returns the ticket once it holds a
         slot, or None when Stop made it leave. Closing the generator leaves the line."""
         gate = self.pool.gate
+        shares = self._shares(work)
+        for call in work.calls or [work.task]:
+            if call.shares_decode:
+                call.shared = shares
         try:
-            ticket = gate.join("ui", work.label)
+            ticket = gate.join("ui", work.label, work.need_mb, shares)
         except Busy as exc:
             outcome.append(Outcome("failed", exc))
             yield _updates(work.finish(outcome[0]))  # the page's buttons back as they were, then the message
@@ -457,6 +466,14 @@ class ModelRunner:
             gate.leave(ticket)
             raise
         return ticket
+
+    def _shares(self, work: Work) -> bool:
+        """Whether the work decodes beside other requests' runs: an engine task, off ZeroGPU (there
+        each request is its own GPU call, in a process of its own), on a model whose runs share."""
+        task = work.task
+        if not task.shares_decode or self.zero_gpu or task.model is None:
+            return False
+        return self.pool.shares(self.pool.resident(task.model))
 
     def _run(self, job: PageJob, work: Work, ticket, outcome: list) -> Iterator[dict]:
         """Start the worker (which leaves the line when the work ends) and stream its progress."""

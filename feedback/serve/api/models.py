@@ -14,7 +14,11 @@ keyed = {"dependencies": [Depends(require_key)], "responses": ERRORS}
 
 @router.get("/health", summary="liveness and load (no key needed)")
 def health(pool: Pool) -> dict:
-    return {"status": "ok", **pool.gate.status(), "models_loaded": sorted(pool.loaded())}
+    """The line's counts (runs holding the model, waiting, the most that may run together and the
+    memory they may hold), and per loaded model the rows decoding together now."""
+    loaded = pool.loaded()
+    decoding = {name: lm.decoder.status() for name, lm in loaded.items() if lm.decoder is not None}
+    return {"status": "ok", **pool.gate.status(), "models_loaded": sorted(loaded), "decoding": decoding}
 
 
 @router.get("/models", summary="the model allowlist", **keyed)

@@ -2,7 +2,9 @@
 thread, the answer whole or as NDJSON / Server-Sent Events, and a client that hangs up stopping it.
 
 The page and the API share one first-come line to the model (`ModelPool.gate`), with one cap on
-how many requests may wait in it; an API request waits at most `ApiSettings.wait_s`. Work runs in
+how many requests may wait in it; an API request waits at most `ApiSettings.wait_s`. A generation
+request's run decodes beside the other requests' runs in the model's one decode loop
+(`feedback.core.sharing`) while their memory fits; other work holds the model alone. Work runs in
 worker threads so the event loop keeps watching the connection: a client that goes away while it
 waits leaves the line at once, and one that goes away while its run decodes (or its text is scored)
 stops it within a step, a prefill chunk or a scoring window.
@@ -26,6 +28,7 @@ from starlette.exceptions import HTTPException
 
 from feedback.core.engine import PrefillEvent, Run, StepEvent
 from feedback.core.session import RecentRuns
+from feedback.core.sharing import shared_events
 from feedback.core.strict_json import json_safe
 from feedback.errors import FeedbackError, Stopped, one_line
 from feedback.serve.api.deps import ApiSettings
@@ -63,17 +66,26 @@ async def watching(request: Request | None, gone: threading.Event) -> AsyncItera
 
 
 async def take_place(
-    pool: ModelPool, settings: ApiSettings, label: str, request: Request | None = None
+    pool: ModelPool,
+    settings: ApiSettings,
+    label: str,
+    request: Request | None = None,
+    run: Run | None = None,
 ) -> tuple[Ticket, float]:
-    """A slot of the shared model line, and the seconds waited for it. The wait happens in a
+    """A slot of the shared model line, and the seconds waited for it (for `run`, an engine run: a
+    place beside the other runs decoding, admitted by its memory need). The wait happens in a
     worker thread; a caller that goes away while waiting (its request cancelled, or — with
     `request` — its client disconnected) leaves the line at once instead of holding its place.
     Raises `Busy` (503 with Retry-After) when the line is full or the wait runs out: the holder
     of the returned ticket must leave the line on every path."""
     gone, lock, held = threading.Event(), threading.Lock(), []
+    shares = run is not None and pool.shares(run.lm)
+    need = run.memory_mb if run is not None else None
 
     def take() -> None:
-        ticket = pool.gate.acquire("api", settings.wait_s, label=label, cancelled=gone.is_set)
+        ticket = pool.gate.acquire(
+            "api", settings.wait_s, label=label, cancelled=gone.is_set, need_mb=need, shares=shares
+        )
         with lock:  # the caller may have left between the slot and this line
             if gone.is_set():
                 pool.gate.leave(ticket)
@@ -99,12 +111,13 @@ async def take_place(
 
 @asynccontextmanager
 async def turn(
-    pool: ModelPool, settings: ApiSettings, label: str, request: Request | None = None
-) -> AsyncIterator[float]:
-    """Hold one slot of the shared model line for the body; yields seconds queued."""
-    ticket, queued = await take_place(pool, settings, label, request)
+    pool: ModelPool, settings: ApiSettings, label: str, request: Request | None = None, run: Run | None = None
+) -> AsyncIterator[tuple[float, bool]]:
+    """Hold one slot of the shared model line for the body; yields (seconds queued, whether `run`
+    decodes beside others)."""
+    ticket, queued = await take_place(pool, settings, label, request, run)
     try:
-        yield queued
+        yield queued, ticket.shares
     finally:
         pool.gate.leave(ticket)
 
@@ -136,12 +149,13 @@ def _close_when_idle(events) -> None:
             time.sleep(0.01)
 
 
-async def decode(run: Run) -> AsyncIterator[StepEvent]:
-    """The run's steps, each computed in a worker thread; however it ends (done, error, or the
-    caller cancelled because the client went away) the run is stopped and its generator closed.
-    A cancelled caller does not wait for the step in flight (a long prompt's prefill can take
-    a while): the run is told to stop first, and its generator is closed once that step ends."""
-    events = iter(run)
+async def decode(run: Run, shared: bool = False) -> AsyncIterator[StepEvent]:
+    """The run's steps, each computed in a worker thread (`shared`: in the model's decode loop,
+    beside other runs); however it ends (done, error, or the caller cancelled because the client
+    went away) the run is stopped and its generator closed. A cancelled caller does not wait for
+    the step in flight (a long prompt's prefill can take a while): the run is told to stop first,
+    and its generator is closed once that step ends."""
+    events = shared_events(run) if shared else iter(run)
     try:
         while (
             event := await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)
@@ -188,7 +202,9 @@ def stream_format(request: Request, format: str | None, default: str | None) -> 
     return "sse" if "text/event-stream" in request.headers.get("accept", "") else default
 
 
-async def _events(run: Run, steps: bool, sse: bool, recent: RecentRuns) -> AsyncIterator[str]:
+async def _events(
+    run: Run, steps: bool, sse: bool, recent: RecentRuns, shared: bool = False
+) -> AsyncIterator[str]:
     """A streamed run, which already holds its slot of the model line: `start`, a `prefill` per
     chunk of a prompt longer than one chunk (chunk, chunks, tokens, total), one `step` per decode
     step, then `done` or `error` (in-band: the response has started, so its status can no longer
@@ -207,7 +223,7 @@ async def _events(run: Run, steps: bool, sse: bool, recent: RecentRuns) -> Async
             sse,
         )
         run.prefill_events = True  # a long prompt's reading is reported as it goes
-        async with aclosing(decode(run)) as steps_seen:
+        async with aclosing(decode(run, shared)) as steps_seen:
             async for step in steps_seen:
                 if isinstance(step, PrefillEvent):
                     yield event("prefill", asdict(step), sse)
@@ -244,18 +260,18 @@ async def answer(
     byte of the answer is sent, so a refusal (a full line, a wait that ran out) is an HTTP 503
     with Retry-After for a stream too. The result is kept in `recent` for follow-ups by its run_id."""
     if stream_as is not None:
-        ticket, _ = await take_place(pool, settings, "an API stream request", request)
+        ticket, _ = await take_place(pool, settings, "an API stream request", request, run)
         sse = stream_as == "sse"
         return HeldStream(
-            _events(run, steps, sse, recent),
+            _events(run, steps, sse, recent, ticket.shares),
             release=lambda: pool.gate.leave(ticket),
             media_type="text/event-stream" if sse else "application/x-ndjson",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    async with turn(pool, settings, "an API generate request", request) as queued:
+    async with turn(pool, settings, "an API generate request", request, run) as (queued, shared):
         try:
             # a hang-up stops the run between prefill chunks or decode steps: nobody waits for the answer
-            async with watching(request, run.stop_event), aclosing(decode(run)) as steps_seen:
+            async with watching(request, run.stop_event), aclosing(decode(run, shared)) as steps_seen:
                 async for _ in steps_seen:
                     pass
         except FeedbackError:
