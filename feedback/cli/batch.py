@@ -3,12 +3,25 @@ under accelerate launch, torchrun or MPI each process runs its share into a part
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 from feedback.cli import common
 
 NAME = "batch"
+DEFAULT_PARALLEL = 4
+
+
+def parallel(text: str) -> int:
+    """--parallel N: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expects a whole number >= 1, got {text!r}")
+    return value
 
 
 def add_parser(sub) -> None:
@@ -17,6 +30,15 @@ def add_parser(sub) -> None:
     p.add_argument("output", help="JSONL results; rerun with the same file to resume")
     common.add_model_args(p)
     p.add_argument("--retries", type=int, help="retries of a failing task before it is recorded")
+    p.add_argument(
+        "--parallel",
+        type=parallel,
+        default=DEFAULT_PARALLEL,
+        metavar="N",
+        help=f"tasks run at once (default {DEFAULT_PARALLEL}): compare and deepthink tasks decode together "
+        "in one batch, exact (the same tokens as one at a time), so N tasks take about the CPU of one "
+        "batched run; ppl tasks take turns at the model. Results are written as tasks finish",
+    )
     p.add_argument(
         "--lenient",
         action="store_true",
@@ -58,6 +80,7 @@ def run(args) -> int:
         warn=lambda msg: print(f"warning: {tag}{msg}", file=sys.stderr),
         progress=progress,
         lenient=args.lenient,
+        parallel=args.parallel,
         budget=Budget.from_env(served=False),
     )
     print(tag + summary_line(summary))

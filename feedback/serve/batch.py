@@ -6,6 +6,11 @@ there (a torn last line from a crash is cut off first), so nothing is duplicated
 retried up to `retries` times, then recorded as an error line and the run goes on. Malformed input
 lines are reported with their line number and recorded as `invalid` lines.
 
+With `parallel` > 1, up to that many tasks run at once in worker threads: compare and Deep Think
+tasks decode their rows together in the model's one decode loop (`feedback.core.sharing`: exact,
+the same tokens as alone), ppl tasks' forwards take turns with theirs at the model's lock. Results
+are then appended in the order the tasks finish (resume and `merge` key by id and line).
+
 Under a launcher (accelerate, torchrun, MPI) each of N processes takes every N-th task and appends
 to its own `OUTPUT.partRANK`; `merge` then joins the parts in input order.
 """
@@ -14,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -151,9 +158,17 @@ def _given(task: dict, keys: tuple[str, ...]) -> dict:
     return {k: task[k] for k in keys if k in task}
 
 
-def run_task(lm: LoadedModel, task: dict, budget: Budget | None = None) -> dict:
+def run_task(
+    lm: LoadedModel,
+    task: dict,
+    budget: Budget | None = None,
+    stop: threading.Event | None = None,
+    shared: bool = False,
+) -> dict:
     """One task through the same engine, perplexity and Deep Think code as the UI and CLI, within
-    `budget` when one is set (FEEDBACK_BUDGET_* variables)."""
+    `budget` when one is set (FEEDBACK_BUDGET_* variables). Setting `stop` ends it early (a compare
+    task's result then says `stopped`; the others raise `Stopped`). `shared`: a compare or Deep
+    Think task decodes in the model's one decode loop, beside other threads' runs."""
     mode = task.get("mode", "compare")
     strategy = task.get("strategy", "residual")
     params = task.get("params", {})
@@ -170,8 +185,14 @@ def run_task(lm: LoadedModel, task: dict, budget: Budget | None = None) -> dict:
             **_given(task, RUN_KEYS),
             sampling=SamplingConfig(**_given(task, SAMPLING_KEYS)),
         )
-        run = start_run(lm, cfg, budget=budget)
-        for _ in run:
+        run = start_run(lm, cfg, stop, budget=budget)
+        if shared:
+            from feedback.core.sharing import shared_events
+
+            events = shared_events(run)
+        else:
+            events = iter(run)
+        for _ in events:
             pass
         return run.result.to_dict()
     if mode == "ppl":
@@ -181,13 +202,18 @@ def run_task(lm: LoadedModel, task: dict, budget: Budget | None = None) -> dict:
             lm,
             [corpus.Document(str(task.get("id", "text")), task["prompt"])],
             PPLConfig(strategy, params, task.get("ppl_mode"), **_given(task, PPL_KEYS)),
+            stop=stop,
             budget=budget,
         )
     from feedback.eval.deepthink import DeepThinkConfig, deep_think
 
     fields = DeepThinkConfig.__dataclass_fields__
     return deep_think(
-        lm, DeepThinkConfig(**{k: v for k, v in task.items() if k in fields and k != "mode"}), budget=budget
+        lm,
+        DeepThinkConfig(**{k: v for k, v in task.items() if k in fields and k != "mode"}),
+        stop=stop,
+        budget=budget,
+        shared=shared,
     )
 
 
@@ -207,11 +233,16 @@ def run_batch(
     progress: Callable[[int, int, float], None] | None = None,
     lenient: bool = False,
     budget: Budget | None = None,
+    parallel: int = 1,
 ) -> dict:
     """Run every task of this shard not yet in the output; return a summary. Unknown task fields
-    make a line invalid unless `lenient`; tasks over `budget` fail with its message."""
+    make a line invalid unless `lenient`; tasks over `budget` fail with its message. `parallel`:
+    how many tasks run at once (worker threads; see the module docstring). `progress(finished,
+    total, seconds)` hears of every line written (from a worker thread when `parallel` > 1)."""
     if retries < 0:
         raise FeedbackError(f"retries must be >= 0, got {retries}")
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise FeedbackError(f"parallel must be a whole number >= 1, got {parallel!r}")
     rank, world = shard
     final = Path(output_path)
     out = part_path(final, rank) if world > 1 else final
@@ -223,32 +254,132 @@ def run_batch(
     summary = {"tasks": len(tasks), "skipped": len(tasks) - len(todo), "ok": 0, "error": 0, "invalid": 0}
     started = time.perf_counter()
     with out.open("a", encoding="utf-8") as f:
-        for i, (number, task, problem) in enumerate(todo):
-            task_id = str((task or {}).get("id", f"line{number}"))
-            if problem:
-                warn(f"{input_path}:{number}: {problem}")
-                _append(f, {"id": task_id, "line": number, "status": "invalid", "error": problem})
-                summary["invalid"] += 1
-                continue
-            record = {"id": task_id, "line": number, "mode": task.get("mode", "compare")}
-            for attempt in range(1, retries + 2):
-                t0 = time.perf_counter()
-                try:
-                    result = run_task(lm, task, budget)
-                except Exception as exc:  # recorded, retried, never fatal for the batch
-                    record |= {"status": "error", "error": one_line(exc), "attempts": attempt}
-                    continue
-                record |= {"status": "ok", "attempts": attempt, "result": result}
-                record.pop("error", None)
-                break
-            record |= {"seconds": time.perf_counter() - t0, "peak_rss_mb": memory.sample().rss_mb}
-            _append(f, record)
-            summary[record["status"]] += 1
-            if progress:
-                progress(i + 1, len(todo), time.perf_counter() - started)
+        batch = _Batch(lm, f, input_path, summary, len(todo), retries, warn, progress, budget, parallel)
+        if parallel == 1:
+            for item in todo:
+                batch.finish(batch.do(*item))
+        else:
+            batch.run_all(todo)
     summary["seconds"] = time.perf_counter() - started
     summary["output"] = str(out)
     return summary
+
+
+class _Batch:
+    """One `run_batch` call's tasks: each done with its retries (`do`), its line written and counted
+    (`finish`); `run_all` spreads them over worker threads, and stops them all if it is interrupted."""
+
+    def __init__(self, lm, f, input_path, summary, total, retries, warn, progress, budget, parallel):
+        self.lm, self.f, self.input_path, self.summary = lm, f, input_path, summary
+        self.total, self.retries, self.warn, self.progress = total, retries, warn, progress
+        self.budget, self.parallel = budget, parallel
+        self.started = time.perf_counter()
+        self.finished = 0
+        self.lock = threading.Lock()  # one line written, counted and reported at a time
+        self.halt = threading.Event()  # the batch is ending early: no task starts, every one stops
+        self.running: set[threading.Event] = set()  # the stop event of every task running now
+
+    def do(self, number: int, task: dict | None, problem: str | None) -> dict | None:
+        """The task's line (None when the batch was halted before it finished: it is not recorded,
+        so a resume runs it)."""
+        task_id = str((task or {}).get("id", f"line{number}"))
+        if problem:
+            with self.lock:
+                self.warn(f"{self.input_path}:{number}: {problem}")
+            return {"id": task_id, "line": number, "status": "invalid", "error": problem}
+        record = {"id": task_id, "line": number, "mode": task.get("mode", "compare")}
+        for attempt in range(1, self.retries + 2):
+            stop = threading.Event()
+            with self.lock:
+                if self.halt.is_set():
+                    return None
+                self.running.add(stop)
+            t0 = time.perf_counter()
+            try:
+                result, error = run_task(self.lm, task, self.budget, stop, shared=self.parallel > 1), None
+            except Exception as exc:  # recorded, retried, never fatal for the batch
+                error = exc
+            finally:
+                with self.lock:
+                    self.running.discard(stop)
+            if self.halt.is_set():  # stopped part-way: neither a result nor a failure
+                return None
+            if error is not None:
+                record |= {"status": "error", "error": one_line(error), "attempts": attempt}
+                continue
+            record |= {"status": "ok", "attempts": attempt, "result": result}
+            record.pop("error", None)
+            break
+        record |= {"seconds": time.perf_counter() - t0, "peak_rss_mb": memory.sample().rss_mb}
+        return record
+
+    def finish(self, record: dict | None) -> None:
+        """Append the line (flushed and fsynced), count it and report progress."""
+        if record is None:
+            return
+        with self.lock:
+            _append(self.f, record)
+            self.summary[record["status"]] += 1
+            self.finished += 1
+            if self.progress:
+                self.progress(self.finished, self.total, time.perf_counter() - self.started)
+
+    def stop_all(self) -> None:
+        with self.lock:
+            self.halt.set()
+            for stop in self.running:
+                stop.set()
+
+    def run_all(self, todo: list) -> None:
+        """Up to `parallel` tasks at once. An error in a worker (writing a line, the progress
+        callback) or in this thread (KeyboardInterrupt) stops every task, waits for the workers
+        to end (each stops within a decode step or a forward), then is raised here."""
+        jobs: queue.SimpleQueue = queue.SimpleQueue()
+        for item in todo:
+            jobs.put(item)
+        failures: list[BaseException] = []
+        count = min(self.parallel, len(todo))
+        ended = [threading.Event() for _ in range(count)]
+
+        def work(i: int) -> None:
+            try:
+                while not self.halt.is_set():
+                    try:
+                        item = jobs.get_nowait()
+                    except queue.Empty:
+                        return
+                    self.finish(self.do(*item))
+            except BaseException as exc:  # noqa: BLE001 (handed to the calling thread)
+                failures.append(exc)
+                self.stop_all()
+            finally:
+                ended[i].set()
+
+        workers = [
+            threading.Thread(target=work, args=(i,), name=f"feedback-lens-batch-{i}", daemon=True)
+            for i in range(count)
+        ]
+
+        def wait() -> None:
+            # Each worker's own event, not Thread.join: a KeyboardInterrupt landing inside join()
+            # can mark a running thread as stopped on Python < 3.13 (bpo-45274's fix releases the
+            # lock the running thread holds), and later joins then return at once.
+            for worker, done in zip(workers, ended):
+                if worker.ident is not None:  # started (one interrupted before it began never runs)
+                    while not done.wait(0.2):
+                        pass
+                    worker.join()
+
+        try:
+            for worker in workers:
+                worker.start()
+            wait()
+        except BaseException:
+            self.stop_all()  # a task not started yet never starts; the running ones stop
+            wait()
+            raise
+        if failures:
+            raise failures[0]
 
 
 def merge(output: str | Path) -> dict:

@@ -289,8 +289,9 @@ def test_accelerate_launch_two_processes_shards_then_merge_joins_in_order(tmp_pa
     assert run.returncode == 0, run.stderr[-3000:]
     parts = part_files(out)
     assert [p.name for p in parts] == ["out.jsonl.part0", "out.jsonl.part1"]
-    assert [r["id"] for r in _lines(parts[0])] == ["t0", "t2", "t4"]
-    assert [r["id"] for r in _lines(parts[1])] == ["t1", "t3", "t5"]
+    # the CLI runs 4 tasks at once by default: a part holds its lines in the order they finished
+    assert sorted(r["id"] for r in _lines(parts[0])) == ["t0", "t2", "t4"]
+    assert sorted(r["id"] for r in _lines(parts[1])) == ["t1", "t3", "t5"]
     assert "[rank 1/2]" in run.stdout
     # resuming across process counts is tested in-process above; the merge command in a process below
     assert merge(out) == {"records": 6, "parts": 2, "duplicates": 0, "output": str(out)}
@@ -325,4 +326,159 @@ def test_accelerate_launch_cpu_then_merge_gives_every_task_once(tmp_path):
         timeout=120,
     )
     assert merged.returncode == 0, merged.stderr
-    assert [r["id"] for r in _lines(out)] == [f"t{i}" for i in range(4)] and not part_files(out)
+    # one process wrote the output itself (no parts to merge), its lines in the order they finished
+    assert sorted(r["id"] for r in _lines(out)) == [f"t{i}" for i in range(4)] and not part_files(out)
+
+
+# ---- parallel tasks (worker threads sharing the model's decode loop) ----
+
+
+def _compare_tasks(path: Path) -> None:
+    """Compare tasks of several shapes: default rows, another strategy, sampled, rows of their own."""
+    tasks = [{"id": f"t{i}", "prompt": f"Count to {i + 2}.", "max_new_tokens": 4 + i % 3} for i in range(6)]
+    tasks[1] |= {"strategy": "inner_loop"}
+    tasks[2] |= {"temperature": 0.8, "seed": 3}
+    tasks[4] |= {"rows": [{"name": "a"}, {"name": "b", "prompt": "Name a fruit.", "seed": 1}]}
+    path.write_text("\n".join(json.dumps(t) for t in tasks) + "\n")
+
+
+def _token_ids(path: Path) -> dict[str, list[list[int]]]:
+    return {r["id"]: [row["token_ids"] for row in r["result"]["rows"]] for r in _lines(path)}
+
+
+def test_parallel_compare_tasks_decode_together_and_give_the_tokens_of_one_at_a_time(tiny_lm, tmp_path):
+    from feedback.core.sharing import decoder_for
+
+    inp = tmp_path / "in.jsonl"
+    _compare_tasks(inp)
+    one = run_batch(tiny_lm, inp, tmp_path / "one.jsonl")
+    decoder_for(tiny_lm).joins.clear()
+    seen: list[int] = []
+    three = run_batch(
+        tiny_lm, inp, tmp_path / "three.jsonl", parallel=3, progress=lambda n, total, _: seen.append(n)
+    )
+    assert one == one | {"tasks": 6, "ok": 6} and three == three | {"tasks": 6, "ok": 6, "error": 0}
+    assert three["output"] == str(tmp_path / "three.jsonl") and seen == [1, 2, 3, 4, 5, 6]
+    # the tasks' runs joined the model's one decode loop beside each other's rows
+    assert any(beside > 0 for _, beside in decoder_for(tiny_lm).joins)
+    expected = _token_ids(tmp_path / "one.jsonl")
+    assert sorted(expected) == [f"t{i}" for i in range(6)] and all(all(r) for r in expected.values())
+    assert _token_ids(tmp_path / "three.jsonl") == expected
+    rows = _lines(tmp_path / "three.jsonl")
+    assert all(r["status"] == "ok" and r["attempts"] == 1 and r["peak_rss_mb"] > 0 for r in rows)
+    assert sorted(r["line"] for r in rows) == list(range(1, 7))
+
+
+def test_parallel_failures_are_retried_and_recorded_while_the_others_go_on(tiny_lm, tmp_path, monkeypatch):
+    import feedback.serve.batch as batch
+
+    tries: dict[str, int] = {}
+    real = batch.run_task
+
+    def flaky(lm, task, budget=None, stop=None, shared=False):
+        tries[task["id"]] = tries.get(task["id"], 0) + 1
+        if task["id"] == "flaky" and tries["flaky"] == 1:
+            raise RuntimeError("a passing fault")
+        assert shared  # parallel tasks go through the shared decode loop
+        return real(lm, task, budget, stop, shared)
+
+    monkeypatch.setattr(batch, "run_task", flaky)
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text(
+        "\n".join(
+            [
+                json.dumps({"id": "boom", "prompt": "hi", "max_new_tokens": 0}),  # fails every attempt
+                json.dumps({"id": "flaky", "prompt": "hi", "max_new_tokens": 3}),
+                "{broken",
+                json.dumps({"id": "a", "prompt": "Say hi.", "max_new_tokens": 4}),
+                json.dumps({"id": "p", "prompt": "some text to score here", "mode": "ppl", "bootstrap": 0}),
+                json.dumps(
+                    {
+                        "id": "d",
+                        "mode": "deepthink",
+                        "prompt": "What is 2+2?",
+                        "traces": 2,
+                        "warmup": 2,
+                        "max_new_tokens": 5,
+                        "window": 4,
+                        "k": 5,
+                    }
+                ),
+            ]
+        )
+        + "\n"
+    )
+    warnings: list[str] = []
+    summary = run_batch(tiny_lm, inp, out, retries=2, parallel=3, warn=warnings.append)
+    assert summary == summary | {"tasks": 6, "ok": 4, "error": 1, "invalid": 1, "skipped": 0}
+    rows = {r["id"]: r for r in _lines(out)}
+    assert len(rows) == 6 and [w.split(": ", 1) for w in warnings] == [[f"{inp}:3", rows["line3"]["error"]]]
+    assert rows["line3"]["status"] == "invalid" and "not valid JSON" in rows["line3"]["error"]
+    assert rows["boom"] == rows["boom"] | {"status": "error", "attempts": 3} and tries["boom"] == 3
+    assert "max_new_tokens" in rows["boom"]["error"]
+    assert rows["flaky"] == rows["flaky"] | {"status": "ok", "attempts": 2} and "error" not in rows["flaky"]
+    assert rows["flaky"]["result"]["rows"][0]["token_ids"]
+    assert rows["p"]["result"]["baseline_ppl"] > 0 and rows["d"]["result"]["sides"]["feedback"]["traces"]
+    assert all(rows[k]["attempts"] == 1 and rows[k]["status"] == "ok" for k in ("a", "p", "d"))
+
+
+def test_parallel_resume_skips_the_done_ids_and_runs_each_other_once(tiny_lm, tmp_path):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _compare_tasks(inp)
+    run_batch(tiny_lm, inp, tmp_path / "full.jsonl", parallel=3)
+    full = (tmp_path / "full.jsonl").read_text().splitlines()
+    done = [json.loads(line)["id"] for line in full[:2]]
+    out.write_text(full[0] + "\n" + full[1] + "\n" + full[2][:40])  # two lines, then one torn mid-write
+    summary = run_batch(tiny_lm, inp, out, parallel=3)
+    assert summary == summary | {"tasks": 6, "skipped": 2, "ok": 4}
+    ids = [r["id"] for r in _lines(out)]
+    assert ids[:2] == done and sorted(ids) == [f"t{i}" for i in range(6)]
+    again = run_batch(tiny_lm, inp, out, parallel=3)
+    assert again == again | {"skipped": 6, "ok": 0} and len(_lines(out)) == 6
+
+
+def test_parallel_interrupt_stops_every_task_and_a_resume_finishes_the_rest(tiny_lm, tmp_path):
+    import threading
+
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    tasks = [{"id": "quick", "prompt": "hi", "max_new_tokens": 1}] + [
+        {"id": f"long{i}", "prompt": "Count on.", "max_new_tokens": 80} for i in range(4)
+    ]
+    inp.write_text("\n".join(json.dumps(t) for t in tasks) + "\n")
+
+    def interrupt(n, total, _):  # Ctrl-C in the main thread once the first task is written
+        if n == 1:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        run_batch(tiny_lm, inp, out, parallel=3, progress=interrupt)
+    assert time.perf_counter() - t0 < 30
+    assert not [t for t in threading.enumerate() if t.name.startswith("feedback-lens-batch")]
+    partial = _lines(out)  # the tasks stopped part-way are not recorded as done
+    assert [r["id"] for r in partial] == ["quick"] and partial[0]["status"] == "ok"
+    summary = run_batch(tiny_lm, inp, out, parallel=3)
+    assert summary == summary | {"skipped": 1, "ok": 4}
+    rows = _lines(out)
+    assert sorted(r["id"] for r in rows) == sorted(t["id"] for t in tasks)
+    assert all(row["stop_reason"] != "stopped" for r in rows for row in r["result"]["rows"])
+
+
+def test_parallel_is_validated_in_the_library_and_on_the_command_line(tiny_lm, tmp_path, capsys):
+    from feedback.cli import build_parser
+
+    _write_tasks(tmp_path / "in.jsonl", 1)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(FeedbackError, match="parallel must be a whole number >= 1"):
+            run_batch(tiny_lm, tmp_path / "in.jsonl", tmp_path / "out.jsonl", parallel=bad)
+    assert not (tmp_path / "out.jsonl").exists() or not _lines(tmp_path / "out.jsonl")
+    parse = build_parser().parse_args
+    assert parse(["batch", "in.jsonl", "out.jsonl"]).parallel == 4
+    assert parse(["batch", "in.jsonl", "out.jsonl", "--parallel", "1"]).parallel == 1
+    assert parse(["batch", "in.jsonl", "out.jsonl", "--parallel", "7"]).parallel == 7
+    for bad in ("0", "-2", "two", "1.5"):
+        with pytest.raises(SystemExit) as exit_info:
+            parse(["batch", "in.jsonl", "out.jsonl", "--parallel", bad])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "--parallel" in err and "whole number >= 1" in err and repr(bad) in err
