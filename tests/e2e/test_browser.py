@@ -551,6 +551,59 @@ def test_waiting_in_line_is_shown_and_stop_leaves_the_line(page: Page, app_serve
         gate.release(held)
 
 
+# Every text the status line shows, in order (a wait in line can be shown for a moment only).
+STATUS_LOG_JS = """
+() => {
+  const log = window.__fl_status = [];
+  new MutationObserver(() => {
+    const text = (document.querySelector('#status')?.textContent || '').trim();
+    if (log[log.length - 1] !== text) log.push(text);
+  }).observe(document.body, {childList: true, subtree: true, characterData: true});
+}
+"""
+BOARD_JS = """() => ({tokens: document.querySelectorAll('#columns .fl-tok').length,
+  done: (document.querySelector('#status')?.textContent || '').includes('Done')})"""
+
+
+def test_two_tabs_stream_at_the_same_time(page: Page, browser: Browser, app_url: str):
+    """Two visitors (two browser contexts) press Run one just after the other: the second joins the
+    model's running decode instead of waiting in line, both boards grow together, both end Done."""
+    context, other = open_app(browser, app_url)
+    try:
+        tabs = {"A": page, "B": other}
+        for pg, prompt in [
+            (page, "Write a long story about a lighthouse keeper and the sea."),
+            (other, "Explain step by step how bread is made, in detail."),
+        ]:
+            settings(pg, "Model and sampling")
+            set_number(pg, "max-new-tokens", 64)
+            close_settings(pg)
+            pg.locator("#prompt textarea").fill(prompt)
+            pg.evaluate(STATUS_LOG_JS)
+        page.locator("#generate").click()
+        other.locator("#generate").click()  # at once: A's run alone takes only a few seconds here
+        samples: list[dict] = []  # each poll: both boards' token counts and whether each run is done
+        deadline = time.monotonic() + RUN_TIMEOUT_MS / 1000
+        while not (samples and all(samples[-1][k]["done"] for k in tabs)):
+            assert time.monotonic() < deadline, samples[-3:]
+            samples.append({k: pg.evaluate(BOARD_JS) for k, pg in tabs.items()})
+            time.sleep(0.25)
+        for k, pg in tabs.items():
+            shown = pg.evaluate("() => window.__fl_status")
+            assert not [s for s in shown if "in line" in s or "Waiting for the model" in s], (k, shown)
+            expect(pg.locator("#status")).to_contain_text("Done in")
+            assert pg.errors == [], (k, pg.errors)
+        # a moment when both boards grew between two polls, neither run done yet
+        together = [
+            (a, b)
+            for a, b in zip(samples, samples[1:])
+            if all(b[k]["tokens"] > a[k]["tokens"] and not b[k]["done"] for k in tabs)
+        ]
+        assert together, [(s["A"]["tokens"], s["B"]["tokens"]) for s in samples]
+    finally:
+        context.close()
+
+
 def test_every_model_tab_has_a_stop_that_frees_the_model(page: Page, app_url: str):
     def start_then_stop(prefix: str, run: str, running: str, stopped: str, also: tuple = ()) -> None:
         page.locator(f"#{run}").click()
