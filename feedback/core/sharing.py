@@ -103,7 +103,7 @@ class SharedDecoder:
         if run._started:
             raise RuntimeError("a Run can be iterated once")
         run._started = True
-        return self._events(Member(run))
+        return self._events(Member(run, t0=time.perf_counter()))
 
     def _events(self, member: Member) -> Iterator[StepEvent | PrefillEvent]:
         """The run joins the line when its first event is asked for (as `iter(run)` starts then)."""
@@ -151,7 +151,19 @@ class SharedDecoder:
                 if not self._busy():
                     self._thread = None
                     return
-            self.turn()
+            try:
+                self.turn()
+            except BaseException as exc:  # noqa: BLE001 (the loop's own work failed: see `_fail_all`)
+                self._fail_all(exc)
+
+    def _fail_all(self, error: BaseException) -> None:
+        """Every run in the loop is told of `error` and let go; the loop goes on, empty, for the
+        runs still waiting (a failure while stacking caches, say out of memory, ends the runs it
+        touched, never the model's loop)."""
+        for member in [*self.batch.members, *([self.joining] if self.joining is not None else [])]:
+            if not member.left.is_set():
+                self._release(member, error)
+        self.batch, self.joining = SharedBatch(), None
 
     def _busy(self) -> bool:
         return bool(self._waiting or self.batch.members or self.joining is not None)
@@ -217,49 +229,49 @@ class SharedDecoder:
             self.joining = None
             self._release(member, exc)
             return
-        if keep is None:
-            self._release(member)
-            return
-        self._drop_own(member, keep, own_cache=True)
-        self._join(member)
+        try:
+            if keep is None:
+                self._release(member)
+                return
+            self._drop_own(member, keep, own_cache=True)
+            self._join(member)
+        except BaseException as exc:  # noqa: BLE001 (this run fails; the batch is as it was)
+            self._release(member, exc)
 
     def _join(self, member: Member) -> None:
-        """The run's rows enter the batch after the others: caches stacked at one end position."""
+        """The run's rows enter the batch after the others: caches stacked at one end position, the
+        left padding that none of the rows needs cut off. Everything new is built before the batch
+        changes, so a failure here (out of memory) leaves the batch as it was."""
         b, own = self.batch, member.own
         n, width = len(own.live), own.cache.get_seq_length()
         device = self.lm.device
         mask = own.mask if own.mask is not None else torch.ones(n, width, dtype=torch.long, device=device)
         positions = own.positions if own.positions is not None else torch.full((n,), width, device=device)
-        beside = b.rows
-        if not b.members:
-            shift_old, shift_new = 0, 0
-        else:
-            old = b.cache.get_seq_length()
-            end = max(old, width)
-            shift_old, shift_new = end - old, end - width
+        real = int(positions.max())  # its longest row's tokens: the rest of its width is padding
+        old = b.cache.get_seq_length() if b.members else 0
+        end = max(old, real)
+        shift_old, shift_new = end - old, end - width
         parts = ([(b.cache, shift_old)] if b.members else []) + [(own.cache, shift_new)]
-        member.own.cache = member.own.mask = member.own.positions = None
-        b.members.append(member)
-        b.cache = stack_rows(parts, self._room())
-        b.mask = torch.cat(
-            ([_shift_mask(b.mask, shift_old)] if b.mask is not None else []) + [_shift_mask(mask, shift_new)]
-        )
-        b.positions = torch.cat(([b.positions] if b.positions is not None else []) + [positions])
-        for m in b.members[:-1]:
+        room = self._room(extra=member)
+        cache = stack_rows(parts, room)
+        masks = ([_shift_mask(b.mask, shift_old)] if b.members else []) + [_shift_mask(mask, shift_new)]
+        mask_all = torch.cat(masks)
+        positions_all = torch.cat(([b.positions] if b.members else []) + [positions])
+        beside = b.rows
+        for m in b.members:
             _pad_strategies(m, shift_old)
         _pad_strategies(member, shift_new)
+        b.cache, b.mask, b.positions = cache, mask_all, positions_all
+        own.cache = own.mask = own.positions = None
+        b.members.append(member)
         self.joins.append((id(member.run), beside))
 
-    def _room(self) -> int:
-        """Positions every row may still need: the most new tokens any row has left."""
-        return 1 + max(
-            (
-                m.run.config.max_new_tokens - len(r.result.token_ids)
-                for m in self.batch.members
-                for r in m.own.live
-            ),
-            default=0,
-        )
+    def _room(self, extra: Member | None = None) -> int:
+        """Positions every row (and `extra`'s, about to join) may still need: the most new tokens any
+        row has left."""
+        members = [*self.batch.members, *([extra] if extra is not None else [])]
+        left = (m.run.config.max_new_tokens - len(r.result.token_ids) for m in members for r in m.own.live)
+        return 1 + max(left, default=0)
 
     # ---- a decode step of the whole batch ----
     def _step(self) -> None:

@@ -6,14 +6,18 @@ perplexity. The prompts go through the chat template, so they are longer than th
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from feedback.core.engine import run_with_logits
+from feedback.core.engine import run_with_logits, start_run
 from feedback.core.model import load_model
 from feedback.core.records import RowSpec, RunConfig
+from feedback.core.sharing import SharedDecoder, can_share, shared_events
 from feedback.eval.perplexity import PPLConfig, token_nlls
 from feedback.strategies import REGISTRY, PromptStrategy, get_strategy
 from tests.tiny_families import FAMILIES, write_folder
@@ -34,6 +38,7 @@ TEXT = (
     "kilometres; its valley holds vineyards, castles and old towns."
 )
 SAME = 1e-5  # logits of the same row computed two ways (batch position, strength 0): float noise only
+SHARED = 1e-4  # ... and a row re-padded as other requests' rows join and leave: more of that noise
 
 
 def _row(case: str, off: bool = False) -> RowSpec:
@@ -104,6 +109,56 @@ def test_scoring_is_causal(family, case):
     (base, fb), (base2, fb2) = token_nlls(family, ids, cfg), token_nlls(family, other, cfg)
     assert np.abs(base[:-1] - base2[:-1]).max() <= SAME
     assert np.abs(fb[:-1] - fb2[:-1]).max() <= SAME
+
+
+def _submitted(decoder, run) -> threading.Thread:
+    """A reader of the run's events, started; returns once the run is in the loop's line."""
+    waiting = decoder.status()["joining"]
+    reader = threading.Thread(target=lambda: list(decoder.submit(run)))
+    reader.start()
+    while decoder.status()["joining"] == waiting and reader.is_alive():
+        time.sleep(0.001)
+    return reader
+
+
+def test_runs_sharing_the_decode_are_each_the_run_alone(family, hook_count):
+    """A run decoding while a run with a longer prompt joins it (every running row re-padded on the
+    left, inner_loop's own caches too) gives each row its tokens and logits alone; a family whose
+    cache cannot be stacked (sliding-window layers) runs each request alone."""
+    first = [RowSpec("baseline"), _row("inner_loop")]
+    second = [RowSpec("long", prompt=LONG), _row("residual"), _row(STACK)]
+    configs = [
+        RunConfig(prompt=PROMPT, model=family.name, max_new_tokens=TOKENS, rows=r) for r in (first, second)
+    ]
+    alone = [run_with_logits(family, cfg) for cfg in configs]
+    seen: list[dict[int, list]] = [{}, {}]
+
+    def keep(k):
+        return lambda step, live, logits: [
+            seen[k].setdefault(i, []).append(logits[p]) for p, i in enumerate(live)
+        ]
+
+    runs = [start_run(family, cfg, observer=keep(k)) for k, cfg in enumerate(configs)]
+    if not can_share(family):
+        for run in runs:
+            list(shared_events(run))
+        assert family.decoder is None
+    else:
+        decoder = SharedDecoder(family, threaded=False)
+        readers = [_submitted(decoder, runs[0])]
+        for _ in range(2):
+            decoder.turn()
+        readers.append(_submitted(decoder, runs[1]))
+        while decoder.turn():
+            pass
+        for reader in readers:
+            reader.join(60)
+        assert [beside for _, beside in decoder.joins] == [0, 2]  # the second joined the first's rows
+    for run, (result, logits), own in zip(runs, alone, seen):
+        for i, (mine, theirs) in enumerate(zip(run.result.rows, result.rows, strict=True)):
+            assert mine.token_ids == theirs.token_ids, mine.name
+            assert _gap(own[i], logits[i]) <= SHARED, mine.name
+    assert hook_count(family.model) == 0
 
 
 def _plain(lm):
