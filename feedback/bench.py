@@ -15,6 +15,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,12 @@ TARGETS = {
     # the engine's prefill of a 4,096-token prompt ÷ one forward of it through transformers' SDPA
     "prefill_4k_vs_sdpa": ("<=", 1.10),
     "quality_overhead_4k": ("<=", 1.05),
+    # 8 HTTP clients of a 64-token baseline + feedback request each (`concurrency`): CPU per generated
+    # token with their runs decoding together ÷ served one at a time, all sent at once or 0.5 s apart
+    "shared_8x64_together_vs_one_by_one": ("<=", 0.35),
+    "shared_8x64_staggered_vs_one_by_one": ("<=", 0.35),
+    # a request sent while others decode: time to its first step ÷ its solo prefill + 2 solo steps
+    "ttft_mid_run_8x64_vs_solo": ("<=", 1.0),
 }
 SCALING = ((16, 1024), (8, 1024), (8, 256), (8, 16))  # (rows, prompt tokens) of the rowsN_ctxT ratios
 DEEPTHINK = (16, 256)  # (traces, prompt tokens) of the Deep Think throughput
@@ -75,7 +82,11 @@ class Ratio:
 
 def ratio(a: Callable[[], float], b: Callable[[], float], rounds: int) -> Ratio:
     """Time a and b in turn (a b a b ...); each returns its own cost in CPU seconds."""
-    pairs = [(a(), b()) for _ in range(max(1, rounds))]
+    return ratio_of([(a(), b()) for _ in range(max(1, rounds))])
+
+
+def ratio_of(pairs: list[tuple[float, float]]) -> Ratio:
+    """The Ratio of (A, B) pairs measured one pair a round."""
     per_round = [x / y for x, y in pairs]
     return Ratio(
         statistics.median(per_round),
@@ -518,6 +529,229 @@ def api_overhead(lm: LoadedModel, tokens: int = 64, repeats: int = 3) -> dict:
     }
 
 
+# `concurrency`: one chat question per client, of different lengths (each its own prompt length, so
+# runs join the batch with different sequence lengths)
+CONCURRENCY_PROMPTS = (
+    "Why is the sky blue?",
+    "What is 17 * 23?",
+    "Name three planets of the solar system.",
+    "How do vaccines teach the immune system to recognise a virus?",
+    "Write a four-line poem about a lighthouse in winter.",
+    "Explain how a bicycle stays upright while it moves, and why it falls over once it stops.",
+    "Give three tips for writing readable Python code.",
+    "What is the difference between weather and climate, and why does it matter when people point "
+    "to one cold winter as proof that the climate is not warming?",
+)
+CONCURRENCY = (8, 0.5)  # (clients, seconds between their arrivals in the staggered pattern)
+QUICK_CONCURRENCY = (4, 0.1)  # --quick: fewer and shorter requests (tokens: at most 16)
+
+
+def cpu_name() -> str:
+    """The CPU this runs on, as /proc/cpuinfo names it (else what `platform` says)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "?"
+
+
+@dataclass
+class Sent:
+    """One client's request, client side: when it was sent, its first `step` event and its `done`
+    event arrived (perf_counter seconds), and each row's token ids from the result."""
+
+    sent: float
+    first_step: float
+    done: float
+    token_ids: list[list[int]]
+
+    @property
+    def ttft(self) -> float:
+        return self.first_step - self.sent
+
+
+def send_all(url: str, bodies: list[dict], stagger_s: float = 0.0) -> tuple[float, list[Sent]]:
+    """Each body POSTed to /api/generate/stream by its own client thread, the i-th `i * stagger_s`
+    seconds after the first; the CPU seconds of this process (server and clients) until every stream
+    has ended, and each request's `Sent`. Only the `done` and `error` lines are parsed: the client's
+    own share of the CPU time stays small."""
+    import httpx
+
+    clients = [httpx.Client(base_url=url + "/api", timeout=600) for _ in bodies]
+    out: list[Sent | None] = [None] * len(bodies)
+    errors: list[BaseException] = []
+    go, origin = threading.Event(), [0.0]
+
+    def one(i: int) -> None:
+        go.wait()
+        time.sleep(max(0.0, origin[0] + i * stagger_s - time.perf_counter()))
+        sent, first, result = time.perf_counter(), None, None
+        try:
+            with clients[i].stream("POST", "/generate/stream", json=bodies[i]) as r:
+                if r.status_code != 200:
+                    raise FeedbackError(f"request {i}: HTTP {r.status_code}: {r.read().decode()[:200]}")
+                for line in r.iter_lines():
+                    if line.startswith('{"event": "step"'):
+                        first = first or time.perf_counter()
+                    elif line.startswith('{"event": "done"'):
+                        result = json.loads(line)["result"]
+                    elif line.startswith('{"event": "error"'):
+                        raise FeedbackError(f"request {i}: {json.loads(line)['error']}")
+            if result is None or first is None:
+                raise FeedbackError(f"request {i}: the stream ended without a step and its result")
+            out[i] = Sent(sent, first, time.perf_counter(), [row["token_ids"] for row in result["rows"]])
+        except BaseException as exc:  # noqa: BLE001 (raised in the caller's thread)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    try:
+        cpu = _cpu()
+        origin[0] = time.perf_counter()
+        go.set()
+        for t in threads:
+            t.join()
+        cpu = _cpu() - cpu
+    finally:
+        for c in clients:
+            c.close()
+    if errors:
+        raise errors[0]
+    return cpu, out
+
+
+def _mid_run(sent: list[Sent]) -> list[int]:
+    """The requests sent while another one was decoding (past its first step, before its end): the
+    ones that join a running batch."""
+    return [
+        i
+        for i, s in enumerate(sent)
+        if any(o.first_step < s.sent < o.done for j, o in enumerate(sent) if j != i)
+    ]
+
+
+def _generated(sent: list[Sent]) -> int:
+    """Tokens generated by these requests, every row of each."""
+    return sum(len(ids) for s in sent for ids in s.token_ids)
+
+
+def _solo(lm: LoadedModel, config: RunConfig) -> tuple[float, float, list[list[int]]]:
+    """The run alone on the engine: its prefill (wall seconds), its mean decode step (wall seconds,
+    the step records' time_ms after the first, which carries the prefill) and its rows' tokens."""
+    result = run_to_end(lm, config)
+    steps = max((r.steps for r in result.rows), key=len)
+    step_s = statistics.mean(s.time_ms for s in steps[1:]) / 1e3 if len(steps) > 1 else 0.0
+    return result.prefill_seconds, step_s, [r.token_ids for r in result.rows]
+
+
+def concurrency(
+    lm: LoadedModel,
+    clients: int = CONCURRENCY[0],
+    tokens: int = 64,
+    rounds: int = 3,
+    stagger_s: float = CONCURRENCY[1],
+) -> dict:
+    """`clients` HTTP clients at once, through the real API on a local server in this process, each a
+    baseline + feedback (residual) request of `tokens` greedy tokens on its own chat question, sent
+    all together and `stagger_s` apart; served with the runs decoding together (a pool of
+    `shared_runs=clients`) and one run at a time (`shared_runs=1`, the line before sharing). Per round
+    all sent together go to the shared server, then to the one-by-one server; the staggered ones to
+    the one-by-one server, then to the shared one; then every request runs alone on the engine (the
+    reference). Reports, as ratios over the rounds (median, lowest and highest):
+
+    - CPU seconds of this process per generated token, shared ÷ one by one, each pattern;
+    - the staggered requests sent while another was decoding: the worst time from sending to the
+      first `step` event ÷ that request's solo prefill + 2 solo decode steps (wall time), shared,
+      and one by one beside it (no target: it waits in line);
+    - per request, whether every row's tokens equal its solo run's, in every round and pattern."""
+    from feedback.core.sharing import decoder_for
+    from feedback.serve.api import local_server
+    from feedback.serve.api.schemas import GenerateIn, to_config
+    from feedback.serve.pool import ModelPool
+
+    prompts = [CONCURRENCY_PROMPTS[i % len(CONCURRENCY_PROMPTS)] for i in range(clients)]
+    rows = [{"name": "baseline", "strategy": None}, {"name": "feedback", "strategy": "residual"}]
+    bodies = [{"prompt": p, "max_new_tokens": tokens, "rows": rows} for p in prompts]
+    configs = [to_config(GenerateIn(**b), lm.name) for b in bodies]
+    load_before = _load()
+    shape = f"{clients}x{tokens}"
+    keys = {
+        "together": f"shared_{shape}_together_vs_one_by_one",
+        "staggered": f"shared_{shape}_staggered_vs_one_by_one",
+    }
+    ttft_key, ttft_alone_key = f"ttft_mid_run_{shape}_vs_solo", f"ttft_mid_run_{shape}_one_by_one_vs_solo"
+    pairs: dict[str, list[tuple[float, float]]] = {k: [] for k in [*keys.values(), ttft_key, ttft_alone_key]}
+    equal = {way: [True] * clients for way in ("shared", "one_by_one")}
+    most_rows = {"together": 0, "staggered": 0}
+    generated = {}
+    decoder = decoder_for(lm)
+
+    def ttft_pair(sent: list[Sent], solo) -> tuple[float, float] | None:
+        """(time to first step, solo prefill + 2 solo steps) of the mid-run request worst off."""
+        late = [(sent[i].ttft, solo[i][0] + 2 * solo[i][1]) for i in _mid_run(sent)]
+        return max(late, key=lambda p: p[0] / p[1]) if late else None
+
+    with (
+        local_server(ModelPool.serving(lm, clients)) as shared_url,
+        local_server(ModelPool.serving(lm, 1)) as alone_url,
+    ):
+        urls = {"shared": shared_url, "one_by_one": alone_url}
+        warm = [b | {"max_new_tokens": 4} for b in bodies[:2]]
+        for url in urls.values():  # warm-up: server threads, the decode loop, rows joining
+            send_all(url, warm)
+        for _ in range(max(1, rounds)):
+            cost, sent = {}, {}
+            for pattern, gap in (("together", 0.0), ("staggered", stagger_s)):
+                # shared first, then last: the solo runs follow the staggered shared requests, whose
+                # time to first step they are the measure of
+                ways = ("shared", "one_by_one") if pattern == "together" else ("one_by_one", "shared")
+                for way in ways:
+                    cpu, sent[pattern, way] = send_all(urls[way], bodies, gap)
+                    cost[pattern, way] = cpu / _generated(sent[pattern, way])
+                    if way == "shared":  # each run joins once: (its run, the rows beside it then)
+                        beside = max((b for _, b in list(decoder.joins)[-clients:]), default=0)
+                        most_rows[pattern] = max(most_rows[pattern], beside + len(rows))
+                pairs[keys[pattern]].append((cost[pattern, "shared"], cost[pattern, "one_by_one"]))
+                generated[pattern] = _generated(sent[pattern, "shared"])
+            solo = [_solo(lm, c) for c in configs]
+            for (_, way), out in sent.items():
+                for i, s in enumerate(out):
+                    equal[way][i] &= s.token_ids == solo[i][2]
+            for key, way in ((ttft_key, "shared"), (ttft_alone_key, "one_by_one")):
+                if (pair := ttft_pair(sent["staggered", way], solo)) is not None:
+                    pairs[key].append(pair)
+    ratios = {k: ratio_of(v) for k, v in pairs.items() if v}
+    return {
+        "cpu": cpu_name(),
+        "threads": torch.get_num_threads(),
+        "device": str(lm.device),
+        "model": lm.name,
+        "dtype": lm.dtype,
+        "clients": clients,
+        "tokens": tokens,
+        "stagger_s": stagger_s,
+        "rounds": max(1, rounds),
+        "timing": "CPU time of this process (server and clients) per generated token, shared and one by "
+        "one in turn per round; time to first step: wall time, client side",
+        "load_average": {"before": load_before, "after": _load()},
+        **{k: r.median for k, r in ratios.items()},
+        "spread": {k: [r.low, r.high] for k, r in ratios.items()},
+        # each ratio's sides, medians: CPU ms per generated token, or wall ms (time to first step ÷
+        # solo prefill + 2 solo steps)
+        "sides_ms": {k: {"a": r.a * 1e3, "b": r.b * 1e3} for k, r in ratios.items()},
+        "tokens_equal_solo": equal["shared"],
+        "tokens_equal_solo_one_by_one": equal["one_by_one"],
+        "generated_tokens": generated,
+        "most_rows_together": most_rows,
+    }
+
+
 # The ways this machine can run the model, exact first: (label, load_model keywords)
 MODES = (
     ("fp32 exact (oneDNN linear, the default)", {"dtype": "float32"}),
@@ -670,13 +904,72 @@ def _line(report: dict, key: str, note: str) -> str:
     return f"{key:32} {report[key]:9.3f}  [{low:.3f}–{high:.3f}]  {note}"
 
 
+def _concurrency_of(lm: LoadedModel, args) -> dict:
+    """`concurrency` at the bench's shape (--quick: fewer and shorter requests), three rounds at most:
+    a full round serves 4 x 8 requests of 64 tokens and runs the 8 alone."""
+    quick = getattr(args, "quick", False)
+    clients, stagger = QUICK_CONCURRENCY if quick else CONCURRENCY
+    tokens = min(args.tokens, 16) if quick else args.tokens
+    return concurrency(lm, clients, tokens, min(args.repeats, 3), stagger)
+
+
+def _concurrency_text(c: dict) -> str:
+    load, n, shape = c["load_average"], c["clients"], f"{c['clients']}x{c['tokens']}"
+    lines = [
+        f"concurrency: {n} HTTP clients (local API, NDJSON streams), each a {c['tokens']}-token greedy "
+        f"baseline + feedback request on its own chat question, all at once and {c['stagger_s']:g} s "
+        f"apart; served with the runs decoding together (shared_runs={n}) and one at a time "
+        f"(shared_runs=1) in turn over {c['rounds']} rounds; {c['cpu']}, {c['threads']} threads; "
+        f"load average {load['before']} before, {load['after']} after",
+    ]
+    notes = {
+        f"shared_{shape}_together_vs_one_by_one": "(CPU ms per generated token, shared / one by one: "
+        "{a:.2f} / {b:.2f}; sent at once)",
+        f"shared_{shape}_staggered_vs_one_by_one": "(CPU ms per generated token, shared / one by one: "
+        "{a:.2f} / {b:.2f}; sent " + f"{c['stagger_s']:g} s apart)",
+        f"ttft_mid_run_{shape}_vs_solo": "(the worst request sent while others decode: wall ms to its "
+        "first step / its solo prefill + 2 solo steps: {a:.0f} / {b:.0f})",
+        f"ttft_mid_run_{shape}_one_by_one_vs_solo": "(the same, served one at a time: {a:.0f} / {b:.0f}; "
+        "no target)",
+    }
+    for key, note in notes.items():
+        if key not in c:
+            lines.append(f"{key:42} —  (no request was sent while another one decoded)")
+            continue
+        low, high = c["spread"][key]
+        target = _verdict(key, c[key]) if key in TARGETS else ""
+        if not target and "one_by_one_vs_solo" not in key:
+            target = "(not the target's shape: no target)"
+        lines.append(
+            f"{key:42} {c[key]:9.3f}  [{low:.3f}–{high:.3f}]  "
+            + (f"{target} " if target else "")
+            + note.format(**c["sides_ms"][key])
+        )
+    same, alone = c["tokens_equal_solo"], c["tokens_equal_solo_one_by_one"]
+    lines.append(
+        f"tokens equal solo: {sum(same)}/{len(same)} (shared), {sum(alone)}/{len(alone)} (one by one)  "
+        f"{'ok' if all(same) and all(alone) else 'MISSED'}"
+    )
+    most = c["most_rows_together"]
+    lines.append(
+        f"rows decoding together at most: {most['together']} (sent at once), {most['staggered']} "
+        f"(staggered); tokens generated per pattern: {c['generated_tokens']['together']}"
+    )
+    return "\n".join(lines)
+
+
 def run_bench(args) -> int:
     if getattr(args, "modes_only", False):
         modes = fast_modes(repeats=max(3, args.repeats))
         print(json.dumps(modes, indent=2) if args.json else _modes_text(modes))
         return 0
     lm = load_model("embedded", dtype=args.dtype)
+    if getattr(args, "concurrency_only", False):
+        conc = _concurrency_of(lm, args)
+        print(json.dumps(conc, indent=2) if args.json else _concurrency_text(conc))
+        return 0
     report = measure(args.tokens, args.repeats, lm=lm, quick=getattr(args, "quick", False))
+    report["concurrency"] = _concurrency_of(lm, args)
     if getattr(args, "api", False):
         api = api_overhead(lm, args.tokens, args.repeats)
         report |= {**api, "spread": report["spread"] | api["spread"]}
@@ -735,6 +1028,7 @@ def run_bench(args) -> int:
         print(_line(report, "api_stream_vs_engine", "(HTTP API, NDJSON stream, local)"))
         print(_line(report, "api_generate_vs_engine", "(HTTP API, whole result)"))
         print(f"same greedy tokens through the API: {report['api_same_tokens']}")
+    print(_concurrency_text(report["concurrency"]))
     print(
         f"{'roofline_fraction':32} {report['roofline_fraction']:9.3f}  "
         f"({report['weights_mb']:.0f} MB weights at "

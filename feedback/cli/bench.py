@@ -29,9 +29,16 @@ def add_parser(sub) -> None:
         "--api", action="store_true", help="also time a run through the HTTP API against the engine"
     )
     p.add_argument(
+        "--concurrency-only",
+        action="store_true",
+        help="only the concurrency measure (also part of the full bench): 8 HTTP clients at once, "
+        "their runs decoding together against one at a time (CPU per token), time to first token of "
+        "a request sent mid-run, and every request's tokens against its solo run",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
-        help="smaller scaling and Deep Think shapes, named by their "
+        help="smaller scaling, Deep Think and concurrency shapes, named by their "
         "shapes (a check that every measurement runs; not the targets' shapes)",
     )
     p.add_argument(

@@ -178,6 +178,9 @@ class SharedDecoder:
         with torch.inference_mode():  # entered here: the loop's thread runs every step and chunk
             if self.batch.members:
                 self._step()
+            with self._cond:  # a run that came during the step starts its prefill now, not a step later
+                if self.joining is None and self._waiting:
+                    self.joining = self._waiting.popleft()
             if self.joining is not None:
                 self._advance(self.joining)
         return busy

@@ -46,9 +46,9 @@ class ModelPool:
         self._lock = threading.Lock()
 
     @classmethod
-    def serving(cls, lm: LoadedModel) -> ModelPool:
+    def serving(cls, lm: LoadedModel, shared_runs: int | None = None) -> ModelPool:
         """A pool whose allowlist is one model that is already loaded (tests, benchmarks)."""
-        pool = cls([lm.name])
+        pool = cls([lm.name], shared_runs=shared_runs)
         pool._models[lm.name] = lm
         pool._room(lm)
         return pool

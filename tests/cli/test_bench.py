@@ -52,3 +52,30 @@ def test_bench_json_reports_every_ratio():
         data["deepthink_shape"] == [8, 32] and "rows16_ctx1024_vs_row1" not in data
     )  # never read as the full shape
     assert "prefill_4k_vs_sdpa" not in data and "quality_overhead_4k" not in data
+    # concurrency, --quick: 4 clients of 4 tokens
+    conc = data["concurrency"]
+    assert conc["clients"] == 4 and conc["tokens"] == 4 and conc["tokens_equal_solo"] == [True] * 4
+    assert conc["shared_4x4_together_vs_one_by_one"] > 0 and "shared_8x64_together_vs_one_by_one" not in conc
+
+
+def test_concurrency_reports_shared_against_one_by_one_and_solo_tokens(embedded_lm):
+    # tiny scale: 2 clients of 8 tokens, one round; the ratios are reported, never asserted against
+    # their targets (timings on a shared machine)
+    from feedback.bench import _concurrency_text, concurrency
+
+    data = concurrency(embedded_lm, clients=2, tokens=8, rounds=1, stagger_s=0.2)
+    assert data["clients"] == 2 and data["tokens"] == 8 and data["rounds"] == 1 and data["cpu"]
+    assert data["tokens_equal_solo"] == [True, True]  # every request's rows: its solo run's tokens
+    assert data["tokens_equal_solo_one_by_one"] == [True, True]
+    required = ("shared_2x8_together_vs_one_by_one", "shared_2x8_staggered_vs_one_by_one")
+    # time to first step is there when a request was sent while the other one decoded
+    optional = ("ttft_mid_run_2x8_vs_solo", "ttft_mid_run_2x8_one_by_one_vs_solo")
+    for key in required + tuple(k for k in optional if k in data):
+        assert isinstance(data[key], float) and data[key] > 0
+        low, high = data["spread"][key]
+        assert low <= data[key] <= high
+        assert data["sides_ms"][key]["a"] > 0 and data["sides_ms"][key]["b"] > 0
+    assert data["generated_tokens"]["together"] > 0 and data["most_rows_together"]["together"] >= 2
+    text = _concurrency_text(data)
+    assert "tokens equal solo: 2/2 (shared), 2/2 (one by one)  ok" in text
+    assert "shared_2x8_together_vs_one_by_one" in text and "(not the target's shape: no target)" in text
