@@ -910,7 +910,7 @@ def _concurrency_of(lm: LoadedModel, args) -> dict:
     quick = getattr(args, "quick", False)
     clients, stagger = QUICK_CONCURRENCY if quick else CONCURRENCY
     tokens = min(args.tokens, 16) if quick else args.tokens
-    return concurrency(lm, clients, tokens, min(args.repeats, 3), stagger)
+    return concurrency(lm, clients, tokens, 1 if quick else min(args.repeats, 3), stagger)  # quick: a round
 
 
 def _concurrency_text(c: dict) -> str:
