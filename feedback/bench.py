@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from feedback import ASSETS
+from feedback.core import linear
 from feedback.core.engine import run_to_end
 from feedback.core.model import LoadedModel, load_model, set_fast_matmul
 from feedback.core.records import RowSpec, RunConfig, first_divergence
@@ -451,6 +452,9 @@ def measure(
         "tokens": tokens,
         "rounds": repeats,
         "threads": torch.get_num_threads(),
+        "cpu": cpu_name(),
+        # the fp32 linear kernel measured fastest on this machine per shape and rows (None: not measured)
+        "linear_kernels": linear.kernel_summary(lm.kernels) if lm.kernels else linear.setting(),
         "timing": "CPU time, sides interleaved per round",
         "load_average": {"before": load_before, "after": _load()},
         "same_tokens_as_generate": gen_tokens == eng_tokens,
@@ -987,6 +991,7 @@ def run_bench(args) -> int:
         f"over {report['rounds']} rounds, "
         f"median [lowest–highest]; load average {load['before']} before, {load['after']} after"
     )
+    print(f"CPU {report['cpu']}; fp32 linear kernels: {report['linear_kernels']}")
     print(f"{'metric':32} {'median':>9}  {'spread':15} target")
     for key in TARGETS:
         if key in report["spread"]:  # --quick measures the scaling ratios on other shapes

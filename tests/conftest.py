@@ -47,7 +47,9 @@ def tiny_lm(embedded_lm: LoadedModel) -> LoadedModel:
     model = LlamaForCausalLM(cfg).eval()
     model.set_attn_implementation("eager")  # as load_model does on CPU: batch-invariant
     if linear.wanted(torch.device("cpu")):
-        linear.use_onednn(model)  # as load_model does on CPU
+        linear.use_onednn(
+            model
+        )  # a fixed fp32 kernel (load_model measures which is fastest; mechanics alike)
     return LoadedModel(
         model=model,
         tokenizer=tok,

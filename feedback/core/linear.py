@@ -1,4 +1,4 @@
-"""fp32 linear layers through oneDNN on CPU.
+"""fp32 linear layers on CPU through the kernel this machine runs fastest, measured.
 
 PyTorch's CPU build sends an fp32 `nn.Linear` to MKL's GEMM. On the development CPU (AMD EPYC,
 AVX-512) that kernel costs about as much per row as a separate product for small batches: a bare
@@ -9,17 +9,43 @@ kernel — the one `torch.compile`'s CPU backend calls for linear layers,
 down-conversion; `FEEDBACK_FAST_MATMUL` is what allows one); logits differ from MKL's by float
 rounding only (at most 1.2e-4 over a prompt's vocabulary, the order of a different batch size).
 
-`FEEDBACK_LINEAR=aten` keeps PyTorch's own kernel (what ran before, for comparison).
+Which kernel is faster depends on the CPU: on an Intel Xeon (2 vCPU) MKL's took 0.82 x oneDNN's CPU
+time at one row. So the choice is measured, not fixed: for each shape of the model's fp32 linear
+layers, both kernels are timed at 1, 2, 4 and 8 rows on this machine (`measure_kernels`), and each
+layer then calls the faster one for the rows in hand (`MeasuredLinear`). Both compute in fp32; their
+products differ by float rounding only. The choice is cached per CPU model, thread count and torch
+version under the model cache (`kernels/`), so it is measured once per machine.
+
+`FEEDBACK_LINEAR` chooses instead: `onednn` (every layer), `aten` (PyTorch's own kernel: what ran
+before, for comparison); unset or `measure`: measured.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
 
 LINEAR_ENV = "FEEDBACK_LINEAR"
+CHOICES = ("measure", "onednn", "aten")
+ROWS = (1, 2, 4, 8)  # the batch sizes timed; more rows take the 8-row choice (a prefill, a wide batch)
+
+
+def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _aten(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return nn.functional.linear(x, weight, bias)
+
+
+KERNELS: dict[str, Callable] = {"onednn": _onednn, "aten": _aten}
 
 
 class OneDnnLinear(nn.Linear):
@@ -35,12 +61,173 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def setting() -> str:
+    """FEEDBACK_LINEAR: measure (unset), onednn or aten; anything else refused naming the choices."""
+    from feedback.errors import FeedbackError
+
+    value = os.environ.get(LINEAR_ENV, "").strip().lower() or "measure"
+    if value not in CHOICES:
+        raise FeedbackError(f"{LINEAR_ENV} must be one of {', '.join(CHOICES)}; got {value!r}")
+    return value
+
+
 def wanted(device: torch.device, choice: bool | None = None) -> bool:
-    """oneDNN's linear on CPU where oneDNN is in this torch: as `choice` says, else (None) unless
-    FEEDBACK_LINEAR=aten."""
+    """A kernel other than PyTorch's own on CPU, where oneDNN is in this torch: as `choice` says,
+    else (None) unless FEEDBACK_LINEAR=aten."""
     if choice is None:
-        choice = os.environ.get(LINEAR_ENV, "").strip().lower() != "aten"
+        choice = setting() != "aten"
     return choice and device.type == "cpu" and available()
+
+
+class MeasuredLinear(nn.Linear):
+    """An `nn.Linear` whose product goes through the kernel measured fastest on this machine for its
+    shape and the rows in hand (`kernels`: one per entry of ROWS; same parameters, hooks, state)."""
+
+    kernels: tuple[Callable, ...]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad:  # the fused op has no backward; autograd keeps PyTorch's own
+            return super().forward(x)
+        rows = x.numel() // self.in_features
+        pick = 0 if rows <= 1 else 1 if rows <= 2 else 2 if rows <= 4 else 3
+        return self.kernels[pick](x, self.weight, self.bias)
+
+
+def _plain_fp32(model: nn.Module) -> list[nn.Linear]:
+    return [
+        m
+        for m in model.modules()
+        if type(m) in (nn.Linear, OneDnnLinear, MeasuredLinear)
+        and m.weight.dtype == torch.float32
+        and m.weight.device.type == "cpu"
+    ]
+
+
+def shape_key(module: nn.Linear) -> str:
+    return f"{module.in_features}x{module.out_features}{'+bias' if module.bias is not None else ''}"
+
+
+COLD_BYTES = 64 * 2**20  # weights cycled through while timing: more than a CPU's last-level cache
+
+
+def _time(fn: Callable, x: torch.Tensor, weights: list[tuple], clock: Callable[[], float]) -> float:
+    """Seconds a call takes: the best of 5 trials of enough calls to fill ~5 ms each, each call on
+    the next of `weights` ((weight, bias) copies), so that, as in a decode step that reads every
+    layer in turn, the weights come from memory rather than from a cache that kept them."""
+    with torch.inference_mode():
+        for w, b in weights[:2]:
+            fn(x, w, b)
+        start, calls = clock(), 0
+        while clock() - start < 0.005 or calls < 2:
+            w, b = weights[calls % len(weights)]
+            fn(x, w, b)
+            calls += 1
+        best = float("inf")
+        for _ in range(5):
+            start = clock()
+            for i in range(calls):
+                w, b = weights[i % len(weights)]
+                fn(x, w, b)
+            best = min(best, (clock() - start) / calls)
+        return best
+
+
+def _cold_copies(module: nn.Linear) -> list[tuple]:
+    """The module's (weight, bias), and copies of them up to COLD_BYTES in all (at most 64)."""
+    size = module.weight.numel() * module.weight.element_size()
+    n = max(1, min(64, -(-COLD_BYTES // size)))
+    pairs = [(module.weight, module.bias)]
+    for _ in range(n - 1):
+        bias = None if module.bias is None else module.bias.detach().clone()
+        pairs.append((module.weight.detach().clone(), bias))
+    return pairs
+
+
+def measure_kernels(
+    modules: list[nn.Linear], clock: Callable[[], float] = time.process_time
+) -> dict[str, dict[str, dict]]:
+    """For each distinct shape among `modules` and each entry of ROWS: every kernel's seconds per
+    call (CPU time of the process: every thread; best of 5 trials; weights read from memory, not
+    from cache: `_time`) and the fastest. Returns {shape: {rows: {"kernel": name, "seconds": {name: s}}}}."""
+    out: dict[str, dict[str, dict]] = {}
+    for module in modules:
+        key = shape_key(module)
+        if key in out:
+            continue
+        out[key] = {}
+        weights = _cold_copies(module)
+        for rows in ROWS:
+            x = torch.randn(rows, module.in_features)
+            seconds = {name: _time(fn, x, weights, clock) for name, fn in KERNELS.items()}
+            out[key][str(rows)] = {"kernel": min(seconds, key=seconds.get), "seconds": seconds}
+    return out
+
+
+def machine_key() -> str:
+    """The CPU model, the threads torch uses and the torch version: what a measured choice holds for."""
+    cpu = "cpu"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        import platform
+
+        cpu = platform.processor() or platform.machine() or cpu
+    slug = re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-")
+    return f"{slug}-t{torch.get_num_threads()}-torch{torch.__version__}"
+
+
+def _cache_file() -> Path:
+    from feedback.core.embedded import cache_root
+
+    return cache_root() / "kernels" / f"{machine_key()}.json"
+
+
+def chosen_kernels(modules: list[nn.Linear], clock: Callable[[], float] = time.process_time) -> dict:
+    """The measured choice for these modules' shapes: read from this machine's cache file, the
+    shapes it lacks measured now and written back (a failure to write is only a lost cache)."""
+    path = _cache_file()
+    try:
+        known = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    missing = [m for m in modules if shape_key(m) not in known]
+    if missing:
+        known |= measure_kernels(missing, clock)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known, indent=1), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return {shape_key(m): known[shape_key(m)] for m in modules}
+
+
+def use_measured(model: nn.Module, choice: dict | None = None) -> dict:
+    """Every plain fp32 CPU linear of `model` as a `MeasuredLinear` calling the kernel `choice`
+    (None: `chosen_kernels`, measured or cached) names for its shape and rows; returns the choice.
+    Parameters stop requiring gradients, as with `use_onednn`."""
+    modules = _plain_fp32(model)
+    choice = chosen_kernels(modules) if choice is None else choice
+    model.requires_grad_(False)
+    for module in modules:
+        table = choice[shape_key(module)]
+        module.__class__ = MeasuredLinear
+        module.kernels = tuple(KERNELS[table[str(rows)]["kernel"]] for rows in ROWS)
+    return choice
+
+
+def kernel_summary(choice: dict) -> str:
+    """One line: each shape's kernel per row count, e.g. "576x49152: onednn 1-8 rows"."""
+    parts = []
+    for shape, table in choice.items():
+        names = [table[str(r)]["kernel"] for r in ROWS]
+        if len(set(names)) == 1:
+            parts.append(f"{shape}: {names[0]}")
+        else:
+            parts.append(f"{shape}: " + ", ".join(f"{n} at {r}" for r, n in zip(ROWS, names)))
+    return "; ".join(parts)
 
 
 def use_onednn(model: nn.Module) -> int:

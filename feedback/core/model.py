@@ -130,6 +130,7 @@ class LoadedModel:
     load_seconds: float = 0.0
     eos_token_ids: list[int] = field(default_factory=list)
     quantization: str | None = None  # how the weights are stored when not in `dtype` (8-bit, 4-bit)
+    kernels: dict | None = None  # the fp32 linear kernels measured fastest here (`linear.use_measured`)
     # Held for each forward pass: runs sharing this model interleave step by step, never overlap.
     forward_lock: TurnLock = field(default_factory=TurnLock, repr=False, compare=False)
     decoder: Any = field(default=None, repr=False, compare=False)  # its shared decode loop (core.sharing)
@@ -348,7 +349,8 @@ def load_model(
 ) -> LoadedModel:
     """Load a model and tokenizer for the engine; user mistakes raise `FeedbackError`.
     `fast_matmul` (None: FEEDBACK_FAST_MATMUL): bf16 matmuls on fp32 weights, process-wide.
-    `onednn_linear` (None: unless FEEDBACK_LINEAR=aten): fp32 linear layers through oneDNN on CPU."""
+    `onednn_linear` (None: as FEEDBACK_LINEAR says, by default measured): fp32 linear layers on CPU
+    through the kernel measured fastest here for each shape (True: oneDNN's; False: PyTorch's own)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -436,8 +438,14 @@ def load_model(
         quantization = linear.INT8_LABEL
     elif load_in_4bit or load_in_8bit:
         quantization = "bitsandbytes 4-bit NF4 weights" if load_in_4bit else "bitsandbytes 8-bit weights"
+    kernels = None
     if linear.wanted(dev, onednn_linear) and device_map is None:
-        linear.use_onednn(model)  # what is left in fp32 (all of it, or the output head beside int8 layers)
+        # what is left in fp32 (all of it, or the output head beside int8 layers): the kernel this
+        # machine runs fastest for each shape, measured once per machine (or oneDNN's, when told)
+        if onednn_linear or linear.setting() == "onednn":
+            linear.use_onednn(model)
+        else:
+            kernels = linear.use_measured(model)
 
     eos: list[int] = []
     for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
@@ -453,4 +461,5 @@ def load_model(
         load_seconds=time.perf_counter() - started,
         eos_token_ids=eos,
         quantization=quantization,
+        kernels=kernels,
     )

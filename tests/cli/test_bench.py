@@ -39,6 +39,10 @@ def test_bench_json_reports_every_ratio():
         if key != "cold_start_s" and key != "roofline_fraction":  # every ratio: its lowest and highest round
             low, high = data["spread"][key]
             assert low <= data[key] <= high
+    # which fp32 linear kernel this machine's measurement chose, shape by shape (or the one set)
+    assert data["cpu"] and (
+        "576x49152" in data["linear_kernels"] or data["linear_kernels"] in ("onednn", "aten")
+    )
     assert (
         data["timing"].startswith("CPU time")
         and data["rounds"] == 2

@@ -14,9 +14,13 @@ from feedback.core import linear
 pytestmark = pytest.mark.skipif(not linear.available(), reason="this torch has no oneDNN linear")
 
 
-def test_the_loaded_model_uses_it_and_agrees_with_aten(embedded_lm):
+def test_the_loaded_model_uses_the_measured_kernels_and_agrees_with_aten(embedded_lm):
     layers = [m for m in embedded_lm.model.modules() if isinstance(m, nn.Linear)]
-    assert layers and all(type(m) is linear.OneDnnLinear for m in layers)
+    assert layers and all(type(m) is linear.MeasuredLinear for m in layers)
+    assert set(embedded_lm.kernels) == {linear.shape_key(m) for m in layers}
+    for module in layers:  # each row count calls the kernel its measurement chose
+        table = embedded_lm.kernels[linear.shape_key(module)]
+        assert module.kernels == tuple(linear.KERNELS[table[str(r)]["kernel"]] for r in linear.ROWS)
     torch.manual_seed(0)
     for module in (embedded_lm.model.lm_head, embedded_lm.layers[0].mlp.down_proj):
         for shape in ((1, 1), (2, 1), (4, 1), (16, 1), (1, 512), (3, 7)):  # decode steps, a prefill chunk
@@ -121,3 +125,73 @@ def test_load_in_8bit_on_cpu_is_a_labelled_fast_mode():
     assert "Paris" in result.rows[0].text
     with pytest.raises(Exception, match="float32"):
         load_model("embedded", load_in_8bit=True, dtype="bfloat16")
+
+
+def test_the_kernel_measured_faster_is_chosen_for_each_shape_and_row_count(monkeypatch):
+    """A kernel that takes longer is never chosen: here one that sleeps 1 ms a call at 1 and 2 rows
+    against one that does not (wall clock, so the sleep counts), and the other way at 4 and 8."""
+    import time
+
+    def slow_below_4(x, weight, bias):
+        if x.shape[0] < 4:
+            time.sleep(0.001)
+        return nn.functional.linear(x, weight, bias)
+
+    def slow_from_4(x, weight, bias):
+        if x.shape[0] >= 4:
+            time.sleep(0.001)
+        return nn.functional.linear(x, weight, bias)
+
+    monkeypatch.setattr(linear, "KERNELS", {"a": slow_below_4, "b": slow_from_4})
+    modules = [nn.Linear(16, 8), nn.Linear(16, 8), nn.Linear(8, 16, bias=False)]
+    choice = linear.measure_kernels(modules, clock=time.perf_counter)
+    assert set(choice) == {"16x8+bias", "8x16"}  # one measurement per distinct shape
+    for table in choice.values():
+        assert [table[str(r)]["kernel"] for r in linear.ROWS] == ["b", "b", "a", "a"]
+        assert all(s["a"] > 0 and s["b"] > 0 for s in (table[str(r)]["seconds"] for r in linear.ROWS))
+
+
+def test_a_measured_linear_calls_its_choice_per_row_count_and_keeps_the_products():
+    torch.manual_seed(2)
+    module = nn.Linear(64, 32)
+    choice = {
+        "64x32+bias": {
+            str(r): {"kernel": k} for r, k in zip(linear.ROWS, ["onednn", "onednn", "aten", "aten"])
+        }
+    }
+    assert linear.use_measured(module, choice) == choice
+    assert type(module) is linear.MeasuredLinear and not module.weight.requires_grad
+    assert module.kernels == (linear._onednn, linear._onednn, linear._aten, linear._aten)
+    for rows in (1, 2, 3, 8, 40):
+        x = torch.randn(rows, 64)
+        with torch.inference_mode():
+            got, want = module(x), nn.functional.linear(x, module.weight, module.bias)
+        assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+
+
+def test_the_choice_is_measured_once_per_machine_and_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEEDBACK_CACHE", str(tmp_path))
+    measured = []
+    real = linear.measure_kernels
+
+    def counting(modules, clock=None):
+        measured.append([linear.shape_key(m) for m in modules])
+        return real(modules)
+
+    monkeypatch.setattr(linear, "measure_kernels", counting)
+    first = linear.chosen_kernels([nn.Linear(8, 4)])
+    again = linear.chosen_kernels([nn.Linear(8, 4), nn.Linear(4, 8)])  # only the new shape measured
+    assert measured == [["8x4+bias"], ["4x8+bias"]] and again["8x4+bias"] == first["8x4+bias"]
+    (path,) = (tmp_path / "kernels").iterdir()
+    assert path.name == f"{linear.machine_key()}.json" and str(torch.get_num_threads()) in path.name
+    assert linear.kernel_summary(again).count("x") >= 2
+
+
+def test_feedback_linear_refuses_an_unknown_choice(monkeypatch):
+    from feedback.errors import FeedbackError
+
+    monkeypatch.setenv(linear.LINEAR_ENV, "fastest")
+    with pytest.raises(FeedbackError, match="FEEDBACK_LINEAR must be one of measure, onednn, aten"):
+        linear.setting()
+    monkeypatch.setenv(linear.LINEAR_ENV, "oneDNN")
+    assert linear.setting() == "onednn"
