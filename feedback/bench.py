@@ -474,7 +474,7 @@ def measure(
         "rounds": repeats,
         "threads": torch.get_num_threads(),
         "cpu": cpu_name(),
-        # the fp32 linear kernel measured fastest on this machine per shape and rows (None: not measured)
+        # the fp32 linear kernels: oneDNN's, PyTorch's, or those measured fastest here per shape and rows
         "linear_kernels": linear.kernel_summary(lm.kernels) if lm.kernels else linear.setting(),
         "timing": "CPU time, sides interleaved per round",
         "load_average": {"before": load_before, "after": _load()},
@@ -779,9 +779,12 @@ def concurrency(
 
 # The ways this machine can run the model, exact first: (label, load_model keywords)
 MODES = (
-    ("fp32 exact (linear kernels measured fastest here, the default)", {"dtype": "float32"}),
-    ("fp32 exact (oneDNN linear everywhere)", {"dtype": "float32", "onednn_linear": True}),
-    ("fp32 exact (PyTorch's MKL linear)", {"dtype": "float32", "onednn_linear": False}),
+    ("fp32 exact (oneDNN linear, the default)", {"dtype": "float32", "linear_kernel": "onednn"}),
+    (
+        "fp32 (linear kernels measured fastest here per rows)",
+        {"dtype": "float32", "linear_kernel": "measure"},
+    ),
+    ("fp32 exact (PyTorch's MKL linear)", {"dtype": "float32", "linear_kernel": "aten"}),
     ("fp32 weights, oneDNN bf16 matmuls", {"dtype": "float32", "fast_matmul": True}),
     ("bf16 weights", {"dtype": "bfloat16"}),
     ("int8 weights (weight-only, bf16 activations)", {"dtype": "float32", "load_in_8bit": True}),

@@ -345,12 +345,13 @@ def load_model(
     trust_remote_code: bool = False,
     attn_implementation: str | None = "auto",
     fast_matmul: bool | None = None,
-    onednn_linear: bool | None = None,
+    linear_kernel: str | None = None,
 ) -> LoadedModel:
     """Load a model and tokenizer for the engine; user mistakes raise `FeedbackError`.
     `fast_matmul` (None: FEEDBACK_FAST_MATMUL): bf16 matmuls on fp32 weights, process-wide.
-    `onednn_linear` (None: as FEEDBACK_LINEAR says, by default measured): fp32 linear layers on CPU
-    through the kernel measured fastest here for each shape (True: oneDNN's; False: PyTorch's own)."""
+    `linear_kernel` (None: FEEDBACK_LINEAR, by default onednn): fp32 linear layers on CPU through
+    oneDNN's kernel, the kernel measured fastest here per shape and rows ("measure"), or PyTorch's
+    own ("aten"); see `feedback.core.linear`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -439,13 +440,15 @@ def load_model(
     elif load_in_4bit or load_in_8bit:
         quantization = "bitsandbytes 4-bit NF4 weights" if load_in_4bit else "bitsandbytes 8-bit weights"
     kernels = None
-    if linear.wanted(dev, onednn_linear) and device_map is None:
-        # what is left in fp32 (all of it, or the output head beside int8 layers): the kernel this
-        # machine runs fastest for each shape, measured once per machine (or oneDNN's, when told)
-        if onednn_linear or linear.setting() == "onednn":
-            linear.use_onednn(model)
-        else:
+    kernel = linear_kernel or linear.setting()
+    if kernel not in linear.CHOICES:
+        raise FeedbackError(f"linear_kernel must be one of {', '.join(linear.CHOICES)}; got {kernel!r}")
+    if linear.wanted(dev, kernel) and device_map is None:
+        # what is left in fp32 (all of it, or the output head beside int8 layers)
+        if kernel == "measure":  # the kernel this machine runs fastest per shape and rows, measured once
             kernels = linear.use_measured(model)
+        else:
+            linear.use_onednn(model)
 
     eos: list[int] = []
     for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):

@@ -120,9 +120,8 @@ class SharedDecoder:
                     raise item
                 yield item
         finally:
-            if (
-                not member.left.is_set()
-            ):  # the caller went away (or failed) first: the loop lets go within a step
+            # the caller went away (or failed) first: the loop lets go of the run within a step
+            if not member.left.is_set():
                 run.stop()
                 with self._cond:
                     self._cond.notify_all()

@@ -14,13 +14,9 @@ from feedback.core import linear
 pytestmark = pytest.mark.skipif(not linear.available(), reason="this torch has no oneDNN linear")
 
 
-def test_the_loaded_model_uses_the_measured_kernels_and_agrees_with_aten(embedded_lm):
+def test_the_loaded_model_uses_it_and_agrees_with_aten(embedded_lm):
     layers = [m for m in embedded_lm.model.modules() if isinstance(m, nn.Linear)]
-    assert layers and all(type(m) is linear.MeasuredLinear for m in layers)
-    assert set(embedded_lm.kernels) == {linear.shape_key(m) for m in layers}
-    for module in layers:  # each row count calls the kernel its measurement chose
-        table = embedded_lm.kernels[linear.shape_key(module)]
-        assert module.kernels == tuple(linear.KERNELS[table[str(r)]["kernel"]] for r in linear.ROWS)
+    assert layers and all(type(m) is linear.OneDnnLinear for m in layers) and embedded_lm.kernels is None
     torch.manual_seed(0)
     for module in (embedded_lm.model.lm_head, embedded_lm.layers[0].mlp.down_proj):
         for shape in ((1, 1), (2, 1), (4, 1), (16, 1), (1, 512), (3, 7)):  # decode steps, a prefill chunk
@@ -191,7 +187,28 @@ def test_feedback_linear_refuses_an_unknown_choice(monkeypatch):
     from feedback.errors import FeedbackError
 
     monkeypatch.setenv(linear.LINEAR_ENV, "fastest")
-    with pytest.raises(FeedbackError, match="FEEDBACK_LINEAR must be one of measure, onednn, aten"):
+    with pytest.raises(FeedbackError, match="FEEDBACK_LINEAR must be one of onednn, measure, aten"):
         linear.setting()
     monkeypatch.setenv(linear.LINEAR_ENV, "oneDNN")
     assert linear.setting() == "onednn"
+
+
+def test_a_model_loaded_with_measured_kernels_calls_its_cached_choice(embedded_lm, tmp_path, monkeypatch):
+    """FEEDBACK_LINEAR=measure (or linear_kernel="measure"): every fp32 linear layer a
+    `MeasuredLinear` calling, per row count, the kernel this machine's measurement chose."""
+    from feedback.core.model import load_model
+    from tests.tiny_families import write_folder
+
+    monkeypatch.setenv("FEEDBACK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(linear.LINEAR_ENV, "measure")
+    lm = load_model(f"random:{write_folder('llama', embedded_lm.tokenizer, tmp_path / 'llama')}")
+    layers = [m for m in lm.model.modules() if isinstance(m, nn.Linear)]
+    assert layers and all(type(m) is linear.MeasuredLinear for m in layers)
+    assert set(lm.kernels) == {linear.shape_key(m) for m in layers}
+    for module in layers:
+        table = lm.kernels[linear.shape_key(module)]
+        assert module.kernels == tuple(linear.KERNELS[table[str(r)]["kernel"]] for r in linear.ROWS)
+    assert (tmp_path / "cache" / "kernels" / f"{linear.machine_key()}.json").exists()
+    monkeypatch.setenv(linear.LINEAR_ENV, "")
+    again = load_model(f"random:{tmp_path / 'llama'}", linear_kernel="measure")  # the argument, cached
+    assert again.kernels == lm.kernels
