@@ -473,7 +473,7 @@ def measure(
         "tokens": tokens,
         "rounds": repeats,
         "threads": torch.get_num_threads(),
-        "cpu": cpu_name(),
+        "cpu": linear.cpu_name(),
         # the fp32 linear kernels: oneDNN's, PyTorch's, or those measured fastest here per shape and rows
         "linear_kernels": linear.kernel_summary(lm.kernels) if lm.kernels else linear.setting(),
         "timing": "CPU time, sides interleaved per round",
@@ -569,20 +569,6 @@ CONCURRENCY_PROMPTS = (
 )
 CONCURRENCY = (8, 0.5)  # (clients, seconds between their arrivals in the staggered pattern)
 QUICK_CONCURRENCY = (4, 0.1)  # --quick: fewer and shorter requests (tokens: at most 16)
-
-
-def cpu_name() -> str:
-    """The CPU this runs on, as /proc/cpuinfo names it (else what `platform` says)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine() or "?"
 
 
 @dataclass
@@ -753,7 +739,7 @@ def concurrency(
                     pairs[key].append(pair)
     ratios = {k: ratio_of(v) for k, v in pairs.items() if v}
     return {
-        "cpu": cpu_name(),
+        "cpu": linear.cpu_name(),
         "threads": torch.get_num_threads(),
         "device": str(lm.device),
         "model": lm.name,

@@ -37,7 +37,7 @@ from feedback.core.budget import (
 )
 from feedback.core.confidence import GroupWindow, distribution_stats, trace_metrics
 from feedback.core.detok import IncrementalDecoder
-from feedback.core.forward import hooked_forward
+from feedback.core.forward import attach, detach, hooked_forward
 from feedback.core.kvcache import run_cache
 from feedback.core.model import LoadedModel
 from feedback.core.prefill_scores import PrefillScores
@@ -333,8 +333,7 @@ class Run:
             # workers do), so it is entered per block (the helpers below), never held across a yield.
             prefilled = yield from self._reported(self._prefill(batch, sampler.needs_history))
             if prefilled is None:  # stopped while prefilling a long prompt
-                for row in self.rows:
-                    row.result.stop_reason = "stopped"
+                self._stopped_before_decoding()
                 return
             self.result.prefill_seconds = time.perf_counter() - t0
             yield from self._decode(batch, sampler, t0, *prefilled)
@@ -357,18 +356,14 @@ class Run:
         )
         t0 = time.perf_counter()
         self.result.memory.append(memory.sample(t0, lm.device).to_dict())
-        with lm.forward_lock:
-            for i, strategy in self.strategies.items():
-                strategy.attach(lm.model, lm.layers, i, batch)
+        attach(lm, batch, self.strategies)
         for strategy in self.prompt_strategies.values():  # after attach: it resets their state
             strategy.begin(lm.tokenizer, lm.eos_token_ids)
         return batch, sampler, t0
 
     def _close(self) -> None:
         """Every hook of the run removed (between forwards, as `_open` attached them)."""
-        with self.lm.forward_lock:
-            for strategy in self.strategies.values():
-                strategy.detach()
+        detach(self.lm, self.strategies.values())
 
     def _reported(self, prefill: Iterator[PrefillEvent]):
         """The prefill to its end, its progress passed on when the run reports it (`prefill_events`);
@@ -388,26 +383,47 @@ class Run:
         batch.phase, batch.live_rows = Phase.DECODE, [r.index for r in state.live]
         step, step_start, last_mem = 0, t0, t0
         while True:
-            if self.observer is not None:
-                self.observer(step, [r.index for r in state.live], logits)
-            state.tokens, values = self._choose(step, state, logits, sampler)
-            now = time.perf_counter()
-            event = self._record(step, state.live, values, (now - step_start) * 1000.0)
-            if now - last_mem >= MEMORY_SAMPLE_EVERY_S:
-                last_mem = now
-                event.memory = memory.sample(t0, self.lm.device)
-                self.result.memory.append(event.memory.to_dict())
+            event, last_mem = self._step_event(step, state, logits, sampler, step_start, t0, last_mem)
             yield event
             if self.stop_event.is_set():
                 self._mark_stopped(state.live, event, step)
                 return
             if event.finished:
-                self._drop(state, event, sampler)
+                self._drop(state, self._staying(state, event), sampler)
                 batch.live_rows = [r.index for r in state.live]
                 if not state.live:
                     return
             step, step_start = step + 1, time.perf_counter()
             logits = self._step_forward(batch, state)
+
+    def _step_event(
+        self,
+        step: int,
+        state: DecodeState,
+        logits: torch.Tensor,
+        sampler: Sampler,
+        step_start: float,
+        t0: float,
+        last_mem: float,
+    ) -> tuple[StepEvent, float]:
+        """The step's event from the live rows' logits: the observer told, each row's token chosen
+        and recorded, a memory sample when MEMORY_SAMPLE_EVERY_S have passed since the last one
+        (`last_mem`); and when the last sample was taken."""
+        if self.observer is not None:
+            self.observer(step, [r.index for r in state.live], logits)
+        state.tokens, values = self._choose(step, state, logits, sampler)
+        now = time.perf_counter()
+        event = self._record(step, state.live, values, (now - step_start) * 1000.0)
+        if now - last_mem >= MEMORY_SAMPLE_EVERY_S:
+            last_mem = now
+            event.memory = memory.sample(t0, self.lm.device)
+            self.result.memory.append(event.memory.to_dict())
+        return event, last_mem
+
+    def _stopped_before_decoding(self) -> None:
+        """Stopped before its first token (while waiting or reading its prompt): every row says so."""
+        for row in self.rows:
+            row.result.stop_reason = "stopped"
 
     def _prefill(self, batch: BatchView, needs_history: bool):
         """Every distinct prompt once, left-padded into one batch, PREFILL_CHUNK tokens per forward on
@@ -598,15 +614,23 @@ class Run:
             if row.index not in event.finished:
                 row.result.stop_reason, row.result.stop_step = "stopped", step
 
+    @staticmethod
+    def _staying(state: DecodeState, event: StepEvent) -> list[int]:
+        """Batch positions of the live rows that did not finish at this step."""
+        return [pos for pos, r in enumerate(state.live) if r.index not in event.finished]
+
     @torch.inference_mode()
-    def _drop(self, state: DecodeState, event: StepEvent, sampler: Sampler) -> None:
-        """Rows that finished leave the batch, the cache and every per-row tensor."""
-        keep = [pos for pos, r in enumerate(state.live) if r.index not in event.finished]
+    def _drop(self, state: DecodeState, keep: list[int], sampler: Sampler) -> None:
+        """Only the live rows at batch positions `keep` stay: in the batch, the cache (where the state
+        holds one: a shared decode holds its rows' cache itself) and every per-row tensor."""
+        if len(keep) == len(state.live):
+            return
         state.live = [state.live[pos] for pos in keep]
         if not state.live:
             return
         idx = torch.tensor(keep, device=self.lm.device)
-        state.cache.batch_select_indices(idx)
+        if state.cache is not None:
+            state.cache.batch_select_indices(idx)
         state.tokens = state.tokens[idx]
         sampler.select_rows(keep)
         for name in ("mask", "positions", "history"):

@@ -19,6 +19,21 @@ from feedback.errors import check_stop
 from feedback.strategies import BatchView, Phase
 
 
+def attach(lm: LoadedModel, batch: BatchView, strategies: dict) -> None:
+    """Each strategy's hooks on its row (`strategies`: row id -> strategy), attached between forwards:
+    another thread's forward on this model may be in flight, and its hooks are read as it runs."""
+    with lm.forward_lock:
+        for row, strategy in strategies.items():
+            strategy.attach(lm.model, lm.layers, row, batch)
+
+
+def detach(lm: LoadedModel, strategies) -> None:
+    """Every hook of `strategies` removed, between forwards (as `attach` put them)."""
+    with lm.forward_lock:
+        for strategy in strategies:
+            strategy.detach()
+
+
 def hooked_forward(lm: LoadedModel, batch: BatchView, strategies, **inputs):
     """One forward pass with `batch`'s hooks active (forwards on a model are serialised, so other
     runs' hooks stay inactive), then each strategy's end-of-forward update. When `batch.stop` is
@@ -72,9 +87,7 @@ def window_logits_parallel(
     on row 0); `stop` is checked before each pass and, inside one, between layers."""
     batch = BatchView(Phase.SEQUENCE, [0], stop=stop)
     strategies = [strategy] if strategy else []
-    if strategy:
-        with lm.forward_lock:  # hooks change only between forwards (another thread's may be in flight)
-            strategy.attach(lm.model, lm.layers, 0, batch)
+    attach(lm, batch, dict(enumerate(strategies)))
     try:
         with torch.inference_mode():
             for _ in range(passes):
@@ -82,9 +95,7 @@ def window_logits_parallel(
                 out = hooked_forward(lm, batch, strategies, input_ids=ids[None], use_cache=False)
             return out.logits[0, :-1]
     finally:
-        if strategy:
-            with lm.forward_lock:
-                strategy.detach()
+        detach(lm, strategies)
 
 
 def window_nll_parallel(
@@ -145,8 +156,7 @@ def window_logits_exact(
     """The logits that predict ids[1:], decoding token by token with the KV cache, exactly as in
     generation; checks `stop` at every token (this mode is slow, ~1 forward per token)."""
     batch = BatchView(Phase.PREFILL, [0])
-    with lm.forward_lock:
-        strategy.attach(lm.model, lm.layers, 0, batch)
+    attach(lm, batch, {0: strategy})
     try:
         with torch.inference_mode():
             cache = DynamicCache(config=lm.model.config)
@@ -161,8 +171,7 @@ def window_logits_exact(
                 logits.append(out.logits[0, -1])
             return torch.stack(logits)
     finally:
-        with lm.forward_lock:
-            strategy.detach()
+        detach(lm, [strategy])
 
 
 def window_nll_exact(

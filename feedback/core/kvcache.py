@@ -27,6 +27,8 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from feedback.strategies.base import pad_front
+
 GROUPED = "feedback_grouped"
 
 
@@ -230,14 +232,7 @@ def stack_rows(parts: list[tuple[Cache, int]], room: int) -> PreallocatedCache:
         keys, values = [], []
         for cache, shift in parts:
             layer = cache.layers[index]
-            keys.append(_shifted(layer.keys, shift))
-            values.append(_shifted(layer.values, shift))
+            keys.append(pad_front(layer.keys, shift, 2))
+            values.append(pad_front(layer.values, shift, 2))
         out.update(torch.cat(keys), torch.cat(values), index)
     return out
-
-
-def _shifted(x: torch.Tensor, shift: int) -> torch.Tensor:
-    """x [B, H, T, D] with `shift` zero positions in front (shift < 0: its first -shift dropped)."""
-    if shift >= 0:
-        return torch.cat([x.new_zeros(*x.shape[:2], shift, x.shape[3]), x], dim=2) if shift else x
-    return x[:, :, -shift:]

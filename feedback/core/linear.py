@@ -65,13 +65,15 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def setting() -> str:
-    """FEEDBACK_LINEAR: onednn (unset), measure or aten; anything else refused naming the choices."""
+def setting(given: str | None = None) -> str:
+    """The fp32 linear kernel: `given` (a `load_model` argument), else FEEDBACK_LINEAR, else onednn;
+    one outside CHOICES refused naming where it came from and the choices."""
     from feedback.errors import FeedbackError
 
-    value = os.environ.get(LINEAR_ENV, "").strip().lower() or "onednn"
+    where = "linear_kernel" if given else LINEAR_ENV
+    value = (given or os.environ.get(LINEAR_ENV, "")).strip().lower() or "onednn"
     if value not in CHOICES:
-        raise FeedbackError(f"{LINEAR_ENV} must be one of {', '.join(CHOICES)}; got {value!r}")
+        raise FeedbackError(f"{where} must be one of {', '.join(CHOICES)}; got {value!r}")
     return value
 
 
@@ -169,17 +171,23 @@ def measure_kernels(
     return out
 
 
-def machine_key() -> str:
-    """The CPU model, the threads torch uses and the torch version: what a measured choice holds for."""
-    cpu = "cpu"
+def cpu_name() -> str:
+    """The CPU this runs on, as /proc/cpuinfo names it (else what `platform` says)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
     except OSError:
-        import platform
+        pass
+    import platform
 
-        cpu = platform.processor() or platform.machine() or cpu
-    slug = re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-")
+    return platform.processor() or platform.machine() or "?"
+
+
+def machine_key() -> str:
+    """The CPU model, the threads torch uses and the torch version: what a measured choice holds for."""
+    slug = re.sub(r"[^a-z0-9]+", "-", cpu_name().lower()).strip("-") or "cpu"
     return f"{slug}-t{torch.get_num_threads()}-torch{torch.__version__}"
 
 
@@ -237,20 +245,14 @@ def kernel_summary(choice: dict) -> str:
 
 
 def use_onednn(model: nn.Module) -> int:
-    """Turn every plain fp32 `nn.Linear` of `model` into a `OneDnnLinear` in place (quantised or
-    other linear subclasses are left alone); returns how many. Parameters stop requiring gradients:
-    the engine only runs inference, and the fused op has no backward."""
+    """Turn every plain fp32 CPU `nn.Linear` of `model` (`_plain_fp32`) into a `OneDnnLinear` in place
+    (quantised or other linear subclasses are left alone); returns how many. Parameters stop
+    requiring gradients: the engine only runs inference, and the fused op has no backward."""
     model.requires_grad_(False)
-    changed = 0
-    for module in model.modules():
-        if (
-            type(module) is nn.Linear
-            and module.weight.dtype == torch.float32
-            and module.weight.device.type == "cpu"
-        ):
-            module.__class__ = OneDnnLinear
-            changed += 1
-    return changed
+    modules = _plain_fp32(model)
+    for module in modules:
+        module.__class__ = OneDnnLinear
+    return len(modules)
 
 
 INT8_LABEL = "int8 weights (per-channel scales, bf16 activations; CPU)"

@@ -440,9 +440,7 @@ def load_model(
     elif load_in_4bit or load_in_8bit:
         quantization = "bitsandbytes 4-bit NF4 weights" if load_in_4bit else "bitsandbytes 8-bit weights"
     kernels = None
-    kernel = linear_kernel or linear.setting()
-    if kernel not in linear.CHOICES:
-        raise FeedbackError(f"linear_kernel must be one of {', '.join(linear.CHOICES)}; got {kernel!r}")
+    kernel = linear.setting(linear_kernel)
     if linear.wanted(dev, kernel) and device_map is None:
         # what is left in fp32 (all of it, or the output head beside int8 layers)
         if kernel == "measure":  # the kernel this machine runs fastest per shape and rows, measured once

@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache
 
-from feedback.core import memory
-from feedback.core.engine import MEMORY_SAMPLE_EVERY_S, DecodeState, PrefillEvent, Run, StepEvent
+from feedback.core.engine import DecodeState, PrefillEvent, Run, StepEvent
 from feedback.core.forward import shared_forward
 from feedback.core.kvcache import shareable, stack_rows
 from feedback.core.model import LoadedModel
 from feedback.core.sampling import Sampler
 from feedback.strategies import BatchView, Phase
+from feedback.strategies.base import pad_front
 
 _END = object()  # what a run's event queue holds last
 
@@ -203,8 +203,7 @@ class SharedDecoder:
             if member.prefill is None:
                 if run.stop_event.is_set():  # stopped before it began
                     self.joining = None
-                    for row in run.rows:
-                        row.result.stop_reason = "stopped"
+                    run._stopped_before_decoding()
                     self._release(member)
                     return
                 member.batch, member.sampler, member.t0 = run._open()
@@ -219,8 +218,7 @@ class SharedDecoder:
                 return
             self.joining = None
             if prefilled is None:  # stopped while reading its prompt
-                for row in run.rows:
-                    row.result.stop_reason = "stopped"
+                run._stopped_before_decoding()
                 self._release(member)
                 return
             run.result.prefill_seconds = time.perf_counter() - member.t0
@@ -235,7 +233,7 @@ class SharedDecoder:
             if keep is None:
                 self._release(member)
                 return
-            self._drop_own(member, keep, own_cache=True)
+            run._drop(member.own, keep, member.sampler)  # its own cache too: it has not joined yet
             self._join(member)
         except BaseException as exc:  # noqa: BLE001 (this run fails; the batch is as it was)
             self._release(member, exc)
@@ -256,7 +254,7 @@ class SharedDecoder:
         parts = ([(b.cache, shift_old)] if b.members else []) + [(own.cache, shift_new)]
         room = self._room(extra=member)
         cache = stack_rows(parts, room)
-        masks = ([_shift_mask(b.mask, shift_old)] if b.members else []) + [_shift_mask(mask, shift_new)]
+        masks = ([pad_front(b.mask, shift_old, 1)] if b.members else []) + [pad_front(mask, shift_new, 1)]
         mask_all = torch.cat(masks)
         positions_all = torch.cat(([b.positions] if b.members else []) + [positions])
         beside = b.rows
@@ -323,7 +321,7 @@ class SharedDecoder:
                 if not m.left.is_set():
                     self._release(m)
             else:
-                self._drop_own(m, keep)
+                m.run._drop(m.own, keep, m.sampler)
                 kept.extend(start + k for k in keep)
                 members.append(m)
             start += n
@@ -335,37 +333,15 @@ class SharedDecoder:
         """The run's step from its rows' logits: tokens chosen, the event sent. Returns the positions
         (among the run's rows) of the rows that go on, or None when the run ends here."""
         run, own = member.run, member.own
-        if run.observer is not None:
-            run.observer(member.step, [r.index for r in own.live], logits)
-        own.tokens, values = run._choose(member.step, own, logits, member.sampler)
-        now = time.perf_counter()
-        event = run._record(member.step, own.live, values, (now - member.step_start) * 1000.0)
-        if now - member.last_mem >= MEMORY_SAMPLE_EVERY_S:
-            member.last_mem = now
-            event.memory = memory.sample(member.t0, self.lm.device)
-            run.result.memory.append(event.memory.to_dict())
+        event, member.last_mem = run._step_event(
+            member.step, own, logits, member.sampler, member.step_start, member.t0, member.last_mem
+        )
         member.out.put(event)
         if run.stop_event.is_set():
             run._mark_stopped(own.live, event, member.step)
             return None
         member.step, member.step_start = member.step + 1, time.perf_counter()
-        keep = [pos for pos, r in enumerate(own.live) if r.index not in event.finished]
-        return keep or None
-
-    def _drop_own(self, member: Member, keep: list[int], own_cache: bool = False) -> None:
-        """The run's rows that finished leave its own state (and its own cache, before it joins)."""
-        own = member.own
-        if len(keep) == len(own.live):
-            return
-        idx = torch.tensor(keep, device=self.lm.device)
-        own.live = [own.live[pos] for pos in keep]
-        own.tokens = own.tokens[idx]
-        member.sampler.select_rows(keep)
-        for name in ("history",) + (("mask", "positions") if own_cache else ()):
-            if getattr(own, name) is not None:
-                setattr(own, name, getattr(own, name)[idx])
-        if own_cache:
-            own.cache.batch_select_indices(idx)
+        return run._staying(own, event) or None
 
     def _select(self, kept: list[int]) -> None:
         """Only the batch rows `kept` stay; then the left padding they all have is cut off."""
@@ -382,13 +358,6 @@ class SharedDecoder:
             b.mask = b.mask[:, cut:]
             for m in b.members:
                 _pad_strategies(m, -cut)
-
-
-def _shift_mask(mask: torch.Tensor, shift: int) -> torch.Tensor:
-    """An attention mask [B, T] with `shift` padding columns in front (shift < 0: its first dropped)."""
-    if shift >= 0:
-        return torch.cat([mask.new_zeros(mask.shape[0], shift), mask], dim=1) if shift else mask
-    return mask[:, -shift:]
 
 
 def _pad_strategies(member: Member, shift: int) -> None:
@@ -417,3 +386,9 @@ def shared_events(run: Run) -> Iterator[StepEvent | PrefillEvent]:
     """The run's events, its rows decoded beside every other run's on its model (see the module
     docstring); alone, as `iter(run)`, on a model whose runs cannot share."""
     return decoder_for(run.lm).submit(run) if can_share(run.lm) else iter(run)
+
+
+def run_events(run: Run, shared: bool) -> Iterator[StepEvent | PrefillEvent]:
+    """The run's events: beside other runs in its model's loop when `shared` (a door admitted it
+    there), else alone, as `iter(run)`."""
+    return shared_events(run) if shared else iter(run)

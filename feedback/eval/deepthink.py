@@ -27,7 +27,7 @@ from feedback.core.engine import start_run
 from feedback.core.model import LoadedModel
 from feedback.core.records import DeepConfConfig, RowResult, RowSpec, RunConfig, answer_text
 from feedback.core.sampling import SamplingConfig
-from feedback.core.sharing import shared_events
+from feedback.core.sharing import run_events
 from feedback.errors import FeedbackError, Stopped
 from feedback.eval.voting import (
     Trace,
@@ -151,7 +151,7 @@ def _run(
         rows=rows,
     )
     run = start_run(lm, run_cfg, stop_event=stop)
-    for event in shared_events(run) if shared else run:
+    for event in run_events(run, shared):
         if progress:
             live = len(rows) - sum(r.stop_reason is not None for r in run.result.rows)
             progress(

@@ -176,6 +176,7 @@ def run_task(
         from feedback.core.engine import start_run
         from feedback.core.records import RowSpec, RunConfig, default_rows
         from feedback.core.sampling import SamplingConfig
+        from feedback.core.sharing import run_events
 
         rows = [RowSpec(**r) for r in task["rows"]] if "rows" in task else default_rows(strategy, params)
         cfg = RunConfig(
@@ -186,13 +187,7 @@ def run_task(
             sampling=SamplingConfig(**_given(task, SAMPLING_KEYS)),
         )
         run = start_run(lm, cfg, stop, budget=budget)
-        if shared:
-            from feedback.core.sharing import shared_events
-
-            events = shared_events(run)
-        else:
-            events = iter(run)
-        for _ in events:
+        for _ in run_events(run, shared):
             pass
         return run.result.to_dict()
     if mode == "ppl":

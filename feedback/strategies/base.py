@@ -316,21 +316,23 @@ def cache_like(cache: Cache | None) -> Cache | None:
     return Cache(layers=layers)
 
 
+def pad_front(x: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    """`x` with `n` zero positions in front along `dim` (left padding, which an attention mask
+    hides); n < 0 drops its first -n positions, which must be padding."""
+    if n > 0:
+        shape = list(x.shape)
+        shape[dim] = n
+        return torch.cat([x.new_zeros(shape), x], dim=dim)
+    return x.narrow(dim, -n, x.shape[dim] + n) if n < 0 else x
+
+
 def shift_cache(cache: Cache, n: int) -> None:
     """Move every layer of a strategy's own cache (`cache_like`'s: dynamic layers, one row) `n`
-    positions to the right, zeros in front (the attention mask hides them); n < 0 drops the first -n
-    positions, which must be padding. A sliding-window layer's keys are the window's last positions
-    whatever the padding: it is left as it is."""
+    positions to the right (`pad_front`; n < 0: its first -n dropped). A sliding-window layer's keys
+    are the window's last positions whatever the padding: it is left as it is."""
     for layer in cache.layers:
-        if not layer.is_initialized or isinstance(layer, DynamicSlidingWindowLayer) or n == 0:
-            continue
-        if n > 0:
-            pad = layer.keys.new_zeros(*layer.keys.shape[:-2], n, layer.keys.shape[-1])
-            vpad = layer.values.new_zeros(*layer.values.shape[:-2], n, layer.values.shape[-1])
-            layer.keys = torch.cat([pad, layer.keys], dim=-2)
-            layer.values = torch.cat([vpad, layer.values], dim=-2)
-        else:
-            layer.keys, layer.values = layer.keys[..., -n:, :], layer.values[..., -n:, :]
+        if layer.is_initialized and not isinstance(layer, DynamicSlidingWindowLayer):
+            layer.keys, layer.values = pad_front(layer.keys, n, -2), pad_front(layer.values, n, -2)
 
 
 def unit(d: torch.Tensor) -> torch.Tensor:

@@ -191,6 +191,8 @@ def test_feedback_linear_refuses_an_unknown_choice(monkeypatch):
         linear.setting()
     monkeypatch.setenv(linear.LINEAR_ENV, "oneDNN")
     assert linear.setting() == "onednn"
+    with pytest.raises(FeedbackError, match="linear_kernel must be one of onednn, measure, aten; got 'mkl'"):
+        linear.setting("mkl")  # a load_model argument, named as such
 
 
 def test_a_model_loaded_with_measured_kernels_calls_its_cached_choice(embedded_lm, tmp_path, monkeypatch):

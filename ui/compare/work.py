@@ -19,7 +19,7 @@ from feedback.core import memory
 from feedback.core.engine import PrefillEvent, Run, StepEvent, start_run
 from feedback.core.records import RowResult, RunConfig, RunResult
 from feedback.core.session import cut_row, keep_shown, merge_rerun
-from feedback.core.sharing import shared_events
+from feedback.core.sharing import run_events
 from feedback.eval.deepthink import DeepThinkConfig, memory_need, warm_up
 from feedback.serve.gate import Place
 from feedback.serve.gpu_time import GpuWork
@@ -91,7 +91,7 @@ class CompareTask(GpuTask):
         )  # the budgets were checked here; the device's memory is checked there
         run.stop_event = stop  # the job's stop: Stop, cancel, or a page that went away
         run.prefill_events = True  # a long prompt's reading shows in the status line
-        for event in shared_events(run) if self.shared else run:
+        for event in run_events(run, self.shared):
             yield event
             for row in stop.rows() - run.stopped_rows:  # columns stopped on their own, from the page
                 run.stop_row(row)

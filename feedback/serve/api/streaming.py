@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException
 
 from feedback.core.engine import PrefillEvent, Run, StepEvent
 from feedback.core.session import RecentRuns
-from feedback.core.sharing import shared_events
+from feedback.core.sharing import run_events
 from feedback.core.strict_json import json_safe
 from feedback.errors import FeedbackError, Stopped, one_line
 from feedback.serve.api.deps import ApiSettings
@@ -155,7 +155,7 @@ async def decode(run: Run, shared: bool = False) -> AsyncIterator[StepEvent]:
     went away) the run is stopped and its generator closed. A cancelled caller does not wait for
     the step in flight (a long prompt's prefill can take a while): the run is told to stop first,
     and its generator is closed once that step ends."""
-    events = shared_events(run) if shared else iter(run)
+    events = run_events(run, shared)
     try:
         while (
             event := await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)
