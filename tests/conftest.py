@@ -8,7 +8,7 @@ import os
 import pytest
 
 # first: the package sets the CPU wait policy before torch loads
-from feedback.core import linear
+from feedback.core import lean, linear
 from feedback.core.model import LoadedModel, load_model
 
 import torch  # noqa: E402  (isort: skip)
@@ -46,6 +46,7 @@ def tiny_lm(embedded_lm: LoadedModel) -> LoadedModel:
     )
     model = LlamaForCausalLM(cfg).eval()
     model.set_attn_implementation("eager")  # as load_model does on CPU: batch-invariant
+    lean.lean_layers(model.model.layers)  # as load_model does on CPU: fused projections, exact
     if linear.wanted(torch.device("cpu")):
         linear.use_onednn(
             model

@@ -255,14 +255,16 @@ def use_onednn(model: nn.Module) -> int:
     return len(modules)
 
 
-INT8_LABEL = "int8 weights (per-channel scales, bf16 activations; CPU)"
+INT8_LABEL = "int8 weights, output head included (per-channel scales, bf16 activations; CPU)"
+INT4_LABEL = "int4 weights (groups of 32, bf16 activations; int8 output head; CPU)"
+INT4_GROUP = 32  # inputs per scale and offset: the block of the embedded GGUF's Q4_1 weights
 
 
 class Int8WeightLinear(nn.Module):
     """A linear layer whose weights are int8 with one scale per output channel, its products taken
     by `torch.ops.aten._weight_int8pack_mm` (the int8 weight-only kernel gpt-fast uses on CPU) on
-    bf16 activations; the result goes back to the input's dtype. A quarter of fp32's bytes read
-    per step, and the kernel's cost hardly grows from one row to a few."""
+    bf16 activations (its fp32 path is ~4 x slower); the result goes back to the input's dtype. A
+    quarter of fp32's bytes read per step, and the kernel's cost hardly grows from one row to a few."""
 
     def __init__(self, source: nn.Linear):
         super().__init__()
@@ -275,23 +277,58 @@ class Int8WeightLinear(nn.Module):
             None if source.bias is None else nn.Parameter(source.bias.detach().clone(), requires_grad=False)
         )
 
+    def product(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
-        out = out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        out = self.product(flat).reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         return out + self.bias if self.bias is not None else out
 
 
-def quantize_int8(model: nn.Module) -> int:
-    """The decoder's linear layers as `Int8WeightLinear` (the output head stays fp32: the logits keep
-    their precision, and whatever reads the head's weight still finds it). Returns how many changed."""
+class Int4WeightLinear(Int8WeightLinear):
+    """A linear layer whose weights are 4-bit codes in groups of INT4_GROUP inputs, each group with
+    its own scale and offset (min to max in 15 steps, as GGUF's Q4_1 stores them), its products taken
+    by `torch.ops.aten._weight_int4pack_mm_for_cpu` on bf16 activations. An eighth of fp32's bytes.
+    On the embedded model, whose weights are Q4_1 blocks of the same 32 inputs, the codes come back
+    as they were shipped (only the scales and offsets are rounded to bf16)."""
+
+    def __init__(self, source: nn.Linear):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = source.in_features, source.out_features
+        weight = source.weight.detach().float()
+        groups = weight.reshape(self.out_features, -1, INT4_GROUP)
+        low, high = groups.amin(dim=-1, keepdim=True), groups.amax(dim=-1, keepdim=True)
+        scales = ((high - low) / 15).clamp_min(1e-12)
+        codes = torch.round((groups - low) / scales).clamp(0, 15).reshape(self.out_features, -1)
+        # the kernel computes (code - 8) * scale + offset: the offset is the value of code 8
+        offsets = low + 8 * scales
+        pairs = torch.cat([scales, offsets], dim=-1).transpose(0, 1).contiguous()  # [groups, out, 2]
+        self.register_buffer(
+            "packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+        )
+        self.register_buffer("scales", pairs.to(torch.bfloat16))
+        self.bias = (
+            None if source.bias is None else nn.Parameter(source.bias.detach().clone(), requires_grad=False)
+        )
+
+    def product(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, INT4_GROUP, self.scales)
+
+
+def quantize(model: nn.Module, bits: int) -> int:
+    """The model's linear layers quantised in place: the decoder's as `Int8WeightLinear` (bits 8) or
+    `Int4WeightLinear` (bits 4; a layer whose inputs are not a multiple of INT4_GROUP stays int8),
+    and the output head as `Int8WeightLinear`: in fp32 it was half of the bytes an int8 step read.
+    A tied input embedding keeps its fp32 table (a step reads one row of it). Returns how many."""
     head = model.get_output_embeddings()
-    targets = [
-        (name, module)
-        for name, module in model.named_modules()
-        if type(module) is nn.Linear and module is not head
-    ]
+    targets = [(name, module) for name, module in model.named_modules() if type(module) is nn.Linear]
     for name, module in targets:
+        four = bits == 4 and module is not head and module.in_features % INT4_GROUP == 0
         parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, attr, Int8WeightLinear(module))
+        setattr(
+            model.get_submodule(parent) if parent else model,
+            attr,
+            Int4WeightLinear(module) if four else Int8WeightLinear(module),
+        )
     return len(targets)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from feedback.core import embedded, linear
+from feedback.core import embedded, lean, linear
 from feedback.errors import FeedbackError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -228,7 +228,7 @@ class LoadedModel:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        return int(self.model.get_output_embeddings().out_features)
 
 
 def _token_span(offsets, start: int, length: int) -> tuple[int, int] | None:
@@ -379,17 +379,13 @@ def load_model(
         kwargs["attn_implementation"] = attn_implementation
     if load_in_4bit and load_in_8bit:
         raise FeedbackError("choose one of 4-bit and 8-bit loading, not both")
-    cpu_int8 = load_in_8bit and dev.type == "cpu"
-    if cpu_int8 and dtype_name != "float32":
+    cpu_bits = (8 if load_in_8bit else 4 if load_in_4bit else 0) if dev.type == "cpu" else 0
+    if cpu_bits and dtype_name != "float32":
         raise FeedbackError(
-            "8-bit weights on CPU compute in float32 around int8 products: use dtype float32 or auto"
+            f"{cpu_bits}-bit weights on CPU compute in float32 around bf16 products: "
+            "use dtype float32 or auto"
         )
-    if (load_in_4bit or load_in_8bit) and not cpu_int8:
-        if not torch.cuda.is_available():
-            raise FeedbackError(
-                "4-bit loading uses bitsandbytes and needs a CUDA GPU; none is available "
-                "(8-bit weights run on CPU too)"
-            )
+    if (load_in_4bit or load_in_8bit) and not cpu_bits:
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
@@ -433,10 +429,13 @@ def load_model(
 
         model.set_attn_implementation(GROUPED)
 
+    if dev.type == "cpu" and device_map is None and lean.wanted():
+        # fused projections and inline norms, exact; parts dropped where quantised next
+        lean.lean_layers(decoder_layers(model), keep_parts=not cpu_bits)
     quantization = None
-    if cpu_int8:
-        linear.quantize_int8(model)
-        quantization = linear.INT8_LABEL
+    if cpu_bits:
+        linear.quantize(model, cpu_bits)
+        quantization = linear.INT8_LABEL if cpu_bits == 8 else linear.INT4_LABEL
     elif load_in_4bit or load_in_8bit:
         quantization = "bitsandbytes 4-bit NF4 weights" if load_in_4bit else "bitsandbytes 8-bit weights"
     kernels = None

@@ -255,7 +255,10 @@ def test_a_saved_run_whose_answer_the_model_could_not_have_given_is_refused_nami
         (["--prompt", "hi", "--model", "./no/such/folder"], "model path not usable"),
         (["--prompt", "hi", "--model", "missing.gguf"], "GGUF file not found"),
         (["--prompt", "word " * 9000], "exceeds the model context"),
-        (["--prompt", "hi", "--load-in-4bit"], "needs a CUDA GPU"),
+        (
+            ["--prompt", "hi", "--load-in-4bit", "--dtype", "bfloat16"],
+            "4-bit weights on CPU compute in float32",
+        ),
         (["--prompt", "hi", "--load-in-4bit", "--load-in-8bit"], "not allowed with argument"),
         (["--prompt", "hi", "--max-memory", "0=10GiB"], "--max-memory needs --device-map"),
         (

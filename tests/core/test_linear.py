@@ -71,42 +71,73 @@ def test_feedback_linear_aten_keeps_pytorch_kernel():
     assert out.stdout.split() == ["True", "False"]
 
 
-def test_int8_weights_keep_the_products_close_and_the_head_in_fp32():
-    """Per-channel int8 weights on bf16 activations: each product within a few tenths of a percent
-    of fp32's; the output head and every non-linear part left as they were."""
+def _tiny_llama(hidden: int = 64) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=300,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    ).eval()
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=hidden,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("bits, tolerance", [(8, 0.01), (4, 0.12)])
+def test_quantised_weights_keep_the_products_close_and_the_head_int8(bits, tolerance):
+    """Per-channel int8 (or 4-bit in groups of 32) weights on bf16 activations: each product within
+    `tolerance` of fp32's (relative norm); every linear layer changed, the output head to int8."""
+    model = _tiny_llama()
     layer = model.model.layers[0].mlp.down_proj
     x = torch.randn(3, 5, layer.in_features)
     with torch.inference_mode():
         want = layer(x)
-    assert linear.quantize_int8(model) == 2 * 7  # q, k, v, o, gate, up, down per layer
+    assert linear.quantize(model, bits) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer; the head
     q = model.model.layers[0].mlp.down_proj
-    assert isinstance(q, linear.Int8WeightLinear) and q.qweight.dtype == torch.int8
-    assert type(model.lm_head) is nn.Linear and model.lm_head.weight.dtype == torch.float32
+    assert type(q) is (linear.Int8WeightLinear if bits == 8 else linear.Int4WeightLinear)
+    assert type(model.lm_head) is linear.Int8WeightLinear and model.get_output_embeddings() is model.lm_head
+    assert model.model.embed_tokens.weight.dtype == torch.float32  # the input table stays as it was
     with torch.inference_mode():
         got = q(x)
     assert got.dtype == torch.float32 and got.shape == want.shape
+    assert ((got - want).norm() / want.norm()).item() < tolerance
+
+
+def test_4bit_codes_of_q4_1_blocks_come_back_as_they_were():
+    """Weights that are 32-input blocks of 4-bit codes with a scale and a minimum (GGUF's Q4_1, as the
+    embedded model ships) are stored without loss but the bf16 rounding of the scales and offsets."""
+    torch.manual_seed(0)
+    codes = torch.randint(0, 16, (48, 4, 32)).float()
+    codes[..., 0], codes[..., 1] = 0, 15  # each block spans its whole range, as a quantiser leaves it
+    scales = (torch.rand(48, 4, 1) * 0.02 + 0.001).bfloat16().float()
+    low = (torch.randn(48, 4, 1) * 0.05).bfloat16().float()
+    source = nn.Linear(128, 48, bias=False)
+    source.weight.data = (codes * scales + low).reshape(48, 128)
+    q = linear.Int4WeightLinear(source)
+    x = torch.randn(2, 128).bfloat16().float()
+    with torch.inference_mode():
+        got = q(x)
+    want = x @ source.weight.T
     assert ((got - want).norm() / want.norm()).item() < 0.01
+    odd = _tiny_llama(hidden=48)  # 48 inputs: not a multiple of 32, so int8 instead
+    linear.quantize(odd, 4)
+    assert type(odd.model.layers[0].self_attn.q_proj) is linear.Int8WeightLinear
+    assert type(odd.model.layers[0].mlp.down_proj) is linear.Int4WeightLinear  # 128 inputs
 
 
-def test_load_in_8bit_on_cpu_is_a_labelled_fast_mode():
+@pytest.mark.parametrize("bits", [8, 4])
+def test_load_in_8_or_4_bit_on_cpu_is_a_labelled_fast_mode(bits):
     from feedback.core.model import load_model
 
-    lm = load_model("embedded", load_in_8bit=True)
-    assert lm.precision.startswith("fast, not bit-exact: int8 weights")
-    assert isinstance(lm.layers[0].self_attn.q_proj, linear.Int8WeightLinear) and lm.vocab_size == 49152
+    lm = load_model("embedded", **{f"load_in_{bits}bit": True})
+    assert lm.precision.startswith(f"fast, not bit-exact: int{bits} weights")
+    kind = linear.Int8WeightLinear if bits == 8 else linear.Int4WeightLinear
+    layer = lm.layers[0]
+    assert type(layer.qkv) is kind and type(layer.mlp.down_proj) is kind and layer.self_attn.q_proj is None
+    assert type(lm.model.get_output_embeddings()) is linear.Int8WeightLinear and lm.vocab_size == 49152
     from feedback.core.engine import run_to_end
     from feedback.core.records import RowSpec, RunConfig
 
@@ -120,7 +151,7 @@ def test_load_in_8bit_on_cpu_is_a_labelled_fast_mode():
     )
     assert "Paris" in result.rows[0].text
     with pytest.raises(Exception, match="float32"):
-        load_model("embedded", load_in_8bit=True, dtype="bfloat16")
+        load_model("embedded", dtype="bfloat16", **{f"load_in_{bits}bit": True})
 
 
 def test_the_kernel_measured_faster_is_chosen_for_each_shape_and_row_count(monkeypatch):

@@ -278,11 +278,12 @@ def test_resolve_source_embedded_uses_prepared_cache():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error path")
-def test_4bit_loading_needs_cuda_and_8bit_on_cpu_needs_fp32():
-    with pytest.raises(FeedbackError, match="4-bit loading uses bitsandbytes and needs a CUDA GPU"):
-        load_model("org/whatever", load_in_4bit=True)
-    with pytest.raises(FeedbackError, match="8-bit weights on CPU compute in float32"):
-        load_model("org/whatever", load_in_8bit=True, dtype="bfloat16")  # refused before any download
+def test_quantised_weights_on_cpu_need_fp32_and_bitsandbytes_needs_cuda():
+    for bits in (8, 4):  # refused before any download
+        with pytest.raises(FeedbackError, match=f"{bits}-bit weights on CPU compute in float32"):
+            load_model("org/whatever", dtype="bfloat16", **{f"load_in_{bits}bit": True})
+    with pytest.raises(FeedbackError, match="no CUDA GPU"):
+        load_model("org/whatever", device="cuda", load_in_4bit=True)
 
 
 def test_quantised_loading_rejects_both_flags():
