@@ -21,10 +21,18 @@ def add_parser(sub) -> None:
         "--modes",
         action="store_true",
         help="also compare the ways to run the model here (exact fp32 "
-        "on oneDNN or MKL, bf16 matmuls, bf16 weights, int8 weights): step, pair_vs_row, bandwidth, "
+        "on oneDNN or MKL, transformers' own layers, bf16 matmuls, bf16 weights, int8 and int4 weights): "
+        "step, pair_vs_row, bandwidth, "
         "greedy agreement and ΔPPL on the built-in test split",
     )
     p.add_argument("--modes-only", action="store_true", help="only that comparison")
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="also time llama.cpp (npm node-llama-cpp, when installed) beside the engine: fp32, int8 "
+        "and int4 against F32, Q8_0 and Q4_1 GGUFs of the same weights, the same prompt ids, in turn",
+    )
+    p.add_argument("--peers-only", action="store_true", help="only that comparison")
     p.add_argument(
         "--api", action="store_true", help="also time a run through the HTTP API against the engine"
     )
