@@ -3,7 +3,7 @@ the process around the page: the page itself, the Blocks with its tabs, is `ui/l
 
 Host, port, share and auth come from flags or the usual GRADIO_* variables; the model allowlist
 from --models or FEEDBACK_MODELS (the first entry is the default; `embedded` is SmolLM2-135M), how
-they load from FEEDBACK_DTYPE and FEEDBACK_QUANTIZE (4bit/8bit on a small GPU).
+they load from FEEDBACK_DTYPE and FEEDBACK_QUANTIZE (4bit/8bit on a small GPU; on a CPU its fast modes).
 The HTTP API is served at /api (keys and limits from the FEEDBACK_API_* variables).
 """
 

@@ -363,14 +363,15 @@ def device_clock(device: torch.device) -> Callable[[], float]:
 CPU = torch.device("cpu")
 
 
-def copy_bandwidth_gbs(device: torch.device = CPU) -> float:
-    """Memory bandwidth of `device` from a large copy (bytes read + written per second), best of
-    five after a warm-up: 256 MiB on CPU, 1 GiB on a GPU."""
+def copy_bandwidth_gbs(device: torch.device = CPU, clock: Callable[[], float] | None = None) -> float:
+    """Memory bandwidth of `device` from a large copy (bytes read + written per second of `clock`,
+    by default the device's wall clock; `_cpu`: per CPU-second), best of five after a warm-up:
+    256 MiB on CPU, 1 GiB on a GPU."""
     n = (256 if device.type == "cuda" else 64) * 2**20
     src = torch.ones(n, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    clock, best = device_clock(device), float("inf")
+    clock, best = clock or device_clock(device), float("inf")
     for _ in range(5):
         t = clock()
         dst.copy_(src)
@@ -776,9 +777,11 @@ MODES = (
         {"dtype": "float32", "linear_kernel": "measure"},
     ),
     ("fp32 exact (PyTorch's MKL linear)", {"dtype": "float32", "linear_kernel": "aten"}),
+    ("fp32 exact (transformers' own layers)", {"dtype": "float32", "lean_layers": False}),
     ("fp32 weights, oneDNN bf16 matmuls", {"dtype": "float32", "fast_matmul": True}),
     ("bf16 weights", {"dtype": "bfloat16"}),
-    ("int8 weights (weight-only, bf16 activations)", {"dtype": "float32", "load_in_8bit": True}),
+    ("int8 weights and head (bf16 activations)", {"dtype": "float32", "load_in_8bit": True}),
+    ("int4 weights, int8 head (bf16 activations)", {"dtype": "float32", "load_in_4bit": True}),
 )
 MODE_PPL_TOKENS = (
     512  # tokens per built-in test document for ΔPPL (the 512-token protocol of docs/results/RESULTS.md)

@@ -23,8 +23,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import torch
-
 from feedback.core import embedded
 from feedback.core.model import LoadedModel, load_model
 from feedback.errors import FeedbackError
@@ -158,15 +156,16 @@ def peers(tokens: int = 64, rounds: int = 5) -> dict:
     each in turn per round (median and range of the rounds' ratios), each side's share of the
     CPU-time roofline (weights read per step ÷ the copy rate, over the step's CPU time), and how many
     greedy tokens agree before the first difference. Raises FeedbackError without llama.cpp."""
-    from feedback.bench import BENCH_PROMPT, _agree, _load, copy_bandwidth_gbs, ratio_of, weight_bytes
+    from feedback.bench import BENCH_PROMPT, _agree, _cpu, _load, copy_bandwidth_gbs, ratio_of, weight_bytes
     from feedback.core import linear
+    from feedback.core.model import set_threads
 
     package = find_llama_cpp()
     if package is None:
         raise FeedbackError(f"llama.cpp is not installed for the bench; install it with: {install_hint()}")
-    threads = torch.get_num_threads()
+    threads = set_threads()  # FEEDBACK_THREADS, for both sides: idle threads may spin, costing CPU
     load_before = _load()
-    bandwidth = copy_bandwidth_gbs()
+    bandwidth = copy_bandwidth_gbs(clock=_cpu)  # per CPU-second, as both sides' steps are timed
     out: dict = {
         "cpu": linear.cpu_name(),
         "threads": threads,
@@ -218,8 +217,8 @@ def peers_text(report: dict) -> str:
         f"llama.cpp ({report['llama_cpp']}, {report.get('llama_cpp_release') or 'release ?'}) beside the "
         f"engine on {report['cpu']}, {report['threads']} thread(s), {report['tokens']} greedy tokens, "
         f"{report['rounds']} rounds in turn; CPU ms per token after the first; copy rate "
-        f"{report['bandwidth_gbs']:.1f} GB/s; load average {report['load_average']['before']} before, "
-        f"{report['load_average']['after']} after",
+        f"{report['bandwidth_gbs']:.1f} GB per CPU-second; load average "
+        f"{report['load_average']['before']} before, {report['load_average']['after']} after",
         f"  {'pair':16} {'engine ÷ llama.cpp':>19}  {'range':13} {'engine ms':>9} {'llama.cpp ms':>12}  "
         "roofline share (engine / llama.cpp)  tokens agreeing",
     ]

@@ -31,8 +31,10 @@ from transformers.models.llama import modeling_llama as llama
 LEAN_ENV = "FEEDBACK_LEAN"
 
 
-def wanted() -> bool:
-    """The lean layer, unless FEEDBACK_LEAN says 0/false/no/off."""
+def wanted(given: bool | None = None) -> bool:
+    """The lean layer as `given` (a `load_model` argument), else unless FEEDBACK_LEAN says 0/false/no/off."""
+    if given is not None:
+        return given
     return os.environ.get(LEAN_ENV, "").strip().lower() not in ("0", "false", "no", "off")
 
 
@@ -119,6 +121,7 @@ def _fuse(owner: nn.Module, names: tuple[str, ...], keep_parts: bool) -> nn.Line
             part.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
             if bias is not None:
                 part.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
+            part.folded = True  # not called by the layer: no kernel of its own to choose
         else:
             setattr(owner, name, None)
         start += rows

@@ -106,6 +106,7 @@ def _plain_fp32(model: nn.Module) -> list[nn.Linear]:
         m
         for m in model.modules()
         if type(m) in (nn.Linear, OneDnnLinear, MeasuredLinear)
+        and not getattr(m, "folded", False)  # a part of a fused projection (core.lean), never called
         and m.weight.dtype == torch.float32
         and m.weight.device.type == "cpu"
     ]

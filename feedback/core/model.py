@@ -346,12 +346,14 @@ def load_model(
     attn_implementation: str | None = "auto",
     fast_matmul: bool | None = None,
     linear_kernel: str | None = None,
+    lean_layers: bool | None = None,
 ) -> LoadedModel:
     """Load a model and tokenizer for the engine; user mistakes raise `FeedbackError`.
     `fast_matmul` (None: FEEDBACK_FAST_MATMUL): bf16 matmuls on fp32 weights, process-wide.
     `linear_kernel` (None: FEEDBACK_LINEAR, by default onednn): fp32 linear layers on CPU through
     oneDNN's kernel, the kernel measured fastest here per shape and rows ("measure"), or PyTorch's
-    own ("aten"); see `feedback.core.linear`."""
+    own ("aten"); see `feedback.core.linear`. `lean_layers` (None: FEEDBACK_LEAN, by default on):
+    Llama layers on CPU with fused projections, bit-identical (`feedback.core.lean`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -429,7 +431,7 @@ def load_model(
 
         model.set_attn_implementation(GROUPED)
 
-    if dev.type == "cpu" and device_map is None and lean.wanted():
+    if dev.type == "cpu" and device_map is None and lean.wanted(lean_layers):
         # fused projections and inline norms, exact; parts dropped where quantised next
         lean.lean_layers(decoder_layers(model), keep_parts=not cpu_bits)
     quantization = None

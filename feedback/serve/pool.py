@@ -100,8 +100,8 @@ def allowlist_from_env(default: str = embedded.EMBEDDED_NAME) -> list[str]:
 
 DTYPE_ENV = "FEEDBACK_DTYPE"
 QUANTIZE_ENV = "FEEDBACK_QUANTIZE"
-# bitsandbytes weights, for a GPU too small for the model in 16-bit (load_model refuses 4-bit without
-# CUDA; 8-bit on a CPU is its int8 fast mode).
+# bitsandbytes weights, for a GPU too small for the model in 16-bit (on a CPU: the int4 and int8
+# fast modes of feedback/core/linear.py).
 QUANTIZE = {"none": {}, "4bit": {"load_in_4bit": True}, "8bit": {"load_in_8bit": True}}
 
 

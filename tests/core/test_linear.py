@@ -15,7 +15,10 @@ pytestmark = pytest.mark.skipif(not linear.available(), reason="this torch has n
 
 
 def test_the_loaded_model_uses_it_and_agrees_with_aten(embedded_lm):
-    layers = [m for m in embedded_lm.model.modules() if isinstance(m, nn.Linear)]
+    # every linear layer a step calls (a lean layer's q/k/v and gate/up parts are folded into one)
+    layers = [
+        m for m in embedded_lm.model.modules() if isinstance(m, nn.Linear) and not getattr(m, "folded", 0)
+    ]
     assert layers and all(type(m) is linear.OneDnnLinear for m in layers) and embedded_lm.kernels is None
     torch.manual_seed(0)
     for module in (embedded_lm.model.lm_head, embedded_lm.layers[0].mlp.down_proj):
@@ -235,7 +238,7 @@ def test_a_model_loaded_with_measured_kernels_calls_its_cached_choice(embedded_l
     monkeypatch.setenv("FEEDBACK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv(linear.LINEAR_ENV, "measure")
     lm = load_model(f"random:{write_folder('llama', embedded_lm.tokenizer, tmp_path / 'llama')}")
-    layers = [m for m in lm.model.modules() if isinstance(m, nn.Linear)]
+    layers = [m for m in lm.model.modules() if isinstance(m, nn.Linear) and not getattr(m, "folded", 0)]
     assert layers and all(type(m) is linear.MeasuredLinear for m in layers)
     assert set(lm.kernels) == {linear.shape_key(m) for m in layers}
     for module in layers:
