@@ -981,28 +981,9 @@ def _concurrency_text(c: dict) -> str:
     return "\n".join(lines)
 
 
-def _peers_of(args) -> dict | None:
-    """`peers.peers` at the bench's tokens and rounds, or None (said on stderr) without llama.cpp."""
-    from feedback import peers
-
-    if peers.find_llama_cpp() is None:
-        print(
-            f"llama.cpp is not installed, so no peer comparison; install it with: {peers.install_hint()}",
-            file=sys.stderr,
-        )
-        return None
-    return peers.peers(args.tokens, max(3, args.repeats))
-
-
-def run_bench(args) -> int:
-    if getattr(args, "peers_only", False):
-        from feedback.peers import peers_text
-
-        report = _peers_of(args)
-        if report is None:
-            return 1
-        print(json.dumps(report, indent=2) if args.json else peers_text(report))
-        return 0
+def run_bench(args, peers: tuple[Callable[[], dict | None], Callable[[dict], str]] | None = None) -> int:
+    """The bench as the command line asks (`args`); `peers`: a measurement of other engines to run
+    after the rest, and how to print it (the command line passes llama.cpp's, `feedback.peers`)."""
     if getattr(args, "modes_only", False):
         modes = fast_modes(repeats=max(3, args.repeats))
         print(json.dumps(modes, indent=2) if args.json else _modes_text(modes))
@@ -1019,8 +1000,8 @@ def run_bench(args) -> int:
         report |= {**api, "spread": report["spread"] | api["spread"]}
     if getattr(args, "modes", False):
         report["modes"] = fast_modes(repeats=max(3, args.repeats))
-    if getattr(args, "peers", False):
-        report["peers"] = _peers_of(args)
+    if peers:
+        report["peers"] = peers[0]()
     if getattr(args, "hog", False):
         report["busy_machine"] = busy_machine()
     if args.json:
@@ -1100,7 +1081,5 @@ def run_bench(args) -> int:
     if report.get("modes"):
         print(_modes_text(report["modes"]))
     if report.get("peers"):
-        from feedback.peers import peers_text
-
-        print(peers_text(report["peers"]))
+        print(peers[1](report["peers"]))
     return 0

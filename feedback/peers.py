@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -251,3 +252,23 @@ def verdicts(report: dict) -> list[str]:
         verdict = "ok" if share >= ROOFLINE_TARGET else "MISSED"
         out.append(f"fp32 roofline share {share:.2f} >= {ROOFLINE_TARGET}  {verdict}")
     return out
+
+
+def for_bench(args) -> dict | None:
+    """`peers` at the bench's tokens and rounds, or None (said on stderr) without llama.cpp."""
+    if find_llama_cpp() is None:
+        print(
+            f"llama.cpp is not installed, so no peer comparison; install it with: {install_hint()}",
+            file=sys.stderr,
+        )
+        return None
+    return peers(args.tokens, max(3, args.repeats))
+
+
+def run(args) -> int:
+    """`bench --peers-only`: the comparison alone, as text or JSON; 1 without llama.cpp."""
+    report = for_bench(args)
+    if report is None:
+        return 1
+    print(json.dumps(report, indent=2) if args.json else peers_text(report))
+    return 0

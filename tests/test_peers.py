@@ -59,12 +59,11 @@ def test_written_ggufs_keep_the_metadata_and_the_weights(tmp_path, kind):
 
 
 def test_without_llama_cpp_the_bench_says_how_to_install_it(monkeypatch, tmp_path, capsys):
-    from feedback.bench import run_bench
-    from feedback.cli import build_parser
+    from feedback.cli import main
 
     monkeypatch.setenv(peers.PEERS_ENV, str(tmp_path))
     assert peers.find_llama_cpp() is None
-    assert run_bench(build_parser().parse_args(["bench", "--peers-only"])) == 1
+    assert main(["bench", "--peers-only"]) == 1
     assert f"npm install --prefix {tmp_path} node-llama-cpp@" in capsys.readouterr().err
 
 

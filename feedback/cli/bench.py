@@ -59,6 +59,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from feedback import peers
     from feedback.bench import run_bench
 
-    return run_bench(args)
+    if args.peers_only:
+        return peers.run(args)
+    return run_bench(args, (lambda: peers.for_bench(args), peers.peers_text) if args.peers else None)
