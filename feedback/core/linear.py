@@ -261,25 +261,20 @@ INT4_LABEL = "int4 weights (groups of 32, bf16 activations; int8 output head; CP
 INT4_GROUP = 32  # inputs per scale and offset: the block of the embedded GGUF's Q4_1 weights
 
 
-class Int8WeightLinear(nn.Module):
-    """A linear layer whose weights are int8 with one scale per output channel, its products taken
-    by `torch.ops.aten._weight_int8pack_mm` (the int8 weight-only kernel gpt-fast uses on CPU) on
-    bf16 activations (its fp32 path is ~4 x slower); the result goes back to the input's dtype. A
-    quarter of fp32's bytes read per step, and the kernel's cost hardly grows from one row to a few."""
+class WeightOnlyLinear(nn.Module):
+    """A linear layer whose weights are stored quantised, its product (`product`, a packed kernel)
+    taken on bf16 activations, the result returned in the input's dtype. The fast kernels take
+    bf16: fed fp32 they measured 4-10 x slower."""
 
     def __init__(self, source: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = source.in_features, source.out_features
-        weight = source.weight.detach().float()
-        scales = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-        self.register_buffer("qweight", torch.round(weight / scales[:, None]).clamp(-128, 127).to(torch.int8))
-        self.register_buffer("scales", scales.to(torch.bfloat16))
         self.bias = (
             None if source.bias is None else nn.Parameter(source.bias.detach().clone(), requires_grad=False)
         )
 
     def product(self, flat: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
+        raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
@@ -287,16 +282,31 @@ class Int8WeightLinear(nn.Module):
         return out + self.bias if self.bias is not None else out
 
 
-class Int4WeightLinear(Int8WeightLinear):
-    """A linear layer whose weights are 4-bit codes in groups of INT4_GROUP inputs, each group with
-    its own scale and offset (min to max in 15 steps, as GGUF's Q4_1 stores them), its products taken
-    by `torch.ops.aten._weight_int4pack_mm_for_cpu` on bf16 activations. An eighth of fp32's bytes.
-    On the embedded model, whose weights are Q4_1 blocks of the same 32 inputs, the codes come back
-    as they were shipped (only the scales and offsets are rounded to bf16)."""
+class Int8WeightLinear(WeightOnlyLinear):
+    """Weights as int8 with one scale per output channel, products by
+    `torch.ops.aten._weight_int8pack_mm` (the int8 weight-only kernel gpt-fast uses on CPU). A
+    quarter of fp32's bytes read per step, and the kernel's cost hardly grows from one row to a few."""
 
     def __init__(self, source: nn.Linear):
-        nn.Module.__init__(self)
-        self.in_features, self.out_features = source.in_features, source.out_features
+        super().__init__(source)
+        weight = source.weight.detach().float()
+        scales = weight.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+        self.register_buffer("qweight", torch.round(weight / scales[:, None]).clamp(-128, 127).to(torch.int8))
+        self.register_buffer("scales", scales.to(torch.bfloat16))
+
+    def product(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
+
+
+class Int4WeightLinear(WeightOnlyLinear):
+    """Weights as 4-bit codes in groups of INT4_GROUP inputs, each group with its own scale and
+    offset (min to max in 15 steps, as GGUF's Q4_1 stores them), products by
+    `torch.ops.aten._weight_int4pack_mm_for_cpu`. An eighth of fp32's bytes. On the embedded model,
+    whose weights are Q4_1 blocks of the same 32 inputs, the codes come back as they were shipped
+    (only the scales and offsets are rounded to bf16)."""
+
+    def __init__(self, source: nn.Linear):
+        super().__init__(source)
         weight = source.weight.detach().float()
         groups = weight.reshape(self.out_features, -1, INT4_GROUP)
         low, high = groups.amin(dim=-1, keepdim=True), groups.amax(dim=-1, keepdim=True)
@@ -305,13 +315,9 @@ class Int4WeightLinear(Int8WeightLinear):
         # the kernel computes (code - 8) * scale + offset: the offset is the value of code 8
         offsets = low + 8 * scales
         pairs = torch.cat([scales, offsets], dim=-1).transpose(0, 1).contiguous()  # [groups, out, 2]
-        self.register_buffer(
-            "packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
-        )
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+        self.register_buffer("packed", packed)
         self.register_buffer("scales", pairs.to(torch.bfloat16))
-        self.bias = (
-            None if source.bias is None else nn.Parameter(source.bias.detach().clone(), requires_grad=False)
-        )
 
     def product(self, flat: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, INT4_GROUP, self.scales)
