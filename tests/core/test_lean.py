@@ -5,29 +5,22 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache, LlamaForCausalLM, Qwen2ForCausalLM
 
 from feedback.core import lean, linear
+from tests.tiny_families import FAMILIES
 
-SIZES = dict(
-    vocab_size=300,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-)
+VOCAB = 300  # small: the head is not what is tested
 
 
 def _pair(bias: bool) -> tuple[nn.Module, nn.Module]:
     """Two copies of one random Llama, the second with lean layers (oneDNN linear on both, as loaded)."""
     torch.manual_seed(0)
-    config = LlamaConfig(**SIZES, attention_bias=bias, mlp_bias=bias)
+    config = FAMILIES["llama"](vocab_size=VOCAB, attention_bias=bias, mlp_bias=bias)
     plain = LlamaForCausalLM(config).eval()
     torch.manual_seed(0)
     fused = LlamaForCausalLM(config).eval()
-    assert lean.lean_layers(fused.model.layers) == 3
+    assert lean.lean_layers(fused.model.layers) == 4
     for model in (plain, fused):
         if linear.wanted(torch.device("cpu")):
             linear.use_onednn(model)
@@ -54,7 +47,7 @@ def _logits(model: nn.Module, ids: torch.Tensor, steps: int) -> list[torch.Tenso
 @pytest.mark.parametrize("bias", [False, True])
 def test_lean_layers_give_bit_identical_logits_in_prefill_and_decode(bias):
     plain, fused = _pair(bias)
-    ids = torch.randint(0, 300, (2, 12))
+    ids = torch.randint(0, VOCAB, (2, 12))
     for a, b in zip(_logits(plain, ids, 6), _logits(fused, ids, 6), strict=True):
         assert torch.equal(a, b)
 
@@ -69,7 +62,7 @@ def test_the_parts_stay_as_views_of_the_fused_weights_or_go():
     assert k.weight.data_ptr() == layer.qkv.weight[64:].data_ptr()
     assert torch.equal(layer.qkv.bias[64:96], k.bias)
     torch.manual_seed(0)
-    dropped = LlamaForCausalLM(LlamaConfig(**SIZES)).eval()
+    dropped = LlamaForCausalLM(FAMILIES["llama"](vocab_size=VOCAB)).eval()
     lean.lean_layers(dropped.model.layers, keep_parts=False)
     attn, mlp = dropped.model.layers[0].self_attn, dropped.model.layers[0].mlp
     assert attn.q_proj is None and mlp.up_proj is None and attn.o_proj is not None
@@ -80,7 +73,7 @@ def test_hooks_on_a_lean_layer_see_and_change_its_output_as_before():
     """Strategies hook the decoder layer module: a forward hook that doubles layer 1's output changes
     the logits the same way on both."""
     plain, fused = _pair(bias=False)
-    ids = torch.randint(0, 300, (2, 8))
+    ids = torch.randint(0, VOCAB, (2, 8))
     for model in (plain, fused):
         model.model.layers[1].register_forward_hook(lambda mod, args, out: out * 2)
     assert torch.equal(_logits(plain, ids, 2)[-1], _logits(fused, ids, 2)[-1])
@@ -88,9 +81,9 @@ def test_hooks_on_a_lean_layer_see_and_change_its_output_as_before():
 
 def test_other_families_and_training_layers_are_left_alone():
     torch.manual_seed(0)
-    qwen = Qwen2ForCausalLM(Qwen2Config(**SIZES)).eval()
+    qwen = Qwen2ForCausalLM(FAMILIES["qwen2"](vocab_size=VOCAB)).eval()
     assert lean.lean_layers(qwen.model.layers) == 0
-    llama = LlamaForCausalLM(LlamaConfig(**SIZES))  # training mode: dropout is live there
+    llama = LlamaForCausalLM(FAMILIES["llama"](vocab_size=VOCAB))  # training mode: dropout is live there
     assert lean.lean_layers(llama.model.layers) == 0
 
 
