@@ -46,7 +46,10 @@ def run(section, session: str, **changes) -> list[dict]:
     ]
 
 
-def test_the_handler_runs_a_small_grid_and_draws_the_heatmaps(section):
+def test_the_handler_runs_a_small_grid_and_draws_the_heatmaps(section, monkeypatch):
+    # the runner sends what arrived in the last 0.2 s as one update; the tiny model's two prompts
+    # can both finish within that, so updates go out as items come, to see the first prompt's
+    monkeypatch.setattr("ui.page.runner.UPDATE_EVERY_S", 0.0)
     updates = run(
         section, "recall-run", lengths="96", depths="0, 100", items=1, max_new_tokens=2, deep_cache_lam=0.5
     )
