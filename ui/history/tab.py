@@ -102,9 +102,12 @@ class HistoryTab:
     def __init__(self, compare: CompareTarget):
         self.compare = compare
 
-    def view(self, hist: list | None, query: str | None = "") -> dict:
-        """The table of runs (those matching the search), the run picker, and how many are kept."""
-        return self._listing(history.overview(_entries(hist)), query, [])
+    def view(self, hist: list | None, query: str | None = "", ids=None) -> dict:
+        """The table of runs (those matching the search), the run picker, and how many are kept.
+        Runs already chosen in the picker stay chosen: opening the tab draws this while a person may
+        already have picked a run (and started rating it), and a reply that cleared the choice then
+        lost it (a rating saved a moment later found no run chosen)."""
+        return self._listing(history.overview(_entries(hist)), query, _run_ids(ids))
 
     def _listing(self, catalog: list[dict], query: str | None, chosen: list[str]) -> dict:
         """The runs of `catalog` that match `query`, in the table and the picker; chosen runs stay
@@ -365,7 +368,7 @@ class HistoryTab:
         # measured with 26 runs stored, the table came in ~1.0 s instead of ~2.1 s
         tab.select(
             self.view,
-            [hist, query],
+            [hist, query, self.ids],
             self.view_outputs,
             api_name="history",
             show_progress="hidden",

@@ -915,6 +915,9 @@ def test_history_tab_searches_picks_and_edits_by_run_id():
     tab, hist = _tab(), history.add_run(_two(), _three("t", prompt="Name a planet"))
     listing = tab.view(hist)
     assert listed(listing) == ["t", "b", "a"] and "3 run(s) stored" in listing["note"]
+    assert listing["ids"]["value"] == []
+    # the tab's listing may land after a run was picked: the pick stays (a gone run does not)
+    assert tab.view(hist, "", ["t", "gone"])["ids"]["value"] == ["t"]
     found = tab.search("PLANET", listing["catalog"], ["a", "t"])
     assert listed(found) == ["t"] and found["ids"]["value"] == ["t"]  # the choice kept by id
     assert found["note"].startswith("1 of 3 run(s) match the search.")
