@@ -1379,6 +1379,8 @@ def test_a_long_session_of_realistic_runs_keeps_the_page_with_its_model(browser:
         # a column's Stop, at ~40 tokens: that column keeps exactly what the page showed of it
         pg.evaluate(TIMERS_JS)  # records the column's count at the click
         pg.locator("#generate").click()
+        # this run's column first: the stopped run before it also showed 40 tokens in column 2
+        expect(pg.locator("#col2-actions .fl-col-stop")).to_be_visible(timeout=RUN_TIMEOUT_MS)
         pg.wait_for_function(
             "() => document.querySelectorAll('#col2-text .fl-tok').length >= 40", timeout=RUN_TIMEOUT_MS
         )
