@@ -24,8 +24,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-from feedback.core import embedded
-from feedback.core.model import LoadedModel, load_model
+from feedback.bench import (
+    BENCH_PROMPT,
+    _agree,
+    _cpu,
+    _engine_run,
+    _load,
+    _verdict,
+    copy_bandwidth_gbs,
+    ratio_of,
+    weight_bytes,
+)
+from feedback.core import embedded, linear
+from feedback.core.model import load_model, set_threads
 from feedback.errors import FeedbackError
 
 PEERS_ENV = "FEEDBACK_PEERS"
@@ -34,8 +45,7 @@ NODE_VERSION = "3.22.1"  # the version measured; another 3.x is likely to work
 SCRIPT = Path(__file__).parent / "assets" / "llama_peer.mjs"
 # What each pair is held to: the engine's CPU per token ÷ llama.cpp's, and the fp32 engine's share of
 # the CPU-time roofline (a decode step reads every weight once, so copying them bounds it).
-TARGETS = {"fp32_vs_F32": 1.15, "int4_vs_Q4_1": 2.0}
-ROOFLINE_TARGET = 0.85  # of the fp32 engine
+TARGETS = {"fp32_vs_F32": ("<=", 1.15), "int4_vs_Q4_1": ("<=", 2.0), "fp32_roofline": (">=", 0.85)}
 # (engine mode, its load_model keywords, the llama.cpp precision it is held against)
 PAIRS = (
     ("fp32", {"dtype": "float32"}, "F32"),
@@ -146,21 +156,11 @@ def llama_cpp_runs(
     return steps, replies, report.get("version")
 
 
-def _engine_side(lm: LoadedModel, tokens: int) -> tuple[float, list[int]]:
-    from feedback.bench import _engine_run
-
-    return _engine_run(lm, tokens)
-
-
 def peers(tokens: int = 64, rounds: int = 5) -> dict:
     """Each pair of `PAIRS`: the engine's decode-only CPU time per token ÷ llama.cpp's, one run of
     each in turn per round (median and range of the rounds' ratios), each side's share of the
     CPU-time roofline (weights read per step ÷ the copy rate, over the step's CPU time), and how many
     greedy tokens agree before the first difference. Raises FeedbackError without llama.cpp."""
-    from feedback.bench import BENCH_PROMPT, _agree, _cpu, _load, copy_bandwidth_gbs, ratio_of, weight_bytes
-    from feedback.core import linear
-    from feedback.core.model import set_threads
-
     package = find_llama_cpp()
     if package is None:
         raise FeedbackError(f"llama.cpp is not installed for the bench; install it with: {install_hint()}")
@@ -183,10 +183,10 @@ def peers(tokens: int = 64, rounds: int = 5) -> dict:
         lm = load_model("embedded", **kwargs)
         path = gguf_for(kind)
         ids = lm.encode(BENCH_PROMPT)
-        _engine_side(lm, 4)  # warm-up: first calls pick kernels and fill caches
+        _engine_run(lm, 4)  # warm-up: first calls pick kernels and fill caches
         pairs, replies = [], None
         for _ in range(max(1, rounds)):
-            engine_s, engine_tokens = _engine_side(lm, tokens)
+            engine_s, engine_tokens = _engine_run(lm, tokens)
             llama, llama_replies, release = llama_cpp_runs(package, path, ids, tokens, threads)
             pairs.append((engine_s, llama[0]))
             replies = (engine_tokens, llama_replies[0])
@@ -240,18 +240,16 @@ def peers_text(report: dict) -> str:
 
 
 def verdicts(report: dict) -> list[str]:
-    """Each target against what was measured: `TARGETS`' ratios and the fp32 roofline share."""
-    out = []
-    for name, target in TARGETS.items():
-        if name in report["pairs"]:
-            value = report["pairs"][name]["ratio"]
-            out.append(f"{name} {value:.2f} <= {target}  {'ok' if value <= target else 'MISSED'}")
+    """Each of `TARGETS` against what was measured: the pairs' ratios and the fp32 roofline share."""
     fp32 = report["pairs"].get("fp32_vs_F32")
+    values = {name: p["ratio"] for name, p in report["pairs"].items()}
     if fp32:
-        share = fp32["engine_roofline"]
-        verdict = "ok" if share >= ROOFLINE_TARGET else "MISSED"
-        out.append(f"fp32 roofline share {share:.2f} >= {ROOFLINE_TARGET}  {verdict}")
-    return out
+        values["fp32_roofline"] = fp32["engine_roofline"]
+    return [
+        f"{name} {values[name]:.2f} {_verdict(name, values[name], TARGETS)}"
+        for name in TARGETS
+        if name in values
+    ]
 
 
 def for_bench(args) -> dict | None:
