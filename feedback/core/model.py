@@ -443,7 +443,7 @@ def load_model(
     kernels = None
     kernel = linear.setting(linear_kernel)
     if linear.wanted(dev, kernel) and device_map is None:
-        # what is left in fp32 (all of it, or the output head beside int8 layers)
+        # the fp32 linear layers left (none in the int8 and int4 modes: they quantise the head too)
         if kernel == "measure":  # the kernel this machine runs fastest per shape and rows, measured once
             kernels = linear.use_measured(model)
         else:
