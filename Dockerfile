@@ -14,6 +14,13 @@ ENV PYTHONUNBUFFERED=1 \
     GRADIO_SERVER_NAME=0.0.0.0 \
     GRADIO_SERVER_PORT=7860
 
+# A C compiler: `prepare` (below) builds the engine's fp32 decode kernel (feedback/core/gemv.c) with
+# it; without one the engine keeps oneDNN's slower product. Unpinned: the base image's Debian release
+# decides the version, and any gcc that compiles C with AVX2 intrinsics builds it.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 RUN useradd -m -u 1000 user
 # By number, not name: a host can check it is not root without the image's /etc/passwd (hadolint DL3066).
 USER 1000

@@ -480,8 +480,8 @@ def measure(
         "rounds": repeats,
         "threads": torch.get_num_threads(),
         "cpu": linear.cpu_name(),
-        # the fp32 linear kernels: oneDNN's, PyTorch's, or those measured fastest here per shape and rows
-        "linear_kernels": linear.kernel_summary(lm.kernels) if lm.kernels else linear.setting(),
+        # the fp32 linear kernels: the rows gemv takes per shape, else the one kernel in use
+        "linear_kernels": linear.kernel_summary(lm.kernels),
         "timing": "CPU time, sides interleaved per round",
         "load_average": {"before": load_before, "after": _load()},
         "same_tokens_as_generate": gen_tokens == eng_tokens,
@@ -771,11 +771,8 @@ def concurrency(
 
 # The ways this machine can run the model, exact first: (label, load_model keywords)
 MODES = (
-    ("fp32 exact (oneDNN linear, the default)", {"dtype": "float32", "linear_kernel": "onednn"}),
-    (
-        "fp32 (linear kernels measured fastest here per rows)",
-        {"dtype": "float32", "linear_kernel": "measure"},
-    ),
+    ("fp32 exact (linear kernels measured here, the default)", {"dtype": "float32"}),
+    ("fp32 exact (oneDNN linear)", {"dtype": "float32", "linear_kernel": "onednn"}),
     ("fp32 exact (PyTorch's MKL linear)", {"dtype": "float32", "linear_kernel": "aten"}),
     ("fp32 exact (transformers' own layers)", {"dtype": "float32", "lean_layers": False}),
     ("fp32 weights, oneDNN bf16 matmuls", {"dtype": "float32", "fast_matmul": True}),

@@ -48,9 +48,7 @@ def tiny_lm(embedded_lm: LoadedModel) -> LoadedModel:
     model.set_attn_implementation("eager")  # as load_model does on CPU: batch-invariant
     lean.lean_layers(model.model.layers)  # as load_model does on CPU: fused projections, exact
     if linear.wanted(torch.device("cpu")):
-        linear.use_onednn(
-            model
-        )  # a fixed fp32 kernel (load_model measures which is fastest; mechanics alike)
+        linear.use_kernels(model, linear.setting())  # as load_model does on CPU
     return LoadedModel(
         model=model,
         tokenizer=tok,

@@ -1,4 +1,5 @@
-"""`prepare`: convert the embedded GGUF model into the local cache once, and print the cache folder."""
+"""`prepare`: convert the embedded GGUF model into the local cache once, build the fp32 decode kernel
+there (`feedback.core.gemv`) where this machine can, and print the model's cache folder."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ NAME = "prepare"
 
 
 def add_parser(sub) -> None:
-    sub.add_parser(NAME, help="convert the embedded GGUF model into the cache (once)")
+    sub.add_parser(
+        NAME, help="convert the embedded GGUF model and build the decode kernel into the cache (once)"
+    )
 
 
 def run(args) -> int:
-    from feedback.core import embedded
+    from feedback.core import embedded, gemv
 
     path = embedded.prepare(log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    why = gemv.why_not()  # built now, so a container image starts with it
+    print(f"fp32 decode kernel: {'oneDNN (gemv: ' + why + ')' if why else 'gemv, built'}", file=sys.stderr)
     print(path)
     return 0

@@ -1,27 +1,33 @@
-"""fp32 linear layers on CPU through the kernel this machine runs fastest, measured.
+"""fp32 linear layers on CPU through the kernel this machine runs fastest, measured, and exact.
 
-PyTorch's CPU build sends an fp32 `nn.Linear` to MKL's GEMM. On the development CPU (AMD EPYC,
-AVX-512) that kernel costs about as much per row as a separate product for small batches: a bare
-2-row decode step took 1.8-2.4 x the CPU time of a 1-row step, 16 rows 3.2-3.6 x. oneDNN's brgemm
-kernel — the one `torch.compile`'s CPU backend calls for linear layers,
-`torch.ops.mkldnn._linear_pointwise` — reads the weights once for the whole batch: 2 rows 1.4 x,
-16 rows 1.7-2.5 x, and one row is no slower. Its arithmetic is fp32 (a plain call takes no bf16
-down-conversion; `FEEDBACK_FAST_MATMUL` is what allows one); logits differ from MKL's by float
-rounding only (at most 1.2e-4 over a prompt's vocabulary, the order of a different batch size).
+Three kernels can take an fp32 `nn.Linear` on CPU:
+- `gemv` (`feedback.core.gemv`): a plain streaming kernel compiled here, one fixed-order dot product
+  per output, so a row's result is bit-for-bit the same alone or in any batch. Built for few rows:
+  its cost grows with every row, where a GEMM's hardly does.
+- `onednn`: oneDNN's brgemm kernel (`torch.ops.mkldnn._linear_pointwise`, the one `torch.compile`'s
+  CPU backend calls), which reads the weights once for a whole batch and keeps a row batched within
+  float rounding of the row alone (1e-5 on the test models).
+- `aten`: PyTorch's own (MKL's GEMM), for comparison: on the development CPU (AMD EPYC) it costs
+  about a separate product per row (2 rows 1.8-2.4 x one row).
 
-Which kernel is faster depends on the CPU and on the rows in hand: on an Intel Xeon (2 vCPU) MKL's
-took 0.82 x oneDNN's CPU time at one row, and on the AMD EPYC a 1-row decode step with MKL's took
-0.86-0.98 x the oneDNN step while two rows took 1.24-1.32 x. `FEEDBACK_LINEAR=measure` chooses by
-measurement: for each shape of the model's fp32 linear layers both kernels are timed at 1, 2, 4
-and 8 rows on this machine (`measure_kernels`), and each layer then calls the faster one for the
-rows in hand (`MeasuredLinear`); the choice is cached per CPU model, thread count and torch version
-under the model cache (`kernels/`). It is not the default: a row alone and the same row in a batch
-then go through different kernels, whose rounding differs by more than the engine's exactness
-checks allow (a row batched equals the row alone within 1e-5 on the test models; measured 1.0e-5
-and, on the real model, 2.3e-4 against 2e-4), where oneDNN's kernel keeps them within it.
+Measured there (1 thread, every linear layer of the embedded model in turn, weights read from
+memory): a step's products took 22.5 ms by gemv, 38.4 by oneDNN, 43.6 by MKL at one row; 24.4 / 48.4 /
+76.0 at two; at 8 rows gemv was about even with oneDNN and at 16 rows 1.4 x slower. The
+ordering is the CPU's: on an Intel Xeon MKL's product took 0.82 x oneDNN's at one row.
 
-`FEEDBACK_LINEAR`: `onednn` (unset: every layer), `measure` (above), `aten` (PyTorch's own kernel:
-what ran before oneDNN, for comparison).
+So by default (`auto`) the choice is measured on this machine, per weight shape: gemv and oneDNN
+are timed at 1, 2, 4, 8 and 16 rows (`measure_kernels`; CPU time, weights cycled through more than
+a last-level cache) and a layer then takes gemv up to the most rows at which it was faster at every
+measured count, oneDNN above (`GemvLinear.gemv_rows`). A prefill, and a batch past that size, go
+to oneDNN. Every row count up to the crossover runs the same kernel, so the shared decode of a few
+rows stays bit-for-bit the rows alone. Layers under SMALL_BYTES of weights are not timed: a product
+that small costs microseconds either way, and gemv keeps it batch-exact. The choice is cached per
+CPU model, thread count, torch version and kernel source under the model cache (`kernels/`); delete
+that folder to measure again. Where gemv cannot be built (`feedback.core.gemv.why_not`: no C
+compiler, not x86-64 with AVX2), `auto` is oneDNN everywhere.
+
+`FEEDBACK_LINEAR`: `auto` (unset), `gemv` (gemv up to GEMV_MAX_ROWS rows for every layer, not
+measured; refused where it cannot be built), `onednn`, `aten`.
 """
 
 from __future__ import annotations
@@ -36,20 +42,20 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from feedback.core import gemv
+
 LINEAR_ENV = "FEEDBACK_LINEAR"
-CHOICES = ("onednn", "measure", "aten")
-ROWS = (1, 2, 4, 8)  # the batch sizes timed; more rows take the 8-row choice (a prefill, a wide batch)
+CHOICES = ("auto", "gemv", "onednn", "aten")
+ROWS = (1, 2, 4, 8, 16)  # the batch sizes timed
+GEMV_MAX_ROWS = ROWS[-1]  # more rows than this always take oneDNN (a prefill, a wide batch)
+SMALL_BYTES = 2**20  # layers with fewer weight bytes take gemv untimed (above)
 
 
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def _aten(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return nn.functional.linear(x, weight, bias)
-
-
-KERNELS: dict[str, Callable] = {"onednn": _onednn, "aten": _aten}
+KERNELS: dict[str, Callable] = {"gemv": gemv.product, "onednn": _onednn}  # the candidates timed
 
 
 class OneDnnLinear(nn.Linear):
@@ -58,7 +64,21 @@ class OneDnnLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.requires_grad:  # the fused op has no backward; autograd keeps PyTorch's own
             return super().forward(x)
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return _onednn(x, self.weight, self.bias)
+
+
+class GemvLinear(nn.Linear):
+    """An `nn.Linear` whose product is gemv's for up to `gemv_rows` rows and oneDNN's above (same
+    parameters, hooks and state)."""
+
+    gemv_rows: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad:  # neither kernel has a backward; autograd keeps PyTorch's own
+            return super().forward(x)
+        if x.dtype == torch.float32 and x.numel() <= self.gemv_rows * self.in_features:
+            return gemv.product(x, self.weight, self.bias)
+        return _onednn(x, self.weight, self.bias)
 
 
 def available() -> bool:
@@ -66,12 +86,12 @@ def available() -> bool:
 
 
 def setting(given: str | None = None) -> str:
-    """The fp32 linear kernel: `given` (a `load_model` argument), else FEEDBACK_LINEAR, else onednn;
+    """The fp32 linear kernel: `given` (a `load_model` argument), else FEEDBACK_LINEAR, else auto;
     one outside CHOICES refused naming where it came from and the choices."""
     from feedback.errors import FeedbackError
 
     where = "linear_kernel" if given else LINEAR_ENV
-    value = (given or os.environ.get(LINEAR_ENV, "")).strip().lower() or "onednn"
+    value = (given or os.environ.get(LINEAR_ENV, "")).strip().lower() or "auto"
     if value not in CHOICES:
         raise FeedbackError(f"{where} must be one of {', '.join(CHOICES)}; got {value!r}")
     return value
@@ -87,25 +107,11 @@ def wanted(device: torch.device, choice: bool | str | None = None) -> bool:
     return choice and device.type == "cpu" and available()
 
 
-class MeasuredLinear(nn.Linear):
-    """An `nn.Linear` whose product goes through the kernel measured fastest on this machine for its
-    shape and the rows in hand (`kernels`: one per entry of ROWS; same parameters, hooks, state)."""
-
-    kernels: tuple[Callable, ...]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.requires_grad:  # the fused op has no backward; autograd keeps PyTorch's own
-            return super().forward(x)
-        rows = x.numel() // self.in_features
-        pick = 0 if rows <= 1 else 1 if rows <= 2 else 2 if rows <= 4 else 3
-        return self.kernels[pick](x, self.weight, self.bias)
-
-
 def _plain_fp32(model: nn.Module) -> list[nn.Linear]:
     return [
         m
         for m in model.modules()
-        if type(m) in (nn.Linear, OneDnnLinear, MeasuredLinear)
+        if type(m) in (nn.Linear, OneDnnLinear, GemvLinear)
         and not getattr(m, "folded", False)  # a part of a fused projection (core.lean), never called
         and m.weight.dtype == torch.float32
         and m.weight.device.type == "cpu"
@@ -114,6 +120,10 @@ def _plain_fp32(model: nn.Module) -> list[nn.Linear]:
 
 def shape_key(module: nn.Linear) -> str:
     return f"{module.in_features}x{module.out_features}{'+bias' if module.bias is not None else ''}"
+
+
+def _small(module: nn.Linear) -> bool:
+    return module.in_features * module.out_features * 4 < SMALL_BYTES
 
 
 COLD_BYTES = 64 * 2**20  # weights cycled through while timing: more than a CPU's last-level cache
@@ -145,30 +155,42 @@ def _cold_copies(module: nn.Linear) -> list[tuple]:
     """The module's (weight, bias), and copies of them up to COLD_BYTES in all (at most 64)."""
     size = module.weight.numel() * module.weight.element_size()
     n = max(1, min(64, -(-COLD_BYTES // size)))
-    pairs = [(module.weight, module.bias)]
+    pairs = [(module.weight.detach(), None if module.bias is None else module.bias.detach())]
     for _ in range(n - 1):
         bias = None if module.bias is None else module.bias.detach().clone()
         pairs.append((module.weight.detach().clone(), bias))
     return pairs
 
 
+def gemv_rows(seconds: dict[str, dict[str, float]]) -> int:
+    """The most rows of ROWS up to which gemv was faster at every measured count (0: not at one)."""
+    most = 0
+    for rows in ROWS:
+        s = seconds[str(rows)]
+        if s["gemv"] >= s["onednn"]:
+            break
+        most = rows
+    return most
+
+
 def measure_kernels(
     modules: list[nn.Linear], clock: Callable[[], float] = time.process_time
-) -> dict[str, dict[str, dict]]:
-    """For each distinct shape among `modules` and each entry of ROWS: every kernel's seconds per
-    call (CPU time of the process: every thread; best of 5 trials; weights read from memory, not
-    from cache: `_time`) and the fastest. Returns {shape: {rows: {"kernel": name, "seconds": {name: s}}}}."""
-    out: dict[str, dict[str, dict]] = {}
+) -> dict[str, dict]:
+    """For each distinct shape among `modules`: every kernel's seconds per call at each of ROWS (CPU
+    time of the process: every thread; best of 5 trials; weights read from memory, not from cache:
+    `_time`) and the rows gemv then takes (`gemv_rows`).
+    Returns {shape: {"gemv_rows": n, "seconds": {rows: {kernel: s}}}}."""
+    out: dict[str, dict] = {}
     for module in modules:
         key = shape_key(module)
         if key in out:
             continue
-        out[key] = {}
         weights = _cold_copies(module)
+        seconds = {}
         for rows in ROWS:
             x = torch.randn(rows, module.in_features)
-            seconds = {name: _time(fn, x, weights, clock) for name, fn in KERNELS.items()}
-            out[key][str(rows)] = {"kernel": min(seconds, key=seconds.get), "seconds": seconds}
+            seconds[str(rows)] = {name: _time(fn, x, weights, clock) for name, fn in KERNELS.items()}
+        out[key] = {"gemv_rows": gemv_rows(seconds), "seconds": seconds}
     return out
 
 
@@ -187,9 +209,10 @@ def cpu_name() -> str:
 
 
 def machine_key() -> str:
-    """The CPU model, the threads torch uses and the torch version: what a measured choice holds for."""
+    """The CPU model, the threads torch uses, the torch version and gemv's source: what a measured
+    choice holds for."""
     slug = re.sub(r"[^a-z0-9]+", "-", cpu_name().lower()).strip("-") or "cpu"
-    return f"{slug}-t{torch.get_num_threads()}-torch{torch.__version__}"
+    return f"{slug}-t{torch.get_num_threads()}-torch{torch.__version__}-gemv{gemv.source_key()}"
 
 
 def _cache_file() -> Path:
@@ -199,14 +222,17 @@ def _cache_file() -> Path:
 
 
 def chosen_kernels(modules: list[nn.Linear], clock: Callable[[], float] = time.process_time) -> dict:
-    """The measured choice for these modules' shapes: read from this machine's cache file, the
-    shapes it lacks measured now and written back (a failure to write is only a lost cache)."""
+    """The measured choice for these modules' shapes (SMALL_BYTES ones: gemv up to GEMV_MAX_ROWS,
+    untimed): read from this machine's cache file, the shapes it lacks measured now and written back
+    (a failure to write is only a lost cache)."""
+    small = {shape_key(m): {"gemv_rows": GEMV_MAX_ROWS, "seconds": None} for m in modules if _small(m)}
+    timed = [m for m in modules if not _small(m)]
     path = _cache_file()
     try:
         known = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         known = {}
-    missing = [m for m in modules if shape_key(m) not in known]
+    missing = [m for m in timed if shape_key(m) not in known]
     if missing:
         known |= measure_kernels(missing, clock)
         try:
@@ -216,44 +242,54 @@ def chosen_kernels(modules: list[nn.Linear], clock: Callable[[], float] = time.p
             os.replace(tmp, path)
         except OSError:
             pass
-    return {shape_key(m): known[shape_key(m)] for m in modules}
+    return small | {shape_key(m): known[shape_key(m)] for m in timed}
 
 
-def use_measured(model: nn.Module, choice: dict | None = None) -> dict:
-    """Every plain fp32 CPU linear of `model` as a `MeasuredLinear` calling the kernel `choice`
-    (None: `chosen_kernels`, measured or cached) names for its shape and rows; returns the choice.
-    Parameters stop requiring gradients, as with `use_onednn`."""
-    modules = _plain_fp32(model)
-    choice = chosen_kernels(modules) if choice is None else choice
+def use_kernels(model: nn.Module, choice: str, measured: dict | None = None) -> dict | None:
+    """Every plain fp32 CPU `nn.Linear` of `model` (`_plain_fp32`; quantised or other linear
+    subclasses are left alone) through the kernels `choice` (a FEEDBACK_LINEAR value) names, in
+    place. `auto`: `GemvLinear`s with the rows measured here per shape (`measured`, else
+    `chosen_kernels`), or `OneDnnLinear`s where gemv cannot be built; `gemv`: `GemvLinear`s to
+    GEMV_MAX_ROWS rows; `onednn`: `OneDnnLinear`s; `aten`: no change. Returns {shape: {"gemv_rows":
+    n, ...}} for the layers gemv takes, else None. Parameters stop requiring gradients: the engine
+    only runs inference, and neither kernel has a backward."""
+    from feedback.errors import FeedbackError
+
+    if choice == "aten":
+        return None
     model.requires_grad_(False)
+    modules = _plain_fp32(model)
+    if choice == "gemv" and not gemv.available():
+        raise FeedbackError(f"linear_kernel gemv cannot run here: {gemv.why_not()}")
+    exact = [m for m in modules if gemv.usable(m.weight, m.bias)]
+    if choice == "onednn" or not exact or not gemv.available():
+        for module in modules:
+            module.__class__ = OneDnnLinear
+        return None
+    if choice == "gemv":
+        table = {shape_key(m): {"gemv_rows": GEMV_MAX_ROWS, "seconds": None} for m in exact}
+    else:
+        table = measured if measured is not None else chosen_kernels(exact)
+    takes = {id(m) for m in exact}
     for module in modules:
-        table = choice[shape_key(module)]
-        module.__class__ = MeasuredLinear
-        module.kernels = tuple(KERNELS[table[str(rows)]["kernel"]] for rows in ROWS)
-    return choice
+        rows = table[shape_key(module)]["gemv_rows"] if id(module) in takes else 0
+        module.__class__ = GemvLinear if rows else OneDnnLinear
+        module.gemv_rows = rows
+    return table
 
 
-def kernel_summary(choice: dict) -> str:
-    """One line: each shape's kernel per row count, e.g. "576x49152: onednn 1-8 rows"."""
+def kernel_summary(choice: dict | None, setting_name: str = "") -> str:
+    """One line: each shape's kernel by rows, e.g. "576x49152: gemv to 8 rows, oneDNN above"; for no
+    table, the setting (and why gemv is not in use, where it is not)."""
+    if not choice:
+        why = gemv.why_not()
+        name = setting_name or setting()
+        return f"{'onednn' if name == 'auto' else name}" + (f" (gemv: {why})" if why else "")
     parts = []
-    for shape, table in choice.items():
-        names = [table[str(r)]["kernel"] for r in ROWS]
-        if len(set(names)) == 1:
-            parts.append(f"{shape}: {names[0]}")
-        else:
-            parts.append(f"{shape}: " + ", ".join(f"{n} at {r}" for r, n in zip(ROWS, names)))
+    for shape, entry in choice.items():
+        rows = entry["gemv_rows"]
+        parts.append(f"{shape}: " + ("oneDNN" if not rows else f"gemv to {rows} rows, oneDNN above"))
     return "; ".join(parts)
-
-
-def use_onednn(model: nn.Module) -> int:
-    """Turn every plain fp32 CPU `nn.Linear` of `model` (`_plain_fp32`) into a `OneDnnLinear` in place
-    (quantised or other linear subclasses are left alone); returns how many. Parameters stop
-    requiring gradients: the engine only runs inference, and the fused op has no backward."""
-    model.requires_grad_(False)
-    modules = _plain_fp32(model)
-    for module in modules:
-        module.__class__ = OneDnnLinear
-    return len(modules)
 
 
 INT8_LABEL = "int8 weights, output head included (per-channel scales, bf16 activations; CPU)"

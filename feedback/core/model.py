@@ -130,7 +130,7 @@ class LoadedModel:
     load_seconds: float = 0.0
     eos_token_ids: list[int] = field(default_factory=list)
     quantization: str | None = None  # how the weights are stored when not in `dtype` (8-bit, 4-bit)
-    kernels: dict | None = None  # the fp32 linear kernels measured fastest here (`linear.use_measured`)
+    kernels: dict | None = None  # the rows gemv takes per fp32 linear shape (`linear.use_kernels`), if any
     # Held for each forward pass: runs sharing this model interleave step by step, never overlap.
     forward_lock: TurnLock = field(default_factory=TurnLock, repr=False, compare=False)
     decoder: Any = field(default=None, repr=False, compare=False)  # its shared decode loop (core.sharing)
@@ -350,9 +350,10 @@ def load_model(
 ) -> LoadedModel:
     """Load a model and tokenizer for the engine; user mistakes raise `FeedbackError`.
     `fast_matmul` (None: FEEDBACK_FAST_MATMUL): bf16 matmuls on fp32 weights, process-wide.
-    `linear_kernel` (None: FEEDBACK_LINEAR, by default onednn): fp32 linear layers on CPU through
-    oneDNN's kernel, the kernel measured fastest here per shape and rows ("measure"), or PyTorch's
-    own ("aten"); see `feedback.core.linear`. `lean_layers` (None: FEEDBACK_LEAN, by default on):
+    `linear_kernel` (None: FEEDBACK_LINEAR, by default auto): fp32 linear layers on CPU through the
+    kernels measured fastest here per shape, each exact for the rows it takes ("auto"), the compiled
+    few-row kernel ("gemv"), oneDNN's ("onednn"), or PyTorch's own ("aten"); see
+    `feedback.core.linear`. `lean_layers` (None: FEEDBACK_LEAN, by default on):
     Llama layers on CPU with fused projections, bit-identical (`feedback.core.lean`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -443,11 +444,9 @@ def load_model(
     kernels = None
     kernel = linear.setting(linear_kernel)
     if linear.wanted(dev, kernel) and device_map is None:
-        # the fp32 linear layers left (none in the int8 and int4 modes: they quantise the head too)
-        if kernel == "measure":  # the kernel this machine runs fastest per shape and rows, measured once
-            kernels = linear.use_measured(model)
-        else:
-            linear.use_onednn(model)
+        # the fp32 linear layers left (none in the int8 and int4 modes: they quantise the head too);
+        # bf16 matmuls asked for are oneDNN's, which gemv (fp32 arithmetic) would bypass
+        kernels = linear.use_kernels(model, "onednn" if fast_matmul else kernel)
 
     eos: list[int] = []
     for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):

@@ -7,14 +7,18 @@ import torch
 from torch import nn
 from transformers import DynamicCache, LlamaForCausalLM, Qwen2ForCausalLM
 
-from feedback.core import lean, linear
+from feedback.core import gemv, lean, linear
 from tests.tiny_families import FAMILIES
 
 VOCAB = 300  # small: the head is not what is tested
 
 
-def _pair(bias: bool) -> tuple[nn.Module, nn.Module]:
-    """Two copies of one random Llama, the second with lean layers (oneDNN linear on both, as loaded)."""
+# the fp32 kernels a loaded model's layers can take here; the lean layer is exact on each
+KERNELS = [k for k in ("gemv", "onednn") if linear.available() and (k != "gemv" or gemv.available())]
+
+
+def _pair(bias: bool, kernel: str = "onednn") -> tuple[nn.Module, nn.Module]:
+    """Two copies of one random Llama, the second with lean layers (`kernel` on both, as loaded)."""
     torch.manual_seed(0)
     config = FAMILIES["llama"](vocab_size=VOCAB, attention_bias=bias, mlp_bias=bias)
     plain = LlamaForCausalLM(config).eval()
@@ -23,7 +27,7 @@ def _pair(bias: bool) -> tuple[nn.Module, nn.Module]:
     assert lean.lean_layers(fused.model.layers) == 4
     for model in (plain, fused):
         if linear.wanted(torch.device("cpu")):
-            linear.use_onednn(model)
+            linear.use_kernels(model, kernel)
     return plain, fused
 
 
@@ -44,9 +48,10 @@ def _logits(model: nn.Module, ids: torch.Tensor, steps: int) -> list[torch.Tenso
     return out
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("bias", [False, True])
-def test_lean_layers_give_bit_identical_logits_in_prefill_and_decode(bias):
-    plain, fused = _pair(bias)
+def test_lean_layers_give_bit_identical_logits_in_prefill_and_decode(bias, kernel):
+    plain, fused = _pair(bias, kernel)
     ids = torch.randint(0, VOCAB, (2, 12))
     for a, b in zip(_logits(plain, ids, 6), _logits(fused, ids, 6), strict=True):
         assert torch.equal(a, b)

@@ -1,25 +1,32 @@
-"""oneDNN's fp32 linear on CPU: the same products as PyTorch's own kernel to float rounding, in
-every batch shape the engine uses, and only where it applies."""
+"""The fp32 linear kernels on CPU (gemv, oneDNN): the same products as PyTorch's own kernel to float
+rounding in every batch shape the engine uses, each layer's choice measured, and only where it applies."""
 
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 from torch import nn
 
-from feedback.core import linear
+from feedback.core import gemv, linear
 
 pytestmark = pytest.mark.skipif(not linear.available(), reason="this torch has no oneDNN linear")
+needs_gemv = pytest.mark.skipif(not gemv.available(), reason=f"gemv cannot run here: {gemv.why_not()}")
 
 
-def test_the_loaded_model_uses_it_and_agrees_with_aten(embedded_lm):
-    # every linear layer a step calls (a lean layer's q/k/v and gate/up parts are folded into one)
-    layers = [
-        m for m in embedded_lm.model.modules() if isinstance(m, nn.Linear) and not getattr(m, "folded", 0)
-    ]
-    assert layers and all(type(m) is linear.OneDnnLinear for m in layers) and embedded_lm.kernels is None
+def _called(model: nn.Module) -> list[nn.Linear]:
+    """Every linear layer a step calls (a lean layer's q/k/v and gate/up parts are folded into one)."""
+    return [m for m in model.modules() if isinstance(m, nn.Linear) and not getattr(m, "folded", 0)]
+
+
+def test_the_loaded_model_uses_them_and_agrees_with_aten(embedded_lm):
+    layers = _called(embedded_lm.model)
+    kind = linear.GemvLinear if gemv.available() else linear.OneDnnLinear
+    assert layers and all(type(m) in (kind, linear.OneDnnLinear) for m in layers)
+    assert any(type(m) is kind for m in layers)
+    assert (embedded_lm.kernels is not None) == gemv.available()
     torch.manual_seed(0)
     for module in (embedded_lm.model.lm_head, embedded_lm.layers[0].mlp.down_proj):
         for shape in ((1, 1), (2, 1), (4, 1), (16, 1), (1, 512), (3, 7)):  # decode steps, a prefill chunk
@@ -31,16 +38,20 @@ def test_the_loaded_model_uses_it_and_agrees_with_aten(embedded_lm):
 
 
 def test_a_row_is_the_same_in_any_batch():
-    """Each row's product is computed alone from the same weights: one row in a batch of 2 or 16
-    agrees with the row alone to float rounding."""
+    """oneDNN: one row in a batch of 2 or 16 agrees with the row alone to float rounding; gemv (up to
+    its rows): bit for bit."""
     torch.manual_seed(1)
-    module = nn.Linear(576, 1536, bias=False)
-    linear.use_onednn(module)
     x = torch.randn(16, 576)
-    with torch.inference_mode():
-        alone = module(x[:1])
-        for n in (2, 16):
-            assert (module(x[:n])[:1] - alone).abs().max().item() < 1e-5
+    for choice in ("onednn", "gemv") if gemv.available() else ("onednn",):
+        module = nn.Linear(576, 1536, bias=False)
+        linear.use_kernels(module, choice)
+        with torch.inference_mode():
+            alone = module(x[:1])
+            for n in (2, 3, 16):
+                if choice == "gemv":
+                    assert torch.equal(module(x[:n])[:1], alone)
+                else:
+                    assert (module(x[:n])[:1] - alone).abs().max().item() < 1e-5
 
 
 def test_only_plain_fp32_cpu_linears_change_and_autograd_keeps_aten():
@@ -50,7 +61,7 @@ def test_only_plain_fp32_cpu_linears_change_and_autograd_keeps_aten():
         pass
 
     model.append(Custom(8, 8))
-    assert linear.use_onednn(model) == 1
+    assert linear.use_kernels(model, "onednn") is None
     assert [type(m).__name__ for m in model] == ["OneDnnLinear", "Linear", "ReLU", "Custom"]
     assert not any(p.requires_grad for p in model.parameters())
     x = torch.randn(2, 8, requires_grad=True)
@@ -157,50 +168,55 @@ def test_load_in_8_or_4_bit_on_cpu_is_a_labelled_fast_mode(bits):
         load_model("embedded", dtype="bfloat16", **{f"load_in_{bits}bit": True})
 
 
-def test_the_kernel_measured_faster_is_chosen_for_each_shape_and_row_count(monkeypatch):
-    """A kernel that takes longer is never chosen: here one that sleeps 1 ms a call at 1 and 2 rows
-    against one that does not (wall clock, so the sleep counts), and the other way at 4 and 8."""
-    import time
+def test_gemv_takes_the_rows_up_to_where_it_stops_being_faster(monkeypatch):
+    """Timed for real (wall clock, so a sleep counts): a gemv that sleeps 1 ms a call from 4 rows on
+    against a oneDNN that sleeps at 1 and 2 rows only gives gemv 2 rows; faster only past 1 row, none."""
 
-    def slow_below_4(x, weight, bias):
-        if x.shape[0] < 4:
-            time.sleep(0.001)
-        return nn.functional.linear(x, weight, bias)
+    def sleeping(at):
+        def kernel(x, weight, bias):
+            if x.shape[0] in at:
+                time.sleep(0.001)
+            return nn.functional.linear(x, weight, bias)
 
-    def slow_from_4(x, weight, bias):
-        if x.shape[0] >= 4:
-            time.sleep(0.001)
-        return nn.functional.linear(x, weight, bias)
+        return kernel
 
-    monkeypatch.setattr(linear, "KERNELS", {"a": slow_below_4, "b": slow_from_4})
+    monkeypatch.setattr(linear, "KERNELS", {"gemv": sleeping({4, 8, 16}), "onednn": sleeping({1, 2})})
     modules = [nn.Linear(16, 8), nn.Linear(16, 8), nn.Linear(8, 16, bias=False)]
     choice = linear.measure_kernels(modules, clock=time.perf_counter)
     assert set(choice) == {"16x8+bias", "8x16"}  # one measurement per distinct shape
     for table in choice.values():
-        assert [table[str(r)]["kernel"] for r in linear.ROWS] == ["b", "b", "a", "a"]
-        assert all(s["a"] > 0 and s["b"] > 0 for s in (table[str(r)]["seconds"] for r in linear.ROWS))
+        assert table["gemv_rows"] == 2 and set(table["seconds"]) == {str(r) for r in linear.ROWS}
+        assert all(s["gemv"] > 0 and s["onednn"] > 0 for s in table["seconds"].values())
+    seconds = {str(r): {"gemv": 2.0 if r == 1 else 1.0, "onednn": 1.5} for r in linear.ROWS}
+    assert linear.gemv_rows(seconds) == 0  # slower at one row: never, though faster above
 
 
-def test_a_measured_linear_calls_its_choice_per_row_count_and_keeps_the_products():
+@needs_gemv
+def test_a_gemv_linear_calls_gemv_up_to_its_rows_and_onednn_above(monkeypatch):
     torch.manual_seed(2)
     module = nn.Linear(64, 32)
-    choice = {
-        "64x32+bias": {
-            str(r): {"kernel": k} for r, k in zip(linear.ROWS, ["onednn", "onednn", "aten", "aten"])
-        }
-    }
-    assert linear.use_measured(module, choice) == choice
-    assert type(module) is linear.MeasuredLinear and not module.weight.requires_grad
-    assert module.kernels == (linear._onednn, linear._onednn, linear._aten, linear._aten)
-    for rows in (1, 2, 3, 8, 40):
-        x = torch.randn(rows, 64)
+    table = {"64x32+bias": {"gemv_rows": 4, "seconds": None}}
+    assert linear.use_kernels(module, "auto", measured=table) == table
+    assert type(module) is linear.GemvLinear and module.gemv_rows == 4 and not module.weight.requires_grad
+    seen = []
+    real = gemv.product
+    monkeypatch.setattr(gemv, "product", lambda x, w, b: seen.append(x.shape) or real(x, w, b))
+    for shape in ((1, 64), (2, 2, 64), (4, 64), (5, 64), (40, 64)):
+        x = torch.randn(*shape)
         with torch.inference_mode():
             got, want = module(x), nn.functional.linear(x, module.weight, module.bias)
+        assert got.shape == want.shape
         assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+    assert seen == [(1, 64), (2, 2, 64), (4, 64)]  # 5 and 40 rows went to oneDNN
+    none = nn.Linear(64, 32)
+    linear.use_kernels(none, "auto", measured={"64x32+bias": {"gemv_rows": 0, "seconds": None}})
+    assert type(none) is linear.OneDnnLinear
 
 
+@needs_gemv
 def test_the_choice_is_measured_once_per_machine_and_read_back(tmp_path, monkeypatch):
     monkeypatch.setenv("FEEDBACK_CACHE", str(tmp_path))
+    monkeypatch.setattr(linear, "SMALL_BYTES", 8 * 4 * 4 + 1)  # 8x4 (128 bytes) untimed, 16x4 and 4x16 timed
     measured = []
     real = linear.measure_kernels
 
@@ -209,42 +225,59 @@ def test_the_choice_is_measured_once_per_machine_and_read_back(tmp_path, monkeyp
         return real(modules)
 
     monkeypatch.setattr(linear, "measure_kernels", counting)
-    first = linear.chosen_kernels([nn.Linear(8, 4)])
-    again = linear.chosen_kernels([nn.Linear(8, 4), nn.Linear(4, 8)])  # only the new shape measured
-    assert measured == [["8x4+bias"], ["4x8+bias"]] and again["8x4+bias"] == first["8x4+bias"]
-    (path,) = (tmp_path / "kernels").iterdir()
+    first = linear.chosen_kernels([nn.Linear(16, 4), nn.Linear(8, 4)])
+    again = linear.chosen_kernels([nn.Linear(16, 4), nn.Linear(4, 16)])  # only the new shape measured
+    assert measured == [["16x4+bias"], ["4x16+bias"]] and again["16x4+bias"] == first["16x4+bias"]
+    assert first["8x4+bias"] == {"gemv_rows": linear.GEMV_MAX_ROWS, "seconds": None}  # small: untimed
+    (path,) = (p for p in (tmp_path / "kernels").iterdir() if p.suffix == ".json")
     assert path.name == f"{linear.machine_key()}.json" and str(torch.get_num_threads()) in path.name
-    assert linear.kernel_summary(again).count("x") >= 2
+    assert gemv.source_key() in path.name  # a changed kernel is measured anew
+    assert linear.kernel_summary(again).count("x") == 2
 
 
 def test_feedback_linear_refuses_an_unknown_choice(monkeypatch):
     from feedback.errors import FeedbackError
 
     monkeypatch.setenv(linear.LINEAR_ENV, "fastest")
-    with pytest.raises(FeedbackError, match="FEEDBACK_LINEAR must be one of onednn, measure, aten"):
+    with pytest.raises(FeedbackError, match="FEEDBACK_LINEAR must be one of auto, gemv, onednn, aten"):
         linear.setting()
     monkeypatch.setenv(linear.LINEAR_ENV, "oneDNN")
     assert linear.setting() == "onednn"
-    with pytest.raises(FeedbackError, match="linear_kernel must be one of onednn, measure, aten; got 'mkl'"):
+    monkeypatch.setenv(linear.LINEAR_ENV, "")
+    assert linear.setting() == "auto"
+    with pytest.raises(
+        FeedbackError, match="linear_kernel must be one of auto, gemv, onednn, aten; got 'mkl'"
+    ):
         linear.setting("mkl")  # a load_model argument, named as such
 
 
-def test_a_model_loaded_with_measured_kernels_calls_its_cached_choice(embedded_lm, tmp_path, monkeypatch):
-    """FEEDBACK_LINEAR=measure (or linear_kernel="measure"): every fp32 linear layer a
-    `MeasuredLinear` calling, per row count, the kernel this machine's measurement chose."""
+@needs_gemv
+def test_a_model_loads_with_its_cached_choice_and_each_choice_applies(embedded_lm, tmp_path, monkeypatch):
+    """The default (auto): gemv layers with this machine's measured rows, cached and read back on
+    the next load; gemv: every layer to GEMV_MAX_ROWS untimed; onednn: no gemv."""
     from feedback.core.model import load_model
     from tests.tiny_families import write_folder
 
     monkeypatch.setenv("FEEDBACK_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv(linear.LINEAR_ENV, "measure")
-    lm = load_model(f"random:{write_folder('llama', embedded_lm.tokenizer, tmp_path / 'llama')}")
-    layers = [m for m in lm.model.modules() if isinstance(m, nn.Linear) and not getattr(m, "folded", 0)]
-    assert layers and all(type(m) is linear.MeasuredLinear for m in layers)
+    monkeypatch.setattr(linear, "SMALL_BYTES", 0)  # time every layer of the tiny model
+    folder = write_folder("llama", embedded_lm.tokenizer, tmp_path / "llama")
+    lm = load_model(f"random:{folder}")
+    layers = _called(lm.model)
     assert set(lm.kernels) == {linear.shape_key(m) for m in layers}
     for module in layers:
-        table = lm.kernels[linear.shape_key(module)]
-        assert module.kernels == tuple(linear.KERNELS[table[str(r)]["kernel"]] for r in linear.ROWS)
+        rows = lm.kernels[linear.shape_key(module)]["gemv_rows"]
+        assert type(module) is (linear.GemvLinear if rows else linear.OneDnnLinear)
+        assert getattr(module, "gemv_rows", 0) == rows
     assert (tmp_path / "cache" / "kernels" / f"{linear.machine_key()}.json").exists()
-    monkeypatch.setenv(linear.LINEAR_ENV, "")
-    again = load_model(f"random:{tmp_path / 'llama'}", linear_kernel="measure")  # the argument, cached
-    assert again.kernels == lm.kernels
+
+    def no_more(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(linear, "measure_kernels", no_more)
+    assert load_model(f"random:{folder}").kernels == lm.kernels
+    every = load_model(f"random:{folder}", linear_kernel="gemv")
+    assert {e["gemv_rows"] for e in every.kernels.values()} == {linear.GEMV_MAX_ROWS}
+    assert all(type(m) is linear.GemvLinear for m in _called(every.model))
+    plain = load_model(f"random:{folder}", linear_kernel="onednn")
+    assert plain.kernels is None and all(type(m) is linear.OneDnnLinear for m in _called(plain.model))
+    assert linear.kernel_summary(plain.kernels, "onednn") == "onednn"

@@ -1,0 +1,151 @@
+"""fp32 products of a few rows by a plain streaming kernel, compiled on this machine (`gemv.c`).
+
+A decode step multiplies one row (or a few: a baseline and its feedback rows, several visitors) by
+every weight matrix of the model, so it is bound by reading the weights, and PyTorch's fp32 kernels
+read them slowly there. Measured on the development CPU (AMD EPYC, 1 thread, every linear layer of
+the embedded model in turn, weights from memory): oneDNN's product took 38.4 ms a step at 1 row and
+48.4 at 2, MKL's 43.6 and 76.0; this kernel 22.5 and 24.4, at the machine's copy rate. llama.cpp's
+fp32 kernel is the same idea.
+
+Each output is one dot product summed in one fixed order (see `gemv.c`), so a row's result is
+bit-for-bit the same alone or in any batch and at any thread count: the shared decode's rows equal
+the rows run alone, not only to rounding.
+
+The kernel needs Linux on an x86-64 CPU with AVX2 and FMA, and a C compiler (`$CC`, else `cc`) the
+first time: it is built into the model cache (`kernels/`) in well under a second and loaded with
+ctypes. Where any of that is missing the linear layers keep oneDNN's kernel, and `why_not` says why.
+Threads come from OpenMP, the runtime PyTorch already loaded, at PyTorch's thread count.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("gemv.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+COMPILE_TIMEOUT_S = 120
+
+
+def source_key() -> str:
+    """What a built kernel depends on: its source and flags (12 hex digits)."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode())
+    return digest.hexdigest()[:12]
+
+
+def _unsupported() -> str:
+    """Why this machine cannot run the kernel, or "" where it can."""
+    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"it needs Linux on x86-64 (this is {sys.platform} on {platform.machine()})"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return f"it needs a CPU with AVX2 and FMA (PyTorch finds {capability})"
+    return ""
+
+
+def _compiler() -> str | None:
+    given = os.environ.get("CC", "").strip()
+    return shutil.which(given) if given else shutil.which("cc") or shutil.which("gcc")
+
+
+def _build(target: Path, compiler: str) -> str:
+    """Compile SOURCE into `target` (written whole or not at all); "" or why it failed."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [compiler, *FLAGS, str(SOURCE), "-o", tmp],
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+        )
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout).strip().splitlines() or ["no message"]
+            return f"{Path(compiler).name} failed: {lines[-1]}"
+        os.replace(tmp, target)
+        return ""
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{Path(compiler).name} failed: {e}"
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def find(folder: Path) -> tuple[ctypes.CDLL | None, str]:
+    """The library built in `folder` (built there first where it is not), or None and why not."""
+    reason = _unsupported()
+    if reason:
+        return None, reason
+    target = folder / f"gemv-{source_key()}.so"
+    if not target.exists():
+        compiler = _compiler()
+        if compiler is None:
+            return None, "no C compiler found (set CC, or install gcc)"
+        reason = _build(target, compiler)
+        if reason:
+            return None, reason
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as e:
+        return None, f"the built kernel did not load: {e}"
+    fn = lib.feedback_gemv
+    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    fn.restype = None
+    return lib, ""
+
+
+@functools.cache
+def _loaded() -> tuple[ctypes.CDLL | None, str]:
+    """This process's library (built once per cache, source and flags), or None and why not."""
+    from feedback.core.embedded import cache_root
+
+    return find(cache_root() / "kernels")
+
+
+def available() -> bool:
+    return _loaded()[0] is not None
+
+
+def why_not() -> str:
+    """Why the kernel is not in use here ("" where it is)."""
+    return _loaded()[1]
+
+
+def usable(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Weights (and bias) the kernel reads as they are: fp32, contiguous, in CPU memory."""
+    return all(
+        t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
+        for t in (weight, bias)
+    )
+
+
+def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`nn.functional.linear(x, weight, bias)` for fp32 CPU tensors (`usable` weights), by the kernel."""
+    fn = _loaded()[0].feedback_gemv
+    out_features, in_features = weight.shape
+    flat = x.reshape(-1, in_features)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    y = torch.empty(flat.shape[0], out_features, dtype=torch.float32)
+    fn(
+        flat.data_ptr(),
+        weight.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        y.data_ptr(),
+        flat.shape[0],
+        in_features,
+        out_features,
+        torch.get_num_threads(),
+    )
+    return y.view(*x.shape[:-1], out_features)
