@@ -24,7 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from feedback import ASSETS
-from feedback.core import linear
+from feedback.core import linear, threads
 from feedback.core.engine import run_to_end
 from feedback.core.model import LoadedModel, load_model, set_fast_matmul
 from feedback.core.records import RowSpec, RunConfig, first_divergence
@@ -186,18 +186,19 @@ def _generate_run(lm: LoadedModel, tokens: int) -> tuple[float, list[int]]:
 
 def _raw_step_s(lm: LoadedModel, batch: int, tokens: int, clock: Callable[[], float] = _cpu) -> float:
     """A bare batched forward per step on a real cache (no sampling, metrics, hooks or records), in
-    CPU seconds (or by another `clock`)."""
+    CPU seconds (or by another `clock`); decode steps at the model's decode threads, as the engine's."""
     ids = torch.tensor([lm.encode(BENCH_PROMPT)], device=lm.device)
     with torch.inference_mode():
         cache = DynamicCache(config=lm.model.config)
         out = lm.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         cache.batch_repeat_interleave(batch)
         tok = out.logits[:, -1].argmax(-1).repeat(batch)[:, None]
-        t = clock()
-        for _ in range(tokens - 1):
-            out = lm.model(input_ids=tok, cache=cache, use_cache=True)
-            tok = out.logits[:, -1].argmax(-1)[:, None]
-        return (clock() - t) / (tokens - 1)
+        with threads.decoding(lm.decode_threads, batch):
+            t = clock()
+            for _ in range(tokens - 1):
+                out = lm.model(input_ids=tok, cache=cache, use_cache=True)
+                tok = out.logits[:, -1].argmax(-1)[:, None]
+            return (clock() - t) / (tokens - 1)
 
 
 def prompt_of(lm: LoadedModel, tokens: int) -> str:
@@ -479,6 +480,7 @@ def measure(
         "tokens": tokens,
         "rounds": repeats,
         "threads": torch.get_num_threads(),
+        "decode_threads": lm.decode_threads or torch.get_num_threads(),  # measured fastest: core.threads
         "cpu": linear.cpu_name(),
         # the fp32 linear kernels: the rows gemv takes per shape, else the one kernel in use
         "linear_kernels": linear.kernel_summary(lm.kernels),
@@ -747,6 +749,7 @@ def concurrency(
     return {
         "cpu": linear.cpu_name(),
         "threads": torch.get_num_threads(),
+        "decode_threads": lm.decode_threads or torch.get_num_threads(),  # measured fastest: core.threads
         "device": str(lm.device),
         "model": lm.name,
         "dtype": lm.dtype,
@@ -880,18 +883,18 @@ def _agree(a: list[int], b: list[int]) -> int:
 HOG = "import time\nwhile True: sum(range(10_000))"  # one busy core, like a neighbour on a shared CPU
 
 
-def _step_in_process(threads: int, wait: str, tokens: int) -> float:
+def _step_in_process(count: int, wait: str, tokens: int) -> float:
     """A bare one-row decode step (ms, wall time: what a neighbour's load costs is the point) in a fresh
-    process with these threads and wait policy (the policy is read once, when torch loads, so it
-    needs its own process)."""
+    process with `count` threads (decode steps too) and this wait policy (the policy is read once, when
+    torch loads, so it needs its own process)."""
     code = (
         "import torch, time; from feedback.core.model import load_model; "
         "from feedback.bench import _raw_step_s; "
-        f"torch.set_num_threads({threads}); lm = load_model('embedded', dtype='float32'); "
+        f"torch.set_num_threads({count}); lm = load_model('embedded', dtype='float32'); "
         "_raw_step_s(lm, 1, 4); "
         f"print(min(_raw_step_s(lm, 1, {tokens}, time.perf_counter) for _ in range(2)) * 1e3)"
     )
-    env = {**os.environ, "OMP_WAIT_POLICY": wait}
+    env = {**os.environ, "OMP_WAIT_POLICY": wait, threads.ENV: str(count)}  # decode steps too
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return float(out.stdout.strip().splitlines()[-1])
 
@@ -1007,7 +1010,8 @@ def run_bench(args, peers: tuple[Callable[[], dict | None], Callable[[dict], str
         return 0
     load = report["load_average"]
     print(
-        f"model {report['model']} {report['dtype']} on {report['device']} ({report['threads']} threads), "
+        f"model {report['model']} {report['dtype']} on {report['device']} ({report['threads']} threads, "
+        f"{report['decode_threads']} for decode steps), "
         f"{report['tokens']} tokens; every ratio: CPU time, the two sides in turn "
         f"over {report['rounds']} rounds, "
         f"median [lowest–highest]; load average {load['before']} before, {load['after']} after"

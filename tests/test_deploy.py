@@ -230,7 +230,8 @@ ROOT_STEPS_SKIPPED = (
     re.compile(r"useradd( \S+)+"),
     # the compiler for the decode kernel: this machine's own serves the replay's `prepare`
     re.compile(
-        r"apt-get update\s+&&\s+apt-get install -y --no-install-recommends gcc libc6-dev\s+&&\s+rm -rf /var/lib/apt/lists/\*"
+        r"apt-get update\s+&&\s+apt-get install -y --no-install-recommends gcc libc6-dev"
+        r"\s+&&\s+rm -rf /var/lib/apt/lists/\*"
     ),
 )
 

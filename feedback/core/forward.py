@@ -14,6 +14,7 @@ import threading
 import torch
 from transformers import DynamicCache
 
+from feedback.core import threads
 from feedback.core.model import LoadedModel
 from feedback.errors import check_stop
 from feedback.strategies import BatchView, Phase
@@ -34,12 +35,20 @@ def detach(lm: LoadedModel, strategies) -> None:
             strategy.detach()
 
 
+def _tokens(inputs: dict) -> int:
+    """Tokens a forward takes in: rows x positions of its ids (or embeddings)."""
+    given = inputs.get("input_ids")
+    if given is None:
+        return int(inputs["inputs_embeds"].shape[:-1].numel())
+    return given.numel()
+
+
 def hooked_forward(lm: LoadedModel, batch: BatchView, strategies, **inputs):
     """One forward pass with `batch`'s hooks active (forwards on a model are serialised, so other
     runs' hooks stay inactive), then each strategy's end-of-forward update. When `batch.stop` is
     set, the forward looks at it before every decoder layer and ends (raising `Stopped`) once it is
     set: long single forwards (a perplexity window) end within a layer, not a window."""
-    with lm.forward_lock:
+    with lm.forward_lock, threads.decoding(lm.decode_threads, _tokens(inputs)):
         batch.active = True
         checks = (
             [layer.register_forward_pre_hook(lambda *_: batch.check_stop()) for layer in lm.layers]
@@ -61,7 +70,7 @@ def shared_forward(lm: LoadedModel, views: list[BatchView], strategies, **inputs
     """One decode forward shared by several runs' rows: each run's `views` entry places its rows in
     the batch (its `live_rows`, None at the others' places), and every view's hooks act at once, on
     their own rows; then each strategy's end-of-forward update."""
-    with lm.forward_lock:
+    with lm.forward_lock, threads.decoding(lm.decode_threads, _tokens(inputs)):
         for view in views:
             view.together, view.active = views, True
         try:

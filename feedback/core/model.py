@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from feedback.core import embedded, lean, linear
+from feedback.core import embedded, lean, linear, threads
 from feedback.errors import FeedbackError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -131,6 +131,7 @@ class LoadedModel:
     eos_token_ids: list[int] = field(default_factory=list)
     quantization: str | None = None  # how the weights are stored when not in `dtype` (8-bit, 4-bit)
     kernels: dict | None = None  # the rows gemv takes per fp32 linear shape (`linear.use_kernels`), if any
+    decode_threads: int | None = None  # threads for decode steps, measured fastest (`core.threads`)
     # Held for each forward pass: runs sharing this model interleave step by step, never overlap.
     forward_lock: TurnLock = field(default_factory=TurnLock, repr=False, compare=False)
     decoder: Any = field(default=None, repr=False, compare=False)  # its shared decode loop (core.sharing)
@@ -447,6 +448,7 @@ def load_model(
         # the fp32 linear layers left (none in the int8 and int4 modes: they quantise the head too);
         # bf16 matmuls asked for are oneDNN's, which gemv (fp32 arithmetic) would bypass
         kernels = linear.use_kernels(model, "onednn" if fast_matmul else kernel)
+    decode_threads = threads.chosen(model) if dev.type == "cpu" and device_map is None else None
 
     eos: list[int] = []
     for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
@@ -463,4 +465,5 @@ def load_model(
         eos_token_ids=eos,
         quantization=quantization,
         kernels=kernels,
+        decode_threads=decode_threads,
     )
