@@ -52,6 +52,7 @@ from feedback.bench import (
     sync,
     weight_bytes,
 )
+from feedback.core import gemv
 from feedback.core.budget import dtype_bytes, kv_bytes_per_token
 from feedback.core.engine import run_to_end, run_with_logits
 from feedback.core.model import LoadedModel, load_model, resolve_dtype
@@ -232,6 +233,8 @@ def machine(ctx: Context) -> dict:
         "torch_threads": torch.get_num_threads(),
         "model": ctx.spec,
     }
+    if not ctx.cuda:  # the CPU's fp32 decode product: the compiled kernel, or why not
+        info["fp32_decode_kernel"] = "gemv" if gemv.available() else f"oneDNN (gemv: {gemv.why_not()})"
     if ctx.cuda:
         props = torch.cuda.get_device_properties(ctx.device)
         info |= {

@@ -17,6 +17,7 @@ import json
 import pytest
 
 from feedback.cli import main
+from feedback.core import gemv
 from feedback.core.engine import run_to_end
 from feedback.core.records import RowSpec, RunConfig
 from feedback.doctor import (
@@ -63,6 +64,8 @@ def test_cpu_report_skips_every_cuda_step_with_its_reason(cpu_report):
         assert "no CUDA GPU" in steps[name]["summary"] and len(steps[name]["summary"]) > 30, name
     assert "python -m feedback bench" in steps["speed"]["summary"]
     assert report["machine"]["device"] == "cpu" and report["plan"]["greedy_tokens"] > 0
+    kernel = report["machine"]["fp32_decode_kernel"]
+    assert kernel == "gemv" if gemv.available() else kernel.startswith("oneDNN (gemv: ")
 
 
 def test_cpu_report_runs_what_applies(cpu_report):

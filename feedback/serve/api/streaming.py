@@ -16,7 +16,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import asdict
 from typing import Any
@@ -138,15 +138,23 @@ class HeldStream(StreamingResponse):
             self.release()
 
 
-def _close_when_idle(events) -> None:
-    """Close a generator that another thread may still be running (it ends within a step once
-    its run is stopped); a generator cannot be closed while it executes."""
-    while True:
-        try:
-            events.close()
-            return
-        except ValueError:  # "generator already executing"
-            time.sleep(0.01)
+class _Steps:
+    """A run's event generator, stepped in worker threads one step at a time. `close` waits for the
+    step in flight (a stopped run ends it within a step) instead of closing the generator while
+    another thread runs it: CPython does not make that safe, and a test worker segfaulted inside
+    such a `close()` while the decode thread ran the run's step."""
+
+    def __init__(self, events: Iterator[StepEvent]):
+        self.events = events
+        self.lock = threading.Lock()
+
+    def next(self) -> StepEvent | None:
+        with self.lock:
+            return next(self.events, None)
+
+    def close(self) -> None:
+        with self.lock:
+            self.events.close()
 
 
 async def decode(run: Run, shared: bool = False) -> AsyncIterator[StepEvent]:
@@ -155,16 +163,14 @@ async def decode(run: Run, shared: bool = False) -> AsyncIterator[StepEvent]:
     went away) the run is stopped and its generator closed. A cancelled caller does not wait for
     the step in flight (a long prompt's prefill can take a while): the run is told to stop first,
     and its generator is closed once that step ends."""
-    events = run_events(run, shared)
+    steps = _Steps(run_events(run, shared))
     try:
-        while (
-            event := await anyio.to_thread.run_sync(next, events, None, abandon_on_cancel=True)
-        ) is not None:
+        while (event := await anyio.to_thread.run_sync(steps.next, abandon_on_cancel=True)) is not None:
             yield event
     finally:
         run.stop()
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(_close_when_idle, events)
+            await anyio.to_thread.run_sync(steps.close)
 
 
 async def until_gone(request: Request, stop: threading.Event, work: Callable[[], Any]) -> Any:
