@@ -215,26 +215,23 @@ def machine_key() -> str:
     return f"{slug}-t{torch.get_num_threads()}-torch{torch.__version__}-gemv{gemv.source_key()}"
 
 
-def _cache_file() -> Path:
+def cache_file(name: str) -> Path:
+    """This machine's file `name`-<machine_key>.json in the model cache's `kernels/`."""
     from feedback.core.embedded import cache_root
 
-    return cache_root() / "kernels" / f"{machine_key()}.json"
+    return cache_root() / "kernels" / f"{name}{machine_key()}.json"
 
 
-def chosen_kernels(modules: list[nn.Linear], clock: Callable[[], float] = time.process_time) -> dict:
-    """The measured choice for these modules' shapes (SMALL_BYTES ones: gemv up to GEMV_MAX_ROWS,
-    untimed): read from this machine's cache file, the shapes it lacks measured now and written back
-    (a failure to write is only a lost cache)."""
-    small = {shape_key(m): {"gemv_rows": GEMV_MAX_ROWS, "seconds": None} for m in modules if _small(m)}
-    timed = [m for m in modules if not _small(m)]
-    path = _cache_file()
+def remembered(path: Path, keys: list[str], measure: Callable[[list[str]], dict]) -> dict:
+    """{key: entry} for `keys`, read from the JSON file `path`; the keys it lacks `measure`d now
+    and written back (whole or not at all: a failure to write only loses the cache)."""
     try:
         known = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         known = {}
-    missing = [m for m in timed if shape_key(m) not in known]
+    missing = [k for k in keys if k not in known]
     if missing:
-        known |= measure_kernels(missing, clock)
+        known |= measure(missing)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -242,7 +239,18 @@ def chosen_kernels(modules: list[nn.Linear], clock: Callable[[], float] = time.p
             os.replace(tmp, path)
         except OSError:
             pass
-    return small | {shape_key(m): known[shape_key(m)] for m in timed}
+    return {k: known[k] for k in keys}
+
+
+def chosen_kernels(modules: list[nn.Linear], clock: Callable[[], float] = time.process_time) -> dict:
+    """The measured choice for these modules' shapes (SMALL_BYTES ones: gemv up to GEMV_MAX_ROWS,
+    untimed), remembered per machine (`remembered`)."""
+    small = {shape_key(m): {"gemv_rows": GEMV_MAX_ROWS, "seconds": None} for m in modules if _small(m)}
+    timed = {shape_key(m): m for m in modules if not _small(m)}
+    measured = remembered(
+        cache_file(""), list(timed), lambda keys: measure_kernels([timed[k] for k in keys], clock)
+    )
+    return small | measured
 
 
 def use_kernels(model: nn.Module, choice: str, measured: dict | None = None) -> dict | None:

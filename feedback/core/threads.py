@@ -16,11 +16,9 @@ model shape beside the linear kernels' (`kernels/`).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -82,41 +80,29 @@ def fingerprint(model: nn.Module) -> str:
     return f"{c.model_type}-h{c.hidden_size}-l{c.num_hidden_layers}-v{c.vocab_size}-{dtype}-{'+'.join(kinds)}"
 
 
-def _cache_file() -> Path:
-    from feedback.core.embedded import cache_root
-    from feedback.core.linear import machine_key
-
-    return cache_root() / "kernels" / f"threads-{machine_key()}.json"
-
-
 def chosen(model: nn.Module) -> int | None:
     """The decode threads for `model` here: FEEDBACK_DECODE_THREADS, else the count measured
-    fastest (`measure`; cached per machine and `fingerprint`); None where torch runs one thread
-    anyway. A failure to write the cache only loses it."""
+    fastest (`measure`), remembered per machine and `fingerprint`; None where torch runs one thread
+    anyway."""
+    from feedback.core.linear import cache_file, remembered
+
     given = setting()
     if given is not None:
         return given
     if torch.get_num_threads() == 1:
         return None
-    path, key = _cache_file(), fingerprint(model)
-    try:
-        known = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        known = {}
-    if key not in known:
+
+    def timed(keys: list[str]) -> dict:
         seconds = measure(model)
-        known[key] = {
-            "threads": min(seconds, key=seconds.get),
-            "seconds": {str(n): s for n, s in seconds.items()},
+        return {
+            keys[0]: {
+                "threads": min(seconds, key=seconds.get),
+                "seconds": {str(n): s for n, s in seconds.items()},
+            }
         }
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(known, indent=1), encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError:
-            pass
-    return int(known[key]["threads"])
+
+    key = fingerprint(model)
+    return int(remembered(cache_file("threads-"), [key], timed)[key]["threads"])
 
 
 @contextlib.contextmanager

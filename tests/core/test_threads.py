@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from feedback.core import threads
+from feedback.core import linear, threads
 from feedback.errors import FeedbackError
 
 
@@ -52,7 +52,7 @@ def test_the_count_is_measured_once_per_machine_and_model_and_a_given_one_wins(
     calls = []
     monkeypatch.setattr(threads, "measure", lambda model: calls.append(1) or {1: 0.03, 2: 0.02})
     assert threads.chosen(tiny_lm.model) == 2 and threads.chosen(tiny_lm.model) == 2 and calls == [1]
-    known = json.loads(threads._cache_file().read_text())
+    known = json.loads(linear.cache_file("threads-").read_text())
     assert known[threads.fingerprint(tiny_lm.model)] == {"threads": 2, "seconds": {"1": 0.03, "2": 0.02}}
     monkeypatch.setenv(threads.ENV, "1")
     assert threads.chosen(tiny_lm.model) == 1
