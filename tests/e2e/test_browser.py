@@ -35,6 +35,14 @@ expect.set_options(timeout=15_000)
 ANSWER_TOKENS = 48
 
 # In-page timers: the moment of a button click and the first DOM state matching a condition.
+NEXT_BOARD_JS = """
+(column) => {
+  // the column's element now: the next run's board replaces it (its first tokens and the next
+  // ones can arrive in one update, so the count alone need not drop where anyone sees it)
+  window.__flOldColumn = document.getElementById(`${column}-text`);
+}
+"""
+
 TIMERS_JS = """
 () => {
   window.__fl = {clicks: {}, seen: {}};
@@ -1378,11 +1386,16 @@ def test_a_long_session_of_realistic_runs_keeps_the_page_with_its_model(browser:
         runs += 1
         # a column's Stop, at ~40 tokens: that column keeps exactly what the page showed of it
         pg.evaluate(TIMERS_JS)  # records the column's count at the click
+        # this run's column 2, not the last one's: the run stopped before it also showed ~40 tokens
+        # there, and the column Stops show as soon as the page's Stop is enabled, so neither says
+        # the new run is on the board; the column's element replaced does
+        pg.evaluate(NEXT_BOARD_JS, "col2")
         pg.locator("#generate").click()
-        # this run's column first: the stopped run before it also showed 40 tokens in column 2
         expect(pg.locator("#col2-actions .fl-col-stop")).to_be_visible(timeout=RUN_TIMEOUT_MS)
         pg.wait_for_function(
-            "() => document.querySelectorAll('#col2-text .fl-tok').length >= 40", timeout=RUN_TIMEOUT_MS
+            "() => !window.__flOldColumn?.isConnected"
+            " && document.querySelectorAll('#col2-text .fl-tok').length >= 40",
+            timeout=RUN_TIMEOUT_MS,
         )
         pg.locator("#col2-actions .fl-col-stop").click()
         expect(stop_cell(pg, "col2")).to_contain_text("stopped", timeout=15_000)
