@@ -3,9 +3,9 @@
 A decode step multiplies one row (or a few: a baseline and its feedback rows, several visitors) by
 every weight matrix of the model, so it is bound by reading the weights, and PyTorch's fp32 kernels
 read them slowly there. Measured on the development CPU (AMD EPYC, 1 thread, every linear layer of
-the embedded model in turn, weights from memory): oneDNN's product took 38.4 ms a step at 1 row and
-48.4 at 2, MKL's 43.6 and 76.0; this kernel 22.5 and 24.4, at the machine's copy rate. llama.cpp's
-fp32 kernel is the same idea.
+the embedded model in turn, weights from memory; docs/results/gemv_kernels.txt): oneDNN's product
+took 38.5 ms a step at 1 row and 49.0 at 2, MKL's 43.5 and 80.6; this kernel 22.4 and 24.8, at the
+machine's copy rate. llama.cpp's fp32 kernel is the same idea.
 
 Each output is one dot product summed in one fixed order (see `gemv.c`), so a row's result is
 bit-for-bit the same alone or in any batch and at any thread count: the shared decode's rows equal

@@ -11,9 +11,9 @@ Three kernels can take an fp32 `nn.Linear` on CPU:
   about a separate product per row (2 rows 1.8-2.4 x one row).
 
 Measured there (1 thread, every linear layer of the embedded model in turn, weights read from
-memory): a step's products took 22.5 ms by gemv, 38.4 by oneDNN, 43.6 by MKL at one row; 24.4 / 48.4 /
-76.0 at two; at 8 rows gemv was about even with oneDNN and at 16 rows 1.4 x slower. The
-ordering is the CPU's: on an Intel Xeon MKL's product took 0.82 x oneDNN's at one row.
+memory; docs/results/gemv_kernels.txt): a step's products took 22.4 ms by gemv, 38.5 by oneDNN, 43.5
+by MKL at one row; 24.8 / 49.0 / 80.6 at two; at 8 rows gemv was 0.89 x oneDNN and at 16 rows 1.4 x
+it. The ordering is the CPU's: on an Intel Xeon MKL's product took 0.82 x oneDNN's at one row.
 
 So by default (`auto`) the choice is measured on this machine, per weight shape: gemv and oneDNN
 are timed at 1, 2, 4, 8 and 16 rows (`measure_kernels`; CPU time, weights cycled through more than
