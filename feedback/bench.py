@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from feedback import ASSETS
 from feedback.core import linear, threads
@@ -185,20 +184,15 @@ def _generate_run(lm: LoadedModel, tokens: int) -> tuple[float, list[int]]:
 
 
 def _raw_step_s(lm: LoadedModel, batch: int, tokens: int, clock: Callable[[], float] = _cpu) -> float:
-    """A bare batched forward per step on a real cache (no sampling, metrics, hooks or records), in
-    CPU seconds (or by another `clock`); decode steps at the model's decode threads, as the engine's."""
+    """A bare batched forward per step on a real cache (`threads.bare_step_seconds`), in CPU seconds
+    (or by another `clock`); decode steps at the model's decode threads, as the engine's."""
     ids = torch.tensor([lm.encode(BENCH_PROMPT)], device=lm.device)
-    with torch.inference_mode():
-        cache = DynamicCache(config=lm.model.config)
-        out = lm.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-        cache.batch_repeat_interleave(batch)
-        tok = out.logits[:, -1].argmax(-1).repeat(batch)[:, None]
-        with threads.decoding(lm.decode_threads, batch):
-            t = clock()
-            for _ in range(tokens - 1):
-                out = lm.model(input_ids=tok, cache=cache, use_cache=True)
-                tok = out.logits[:, -1].argmax(-1)[:, None]
-            return (clock() - t) / (tokens - 1)
+    return threads.bare_step_seconds(lm.model, ids, batch, tokens - 1, lm.decode_threads, clock)
+
+
+def _decode_threads(lm: LoadedModel) -> int:
+    """The threads the model's decode steps run on (measured fastest: `core.threads`)."""
+    return lm.decode_threads or torch.get_num_threads()
 
 
 def prompt_of(lm: LoadedModel, tokens: int) -> str:
@@ -480,7 +474,7 @@ def measure(
         "tokens": tokens,
         "rounds": repeats,
         "threads": torch.get_num_threads(),
-        "decode_threads": lm.decode_threads or torch.get_num_threads(),  # measured fastest: core.threads
+        "decode_threads": _decode_threads(lm),
         "cpu": linear.cpu_name(),
         # the fp32 linear kernels: the rows gemv takes per shape, else the one kernel in use
         "linear_kernels": linear.kernel_summary(lm.kernels),
@@ -749,7 +743,7 @@ def concurrency(
     return {
         "cpu": linear.cpu_name(),
         "threads": torch.get_num_threads(),
-        "decode_threads": lm.decode_threads or torch.get_num_threads(),  # measured fastest: core.threads
+        "decode_threads": _decode_threads(lm),
         "device": str(lm.device),
         "model": lm.name,
         "dtype": lm.dtype,

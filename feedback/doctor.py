@@ -234,7 +234,7 @@ def machine(ctx: Context) -> dict:
         "model": ctx.spec,
     }
     if not ctx.cuda:  # the CPU's fp32 decode product: the compiled kernel, or why not
-        info["fp32_decode_kernel"] = "gemv" if gemv.available() else f"oneDNN (gemv: {gemv.why_not()})"
+        info["fp32_decode_kernel"] = gemv.describe()
     if ctx.cuda:
         props = torch.cuda.get_device_properties(ctx.device)
         info |= {

@@ -122,6 +122,12 @@ def why_not() -> str:
     return _loaded()[1]
 
 
+def describe() -> str:
+    """The fp32 decode product here, as `prepare` and `doctor` report it: "gemv", or "oneDNN (gemv:
+    why not)"."""
+    return f"oneDNN (gemv: {why_not()})" if why_not() else "gemv"
+
+
 def usable(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Weights (and bias) the kernel reads as they are: fp32, contiguous, in CPU memory."""
     return all(

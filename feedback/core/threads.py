@@ -40,35 +40,42 @@ def setting() -> int | None:
     return int(raw)
 
 
-def _step_seconds(model: nn.Module, threads: int, clock: Callable[[], float]) -> float:
-    """Mean clock time of STEPS bare 1-row decode steps on a fresh cache, at `threads`."""
+def bare_step_seconds(
+    model: nn.Module,
+    ids: torch.Tensor,
+    rows: int,
+    steps: int,
+    threads: int | None,
+    clock: Callable[[], float],
+) -> float:
+    """Mean `clock` time of `steps` bare greedy decode steps of `rows` rows (no sampling, metrics,
+    hooks or records) after a prefill of `ids` on a fresh cache; the steps at `threads` (`decoding`)."""
     from transformers import DynamicCache
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with torch.inference_mode():
-            cache = DynamicCache(config=model.config)
-            out = model(input_ids=torch.arange(1, 9)[None], cache=cache, use_cache=True)
-            tok = out.logits[:, -1:].argmax(-1)
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, cache=cache, use_cache=True)
+        cache.batch_repeat_interleave(rows)
+        tok = out.logits[:, -1].argmax(-1).repeat(rows)[:, None]
+        with decoding(threads, rows):
             start = clock()
-            for _ in range(STEPS):
-                tok = model(input_ids=tok, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
-            return (clock() - start) / STEPS
-    finally:
-        torch.set_num_threads(before)
+            for _ in range(steps):
+                tok = model(input_ids=tok, cache=cache, use_cache=True).logits[:, -1].argmax(-1)[:, None]
+            return (clock() - start) / steps
 
 
 def measure(model: nn.Module, clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
-    """Seconds of a bare 1-row decode step at 1 thread and at all of torch's: each the best of
-    ROUNDS timings, the candidates in turn each round (a passing load hits both)."""
+    """Seconds of a bare 1-row decode step (`bare_step_seconds`, STEPS steps after 8 prompt tokens)
+    at 1 thread and at all of torch's: each the best of ROUNDS timings, the candidates in turn each
+    round (a passing load hits both)."""
     candidates = sorted({1, torch.get_num_threads()})
+    ids = torch.arange(1, 9)[None]
     best = dict.fromkeys(candidates, float("inf"))
     for n in candidates:
-        _step_seconds(model, n, clock)  # warm-up: allocator, kernels, the thread pool
+        bare_step_seconds(model, ids, 1, STEPS, n, clock)  # warm-up: allocator, kernels, the thread pool
     for _ in range(ROUNDS):
         for n in candidates:
-            best[n] = min(best[n], _step_seconds(model, n, clock))
+            best[n] = min(best[n], bare_step_seconds(model, ids, 1, STEPS, n, clock))
     return best
 
 

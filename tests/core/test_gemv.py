@@ -80,6 +80,7 @@ def test_a_machine_that_cannot_build_it_is_told_why_and_keeps_onednn(tmp_path, m
     layer = nn.Linear(64, 32)
     assert linear.use_kernels(layer, "auto") is None and type(layer) is linear.OneDnnLinear
     assert linear.kernel_summary(None, "auto") == "onednn (gemv: false failed: no message)"
+    assert gemv.describe() == "oneDNN (gemv: false failed: no message)"  # as prepare and doctor say it
     with pytest.raises(FeedbackError, match="linear_kernel gemv cannot run here: false failed"):
         linear.use_kernels(nn.Linear(64, 32), "gemv")
 
