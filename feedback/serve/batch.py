@@ -360,9 +360,12 @@ class _Batch:
             # can mark a running thread as stopped on Python < 3.13 (bpo-45274's fix releases the
             # lock the running thread holds), and later joins then return at once.
             for worker, done in zip(workers, ended):
-                if worker.ident is not None:  # started (one interrupted before it began never runs)
-                    while not done.wait(0.2):
-                        pass
+                asked = time.monotonic()
+                while not done.wait(0.1):
+                    if worker.is_alive() or _launching(worker, asked):
+                        continue
+                    break  # never launched: the interrupt came before its start()
+                else:
                     worker.join()
 
         try:
@@ -375,6 +378,14 @@ class _Batch:
             raise
         if failures:
             raise failures[0]
+
+
+def _launching(worker: threading.Thread, since: float) -> bool:
+    """Whether a thread not yet alive will still run. An interrupt landing inside `start()` can
+    leave one launched but not yet begun: it is listed by `threading.enumerate` and runs soon. One
+    interrupted before it was launched is not listed (or, if the interrupt came between the two,
+    is listed for ever and never runs: hence the few seconds' bound)."""
+    return worker in threading.enumerate() and time.monotonic() - since < 5
 
 
 def merge(output: str | Path) -> dict:

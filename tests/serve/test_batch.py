@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -462,6 +463,41 @@ def test_parallel_interrupt_stops_every_task_and_a_resume_finishes_the_rest(tiny
     rows = _lines(out)
     assert sorted(r["id"] for r in rows) == sorted(t["id"] for t in tasks)
     assert all(row["stop_reason"] != "stopped" for r in rows for row in r["result"]["rows"])
+
+
+def test_an_interrupt_inside_a_workers_start_still_waits_for_that_worker(tiny_lm, tmp_path, monkeypatch):
+    # Ctrl-C can land in Thread.start() after the thread is launched and before it has begun
+    # (a clean-clone run left worker 1 behind that way). Here worker 1 begins a second late and
+    # the interrupt comes while start() waits for it.
+    import threading
+
+    real = threading.Thread
+
+    class LateWorker(threading.Thread):
+        def _bootstrap(self):
+            time.sleep(1.0)
+            super()._bootstrap()
+
+        def start(self):
+            main = threading.main_thread().ident
+            threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGINT)).start()
+            super().start()
+
+    def make(*args, name="", **kwargs):
+        late = name == "feedback-lens-batch-1"
+        return (LateWorker if late else real)(*args, name=name, **kwargs)
+
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text(
+        "\n".join(json.dumps({"id": f"t{i}", "prompt": "Count on.", "max_new_tokens": 40}) for i in range(3))
+    )
+    from feedback.serve import batch
+
+    monkeypatch.setattr(batch, "threading", types.SimpleNamespace(**(vars(threading) | {"Thread": make})))
+    with pytest.raises(KeyboardInterrupt):
+        run_batch(tiny_lm, inp, out, parallel=2)
+    assert not [t for t in threading.enumerate() if t.name.startswith("feedback-lens-batch")]
+    assert not out.exists() or all(r["status"] == "ok" for r in _lines(out))
 
 
 def test_parallel_is_validated_in_the_library_and_on_the_command_line(tiny_lm, tmp_path, capsys):
