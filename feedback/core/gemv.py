@@ -1,4 +1,6 @@
-"""fp32 products of a few rows by a plain streaming kernel, compiled on this machine (`gemv.c`).
+"""The engine's compiled decode kernels: fp32 products of a few rows (`gemv.c`), and a decode
+step's rotary embedding, cache write and attention (`attend.c`), built on this machine into one
+library.
 
 A decode step multiplies one row (or a few: a baseline and its feedback rows, several visitors) by
 every weight matrix of the model, so it is bound by reading the weights, and PyTorch's fp32 kernels
@@ -7,14 +9,15 @@ the embedded model in turn, weights from memory; docs/results/gemv_kernels.txt):
 took 38.5 ms a step at 1 row and 49.0 at 2, MKL's 43.5 and 80.6; this kernel 22.4 and 24.8, at the
 machine's copy rate. llama.cpp's fp32 kernel is the same idea.
 
-Each output is one dot product summed in one fixed order (see `gemv.c`), so a row's result is
+Each output is one dot product summed in one fixed order (`dot.h`), so a row's result is
 bit-for-bit the same alone or in any batch and at any thread count: the shared decode's rows equal
-the rows run alone, not only to rounding.
+the rows run alone, not only to rounding. The attention kernel keeps that too (`kvcache`).
 
-The kernel needs Linux on an x86-64 CPU with AVX2 and FMA, and a C compiler (`$CC`, else `cc`) the
-first time: it is built into the model cache (`kernels/`) in well under a second and loaded with
-ctypes. Where any of that is missing the linear layers keep oneDNN's kernel, and `why_not` says why.
-Threads come from OpenMP, the runtime PyTorch already loaded, at PyTorch's thread count.
+The kernels need Linux on an x86-64 CPU with AVX2 and FMA, and a C compiler (`$CC`, else `cc`) the
+first time: the library is built into the model cache (`kernels/`) in about a second and loaded
+with ctypes. Where any of that is missing the linear layers keep oneDNN's kernel, the decode steps
+PyTorch's operations, and `why_not` says why. Threads come from OpenMP, the runtime PyTorch already
+loaded, at PyTorch's thread count.
 """
 
 from __future__ import annotations
@@ -32,14 +35,16 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("gemv.c")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "gemv.c", HERE / "attend.c")  # compiled into one library
+HEADERS = (HERE / "dot.h",)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 COMPILE_TIMEOUT_S = 120
 
 
 def source_key() -> str:
     """What a built kernel depends on: its source and flags (12 hex digits)."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode())
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + " ".join(FLAGS).encode())
     return digest.hexdigest()[:12]
 
 
@@ -59,13 +64,13 @@ def _compiler() -> str | None:
 
 
 def _build(target: Path, compiler: str) -> str:
-    """Compile SOURCE into `target` (written whole or not at all); "" or why it failed."""
+    """Compile SOURCES into `target` (written whole or not at all); "" or why it failed."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", tmp],
+            [compiler, *FLAGS, *map(str, SOURCES), "-o", tmp],
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,
@@ -87,7 +92,7 @@ def find(folder: Path) -> tuple[ctypes.CDLL | None, str]:
     reason = _unsupported()
     if reason:
         return None, reason
-    target = folder / f"gemv-{source_key()}.so"
+    target = folder / f"decode-{source_key()}.so"
     if not target.exists():
         compiler = _compiler()
         if compiler is None:
@@ -102,6 +107,14 @@ def find(folder: Path) -> tuple[ctypes.CDLL | None, str]:
     fn = lib.feedback_gemv
     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     fn.restype = None
+    fn = lib.feedback_attend
+    pointer, size = ctypes.c_void_p, ctypes.c_long
+    fn.argtypes = [pointer, size, size] + [pointer, size, size, size] * 2 + [pointer, size, pointer, pointer]
+    fn.argtypes += [size] * 5 + [ctypes.c_float, ctypes.c_int]
+    fn.restype = None
+    fn = lib.feedback_rope_append
+    fn.argtypes = [pointer] * 3 + [size] + [pointer, pointer, size, size, pointer, size, size] + [size] * 4
+    fn.restype = None
     return lib, ""
 
 
@@ -115,6 +128,11 @@ def _loaded() -> tuple[ctypes.CDLL | None, str]:
 
 def available() -> bool:
     return _loaded()[0] is not None
+
+
+def library() -> ctypes.CDLL | None:
+    """The built library (gemv and the decode attention of `attend.c`), or None where it cannot be."""
+    return _loaded()[0]
 
 
 def why_not() -> str:

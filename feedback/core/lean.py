@@ -28,6 +28,8 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama import modeling_llama as llama
 
+from feedback.core import kvcache
+
 LEAN_ENV = "FEEDBACK_LEAN"
 
 
@@ -39,7 +41,11 @@ def wanted(given: bool | None = None) -> bool:
 
 
 def _norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`LlamaRMSNorm.forward`'s operations, in its order."""
+    """`LlamaRMSNorm.forward`'s operations, in its order: in fp32 that is one call of torch's own
+    RMS norm (the same mean, rsqrt and products in C++, without a Python call each; bit-for-bit,
+    `tests/core/test_lean.py`)."""
+    if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        return nn.functional.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * h.to(x.dtype)
@@ -72,17 +78,24 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         attn = self.self_attn
         kwargs = dict(kwargs, position_ids=position_ids, use_cache=use_cache)  # what attention gets
         x = _norm(self.input_layernorm, hidden_states)
-        heads = (*x.shape[:-1], -1, attn.head_dim)
-        q, k, v = self.qkv(x).split(self.qkv_sizes, dim=-1)
-        q, k, v = (t.view(heads).transpose(1, 2) for t in (q, k, v))
-        cos, sin = position_embeddings
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        if cache is not None:
-            k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
+        qkv = self.qkv(x)
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(
             attn.config._attn_implementation, llama.eager_attention_forward
         )
+        cos, sin = position_embeddings
+        q = None
+        if attend is kvcache.grouped_attention and cache is not None:  # a decode step: one compiled call
+            sizes = (self.qkv_sizes[0] // attn.head_dim, self.qkv_sizes[1] // attn.head_dim, attn.head_dim)
+            q = kvcache.rope_append(cache, attn.layer_idx, qkv, cos, sin, sizes)
+        if q is not None:
+            k, v = cache.layers[attn.layer_idx].keys, cache.layers[attn.layer_idx].values
+        else:
+            heads = (*x.shape[:-1], -1, attn.head_dim)
+            q, k, v = (t.view(heads).transpose(1, 2) for t in qkv.split(self.qkv_sizes, dim=-1))
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            if cache is not None:
+                k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
         out, _ = attend(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
         hidden_states = hidden_states + attn.o_proj(out.reshape(*x.shape[:-1], -1).contiguous())
         x = _norm(self.post_attention_layernorm, hidden_states)

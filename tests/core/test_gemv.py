@@ -98,6 +98,6 @@ def test_it_is_built_once_into_its_folder(tmp_path):
     lib, why = gemv.find(tmp_path / "kernels")
     assert lib is not None and why == ""
     (built,) = (tmp_path / "kernels").iterdir()
-    assert built.name == f"gemv-{gemv.source_key()}.so"
+    assert built.name == f"decode-{gemv.source_key()}.so"
     stamp = built.stat().st_mtime_ns
     assert gemv.find(tmp_path / "kernels")[0] is not None and built.stat().st_mtime_ns == stamp  # found

@@ -12,8 +12,16 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
+from feedback.core import gemv
 from feedback.core.engine import start_run
-from feedback.core.kvcache import GROUPED, PreallocatedLayer, _eager_grouped, grouped_attention, run_cache
+from feedback.core.kvcache import (
+    GROUPED,
+    PreallocatedLayer,
+    _eager_grouped,
+    compiled_attention,
+    grouped_attention,
+    run_cache,
+)
 from feedback.core.records import RowSpec, RunConfig
 from feedback.errors import FeedbackError
 from feedback.serve.batch import run_batch
@@ -36,10 +44,77 @@ def test_grouped_attention_is_eager_attention(queries):
     want, want_w = eager_attention_forward(module, q, k, v, additive, scaling=d**-0.5)
     got, got_w = grouped_attention(module, q, k, v, keep, scaling=d**-0.5)
     assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+    # neither the fused kernel nor the compiled decode kernel builds the weights (nothing here reads
+    # them); the eager product, where there is no compiled kernel, does
+    assert got_w is None or (queries == 1 and not gemv.available())
+    eager, eager_w = _eager_grouped(module, q, k, v, keep, scaling=d**-0.5)
     if queries == 1:
-        assert torch.allclose(got_w, want_w, atol=1e-6)
-    else:
-        assert got_w is None  # the fused kernel does not build the weights (nothing here reads them)
+        assert torch.allclose(eager, want, atol=1e-5) and torch.allclose(eager_w, want_w, atol=1e-6)
+
+
+needs_kernel = pytest.mark.skipif(not gemv.available(), reason=f"no compiled kernel here: {gemv.why_not()}")
+
+
+def _module(heads: int, kv: int) -> nn.Module:
+    module = nn.Module()
+    module.num_key_value_groups, module.training = heads // kv, False
+    return module
+
+
+@needs_kernel
+@pytest.mark.parametrize("d", [8, 64, 80])
+@pytest.mark.parametrize("t", [1, 13, 300])
+def test_the_compiled_decode_attention_is_eager_attention(d, t):
+    """Head sizes past and short of its 32-wide blocks, positions past and short of its 8-wide exp,
+    a left-padded row, queries and keys read through strides (a transposed projection, a cache view)."""
+    torch.manual_seed(d + t)
+    b, h, kv = 3, 9, 3
+    q = torch.randn(b, 1, h, d).transpose(1, 2)  # as a projection's output is viewed into heads
+    k, v = (torch.randn(b, kv, t + 5, d)[:, :, :t] * 3 for _ in range(2))  # a filled part of a buffer
+    keep = torch.ones(b, 1, 1, t, dtype=torch.bool)
+    keep[1, ..., : t // 2] = False
+    additive = torch.zeros(b, 1, 1, t).masked_fill(~keep, torch.finfo(torch.float32).min)
+    want, _ = eager_attention_forward(_module(h, kv), q, k, v, additive, scaling=d**-0.5)
+    for mask in (keep, None):
+        got = compiled_attention(q, k, v, mask, d**-0.5)
+        ref = (
+            want
+            if mask is not None
+            else eager_attention_forward(_module(h, kv), q, k, v, None, scaling=d**-0.5)[0]
+        )
+        assert got.shape == ref.shape and torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+def test_a_rows_compiled_attention_is_the_same_alone_in_a_batch_padded_and_at_any_thread_count():
+    torch.manual_seed(3)
+    h, kv, d, t = 9, 3, 64, 40
+    q, k, v = torch.randn(1, h, 1, d), torch.randn(1, kv, t, d), torch.randn(1, kv, t, d)
+    alone = compiled_attention(q, k, v, None, 0.125)
+    pad = 7  # the row behind 7 hidden positions, between two other rows of the batch
+    kb, vb = (
+        torch.cat([torch.randn(3, kv, pad + t, d)[:1], x, torch.randn(1, kv, pad + t, d)])
+        for x in (nn.functional.pad(k, (0, 0, pad, 0)), nn.functional.pad(v, (0, 0, pad, 0)))
+    )
+    qb = torch.cat([torch.randn(1, h, 1, d), q, torch.randn(1, h, 1, d)])
+    keep = torch.ones(3, 1, 1, pad + t, dtype=torch.bool)
+    keep[1, ..., :pad] = False
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert torch.equal(compiled_attention(qb, kb, vb, keep, 0.125)[1:2], alone)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_compiled_attention_leaves_what_it_does_not_serve_to_the_eager_product():
+    q, k, v = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    assert compiled_attention(q.double(), k.double(), v.double(), None, 1.0) is None
+    assert compiled_attention(q, k, v, torch.zeros(1, 1, 1, 5), 1.0) is None  # an additive mask
+    assert compiled_attention(torch.randn(1, 4, 2, 8), k, v, None, 1.0) is None  # two queries
+    if not gemv.available():
+        assert compiled_attention(q, k, v, None, 1.0) is None
 
 
 def test_no_mask_means_causal_order_alone_on_both_paths():

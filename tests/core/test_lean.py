@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, LlamaForCausalLM, Qwen2ForCausalLM
 
-from feedback.core import gemv, lean, linear
+from feedback.core import gemv, kvcache, lean, linear
 from tests.tiny_families import FAMILIES
 
 VOCAB = 300  # small: the head is not what is tested
@@ -31,13 +31,21 @@ def _pair(bias: bool, kernel: str = "onednn") -> tuple[nn.Module, nn.Module]:
     return plain, fused
 
 
-def _logits(model: nn.Module, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    """A padded batch's prefill and `steps` greedy decode steps on a cache: every forward's logits."""
+def _logits(
+    model: nn.Module, ids: torch.Tensor, steps: int, engine_cache: bool = False
+) -> list[torch.Tensor]:
+    """A padded batch's prefill and `steps` greedy decode steps on a cache (transformers' own, or
+    the engine's: preallocated, with grouped attention): every forward's logits."""
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # the second row left-padded, as the engine batches rows of unlike length
     out = []
+    if engine_cache:
+        model.config._attn_implementation = kvcache.GROUPED
     with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
+        if engine_cache:
+            cache = kvcache.PreallocatedCache(model.config.num_hidden_layers, ids.shape[1] + steps)
+        else:
+            cache = DynamicCache(config=model.config)
         result = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
         out.append(result.logits)
         for _ in range(steps):
@@ -48,13 +56,42 @@ def _logits(model: nn.Module, ids: torch.Tensor, steps: int) -> list[torch.Tenso
     return out
 
 
+@pytest.mark.parametrize("engine_cache", [False, True])
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("bias", [False, True])
-def test_lean_layers_give_bit_identical_logits_in_prefill_and_decode(bias, kernel):
+def test_lean_layers_give_bit_identical_logits_in_prefill_and_decode(bias, kernel, engine_cache):
+    """On the engine's cache a lean decode step rotates and stores its token in one compiled call
+    (`kvcache.rope_append`) where the kernel is built; transformers' layer does it op by op."""
     plain, fused = _pair(bias, kernel)
     ids = torch.randint(0, VOCAB, (2, 12))
-    for a, b in zip(_logits(plain, ids, 6), _logits(fused, ids, 6), strict=True):
+    got = _logits(fused, ids, 6, engine_cache)
+    for a, b in zip(_logits(plain, ids, 6, engine_cache), got, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not gemv.available(), reason=f"no compiled kernel here: {gemv.why_not()}")
+@pytest.mark.parametrize("rows_of_cos", [1, 3])
+def test_rope_append_is_the_rotation_and_the_cache_update_bit_for_bit(rows_of_cos):
+    torch.manual_seed(rows_of_cos)
+    b, h, kv, d, filled = 3, 9, 3, 64, 5
+    qkv = torch.randn(b, 1, (h + 2 * kv) * d) * 4
+    cos, sin = torch.randn(rows_of_cos, 1, d), torch.randn(rows_of_cos, 1, d)
+    caches = [kvcache.PreallocatedCache(2, 8) for _ in range(2)]
+    for cache in caches:  # a prefill's keys and values first, as the engine's caches hold
+        cache.update(torch.ones(b, kv, filled, d), torch.ones(b, kv, filled, d), 1)
+    q = kvcache.rope_append(caches[0], 1, qkv, cos, sin, (h, kv, d))
+    want_q, want_k, want_v = (
+        t.view(b, 1, -1, d).transpose(1, 2) for t in qkv.split([h * d, kv * d, kv * d], -1)
+    )
+    want_q, want_k = (lean._rotate(t, cos.unsqueeze(1), sin.unsqueeze(1)) for t in (want_q, want_k))
+    keys, values = caches[1].update(want_k, want_v, 1)
+    assert torch.equal(q, want_q)
+    assert torch.equal(caches[0].layers[1].keys, keys) and torch.equal(caches[0].layers[1].values, values)
+    assert caches[0].get_seq_length(1) == filled + 1
+    # what it does not serve is left alone: two tokens a row, or another cache
+    assert kvcache.rope_append(caches[0], 1, qkv.repeat(1, 2, 1), cos, sin, (h, kv, d)) is None
+    assert kvcache.rope_append(DynamicCache(), 1, qkv, cos, sin, (h, kv, d)) is None
+    assert caches[0].get_seq_length(1) == filled + 1
 
 
 def test_the_parts_stay_as_views_of_the_fused_weights_or_go():
@@ -122,3 +159,23 @@ def test_the_real_model_decodes_bit_identically_with_and_without_lean_layers(mon
         run_to_end(lm, config, observer=lambda step, live, logits, i=i: seen[i].append(logits.clone()))
     assert len(seen[0]) == len(seen[1]) > 1
     assert all(torch.equal(a, b) for a, b in zip(seen[0], seen[1], strict=True))
+
+
+@pytest.mark.parametrize("hidden", [64, 576, 2048])
+def test_the_inline_norm_is_transformers_norm_bit_for_bit(hidden):
+    """Torch's own RMS norm stands in for the norm's operations in fp32: the same bits for one row,
+    a prefill's rows, and values small and large."""
+    torch.manual_seed(hidden)
+    norm = llama_norm(hidden)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(hidden))
+    for shape in ((1, 1, hidden), (2, 1, hidden), (1, 200, hidden)):
+        for scale in (1e-3, 1.0, 1e3):
+            x = torch.randn(shape) * scale
+            assert torch.equal(lean._norm(norm, x), norm(x))
+
+
+def llama_norm(hidden: int) -> nn.Module:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    return LlamaRMSNorm(hidden, eps=1e-5)
