@@ -1,6 +1,6 @@
 """The engine's compiled decode kernels: fp32 products of a few rows (`gemv.c`), and a decode
-step's rotary embedding, cache write and attention (`attend.c`), built on this machine into one
-library.
+step's RMS norms, rotary embedding, cache write and attention (`attend.c`), built on this machine
+into one library.
 
 A decode step multiplies one row (or a few: a baseline and its feedback rows, several visitors) by
 every weight matrix of the model, so it is bound by reading the weights, and PyTorch's fp32 kernels
@@ -114,6 +114,9 @@ def find(folder: Path) -> tuple[ctypes.CDLL | None, str]:
     fn.restype = None
     fn = lib.feedback_rope_append
     fn.argtypes = [pointer] * 3 + [size] + [pointer, pointer, size, size, pointer, size, size] + [size] * 4
+    fn.restype = None
+    fn = lib.feedback_rms_norm
+    fn.argtypes = [pointer] * 3 + [size] * 2 + [ctypes.c_float, size]
     fn.restype = None
     return lib, ""
 

@@ -7,8 +7,11 @@ lean layer runs the same step with
   the weights concatenated by output rows. Each output element is still the same dot product over
   the same inputs, so the result is bit-for-bit the separate products' (checked on oneDNN's and MKL's
   fp32 kernels at 1 to 66 rows; `tests/core/test_lean.py` compares logits exactly);
-- the RMS norms and rotary embedding written inline with transformers' own operations in the same
-  order, with no module call per norm, projection and rotation.
+- the RMS norms and rotary embedding without a module call each. A decode step's few rows take
+  compiled calls (`attend.c`) that round as transformers' operations round: the norm (used only
+  where it gave PyTorch's bits on this machine) and, on the engine's preallocated cache, the rotation
+  of q and k with the cache write in one call. Elsewhere they are transformers' own operations, in
+  its order.
 
 The layer keeps its class's call signature and stays the module strategies hook and re-run, so hooks
 see the same hidden states. Only layers whose classes are exactly transformers' Llama ones are
@@ -21,6 +24,7 @@ views of the fused ones (no memory is added), or are dropped where the weights a
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -28,7 +32,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama import modeling_llama as llama
 
-from feedback.core import kvcache
+from feedback.core import gemv, kvcache
 
 LEAN_ENV = "FEEDBACK_LEAN"
 
@@ -40,15 +44,57 @@ def wanted(given: bool | None = None) -> bool:
     return os.environ.get(LEAN_ENV, "").strip().lower() not in ("0", "false", "no", "off")
 
 
+COMPILED_NORM_ROWS = 16  # a decode step's rows; a prefill's many rows go to PyTorch's threaded ops
+
+
 def _norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`LlamaRMSNorm.forward`'s operations, in its order: in fp32 that is one call of torch's own
-    RMS norm (the same mean, rsqrt and products in C++, without a Python call each; bit-for-bit,
-    `tests/core/test_lean.py`)."""
+    """`LlamaRMSNorm.forward`'s operations, in its order. In fp32, for a decode step's few rows, one
+    compiled call that rounds as they do (`attend.c`; used only where it gave PyTorch's bits on this
+    machine, `_norm_lanes`), else one call of torch's own RMS norm (the same ops in C++ without a
+    Python call each). Both bit-for-bit transformers' norm (`tests/core/test_lean.py`)."""
     if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        n, lib = x.shape[-1], gemv.library()
+        if (
+            lib is not None
+            and x.numel() <= COMPILED_NORM_ROWS * n
+            and x.device.type == "cpu"
+            and x.is_contiguous()
+        ):
+            eps = float(norm.variance_epsilon)
+            lanes = _norm_lanes(n, eps)
+            if lanes and norm.weight.is_contiguous():
+                y = torch.empty_like(x)
+                lib.feedback_rms_norm(
+                    x.data_ptr(), norm.weight.data_ptr(), y.data_ptr(), x.numel() // n, n, eps, lanes
+                )
+                return y
         return nn.functional.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
     return norm.weight * h.to(x.dtype)
+
+
+@functools.cache
+def _norm_lanes(n: int, eps: float) -> int:
+    """The vector width (16 or 8) with which the compiled norm of `n` values gives exactly PyTorch's
+    RMS norm here, checked on rows of many scales (its sum must follow PyTorch's order, which
+    depends on the CPU and PyTorch's build); 0 where neither does (PyTorch's own ops are used)."""
+    lib = gemv.library()
+    if lib is None or not 16 <= n <= 16384:
+        return 0
+    gen = torch.Generator().manual_seed(n)  # not the global generator: sampling seeds stay as they were
+    weight = torch.randn(n, generator=gen)
+    rows = [torch.randn(3, n, generator=gen) * 10.0**p for p in range(-4, 5)]
+    rows.append(torch.randn(3, n, generator=gen) ** 3)
+    for lanes in (16, 8):
+        for x in rows:
+            y = torch.empty_like(x)
+            lib.feedback_rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.shape[0], n, eps, lanes)
+            if not torch.equal(y, nn.functional.rms_norm(x, (n,), weight, eps)):
+                break
+        else:
+            return lanes
+    return 0
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -163,8 +163,10 @@ def test_the_real_model_decodes_bit_identically_with_and_without_lean_layers(mon
 
 @pytest.mark.parametrize("hidden", [64, 576, 2048])
 def test_the_inline_norm_is_transformers_norm_bit_for_bit(hidden):
-    """Torch's own RMS norm stands in for the norm's operations in fp32: the same bits for one row,
-    a prefill's rows, and values small and large."""
+    """The compiled norm (a decode step's rows) and torch's own RMS norm (a prefill's) stand in for
+    the norm's operations in fp32: the same bits for one row, two, 200, values small and large."""
+    if gemv.available():  # the compiled norm gave PyTorch's bits here, so decode steps take it
+        assert lean._norm_lanes(hidden, 1e-5) in (8, 16)
     torch.manual_seed(hidden)
     norm = llama_norm(hidden)
     with torch.no_grad():
