@@ -118,6 +118,11 @@ def find(folder: Path) -> tuple[ctypes.CDLL | None, str]:
     fn = lib.feedback_rms_norm
     fn.argtypes = [pointer] * 3 + [size] * 2 + [ctypes.c_float, size]
     fn.restype = None
+    fn = lib.feedback_attention_block
+    fn.argtypes = [pointer, pointer, size, size, pointer, ctypes.c_float, size] + [pointer] * 4 + [size]
+    fn.argtypes += [pointer, size, size] * 2 + [size, pointer, size, pointer, pointer] + [size] * 3
+    fn.argtypes += [ctypes.c_float, pointer, ctypes.c_int]
+    fn.restype = None
     return lib, ""
 
 
@@ -159,20 +164,18 @@ def usable(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
 
 def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """`nn.functional.linear(x, weight, bias)` for fp32 CPU tensors (`usable` weights), by the kernel."""
-    fn = _loaded()[0].feedback_gemv
     out_features, in_features = weight.shape
-    flat = x.reshape(-1, in_features)
-    if not flat.is_contiguous():
-        flat = flat.contiguous()
-    y = torch.empty(flat.shape[0], out_features, dtype=torch.float32)
-    fn(
-        flat.data_ptr(),
+    if not x.is_contiguous():  # a decode step's inputs are; the kernel reads rows of in_features
+        x = x.contiguous()
+    y = torch.empty(*x.shape[:-1], out_features, dtype=torch.float32)
+    _loaded()[0].feedback_gemv(
+        x.data_ptr(),
         weight.data_ptr(),
         None if bias is None else bias.data_ptr(),
         y.data_ptr(),
-        flat.shape[0],
+        x.numel() // in_features,
         in_features,
         out_features,
         torch.get_num_threads(),
     )
-    return y.view(*x.shape[:-1], out_features)
+    return y

@@ -95,14 +95,10 @@ def compiled_attention(
         or any(x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(-1) != 1 for x in tensors)
     ):
         return None
-    keep, mask_stride = None, 0
-    if attention_mask is not None:
-        if attention_mask.dtype != torch.bool or attention_mask.shape[-2:] != (1, t):
-            return None
-        keep = attention_mask.reshape(attention_mask.shape[0], t)
-        if keep.stride(-1) != 1:
-            keep = keep.contiguous()
-        mask_stride = keep.stride(0) if keep.shape[0] > 1 else 0
+    mask = keep_rows(attention_mask, t)
+    if mask is None:
+        return None
+    keep, mask_stride = mask
     scratch = torch.empty(b * h * t)
     out = torch.empty(b, 1, h, d)
     lib.feedback_attend(
@@ -113,6 +109,20 @@ def compiled_attention(
         scratch.data_ptr(), out.data_ptr(), b, h, kv, t, d, scaling, torch.get_num_threads(),
     )  # fmt: skip
     return out
+
+
+def keep_rows(attention_mask: torch.Tensor | None, t: int) -> tuple[torch.Tensor | None, int] | None:
+    """SDPA's boolean mask of a decode step ([B or 1, 1, 1, t], True: attended) as rows of t for the
+    compiled kernels, with their stride (0: one row for all); (None, 0) for no mask; None for a mask
+    they do not read (additive, or of several queries)."""
+    if attention_mask is None:
+        return None, 0
+    if attention_mask.dtype != torch.bool or attention_mask.shape[-2:] != (1, t):
+        return None
+    keep = attention_mask.reshape(attention_mask.shape[0], t)
+    if keep.stride(-1) != 1:
+        keep = keep.contiguous()
+    return keep, keep.stride(0) if keep.shape[0] > 1 else 0
 
 
 def _eager_grouped(
@@ -170,6 +180,11 @@ class PreallocatedLayer(DynamicLayer):
     def _views(self) -> None:
         self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
 
+    def appended(self) -> None:
+        """One more position was written in place at `length` (by a compiled kernel)."""
+        self.length += 1
+        self._views()
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -220,6 +235,33 @@ class PreallocatedLayer(DynamicLayer):
             self._views()
 
 
+def appendable(
+    cache: Cache, index: int, rows: int, kv_heads: int, cos: torch.Tensor, sin: torch.Tensor
+) -> PreallocatedLayer | None:
+    """Layer `index` of `cache` where a decode step's compiled kernels can write one new token a
+    row in place: a preallocated fp32 CPU cache of `rows` rows with room for it, and rotary cos and
+    sin [rows or 1, 1, D] they can read; None otherwise."""
+    if not isinstance(cache, PreallocatedCache) or cache.offloading or gemv.library() is None:
+        return None
+    layer = cache.layers[index]
+    if not layer.is_initialized or layer.length >= layer.capacity:
+        return None
+    d = layer._k.shape[-1]
+    ok = (
+        layer._k.shape == (rows, kv_heads, layer.capacity, d)
+        and layer._v.shape == layer._k.shape
+        and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in (cos, sin, layer._k, layer._v))
+        and layer._k.is_contiguous()
+        and layer._v.is_contiguous()
+        and cos.shape == sin.shape
+        and cos.shape[1:] == (1, d)
+        and cos.shape[0] in (1, rows)
+        and cos.stride(-1) == 1
+        and cos.stride() == sin.stride()
+    )
+    return layer if ok else None
+
+
 def rope_append(
     cache: Cache,
     index: int,
@@ -232,40 +274,28 @@ def rope_append(
     rotated and returned ([B, H, 1, D]), the keys rotated and the values written into layer `index`
     of a preallocated `cache` in place. The same bits as rotating with transformers' operations and
     `update`; None (and nothing written) where it does not serve: not one fp32 CPU token a row, not
-    a preallocated cache with room, no kernel here. `heads`: (query heads, key/value heads, head size);
-    `qkv` [B, 1, (H + 2 Hkv) D] as the fused projection gives it; cos, sin [B or 1, 1, D]."""
-    lib = gemv.library()
+    a preallocated cache with room (`appendable`), no kernel here. `heads`: (query heads, key/value
+    heads, head size); `qkv` [B, 1, (H + 2 Hkv) D] as the fused projection gives it; cos, sin [B or
+    1, 1, D]."""
     h, kv, d = heads
-    if lib is None or not isinstance(cache, PreallocatedCache) or cache.offloading:
-        return None
-    layer = cache.layers[index]
     b = qkv.shape[0]
+    layer = appendable(cache, index, b, kv, cos, sin)
     if (
-        not layer.is_initialized
-        or layer.length >= layer.capacity
+        layer is None
+        or layer._k.shape[-1] != d
         or qkv.shape[1:] != (1, (h + 2 * kv) * d)
-        or layer._k.shape != (b, kv, layer.capacity, d)
-        or layer._v.shape != layer._k.shape
-        or not all(
-            t.dtype == torch.float32 and t.device.type == "cpu" for t in (qkv, cos, sin, layer._k, layer._v)
-        )
-        or not (qkv.is_contiguous() and layer._k.is_contiguous() and layer._v.is_contiguous())
-        or cos.shape != sin.shape
-        or cos.shape[1:] != (1, d)
-        or cos.shape[0] not in (1, b)
-        or cos.stride(-1) != 1
-        or cos.stride() != sin.stride()
+        or qkv.dtype != torch.float32
+        or not qkv.is_contiguous()
     ):
         return None
     q = torch.empty(b, h, 1, d)
     k, v, slot = layer._k, layer._v, layer.length * d * 4  # the token's byte offset in a head's rows
-    lib.feedback_rope_append(
+    gemv.library().feedback_rope_append(
         qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), cos.stride(0) if cos.shape[0] > 1 else 0,
         q.data_ptr(), k.data_ptr() + slot, k.stride(0), k.stride(1),
         v.data_ptr() + slot, v.stride(0), v.stride(1), b, h, kv, d,
     )  # fmt: skip
-    layer.length += 1
-    layer._views()
+    layer.appended()
     return q
 
 

@@ -32,7 +32,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama import modeling_llama as llama
 
-from feedback.core import gemv, kvcache
+from feedback.core import gemv, kvcache, linear
 
 LEAN_ENV = "FEEDBACK_LEAN"
 
@@ -121,13 +121,28 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         **kwargs,
     ) -> torch.Tensor:
         cache = kwargs.pop("past_key_values", cache)  # the name transformers still accepts
-        attn = self.self_attn
         kwargs = dict(kwargs, position_ids=position_ids, use_cache=use_cache)  # what attention gets
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.self_attn.config._attn_implementation, llama.eager_attention_forward
+        )
+        h = None
+        if attend is kvcache.grouped_attention and cache is not None:
+            h = self._decode_attention(hidden_states, cache, position_embeddings, attention_mask)
+        if h is None:
+            h = hidden_states + self._attention(
+                hidden_states, cache, position_embeddings, attend, attention_mask, kwargs
+            )
+        x = _norm(self.post_attention_layernorm, h)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return h + self.mlp.down_proj(self.mlp.act_fn(gate) * up)
+
+    def _attention(
+        self, hidden_states, cache, position_embeddings, attend, attention_mask, kwargs
+    ) -> torch.Tensor:
+        """The attention block's output (before the residual add), op by op."""
+        attn = self.self_attn
         x = _norm(self.input_layernorm, hidden_states)
         qkv = self.qkv(x)
-        attend = ALL_ATTENTION_FUNCTIONS.get_interface(
-            attn.config._attn_implementation, llama.eager_attention_forward
-        )
         cos, sin = position_embeddings
         q = None
         if attend is kvcache.grouped_attention and cache is not None:  # a decode step: one compiled call
@@ -143,10 +158,69 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
             if cache is not None:
                 k, v = cache.update(k, v, attn.layer_idx, kwargs=kwargs)
         out, _ = attend(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
-        hidden_states = hidden_states + attn.o_proj(out.reshape(*x.shape[:-1], -1).contiguous())
-        x = _norm(self.post_attention_layernorm, hidden_states)
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return hidden_states + self.mlp.down_proj(self.mlp.act_fn(gate) * up)
+        return attn.o_proj(out.reshape(*x.shape[:-1], -1).contiguous())
+
+    def _decode_attention(
+        self, hidden_states, cache, position_embeddings, attention_mask
+    ) -> torch.Tensor | None:
+        """A decode step's attention block with its residual add, in one compiled call
+        (`feedback_attention_block`: the norm, q/k/v product, rotation and cache write, attention,
+        output product and add that `_attention` takes op by op, the same kernels, the same bits);
+        None where that call does not serve (then nothing is written): not the engine's cache, more
+        rows than gemv takes in both products, a hook on the norm or a projection, no kernel here."""
+        attn, norm, qkv, o_proj = self.self_attn, self.input_layernorm, self.qkv, self.self_attn.o_proj
+        rows, width = hidden_states.shape[0], hidden_states.shape[-1]
+        heads, kv_heads, d = (
+            self.qkv_sizes[0] // attn.head_dim,
+            self.qkv_sizes[1] // attn.head_dim,
+            attn.head_dim,
+        )
+        cos, sin = position_embeddings
+        layer = kvcache.appendable(cache, attn.layer_idx, rows, kv_heads, cos, sin)
+        if (
+            layer is None
+            or hidden_states.shape[1:] != (1, width)
+            or hidden_states.dtype != torch.float32
+            or not hidden_states.is_contiguous()
+            or not all(type(m) is linear.GemvLinear and rows <= m.gemv_rows for m in (qkv, o_proj))
+            or _hooked(norm, qkv, o_proj)
+        ):
+            return None
+        lanes, mask = (
+            _norm_lanes(width, float(norm.variance_epsilon)),
+            kvcache.keep_rows(attention_mask, layer.length + 1),
+        )
+        if not lanes or mask is None or not norm.weight.is_contiguous():
+            return None
+        keep, mask_stride = mask
+        t = layer.length + 1
+        scratch = torch.empty(rows * ((heads + 2 * kv_heads) * d + 2 * heads * d + width + heads * t))
+        out = torch.empty_like(hidden_states)
+        k, v = layer._k, layer._v
+
+        def ptr(x: torch.Tensor | None) -> int | None:
+            return None if x is None else x.data_ptr()
+
+        gemv.library().feedback_attention_block(
+            hidden_states.data_ptr(), out.data_ptr(), rows, width,
+            norm.weight.data_ptr(), float(norm.variance_epsilon), lanes,
+            qkv.weight.data_ptr(), ptr(qkv.bias),
+            cos.data_ptr(), sin.data_ptr(), cos.stride(0) if cos.shape[0] > 1 else 0,
+            k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), layer.length,
+            ptr(keep), mask_stride, o_proj.weight.data_ptr(), ptr(o_proj.bias),
+            heads, kv_heads, d, attn.scaling, scratch.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        layer.appended()
+        return out
+
+
+def _hooked(*modules: nn.Module) -> bool:
+    """Whether a forward hook (of these modules', or every module's) would see a call of them."""
+    from torch.nn.modules import module as torch_module
+
+    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks) or any(
+        m._forward_hooks or m._forward_pre_hooks for m in modules
+    )
 
 
 def _leanable(layer: nn.Module) -> bool:
