@@ -4,7 +4,8 @@ the embedded model (64 tokens of the bench prompt, CPU time a step after the fir
 a model loaded where the library cannot be built (oneDNN's products, PyTorch's ops: a machine
 without a C compiler). One run of each in turn per round; median over the rounds of each ratio.
 
-- attention: the attention of one query a row (`kvcache.compiled_attention`);
+- attention: the attention of one query a row (`kvcache.compiled_attention`), and the attention
+  block, which includes it;
 - rope + cache: the rotation of q and k with the cache write (`kvcache.rope_append`), and the
   attention block, which includes it;
 - norm: the RMS norm in PyTorch's order (`lean._norm_lanes` 0 turns it off), and the block;
@@ -52,7 +53,7 @@ print(f"without it: {linear.kernel_summary(bare.kernels, 'onednn')} products, Py
 
 variants = {
     "every kernel": (lm, ()),
-    "attention off": (lm, ("attention",)),
+    "attention off": (lm, ("attention", "block")),
     "rope + cache off": (lm, ("rope", "block")),
     "norm off": (lm, ("norm", "block")),
     "block off": (lm, ("block",)),
