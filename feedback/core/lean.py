@@ -109,6 +109,7 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
     qkv: nn.Module
     gate_up: nn.Module
     qkv_sizes: tuple[int, int, int]
+    heads: tuple[int, int, int]  # query heads, key/value heads, head size
 
     def forward(
         self,
@@ -146,8 +147,7 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         cos, sin = position_embeddings
         q = None
         if attend is kvcache.grouped_attention and cache is not None:  # a decode step: one compiled call
-            sizes = (self.qkv_sizes[0] // attn.head_dim, self.qkv_sizes[1] // attn.head_dim, attn.head_dim)
-            q = kvcache.rope_append(cache, attn.layer_idx, qkv, cos, sin, sizes)
+            q = kvcache.rope_append(cache, attn.layer_idx, qkv, cos, sin, self.heads)
         if q is not None:
             k, v = cache.layers[attn.layer_idx].keys, cache.layers[attn.layer_idx].values
         else:
@@ -170,17 +170,14 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         rows than gemv takes in both products, a hook on the norm or a projection, no kernel here."""
         attn, norm, qkv, o_proj = self.self_attn, self.input_layernorm, self.qkv, self.self_attn.o_proj
         rows, width = hidden_states.shape[0], hidden_states.shape[-1]
-        heads, kv_heads, d = (
-            self.qkv_sizes[0] // attn.head_dim,
-            self.qkv_sizes[1] // attn.head_dim,
-            attn.head_dim,
-        )
+        heads, kv_heads, d = self.heads
         cos, sin = position_embeddings
         layer = kvcache.appendable(cache, attn.layer_idx, rows, kv_heads, cos, sin)
         if (
             layer is None
             or hidden_states.shape[1:] != (1, width)
             or hidden_states.dtype != torch.float32
+            or norm.weight.dtype != torch.float32
             or not hidden_states.is_contiguous()
             or not all(type(m) is linear.GemvLinear and rows <= m.gemv_rows for m in (qkv, o_proj))
             or _hooked(norm, qkv, o_proj)
@@ -275,6 +272,7 @@ def lean_layers(layers: nn.ModuleList, keep_parts: bool = True) -> int:
             layer.qkv = _fuse(attn, ("q_proj", "k_proj", "v_proj"), keep_parts)
             layer.gate_up = _fuse(mlp, ("gate_proj", "up_proj"), keep_parts)
         layer.qkv_sizes = sizes
+        layer.heads = (sizes[0] // attn.head_dim, sizes[1] // attn.head_dim, attn.head_dim)
         layer.__class__ = LeanLlamaLayer
         count += 1
     return count

@@ -181,3 +181,18 @@ def llama_norm(hidden: int) -> nn.Module:
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     return LlamaRMSNorm(hidden, eps=1e-5)
+
+
+def test_a_hook_on_a_projection_still_sees_every_decode_step():
+    """The one-call attention block would skip the output projection's module call, so a hook there
+    keeps the op-by-op path: the hook sees the prefill and each step, and the logits stay exact."""
+    plain, fused = _pair(bias=False, kernel=KERNELS[0]) if KERNELS else _pair(bias=False)
+    seen: list[tuple[int, ...]] = []
+    for model in (plain, fused):
+        model.model.layers[2].self_attn.o_proj.register_forward_hook(
+            lambda mod, args, out: seen.append(tuple(out.shape))
+        )
+    ids = torch.randint(0, VOCAB, (2, 8))
+    got = _logits(fused, ids, 3, engine_cache=True)
+    assert seen == [(2, 8, 64), (2, 1, 64), (2, 1, 64), (2, 1, 64)]
+    assert all(torch.equal(a, b) for a, b in zip(_logits(plain, ids, 3, engine_cache=True), got, strict=True))
