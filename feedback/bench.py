@@ -477,7 +477,7 @@ def measure(
         "decode_threads": _decode_threads(lm),
         "cpu": linear.cpu_name(),
         # the fp32 linear kernels: the rows gemv takes per shape, else the one kernel in use
-        "linear_kernels": linear.kernel_summary(lm.kernels),
+        "linear_kernels": linear.kernel_summary(lm.kernels, lm.linear_kernel),
         "timing": "CPU time, sides interleaved per round",
         "load_average": {"before": load_before, "after": _load()},
         "same_tokens_as_generate": gen_tokens == eng_tokens,

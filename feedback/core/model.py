@@ -131,6 +131,9 @@ class LoadedModel:
     eos_token_ids: list[int] = field(default_factory=list)
     quantization: str | None = None  # how the weights are stored when not in `dtype` (8-bit, 4-bit)
     kernels: dict | None = None  # the rows gemv takes per fp32 linear shape (`linear.use_kernels`), if any
+    linear_kernel: str = (
+        ""  # the fp32 linear kernel it was loaded with (`linear.setting`), for `kernel_summary`
+    )
     decode_threads: int | None = None  # threads for decode steps, measured fastest (`core.threads`)
     # Held for each forward pass: runs sharing this model interleave step by step, never overlap.
     forward_lock: TurnLock = field(default_factory=TurnLock, repr=False, compare=False)
@@ -447,7 +450,8 @@ def load_model(
     if linear.wanted(dev, kernel) and device_map is None:
         # the fp32 linear layers left (none in the int8 and int4 modes: they quantise the head too);
         # bf16 matmuls asked for are oneDNN's, which gemv (fp32 arithmetic) would bypass
-        kernels = linear.use_kernels(model, "onednn" if fast_matmul else kernel)
+        kernel = "onednn" if fast_matmul else kernel
+        kernels = linear.use_kernels(model, kernel)
     decode_threads = threads.chosen(model) if dev.type == "cpu" and device_map is None else None
 
     eos: list[int] = []
@@ -465,5 +469,6 @@ def load_model(
         eos_token_ids=eos,
         quantization=quantization,
         kernels=kernels,
+        linear_kernel=kernel,
         decode_threads=decode_threads,
     )

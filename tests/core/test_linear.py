@@ -280,4 +280,9 @@ def test_a_model_loads_with_its_cached_choice_and_each_choice_applies(embedded_l
     assert all(type(m) is linear.GemvLinear for m in _called(every.model))
     plain = load_model(f"random:{folder}", linear_kernel="onednn")
     assert plain.kernels is None and all(type(m) is linear.OneDnnLinear for m in _called(plain.model))
-    assert linear.kernel_summary(plain.kernels, "onednn") == "onednn"
+    assert linear.kernel_summary(plain.kernels, plain.linear_kernel) == "onednn"
+    # what the model was loaded with, not what FEEDBACK_LINEAR says now
+    assert (
+        linear.kernel_summary(None, load_model(f"random:{folder}", linear_kernel="aten").linear_kernel)
+        == "aten"
+    )
