@@ -168,14 +168,17 @@ static inline long ceil_log2(long x) {
     return bits;
 }
 
-/* The sum of v[0..n) in the order of PyTorch's CPU sum over a contiguous row with `lanes`-wide
+/* The sum of the squares of x[0..n) in the order of PyTorch's CPU sum over a contiguous row with `lanes`-wide
  * vectors (8 with AVX2, 16 with AVX-512; at most 16): the vectors taken four at a time into four
  * accumulators, which a four-level cascade empties upward every 16 steps (a level every 2^4 of the
  * one below); the vectors past the last four into the first accumulator; the four added in order;
  * then, from 0, the values past the last vector and the lanes in order. Each lane's additions
  * are the vector code's, so the total is the same bits. The caller checks that on this machine
  * against PyTorch itself before using it (`kvcache.rms_norm`). */
-static float torch_row_sum(const float *v, long n, long lanes) {
+/* x[i] squared, rounded as PyTorch's pow(2) rounds it (one product) */
+static inline float sq(const float *x, long i) { return x[i] * x[i]; }
+
+static float torch_row_sum(const float *x, long n, long lanes) {
     enum { LEVELS = 4, ILP = 4, MAX_LANES = 16 };
     float acc[LEVELS][ILP][MAX_LANES] = {{{0}}};
     long vectors = n / lanes, blocks = vectors / ILP;
@@ -185,7 +188,7 @@ static float torch_row_sum(const float *v, long n, long lanes) {
     while (i + step <= blocks) {
         for (long j = 0; j < step; j++, i++)
             for (long k = 0; k < ILP; k++)
-                for (long l = 0; l < lanes; l++) acc[0][k][l] += v[(i * ILP + k) * lanes + l];
+                for (long l = 0; l < lanes; l++) acc[0][k][l] += sq(x, (i * ILP + k) * lanes + l);
         for (long j = 1; j < LEVELS; j++) {
             for (long k = 0; k < ILP; k++)
                 for (long l = 0; l < lanes; l++) {
@@ -197,29 +200,27 @@ static float torch_row_sum(const float *v, long n, long lanes) {
     }
     for (; i < blocks; i++)
         for (long k = 0; k < ILP; k++)
-            for (long l = 0; l < lanes; l++) acc[0][k][l] += v[(i * ILP + k) * lanes + l];
+            for (long l = 0; l < lanes; l++) acc[0][k][l] += sq(x, (i * ILP + k) * lanes + l);
     for (long j = 1; j < LEVELS; j++)
         for (long k = 0; k < ILP; k++)
             for (long l = 0; l < lanes; l++) acc[0][k][l] += acc[j][k][l];
     for (long iv = blocks * ILP; iv < vectors; iv++)
-        for (long l = 0; l < lanes; l++) acc[0][0][l] += v[iv * lanes + l];
+        for (long l = 0; l < lanes; l++) acc[0][0][l] += sq(x, iv * lanes + l);
     for (long k = 1; k < ILP; k++)
         for (long l = 0; l < lanes; l++) acc[0][0][l] += acc[0][k][l];
     float total = 0.0f;
-    for (long t = vectors * lanes; t < n; t++) total += v[t];
+    for (long t = vectors * lanes; t < n; t++) total += sq(x, t);
     for (long l = 0; l < lanes; l++) total += acc[0][0][l];
     return total;
 }
 
-/* y[r] = w * (x[r] / sqrt(mean(x[r]^2) + eps)) for rows r of n values (n <= 16384), each step
- * rounded where transformers' RMS norm (PyTorch's ops) rounds it: the squares, their sum (above),
- * the mean (a division by n), + eps, 1 / sqrt, x times that, times w. */
+/* y[r] = w * (x[r] / sqrt(mean(x[r]^2) + eps)) for rows r of n values, each step rounded where
+ * transformers' RMS norm (PyTorch's ops) rounds it: the squares, their sum (above), the mean (a
+ * division by n), + eps, 1 / sqrt, x times that, times w. */
 void feedback_rms_norm(const float *x, const float *w, float *y, long rows, long n, float eps, long lanes) {
-    float squares[16384];
     for (long r = 0; r < rows; r++) {
         const float *xr = x + r * n;
-        for (long i = 0; i < n; i++) squares[i] = xr[i] * xr[i];
-        float mean = torch_row_sum(squares, n, lanes) / (float)n;
+        float mean = torch_row_sum(xr, n, lanes) / (float)n;
         float scale = 1.0f / sqrtf(mean + eps);
         for (long i = 0; i < n; i++) {
             float h = xr[i] * scale;
