@@ -23,9 +23,11 @@ with sliding-window layers cannot): their runs go alone (`shared_events` iterate
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -82,12 +84,26 @@ class SharedBatch:
         return sum(m.size for m in self.members)
 
 
+_LOOPS: weakref.WeakSet[SharedDecoder] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_loops() -> None:
+    """At exit, every decode loop is stopped and its thread waited for (a step, a few seconds at
+    most). A daemon thread still inside PyTorch when the interpreter finalizes is ended mid-call
+    (CPython 3.11-3.13 end such threads with pthread_exit), which once aborted a finished batch
+    process with "terminate called without an active exception"."""
+    for loop in list(_LOOPS):
+        loop.close(timeout=5.0)
+
+
 class SharedDecoder:
     """The decode loop of one model (see the module docstring). `submit` hands it a run; the loop
     runs in a thread of its own, started when work arrives and ended when none is left. With
     `threaded=False` nothing runs until `turn()` is called (tests drive the loop step by step)."""
 
     def __init__(self, lm: LoadedModel, threaded: bool = True):
+        _LOOPS.add(self)
         self.lm = lm
         self.threaded = threaded
         self.batch = SharedBatch()
@@ -142,6 +158,19 @@ class SharedDecoder:
                 "shared_runs": len(self.batch.members),
                 "joining": len(self._waiting) + (self.joining is not None),
             }
+
+    def close(self, timeout: float) -> None:
+        """Stop every run in the loop or waiting for it, and wait up to `timeout` s for the loop's
+        thread to end (it ends its runs within a step, then finds nothing to do)."""
+        with self._cond:
+            members = [*self.batch.members, *self._waiting]
+            members += [self.joining] if self.joining is not None else []
+            for member in members:
+                member.run.stop()
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     # ---- the loop ----
     def _serve(self) -> None:

@@ -735,3 +735,20 @@ def test_a_failure_while_stacking_caches_ends_only_the_runs_it_touched(tiny_lm, 
     while threaded._thread is not None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert threaded._thread is None and hook_count(tiny_lm.model) == 0
+
+
+def test_closing_the_loop_stops_its_runs_and_waits_for_its_thread(tiny_lm):
+    """What the process does at exit (an atexit hook closes every loop): a daemon loop thread left
+    inside PyTorch while the interpreter finalizes can abort the process."""
+    decoder = SharedDecoder(tiny_lm)  # threaded, as served
+    events = decoder.submit(start_run(tiny_lm, _cfg(tiny_lm, MEDIUM, 400, "residual", {"alpha": 0.6})))
+    first = next(events)
+    assert first is not None and decoder._thread is not None and decoder._thread.is_alive()
+    thread = decoder._thread
+    decoder.close(timeout=WAIT_S)
+    assert not thread.is_alive()
+    rest = list(events)  # the run ended within a step, its caller told so
+    assert len(rest) < 400
+    from feedback.core import sharing
+
+    assert decoder in sharing._LOOPS
