@@ -168,16 +168,16 @@ static inline long ceil_log2(long x) {
     return bits;
 }
 
-/* The sum of the squares of x[0..n) in the order of PyTorch's CPU sum over a contiguous row with `lanes`-wide
- * vectors (8 with AVX2, 16 with AVX-512; at most 16): the vectors taken four at a time into four
+/* x[i] squared, rounded as PyTorch's pow(2) rounds it (one product) */
+static inline float sq(const float *x, long i) { return x[i] * x[i]; }
+
+/* The sum of the squares of x[0..n) in the order of PyTorch's CPU sum over a contiguous row with
+ * `lanes`-wide vectors (8 with AVX2, 16 with AVX-512; at most 16): the vectors taken four at a time into four
  * accumulators, which a four-level cascade empties upward every 16 steps (a level every 2^4 of the
  * one below); the vectors past the last four into the first accumulator; the four added in order;
  * then, from 0, the values past the last vector and the lanes in order. Each lane's additions
  * are the vector code's, so the total is the same bits. The caller checks that on this machine
- * against PyTorch itself before using it (`kvcache.rms_norm`). */
-/* x[i] squared, rounded as PyTorch's pow(2) rounds it (one product) */
-static inline float sq(const float *x, long i) { return x[i] * x[i]; }
-
+ * against PyTorch itself before using it (`lean._norm_lanes`). */
 static float torch_row_sum(const float *x, long n, long lanes) {
     enum { LEVELS = 4, ILP = 4, MAX_LANES = 16 };
     float acc[LEVELS][ILP][MAX_LANES] = {{{0}}};

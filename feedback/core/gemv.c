@@ -44,7 +44,7 @@ static inline void output(const float *x, const float *w, const float *b, float 
 void feedback_gemv(const float *x, const float *w, const float *b, float *y, long rows, long in, long out,
                    int threads) {
     /* one thread, or a product this small (it costs less than waking the other threads): no
-     * parallel region at all, whose entry and exit cost ~5 us even for a team of one */
+     * parallel region at all, whose entry and exit cost something even for a team of one */
     if (threads <= 1 || out * in < 65536) {
         for (long o = 0; o < out; o++) output(x, w, b, y, rows, in, out, o);
         return;

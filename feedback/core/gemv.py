@@ -139,7 +139,8 @@ def available() -> bool:
 
 
 def library() -> ctypes.CDLL | None:
-    """The built library (gemv and the decode attention of `attend.c`), or None where it cannot be."""
+    """The built library (gemv, and `attend.c`'s norm, rotary + cache write and attention), or None
+    where it cannot be built here (`why_not`)."""
     return _loaded()[0]
 
 

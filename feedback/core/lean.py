@@ -29,10 +29,11 @@ import os
 
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama import modeling_llama as llama
 
-from feedback.core import gemv, kvcache, linear
+from feedback.core import gemv, kvcache, linear, threads
 
 LEAN_ENV = "FEEDBACK_LEAN"
 
@@ -44,9 +45,6 @@ def wanted(given: bool | None = None) -> bool:
     return os.environ.get(LEAN_ENV, "").strip().lower() not in ("0", "false", "no", "off")
 
 
-COMPILED_NORM_ROWS = 16  # a decode step's rows; a prefill's many rows go to PyTorch's threaded ops
-
-
 def _norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """`LlamaRMSNorm.forward`'s operations, in its order. In fp32, for a decode step's few rows, one
     compiled call that rounds as they do (`attend.c`; used only where it gave PyTorch's bits on this
@@ -56,7 +54,7 @@ def _norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         n, lib = x.shape[-1], gemv.library()
         if (
             lib is not None
-            and x.numel() <= COMPILED_NORM_ROWS * n
+            and x.numel() <= threads.DECODE_TOKENS * n  # a prefill's many rows: PyTorch's threaded ops
             and x.device.type == "cpu"
             and x.is_contiguous()
         ):
@@ -213,8 +211,6 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
 
 def _hooked(*modules: nn.Module) -> bool:
     """Whether a forward hook (of these modules', or every module's) would see a call of them."""
-    from torch.nn.modules import module as torch_module
-
     return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks) or any(
         m._forward_hooks or m._forward_pre_hooks for m in modules
     )

@@ -131,9 +131,8 @@ class LoadedModel:
     eos_token_ids: list[int] = field(default_factory=list)
     quantization: str | None = None  # how the weights are stored when not in `dtype` (8-bit, 4-bit)
     kernels: dict | None = None  # the rows gemv takes per fp32 linear shape (`linear.use_kernels`), if any
-    linear_kernel: str = (
-        ""  # the fp32 linear kernel it was loaded with (`linear.setting`), for `kernel_summary`
-    )
+    # the fp32 linear kernel it was loaded with (`linear.setting`), for `kernel_summary`
+    linear_kernel: str = ""
     decode_threads: int | None = None  # threads for decode steps, measured fastest (`core.threads`)
     # Held for each forward pass: runs sharing this model interleave step by step, never overlap.
     forward_lock: TurnLock = field(default_factory=TurnLock, repr=False, compare=False)
