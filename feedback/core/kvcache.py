@@ -82,8 +82,8 @@ def compiled_attention(
     [B, 1, H, D]; None where it does not serve (not fp32 on CPU, no kernel on this machine, a mask
     that is not SDPA's boolean one). Each row's result is the same alone or in any batch, whatever
     the padding in front of it (the eager product's need not be), and it builds no [B, H, T] weights.
-    Measured on the development CPU (1 thread, in-process A/B, interleaved): the embedded model's
-    1-row step at 0.958 x the eager product's, 16 rows on 1,024 tokens at 0.934 x."""
+    Measured on the development CPU: the engine's 1-row step without it (and without the one-call
+    attention block that includes it) took 1.170 x (`docs/results/decode_kernels.py`)."""
     lib = gemv.library()
     b, h, q, d = query.shape
     kv, t = key.shape[1], key.shape[2]
