@@ -47,6 +47,7 @@ def tiny_lm(embedded_lm: LoadedModel) -> LoadedModel:
     model = LlamaForCausalLM(cfg).eval()
     model.set_attn_implementation("eager")  # as load_model does on CPU: batch-invariant
     lean.lean_layers(model.model.layers)  # as load_model does on CPU: fused projections, exact
+    lean.lean_stack(model)
     if linear.wanted(torch.device("cpu")):
         linear.use_kernels(model, linear.setting())  # as load_model does on CPU
     return LoadedModel(

@@ -4,12 +4,15 @@ the embedded model (64 tokens of the bench prompt, CPU time a step after the fir
 a model loaded where the library cannot be built (oneDNN's products, PyTorch's ops: a machine
 without a C compiler). One run of each in turn per round; median over the rounds of each ratio.
 
-- attention: the attention of one query a row (`kvcache.compiled_attention`), and the attention
-  block, which includes it;
-- rope + cache: the rotation of q and k with the cache write (`kvcache.rope_append`), and the
-  attention block, which includes it;
-- norm: the RMS norm in PyTorch's order (`lean._norm_lanes` 0 turns it off), and the block;
-- block: the attention block in one call (`LeanLlamaLayer._decode_attention`).
+- stack: every layer and the final norm in one call a step (`LeanLlamaModel._decode_stack`); off,
+  each layer takes a call of its own;
+- silu: the MLP half compiled (its SiLU in PyTorch's rounding, `lean._silu_block` 0 turns it off),
+  and so the model-wide call; off, a layer's call is its attention half;
+- layer: a layer's own call (`LeanLlamaLayer._decode`); off with the stack, every part op by op;
+- attention: the attention of one query a row (`kvcache.compiled_attention`), with the calls above,
+  which include it;
+- rope + cache: the rotation of q and k with the cache write (`kvcache.rope_append`), with the calls;
+- norm: the RMS norm in PyTorch's order (`lean._norm_lanes` 0 turns it off, and the calls with it).
 
 Run (its output is decode_kernels.txt):
   OMP_WAIT_POLICY=PASSIVE FEEDBACK_THREADS=1 PYTHONPATH=. python docs/results/decode_kernels.py [rounds]
@@ -24,17 +27,21 @@ from feedback.core.model import load_model
 
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 8
 real = {
+    "stack": (lean.LeanLlamaModel, "_decode_stack"),
+    "silu": (lean, "_silu_block"),
+    "layer": (lean.LeanLlamaLayer, "_decode"),
     "attention": (kvcache, "compiled_attention"),
     "rope": (kvcache, "rope_append"),
     "norm": (lean, "_norm_lanes"),
-    "block": (lean.LeanLlamaLayer, "_decode_attention"),
 }
 saved = {name: getattr(owner, attr) for name, (owner, attr) in real.items()}
 off = {
+    "stack": lambda *a: None,
+    "silu": lambda: 0,
+    "layer": lambda *a: (None, False),
     "attention": lambda *a: None,
     "rope": lambda *a: None,
     "norm": lambda *a: 0,
-    "block": lambda *a: None,
 }
 
 
@@ -53,10 +60,12 @@ print(f"without it: {linear.kernel_summary(bare.kernels, 'onednn')} products, Py
 
 variants = {
     "every kernel": (lm, ()),
-    "attention off": (lm, ("attention", "block")),
-    "rope + cache off": (lm, ("rope", "block")),
-    "norm off": (lm, ("norm", "block")),
-    "block off": (lm, ("block",)),
+    "one call a layer": (lm, ("stack",)),
+    "MLP op by op": (lm, ("silu",)),
+    "no layer calls": (lm, ("stack", "layer")),
+    "attention off": (lm, ("attention", "stack", "layer")),
+    "rope + cache off": (lm, ("rope", "stack", "layer")),
+    "norm off": (lm, ("norm",)),
     "no library": (bare, ()),
 }
 for model, _ in variants.values():

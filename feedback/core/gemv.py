@@ -36,16 +36,57 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "gemv.c", HERE / "attend.c")  # compiled into one library
+SOURCES = (HERE / "gemv.c", HERE / "attend.c", HERE / "layer.c")  # compiled into one library
 HEADERS = (HERE / "dot.h",)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+LIBS = ("-lm",)  # after the sources, where the linker looks for what they need (SiLU's expf)
 COMPILE_TIMEOUT_S = 120
 
 
 def source_key() -> str:
     """What a built kernel depends on: its source and flags (12 hex digits)."""
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + " ".join(FLAGS).encode())
+    digest = hashlib.sha256(
+        b"".join(p.read_bytes() for p in SOURCES + HEADERS) + " ".join(FLAGS + LIBS).encode()
+    )
     return digest.hexdigest()[:12]
+
+
+class Layer(ctypes.Structure):
+    """`struct feedback_layer` (layer.c): one decoder layer's weights and cache for a decode step."""
+
+    _fields_ = [
+        (name, ctypes.c_void_p)
+        for name in (
+            "norm_w",
+            "qkv_w",
+            "qkv_b",
+            "o_w",
+            "o_b",
+            "post_norm_w",
+            "gate_up_w",
+            "gate_up_b",
+            "down_w",
+        )
+        + ("down_b", "k", "v")
+    ]
+    _fields_ += [(name, ctypes.c_long) for name in ("kb", "kh", "vb", "vh")]
+    _fields_ += [(name, ctypes.c_float) for name in ("eps", "post_eps", "scale")]
+
+
+class Step(ctypes.Structure):
+    """`struct feedback_step` (layer.c): what every layer of one decode step shares."""
+
+    _fields_ = [
+        (name, ctypes.c_long)
+        for name in ("rows", "width", "heads", "kv_heads", "d", "inter", "lanes", "silu_block")
+    ]
+    _fields_ += [
+        ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p),
+        ("cs", ctypes.c_long),
+        ("at", ctypes.c_long),
+    ]
+    _fields_ += [("keep", ctypes.c_void_p), ("mb", ctypes.c_long), ("threads", ctypes.c_int)]
 
 
 def _unsupported() -> str:
@@ -70,7 +111,7 @@ def _build(target: Path, compiler: str) -> str:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *FLAGS, *map(str, SOURCES), "-o", tmp],
+            [compiler, *FLAGS, *map(str, SOURCES), *LIBS, "-o", tmp],
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,
@@ -118,10 +159,23 @@ def find(folder: Path) -> tuple[ctypes.CDLL | None, str]:
     fn = lib.feedback_rms_norm
     fn.argtypes = [pointer] * 3 + [size] * 2 + [ctypes.c_float, size]
     fn.restype = None
-    fn = lib.feedback_attention_block
-    fn.argtypes = [pointer, pointer, size, size, pointer, ctypes.c_float, size] + [pointer] * 4 + [size]
-    fn.argtypes += [pointer, size, size] * 2 + [size, pointer, size, pointer, pointer] + [size] * 3
-    fn.argtypes += [ctypes.c_float, pointer, ctypes.c_int]
+    fn = lib.feedback_silu
+    fn.argtypes = [pointer, size, size]
+    fn.restype = None
+    fn = lib.feedback_stack_scratch
+    fn.argtypes = [ctypes.POINTER(Step)]
+    fn.restype = size
+    fn = lib.feedback_decoder_stack
+    fn.argtypes = [
+        ctypes.POINTER(Step),
+        ctypes.POINTER(Layer),
+        size,
+        pointer,
+        pointer,
+        pointer,
+        ctypes.c_float,
+        pointer,
+    ]
     fn.restype = None
     return lib, ""
 

@@ -244,22 +244,39 @@ def appendable(
     if not isinstance(cache, PreallocatedCache) or cache.offloading or gemv.library() is None:
         return None
     layer = cache.layers[index]
-    if not layer.is_initialized or layer.length >= layer.capacity:
+    if not layer.is_initialized:
         return None
     d = layer._k.shape[-1]
-    ok = (
-        layer._k.shape == (rows, kv_heads, layer.capacity, d)
-        and layer._v.shape == layer._k.shape
-        and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in (cos, sin, layer._k, layer._v))
-        and layer._k.is_contiguous()
-        and layer._v.is_contiguous()
+    return layer if writable(layer, rows, kv_heads, d) and rotary_readable(cos, sin, rows, d) else None
+
+
+def writable(layer: PreallocatedLayer, rows: int, kv_heads: int, d: int) -> bool:
+    """Whether the compiled kernels can write one more token a row into `layer` in place: filled,
+    with room, fp32 CPU buffers [rows, kv_heads, capacity, d]."""
+    if not layer.is_initialized or layer.length >= layer.capacity:
+        return False
+    k, v = layer._k, layer._v
+    return (
+        k.shape == (rows, kv_heads, layer.capacity, d)
+        and v.shape == k.shape
+        and k.dtype == v.dtype == torch.float32
+        and k.device.type == v.device.type == "cpu"
+        and k.is_contiguous()
+        and v.is_contiguous()
+    )
+
+
+def rotary_readable(cos: torch.Tensor, sin: torch.Tensor, rows: int, d: int) -> bool:
+    """Whether the compiled kernels read these rotary tables: fp32 CPU [rows or 1, 1, d], rows of
+    unit stride, cos and sin laid out alike."""
+    return (
+        all(t.dtype == torch.float32 and t.device.type == "cpu" for t in (cos, sin))
         and cos.shape == sin.shape
         and cos.shape[1:] == (1, d)
         and cos.shape[0] in (1, rows)
         and cos.stride(-1) == 1
         and cos.stride() == sin.stride()
     )
-    return layer if ok else None
 
 
 def rope_append(

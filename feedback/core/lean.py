@@ -24,18 +24,27 @@ views of the fused ones (no memory is added), or are dropped where the weights a
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import functools
 import os
+import weakref
 
 import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
+from transformers import activations
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama import modeling_llama as llama
 
 from feedback.core import gemv, kvcache, linear, threads
 
 LEAN_ENV = "FEEDBACK_LEAN"
+# PyTorch splits an elementwise op of more values than this between its threads, each part with its
+# own vector loop and scalar tail; the compiled SiLU takes one part only (where PyTorch runs one)
+SILU_GRAIN = 32768
+# the activations that are `nn.functional.silu` of their input (transformers' own, for "silu")
+SILU = tuple(t for t in (nn.SiLU, getattr(activations, "SiLUActivation", None)) if t is not None)
 
 
 def wanted(given: bool | None = None) -> bool:
@@ -49,7 +58,10 @@ def _norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """`LlamaRMSNorm.forward`'s operations, in its order. In fp32, for a decode step's few rows, one
     compiled call that rounds as they do (`attend.c`; used only where it gave PyTorch's bits on this
     machine, `_norm_lanes`), else one call of torch's own RMS norm (the same ops in C++ without a
-    Python call each). Both bit-for-bit transformers' norm (`tests/core/test_lean.py`)."""
+    Python call each). Both bit-for-bit transformers' norm (`tests/core/test_lean.py`). A hooked
+    norm is called as a module, so its hooks see the call."""
+    if _hooked(norm):
+        return norm(x)
     if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
         n, lib = x.shape[-1], gemv.library()
         if (
@@ -95,6 +107,36 @@ def _norm_lanes(n: int, eps: float) -> int:
     return 0
 
 
+@functools.cache
+def _silu_block() -> int:
+    """The split (32 or 16 values: two of PyTorch's vectors with AVX-512 or AVX2) at which the
+    compiled SiLU gives exactly PyTorch's here, checked on a million values of many scales and on
+    short lengths of values whose two ways round apart, so the split shows; 0 where neither does
+    (PyTorch's SiLU is used). On the development machine the compiled SiLU gave PyTorch's bits for
+    every fp32 value."""
+    lib = gemv.library()
+    if lib is None:
+        return 0
+    gen = torch.Generator().manual_seed(0)  # not the global generator: sampling seeds stay as they were
+    values = torch.cat([torch.randn(1 << 17, generator=gen) * 2.0**p for p in range(-8, 8, 2)])
+    edges = [0.0, -0.0, 88.0, -88.0, 100.0, 101.0, -103.9, -104.5, 1e30, -1e30, float("inf"), float("-inf")]
+    values = torch.cat([values, torch.tensor(edges)])
+    vector, scalar = values.clone(), values.clone()
+    lib.feedback_silu(vector.data_ptr(), values.numel(), 8)  # every value by the vector loop
+    lib.feedback_silu(scalar.data_ptr(), values.numel(), values.numel() + 1)  # every value by expf
+    apart = values[vector != scalar]
+    pieces = list(values.split(SILU_GRAIN // 2)) + [apart[:n] for n in (48, 40, 24)]
+    for block in (32, 16):
+        for x in pieces:
+            got = x.clone()
+            lib.feedback_silu(got.data_ptr(), got.numel(), block)
+            if not torch.equal(got.view(torch.int32), nn.functional.silu(x).view(torch.int32)):
+                break
+        else:
+            return block
+    return 0
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """`apply_rotary_pos_emb` for one tensor (cos and sin already broadcast over heads)."""
     half = x.shape[-1] // 2
@@ -124,16 +166,21 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.self_attn.config._attn_implementation, llama.eager_attention_forward
         )
-        h = None
+        h, whole = None, False
         if attend is kvcache.grouped_attention and cache is not None:
-            h = self._decode_attention(hidden_states, cache, position_embeddings, attention_mask)
+            h, whole = self._decode(hidden_states, cache, position_embeddings, attention_mask)
         if h is None:
             h = hidden_states + self._attention(
                 hidden_states, cache, position_embeddings, attend, attention_mask, kwargs
             )
+        if whole:
+            return h
         x = _norm(self.post_attention_layernorm, h)
         gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return h + self.mlp.down_proj(self.mlp.act_fn(gate) * up)
+        # SiLU over the gate's rows laid side by side, as transformers' separate gate product gives
+        # them: PyTorch's kernel splits a tensor between its vector and scalar loops by position,
+        # and the two round some values differently (a strided view would split each row)
+        return h + self.mlp.down_proj(self.mlp.act_fn(gate.contiguous()) * up)
 
     def _attention(
         self, hidden_states, cache, position_embeddings, attend, attention_mask, kwargs
@@ -158,55 +205,245 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         out, _ = attend(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
         return attn.o_proj(out.reshape(*x.shape[:-1], -1).contiguous())
 
-    def _decode_attention(
+    def _decode(
         self, hidden_states, cache, position_embeddings, attention_mask
-    ) -> torch.Tensor | None:
-        """A decode step's attention block with its residual add, in one compiled call
-        (`feedback_attention_block`: the norm, q/k/v product, rotation and cache write, attention,
-        output product and add that `_attention` takes op by op, the same kernels, the same bits);
-        None where that call does not serve (then nothing is written): not the engine's cache, more
-        rows than gemv takes in both products, a hook on the norm or a projection, no kernel here."""
+    ) -> tuple[torch.Tensor | None, bool]:
+        """A decode step of this layer in one compiled call (`feedback_decoder_stack` over it alone):
+        the whole layer where both halves serve, else the attention half with its residual add; the
+        same kernels `_attention` and `forward` take op by op, so the same bits. Returns the output
+        and whether the MLP half is in it, or (None, False) where the call does not serve (then
+        nothing is written)."""
+        step = _step(self, hidden_states, cache, position_embeddings, attention_mask)
+        entry = None if step is None else self._entry(step, cache)
+        if entry is None:
+            return None, False
+        out = torch.empty_like(hidden_states)
+        _run(step, [entry], hidden_states, out)
+        cache.layers[self.self_attn.layer_idx].appended()
+        return out, entry.gate_up_w is not None
+
+    def _parts(self) -> tuple[nn.Module, ...]:
+        """The layer and each part whose module call the compiled step skips (a hook on any of them
+        needs the calls)."""
+        attn, mlp = self.self_attn, self.mlp
+        return (
+            self, self.input_layernorm, self.qkv, attn, attn.o_proj,
+            self.post_attention_layernorm, self.gate_up, mlp, mlp.down_proj, mlp.act_fn,
+        )  # fmt: skip
+
+    def _entry(self, step: gemv.Step, cache) -> gemv.Layer | None:
+        """This layer's part of a decode step's compiled call (`gemv.Layer`), its MLP left out
+        (`gate_up_w` None) where that half does not serve; None where the attention half does not:
+        its cache is not at the step's position with room for the token, a product gemv does not
+        take, a hook on the norm or a projection, a norm that would not give PyTorch's bits."""
         attn, norm, qkv, o_proj = self.self_attn, self.input_layernorm, self.qkv, self.self_attn.o_proj
-        rows, width = hidden_states.shape[0], hidden_states.shape[-1]
-        heads, kv_heads, d = self.heads
-        cos, sin = position_embeddings
-        layer = kvcache.appendable(cache, attn.layer_idx, rows, kv_heads, cos, sin)
+        layer = cache.layers[attn.layer_idx]
         if (
-            layer is None
-            or hidden_states.shape[1:] != (1, width)
-            or hidden_states.dtype != torch.float32
-            or norm.weight.dtype != torch.float32
-            or not hidden_states.is_contiguous()
-            or not all(type(m) is linear.GemvLinear and rows <= m.gemv_rows for m in (qkv, o_proj))
-            or _hooked(norm, qkv, o_proj)
+            layer.length != step.at
+            or not kvcache.writable(layer, step.rows, step.kv_heads, step.d)
+            or not all(type(m) is linear.GemvLinear and step.rows <= m.gemv_rows for m in (qkv, o_proj))
+            or not _norm_ready(norm, step)
+            or _hooked(norm, qkv, o_proj, attn)
         ):
             return None
-        lanes, mask = (
-            _norm_lanes(width, float(norm.variance_epsilon)),
-            kvcache.keep_rows(attention_mask, layer.length + 1),
-        )
-        if not lanes or mask is None or not norm.weight.is_contiguous():
-            return None
-        keep, mask_stride = mask
-        t = layer.length + 1
-        scratch = torch.empty(rows * ((heads + 2 * kv_heads) * d + 2 * heads * d + width + heads * t))
-        out = torch.empty_like(hidden_states)
-        k, v = layer._k, layer._v
-
-        def ptr(x: torch.Tensor | None) -> int | None:
-            return None if x is None else x.data_ptr()
-
-        gemv.library().feedback_attention_block(
-            hidden_states.data_ptr(), out.data_ptr(), rows, width,
-            norm.weight.data_ptr(), float(norm.variance_epsilon), lanes,
-            qkv.weight.data_ptr(), ptr(qkv.bias),
-            cos.data_ptr(), sin.data_ptr(), cos.stride(0) if cos.shape[0] > 1 else 0,
-            k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1), layer.length,
-            ptr(keep), mask_stride, o_proj.weight.data_ptr(), ptr(o_proj.bias),
-            heads, kv_heads, d, attn.scaling, scratch.data_ptr(), torch.get_num_threads(),
+        entry = gemv.Layer(
+            norm_w=norm.weight.data_ptr(), qkv_w=qkv.weight.data_ptr(), qkv_b=_ptr(qkv.bias),
+            o_w=o_proj.weight.data_ptr(), o_b=_ptr(o_proj.bias), k=layer._k.data_ptr(), v=layer._v.data_ptr(),
+            kb=layer._k.stride(0), kh=layer._k.stride(1), vb=layer._v.stride(0), vh=layer._v.stride(1),
+            eps=norm.variance_epsilon, scale=attn.scaling,
         )  # fmt: skip
-        layer.appended()
+        mlp, norm = self.mlp, self.post_attention_layernorm
+        gate_up, down = self.gate_up, mlp.down_proj
+        if (
+            step.silu_block
+            and type(mlp.act_fn) in SILU
+            and down is not None
+            and down.in_features == step.inter
+            and (step.rows * step.inter <= SILU_GRAIN or step.threads == 1)
+            and all(type(m) is linear.GemvLinear and step.rows <= m.gemv_rows for m in (gate_up, down))
+            and _norm_ready(norm, step)
+            and not _hooked(norm, gate_up, mlp, down, mlp.act_fn)
+        ):
+            entry.post_norm_w, entry.post_eps = norm.weight.data_ptr(), norm.variance_epsilon
+            entry.gate_up_w, entry.gate_up_b = gate_up.weight.data_ptr(), _ptr(gate_up.bias)
+            entry.down_w, entry.down_b = down.weight.data_ptr(), _ptr(down.bias)
+        return entry
+
+
+@dataclasses.dataclass
+class _Plan:
+    """A decode run's compiled-call entries (`LeanLlamaModel._entries`): for the run whose cache
+    `cache` refers to (weakly: the plan keeps no buffer alive), at the step sizes `key`, and every
+    module whose hook would need its own call (`parts`)."""
+
+    cache: weakref.ref
+    key: tuple
+    entries: ctypes.Array
+    parts: tuple[nn.Module, ...]
+
+
+class LeanLlamaModel(llama.LlamaModel):
+    """`LlamaModel` whose decode steps run every layer and the final norm in one compiled call
+    (`feedback_decoder_stack`) where nothing needs them as separate calls: one new token a row on the
+    engine's preallocated cache with grouped attention, no hook on a layer, a part of one or the
+    final norm, and every layer's both halves served by the kernels (`LeanLlamaLayer._entry`). The
+    embedding, mask and rotary tables are transformers' own, as its forward makes them, and the
+    kernels are the ones each layer's `_decode` takes, so the output is the same bits. Any other
+    forward is transformers' own, through the lean layers."""
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache=None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ):
+        cache = kwargs.pop("past_key_values", cache)  # the name transformers still accepts
+        if not kwargs and use_cache and input_ids is not None and inputs_embeds is None:
+            hidden = self._decode_stack(input_ids, attention_mask, position_ids, cache)
+            if hidden is not None:
+                return llama.BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache)
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+
+    def _decode_stack(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor | None:
+        """The final norm's output for a decode step run in one call, or None (nothing written)."""
+        layers = list(self.layers)[: self.config.num_hidden_layers]  # (a ModuleList's slice builds a new one)
+        if (
+            self.training
+            or input_ids.ndim != 2
+            or input_ids.shape[1] != 1
+            or not isinstance(cache, kvcache.PreallocatedCache)
+            or self.config._attn_implementation != kvcache.GROUPED
+            or not all(type(layer) is LeanLlamaLayer for layer in layers)
+            or _hooked(self.norm, *layers)
+        ):
+            return None
+        embeds = self.embed_tokens(input_ids)
+        if position_ids is None:  # as transformers' forward makes them
+            position_ids = (torch.arange(1, device=embeds.device) + cache.get_seq_length()).unsqueeze(0)
+        mask = llama.create_causal_mask(
+            config=self.config,
+            inputs_embeds=embeds,
+            attention_mask=attention_mask,
+            cache=cache,
+            position_ids=position_ids,
+        )
+        position_embeddings = self.rotary_emb(embeds, position_ids=position_ids)
+        step = _step(layers[0], embeds, cache, position_embeddings, mask)
+        if step is None or not step.silu_block or not _norm_ready(self.norm, step):
+            return None
+        entries = self._entries(layers, step, cache)
+        if entries is None:
+            return None
+        out = torch.empty_like(embeds)
+        _run(step, entries, embeds, out, final=self.norm)
+        for layer in layers:
+            cache.layers[layer.self_attn.layer_idx].appended()
         return out
+
+    def _entries(self, layers, step: gemv.Step, cache) -> ctypes.Array | None:
+        """Every layer's whole `_entry` for this step, or None where one does not serve. Built at a
+        run's first step (~26 µs a layer) and kept while the run's cache and the step's sizes stay:
+        within a run the layers' parts and weights stay, so each later step checks only what can
+        change between steps: hooks, and each cache layer's position and buffers."""
+        plan = self.__dict__.get("_decode_plan")
+        key = (step.rows, step.width, step.lanes, step.silu_block, step.inter, step.threads)
+        if plan is None or plan.cache() is not cache or plan.key != key:
+            entries = [layer._entry(step, cache) for layer in layers]
+            if any(entry is None or entry.gate_up_w is None for entry in entries):
+                return None
+            parts = tuple(part for layer in layers for part in layer._parts())
+            plan = _Plan(weakref.ref(cache), key, (gemv.Layer * len(entries))(*entries), parts)
+            self.__dict__["_decode_plan"] = plan
+            return plan.entries
+        if _hooked(*plan.parts):
+            return None
+        for layer, entry in zip(layers, plan.entries):
+            held = cache.layers[layer.self_attn.layer_idx]
+            if held.length != step.at or held.length >= held.capacity:
+                return None
+            if held._k.data_ptr() != entry.k or held._v.data_ptr() != entry.v:  # rows dropped or room grown
+                if not kvcache.writable(held, step.rows, step.kv_heads, step.d):
+                    return None
+                entry.k, entry.v = held._k.data_ptr(), held._v.data_ptr()
+                entry.kb, entry.kh, entry.vb, entry.vh = *held._k.stride()[:2], *held._v.stride()[:2]
+        return plan.entries
+
+
+def _step(
+    first: LeanLlamaLayer, hidden_states, cache, position_embeddings, attention_mask
+) -> gemv.Step | None:
+    """What every layer of a decode step shares, for the compiled call (`gemv.Step`), with `first`
+    the first layer it runs; None where the call does not serve: no kernel here, not one fp32 token
+    a row on the engine's preallocated cache, rotary tables or a mask the kernels do not read, a
+    norm width whose PyTorch sum order the compiled norm does not follow here."""
+    lib = gemv.library()
+    if lib is None or not isinstance(cache, kvcache.PreallocatedCache) or cache.offloading:
+        return None
+    rows, width = hidden_states.shape[0], hidden_states.shape[-1]
+    heads, kv_heads, d = first.heads
+    cos, sin = position_embeddings
+    if (
+        hidden_states.shape[1:] != (1, width)
+        or hidden_states.dtype != torch.float32
+        or hidden_states.device.type != "cpu"
+        or not hidden_states.is_contiguous()
+        or not kvcache.rotary_readable(cos, sin, rows, d)
+    ):
+        return None
+    at = cache.layers[first.self_attn.layer_idx].length
+    lanes, mask = (
+        _norm_lanes(width, float(first.input_layernorm.variance_epsilon)),
+        kvcache.keep_rows(attention_mask, at + 1),
+    )
+    if not lanes or mask is None:
+        return None
+    keep, mask_stride = mask
+    down = first.mlp.down_proj
+    return gemv.Step(
+        rows=rows, width=width, heads=heads, kv_heads=kv_heads, d=d, lanes=lanes,
+        inter=0 if down is None else down.in_features, silu_block=_silu_block(),
+        cos=cos.data_ptr(), sin=sin.data_ptr(), cs=cos.stride(0) if cos.shape[0] > 1 else 0, at=at,
+        keep=_ptr(keep), mb=mask_stride, threads=torch.get_num_threads(),
+    )  # fmt: skip
+
+
+def _norm_ready(norm: nn.Module, step: gemv.Step) -> bool:
+    """Whether the compiled norm gives this norm's bits with the step's summing width."""
+    w = norm.weight
+    return (
+        w.dtype == torch.float32
+        and w.is_contiguous()
+        and w.shape == (step.width,)
+        and _norm_lanes(step.width, float(norm.variance_epsilon)) == step.lanes
+    )
+
+
+def _run(step: gemv.Step, entries, hidden: torch.Tensor, out: torch.Tensor, final=None) -> None:
+    """`feedback_decoder_stack`: the layers of `entries` (`gemv.Layer`s, listed or in an array) in
+    turn from `hidden` to `out`, then the model's final norm `final` (or none)."""
+    lib = gemv.library()
+    layers = entries if isinstance(entries, ctypes.Array) else (gemv.Layer * len(entries))(*entries)
+    scratch = torch.empty(lib.feedback_stack_scratch(step))
+    final_w, final_eps = (None, 0.0) if final is None else (final.weight.data_ptr(), final.variance_epsilon)
+    lib.feedback_decoder_stack(
+        step, layers, len(entries), hidden.data_ptr(), out.data_ptr(), final_w, final_eps, scratch.data_ptr()
+    )
+
+
+def _ptr(x: torch.Tensor | None) -> int | None:
+    return None if x is None else x.data_ptr()
 
 
 def _hooked(*modules: nn.Module) -> bool:
@@ -272,3 +509,16 @@ def lean_layers(layers: nn.ModuleList, keep_parts: bool = True) -> int:
         layer.__class__ = LeanLlamaLayer
         count += 1
     return count
+
+
+def lean_stack(model: nn.Module) -> bool:
+    """`model`'s Llama body (itself, or its `.model`) as a `LeanLlamaModel` in place, where it is
+    exactly transformers' `LlamaModel` and every decoder layer is lean (`lean_layers` first);
+    whether it now is one."""
+    body = model if isinstance(model, llama.LlamaModel) else getattr(model, "model", None)
+    if type(body) is LeanLlamaModel:
+        return True
+    if type(body) is not llama.LlamaModel or not all(type(layer) is LeanLlamaLayer for layer in body.layers):
+        return False
+    body.__class__ = LeanLlamaModel
+    return True

@@ -438,6 +438,7 @@ def load_model(
     if dev.type == "cpu" and device_map is None and lean.wanted(lean_layers):
         # fused projections and inline norms, exact; parts dropped where quantised next
         lean.lean_layers(decoder_layers(model), keep_parts=not cpu_bits)
+        lean.lean_stack(model)  # a Llama's decode steps: every layer in one compiled call
     quantization = None
     if cpu_bits:
         linear.quantize(model, cpu_bits)

@@ -17,14 +17,17 @@ VOCAB = 300  # small: the head is not what is tested
 KERNELS = [k for k in ("gemv", "onednn") if linear.available() and (k != "gemv" or gemv.available())]
 
 
-def _pair(bias: bool, kernel: str = "onednn") -> tuple[nn.Module, nn.Module]:
+def _pair(bias: bool, kernel: str = "onednn", **sizes) -> tuple[nn.Module, nn.Module]:
     """Two copies of one random Llama, the second with lean layers (`kernel` on both, as loaded)."""
     torch.manual_seed(0)
     config = FAMILIES["llama"](vocab_size=VOCAB, attention_bias=bias, mlp_bias=bias)
+    for name, value in sizes.items():
+        setattr(config, name, value)
     plain = LlamaForCausalLM(config).eval()
     torch.manual_seed(0)
     fused = LlamaForCausalLM(config).eval()
     assert lean.lean_layers(fused.model.layers) == 4
+    assert lean.lean_stack(fused)
     for model in (plain, fused):
         if linear.wanted(torch.device("cpu")):
             linear.use_kernels(model, kernel)
@@ -125,6 +128,7 @@ def test_other_families_and_training_layers_are_left_alone():
     torch.manual_seed(0)
     qwen = Qwen2ForCausalLM(FAMILIES["qwen2"](vocab_size=VOCAB)).eval()
     assert lean.lean_layers(qwen.model.layers) == 0
+    assert not lean.lean_stack(qwen) and type(qwen.model) is not lean.LeanLlamaModel
     llama = LlamaForCausalLM(FAMILIES["llama"](vocab_size=VOCAB))  # training mode: dropout is live there
     assert lean.lean_layers(llama.model.layers) == 0
 
@@ -183,16 +187,110 @@ def llama_norm(hidden: int) -> nn.Module:
     return LlamaRMSNorm(hidden, eps=1e-5)
 
 
-def test_a_hook_on_a_projection_still_sees_every_decode_step():
-    """The one-call attention block would skip the output projection's module call, so a hook there
-    keeps the op-by-op path: the hook sees the prefill and each step, and the logits stay exact."""
+@pytest.mark.parametrize("part", ["self_attn.o_proj", "mlp.down_proj", "post_attention_layernorm"])
+def test_a_hook_on_a_part_of_a_layer_still_sees_every_decode_step(part):
+    """The compiled decode step would skip the part's module call, so a hook there keeps that half
+    of the layer op by op: the hook sees the prefill and each step, and the logits stay exact."""
     plain, fused = _pair(bias=False, kernel=KERNELS[0]) if KERNELS else _pair(bias=False)
     seen: list[tuple[int, ...]] = []
     for model in (plain, fused):
-        model.model.layers[2].self_attn.o_proj.register_forward_hook(
+        model.model.layers[2].get_submodule(part).register_forward_hook(
             lambda mod, args, out: seen.append(tuple(out.shape))
         )
     ids = torch.randint(0, VOCAB, (2, 8))
     got = _logits(fused, ids, 3, engine_cache=True)
     assert seen == [(2, 8, 64), (2, 1, 64), (2, 1, 64), (2, 1, 64)]
     assert all(torch.equal(a, b) for a, b in zip(_logits(plain, ids, 3, engine_cache=True), got, strict=True))
+
+
+def _calls(monkeypatch) -> list[int]:
+    """The layers each compiled decode call runs, as they happen."""
+    calls: list[int] = []
+    run = lean._run
+
+    def counted(step, entries, *args, **kwargs):
+        calls.append(len(entries))
+        return run(step, entries, *args, **kwargs)
+
+    monkeypatch.setattr(lean, "_run", counted)
+    return calls
+
+
+@pytest.mark.skipif(not gemv.available(), reason=f"no compiled kernel here: {gemv.why_not()}")
+def test_a_decode_step_runs_every_layer_in_one_call_unless_a_layer_is_hooked(monkeypatch):
+    """Nothing watching: one call a step for the 4 layers and the final norm. A hook on a layer: each
+    layer in a call of its own (the hook runs between them), and still the same logits."""
+    plain, fused = _pair(bias=True, kernel="gemv")
+    assert type(fused.model) is lean.LeanLlamaModel
+    calls = _calls(monkeypatch)
+    ids = torch.randint(0, VOCAB, (2, 10))
+    want = _logits(plain, ids, 3, engine_cache=True)
+    assert calls == []  # transformers' own model takes none
+    got = _logits(fused, ids, 3, engine_cache=True)
+    assert calls == [4, 4, 4] and all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    calls.clear()
+    for model in (plain, fused):
+        model.model.layers[1].register_forward_hook(lambda mod, args, out: out * 2)
+    want = _logits(plain, ids, 3, engine_cache=True)
+    got = _logits(fused, ids, 3, engine_cache=True)
+    assert calls == [1] * 12 and all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+
+
+@pytest.mark.parametrize("engine_cache", [False, True])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_an_intermediate_size_off_the_vector_width_stays_exact_for_several_rows(kernel, engine_cache):
+    """PyTorch's SiLU takes a tensor's values past the last multiple of its vector block (32 with
+    AVX-512) in a scalar loop that rounds some values differently, counting positions in the
+    whole [rows, intermediate] tensor: the lean layer (op by op or compiled) splits where
+    transformers' separate gate product does."""
+    plain, fused = _pair(False, kernel, intermediate_size=104)
+    ids = torch.randint(0, VOCAB, (2, 9))
+    got = _logits(fused, ids, 5, engine_cache)
+    assert all(torch.equal(a, b) for a, b in zip(_logits(plain, ids, 5, engine_cache), got, strict=True))
+
+
+@pytest.mark.skipif(not gemv.available(), reason=f"no compiled kernel here: {gemv.why_not()}")
+def test_the_compiled_silu_is_pytorchs_bit_for_bit():
+    """On every length (the split between PyTorch's vector and scalar loops moves with it) and
+    values of every scale, with infinities and zeros of both signs."""
+    block = lean._silu_block()
+    assert block in (16, 32)
+    torch.manual_seed(0)
+    for n in (1, 7, 16, 31, 33, 100, 1536, 4099):
+        for scale in (1e-3, 1.0, 4.0, 30.0, 1e4):
+            x = torch.randn(n) * scale
+            special = torch.tensor([0.0, -0.0, float("inf"), float("-inf")])[: min(n, 4)]
+            x[: len(special)], x[n - len(special) :] = special, special  # in either loop
+            got = x.clone()
+            gemv.library().feedback_silu(got.data_ptr(), n, block)
+            assert torch.equal(got.view(torch.int32), nn.functional.silu(x).view(torch.int32)), (n, scale)
+
+
+@pytest.mark.skipif(not gemv.available(), reason=f"no compiled kernel here: {gemv.why_not()}")
+def test_the_one_call_step_follows_its_cache_when_rows_are_dropped_or_the_cache_is_new(monkeypatch):
+    """The layers' entries are kept between a run's steps: a row dropped from the cache (its buffers
+    replaced) and a new run's cache are each picked up, and the logits stay transformers'."""
+    plain, fused = _pair(bias=False, kernel="gemv")
+    calls = _calls(monkeypatch)
+    ids = torch.randint(0, VOCAB, (2, 7))
+
+    def run(model: nn.Module) -> list[torch.Tensor]:
+        model.config._attn_implementation = kvcache.GROUPED
+        out, mask = [], torch.ones_like(ids)
+        with torch.inference_mode():
+            cache = kvcache.PreallocatedCache(model.config.num_hidden_layers, 16)
+            logits = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True).logits
+            for step in range(4):
+                if step == 2:  # the first row ends: the cache keeps the second
+                    cache.batch_select_indices(torch.tensor([1]))
+                    logits, mask = logits[1:], mask[1:]
+                tok = logits[:, -1].argmax(-1, keepdim=True)
+                mask = torch.cat([mask, torch.ones_like(tok)], dim=1)
+                logits = model(input_ids=tok, attention_mask=mask, cache=cache, use_cache=True).logits
+                out.append(logits)
+        return out
+
+    for _ in range(2):  # a second run: a new cache
+        want, got = run(plain), run(fused)
+        assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    assert calls == [4] * 8
