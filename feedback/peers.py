@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -159,40 +160,45 @@ def llama_cpp_runs(
 def peers(tokens: int = 64, rounds: int = 5) -> dict:
     """Each pair of `PAIRS`: the engine's decode-only CPU time per token ÷ llama.cpp's, one run of
     each in turn per round (median and range of the rounds' ratios), each side's share of the
-    CPU-time roofline (weights read per step ÷ the copy rate, over the step's CPU time), and how many
-    greedy tokens agree before the first difference. Raises FeedbackError without llama.cpp."""
+    CPU-time roofline (weights read per step ÷ the copy rate, over the step's CPU time; the copy rate
+    measured in every round beside the two runs, as it moves with the machine's load: median of the
+    rounds' shares), and how many greedy tokens agree before the first difference. Raises
+    FeedbackError without llama.cpp."""
     package = find_llama_cpp()
     if package is None:
         raise FeedbackError(f"llama.cpp is not installed for the bench; install it with: {install_hint()}")
     threads = set_threads()  # FEEDBACK_THREADS, for both sides: idle threads may spin, costing CPU
     load_before = _load()
-    bandwidth = copy_bandwidth_gbs(clock=_cpu)  # per CPU-second, as both sides' steps are timed
     out: dict = {
         "cpu": linear.cpu_name(),
         "threads": threads,
         "tokens": tokens,
         "rounds": rounds,
         "llama_cpp": f"{NODE_PACKAGE} {json.loads((package / 'package.json').read_text())['version']}",
-        "bandwidth_gbs": bandwidth,
         "timing": "CPU time per generated token after the first (decode only), each side in its own "
         "process's CPU clock, one run of each in turn per round",
         "pairs": {},
     }
     exact: list[int] = []
+    rates: list[float] = []  # the copy rate per CPU-second (as both sides' steps are timed), each round
     for mode, kwargs, kind in PAIRS:
         lm = load_model("embedded", **kwargs)
         path = gguf_for(kind)
         ids = lm.encode(BENCH_PROMPT)
         _engine_run(lm, 4)  # warm-up: first calls pick kernels and fill caches
-        pairs, replies = [], None
+        pairs, replies, engine_bytes, llama_bytes = [], None, weight_bytes(lm), gguf_step_bytes(path)
+        shares: list[tuple[float, float]] = []
         for _ in range(max(1, rounds)):
             engine_s, engine_tokens = _engine_run(lm, tokens)
             llama, llama_replies, release = llama_cpp_runs(package, path, ids, tokens, threads)
+            rates.append(copy_bandwidth_gbs(clock=_cpu))
             pairs.append((engine_s, llama[0]))
+            shares.append(
+                (engine_bytes / (rates[-1] * 1e9) / engine_s, llama_bytes / (rates[-1] * 1e9) / llama[0])
+            )
             replies = (engine_tokens, llama_replies[0])
         exact = exact or replies[0]  # the first pair is the exact fp32 engine: the reference reply
         r = ratio_of(pairs)
-        engine_bytes, llama_bytes = weight_bytes(lm), gguf_step_bytes(path)
         out["llama_cpp_release"] = release
         out["pairs"][f"{mode}_vs_{kind}"] = {
             "engine": lm.quantization or f"{lm.dtype} (exact)",
@@ -203,12 +209,13 @@ def peers(tokens: int = 64, rounds: int = 5) -> dict:
             "llama_cpp_ms": r.b * 1e3,
             "engine_weights_mb": engine_bytes / 1e6,
             "llama_cpp_weights_mb": llama_bytes / 1e6,
-            "engine_roofline": engine_bytes / (bandwidth * 1e9) / r.a,
-            "llama_cpp_roofline": llama_bytes / (bandwidth * 1e9) / r.b,
+            "engine_roofline": statistics.median(e for e, _ in shares),
+            "llama_cpp_roofline": statistics.median(b for _, b in shares),
             "engine_tokens_as_fp32": _agree(exact, replies[0]),
             "llama_cpp_tokens_as_fp32": _agree(exact, replies[1]),
         }
         del lm
+    out["bandwidth_gbs"], out["bandwidth_range"] = statistics.median(rates), [min(rates), max(rates)]
     out["load_average"] = {"before": load_before, "after": _load()}
     return out
 
@@ -218,7 +225,8 @@ def peers_text(report: dict) -> str:
         f"llama.cpp ({report['llama_cpp']}, {report.get('llama_cpp_release') or 'release ?'}) beside the "
         f"engine on {report['cpu']}, {report['threads']} thread(s), {report['tokens']} greedy tokens, "
         f"{report['rounds']} rounds in turn; CPU ms per token after the first; copy rate "
-        f"{report['bandwidth_gbs']:.1f} GB per CPU-second; load average "
+        f"{report['bandwidth_gbs']:.1f} GB per CPU-second (median of the rounds; "
+        f"{report['bandwidth_range'][0]:.1f}–{report['bandwidth_range'][1]:.1f}); load average "
         f"{report['load_average']['before']} before, {report['load_average']['after']} after",
         f"  {'pair':16} {'engine ÷ llama.cpp':>19}  {'range':13} {'engine ms':>9} {'llama.cpp ms':>12}  "
         "roofline share (engine / llama.cpp)  tokens agreeing",

@@ -213,6 +213,8 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         same kernels `_attention` and `forward` take op by op, so the same bits. Returns the output
         and whether the MLP half is in it, or (None, False) where the call does not serve (then
         nothing is written)."""
+        if not self._gemv(hidden_states.shape[0]):  # first, as it costs least (a quantised model stops here)
+            return None, False
         step = _step(self, hidden_states, cache, position_embeddings, attention_mask)
         entry = None if step is None else self._entry(step, cache)
         if entry is None:
@@ -221,6 +223,12 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         _run(step, [entry], hidden_states, out)
         cache.layers[self.self_attn.layer_idx].appended()
         return out, entry.gate_up_w is not None
+
+    def _gemv(self, rows: int) -> bool:
+        """Whether gemv takes both of the attention half's products at `rows` rows."""
+        return all(
+            type(m) is linear.GemvLinear and rows <= m.gemv_rows for m in (self.qkv, self.self_attn.o_proj)
+        )
 
     def _parts(self) -> tuple[nn.Module, ...]:
         """The layer and each part whose module call the compiled step skips (a hook on any of them
@@ -241,7 +249,7 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         if (
             layer.length != step.at
             or not kvcache.writable(layer, step.rows, step.kv_heads, step.d)
-            or not all(type(m) is linear.GemvLinear and step.rows <= m.gemv_rows for m in (qkv, o_proj))
+            or not self._gemv(step.rows)
             or not _norm_ready(norm, step)
             or _hooked(norm, qkv, o_proj, attn)
         ):
@@ -272,7 +280,7 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
 
 @dataclasses.dataclass
 class _Plan:
-    """A decode run's compiled-call entries (`LeanLlamaModel._entries`): for the run whose cache
+    """A decode run's compiled-call entries (`LeanLlamaModel._plan`): for the run whose cache
     `cache` refers to (weakly: the plan keeps no buffer alive), at the step sizes `key`, and every
     module whose hook would need its own call (`parts`)."""
 
@@ -280,6 +288,7 @@ class _Plan:
     key: tuple
     entries: ctypes.Array
     parts: tuple[nn.Module, ...]
+    indices: tuple[int, ...]  # each entry's layer in the cache
 
 
 class LeanLlamaModel(llama.LlamaModel):
@@ -325,7 +334,9 @@ class LeanLlamaModel(llama.LlamaModel):
             or input_ids.shape[1] != 1
             or not isinstance(cache, kvcache.PreallocatedCache)
             or self.config._attn_implementation != kvcache.GROUPED
+            or not layers
             or not all(type(layer) is LeanLlamaLayer for layer in layers)
+            or not layers[0]._gemv(input_ids.shape[0])  # (a quantised model stops here)
             or _hooked(self.norm, *layers)
         ):
             return None
@@ -343,16 +354,16 @@ class LeanLlamaModel(llama.LlamaModel):
         step = _step(layers[0], embeds, cache, position_embeddings, mask)
         if step is None or not step.silu_block or not _norm_ready(self.norm, step):
             return None
-        entries = self._entries(layers, step, cache)
-        if entries is None:
+        plan = self._plan(layers, step, cache)
+        if plan is None:
             return None
         out = torch.empty_like(embeds)
-        _run(step, entries, embeds, out, final=self.norm)
-        for layer in layers:
-            cache.layers[layer.self_attn.layer_idx].appended()
+        _run(step, plan.entries, embeds, out, final=self.norm)
+        for index in plan.indices:
+            cache.layers[index].appended()
         return out
 
-    def _entries(self, layers, step: gemv.Step, cache) -> ctypes.Array | None:
+    def _plan(self, layers, step: gemv.Step, cache) -> _Plan | None:
         """Every layer's whole `_entry` for this step, or None where one does not serve. Built at a
         run's first step (~26 µs a layer) and kept while the run's cache and the step's sizes stay:
         within a run the layers' parts and weights stay, so each later step checks only what can
@@ -360,17 +371,21 @@ class LeanLlamaModel(llama.LlamaModel):
         plan = self.__dict__.get("_decode_plan")
         key = (step.rows, step.width, step.lanes, step.silu_block, step.inter, step.threads)
         if plan is None or plan.cache() is not cache or plan.key != key:
-            entries = [layer._entry(step, cache) for layer in layers]
-            if any(entry is None or entry.gate_up_w is None for entry in entries):
-                return None
+            entries = []
+            for layer in layers:
+                entries.append(layer._entry(step, cache))
+                if entries[-1] is None or entries[-1].gate_up_w is None:
+                    return None
             parts = tuple(part for layer in layers for part in layer._parts())
-            plan = _Plan(weakref.ref(cache), key, (gemv.Layer * len(entries))(*entries), parts)
+            indices = tuple(layer.self_attn.layer_idx for layer in layers)
+            plan = _Plan(weakref.ref(cache), key, (gemv.Layer * len(entries))(*entries), parts, indices)
             self.__dict__["_decode_plan"] = plan
-            return plan.entries
+            return plan
         if _hooked(*plan.parts):
             return None
-        for layer, entry in zip(layers, plan.entries):
-            held = cache.layers[layer.self_attn.layer_idx]
+        held_layers = cache.layers
+        for index, entry in zip(plan.indices, plan.entries):
+            held = held_layers[index]
             if held.length != step.at or held.length >= held.capacity:
                 return None
             if held._k.data_ptr() != entry.k or held._v.data_ptr() != entry.v:  # rows dropped or room grown
@@ -378,7 +393,7 @@ class LeanLlamaModel(llama.LlamaModel):
                     return None
                 entry.k, entry.v = held._k.data_ptr(), held._v.data_ptr()
                 entry.kb, entry.kh, entry.vb, entry.vh = *held._k.stride()[:2], *held._v.stride()[:2]
-        return plan.entries
+        return plan
 
 
 def _step(
