@@ -15,7 +15,7 @@ ENV PYTHONUNBUFFERED=1 \
     GRADIO_SERVER_PORT=7860
 
 # A C compiler: `prepare` (below) builds the engine's fp32 decode kernels (feedback/core/gemv.c,
-# attend.c) with it; without one the engine keeps oneDNN's slower product and PyTorch's ops. Unpinned: the base image's Debian release
+# attend.c, layer.c) with it; without one the engine keeps oneDNN's slower product and PyTorch's ops. Unpinned: the base image's Debian release
 # decides the version, and any gcc that compiles C with AVX2 intrinsics builds it.
 # hadolint ignore=DL3008
 RUN apt-get update \

@@ -168,7 +168,7 @@ def find(folder: Path) -> tuple[ctypes.CDLL | None, str]:
     fn = lib.feedback_decoder_stack
     fn.argtypes = [
         ctypes.POINTER(Step),
-        ctypes.POINTER(Layer),
+        pointer,  # the first of the layers (`Layer` structures) to run
         size,
         pointer,
         pointer,

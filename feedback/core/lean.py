@@ -39,6 +39,11 @@ from transformers.models.llama import modeling_llama as llama
 
 from feedback.core import gemv, kvcache, linear, threads
 
+try:  # what transformers' forward can record (`output_hidden_states`, …), registered by class name
+    from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY as _RECORDABLE
+except ImportError:  # another transformers: its model body keeps its own class
+    _RECORDABLE = None
+
 LEAN_ENV = "FEEDBACK_LEAN"
 # PyTorch splits an elementwise op of more values than this between its threads, each part with its
 # own vector loop and scalar tail; the compiled SiLU takes one part only (where PyTorch runs one)
@@ -281,24 +286,26 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
 @dataclasses.dataclass
 class _Plan:
     """A decode run's compiled-call entries (`LeanLlamaModel._plan`): for the run whose cache
-    `cache` refers to (weakly: the plan keeps no buffer alive), at the step sizes `key`, and every
-    module whose hook would need its own call (`parts`)."""
+    `cache` refers to (weakly: the plan keeps no buffer alive), at the step sizes `key`, with each
+    layer's modules whose hook would need the layer called as a module (`parts`)."""
 
     cache: weakref.ref
     key: tuple
-    entries: ctypes.Array
-    parts: tuple[nn.Module, ...]
+    entries: ctypes.Array  # every layer's, a zeroed one where `whole` is False
+    whole: tuple[bool, ...]  # whether the layer's both halves serve (else it is called as a module)
+    parts: tuple[tuple[nn.Module, ...], ...]  # each layer's `_parts`
     indices: tuple[int, ...]  # each entry's layer in the cache
 
 
 class LeanLlamaModel(llama.LlamaModel):
-    """`LlamaModel` whose decode steps run every layer and the final norm in one compiled call
-    (`feedback_decoder_stack`) where nothing needs them as separate calls: one new token a row on the
-    engine's preallocated cache with grouped attention, no hook on a layer, a part of one or the
-    final norm, and every layer's both halves served by the kernels (`LeanLlamaLayer._entry`). The
-    embedding, mask and rotary tables are transformers' own, as its forward makes them, and the
-    kernels are the ones each layer's `_decode` takes, so the output is the same bits. Any other
-    forward is transformers' own, through the lean layers."""
+    """`LlamaModel` whose decode steps run their layers and the final norm in compiled calls
+    (`feedback_decoder_stack`), each call a run of consecutive layers that nothing watches: one new
+    token a row on the engine's preallocated cache with grouped attention, every such layer's both
+    halves served by the kernels (`LeanLlamaLayer._entry`). A layer with a hook on it or a part of
+    it (a strategy's) is called as a module between the calls, as transformers' loop calls it, so
+    its hooks run where they would. The embedding, mask and rotary tables are transformers' own, as
+    its forward makes them, and the kernels are the ones each layer's `_decode` takes, so the output
+    is the same bits. Any other forward is transformers' own, through the lean layers."""
 
     def forward(
         self,
@@ -326,10 +333,12 @@ class LeanLlamaModel(llama.LlamaModel):
         )
 
     def _decode_stack(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor | None:
-        """The final norm's output for a decode step run in one call, or None (nothing written)."""
+        """The final norm's output for a decode step run in compiled calls, or None (nothing written)."""
         layers = list(self.layers)[: self.config.num_hidden_layers]  # (a ModuleList's slice builds a new one)
         if (
             self.training
+            or self.config.output_hidden_states  # transformers' forward records each layer's output
+            or self.config.output_attentions
             or input_ids.ndim != 2
             or input_ids.shape[1] != 1
             or not isinstance(cache, kvcache.PreallocatedCache)
@@ -337,7 +346,6 @@ class LeanLlamaModel(llama.LlamaModel):
             or not layers
             or not all(type(layer) is LeanLlamaLayer for layer in layers)
             or not layers[0]._gemv(input_ids.shape[0])  # (a quantised model stops here)
-            or _hooked(self.norm, *layers)
         ):
             return None
         embeds = self.embed_tokens(input_ids)
@@ -352,48 +360,80 @@ class LeanLlamaModel(llama.LlamaModel):
         )
         position_embeddings = self.rotary_emb(embeds, position_ids=position_ids)
         step = _step(layers[0], embeds, cache, position_embeddings, mask)
-        if step is None or not step.silu_block or not _norm_ready(self.norm, step):
+        plan = None if step is None or not step.silu_block else self._plan(layers, step, cache)
+        ready = None if plan is None else self._ready(plan, step, cache)
+        if ready is None:
             return None
-        plan = self._plan(layers, step, cache)
-        if plan is None:
-            return None
-        out = torch.empty_like(embeds)
-        _run(step, plan.entries, embeds, out, final=self.norm)
-        for index in plan.indices:
-            cache.layers[index].appended()
-        return out
+        # in turn: each run of ready layers in one compiled call, each other layer as a module
+        final = not _hooked(self.norm) and _norm_ready(self.norm, step)
+        h, i, n = embeds, 0, len(layers)
+        while i < n:
+            if not ready[i]:
+                h = layers[i](
+                    h,
+                    attention_mask=mask,
+                    position_embeddings=position_embeddings,
+                    position_ids=position_ids,
+                    cache=cache,
+                    use_cache=True,
+                )
+                i += 1
+                continue
+            j = i + 1
+            while j < n and ready[j]:
+                j += 1
+            out, last = torch.empty_like(h), j == n and final
+            _run(step, plan.entries, h, out, final=self.norm if last else None, first=i, count=j - i)
+            for index in plan.indices[i:j]:
+                cache.layers[index].appended()
+            if last:
+                return out
+            h, i = out, j
+        return _norm(self.norm, h)
 
     def _plan(self, layers, step: gemv.Step, cache) -> _Plan | None:
-        """Every layer's whole `_entry` for this step, or None where one does not serve. Built at a
-        run's first step (~26 µs a layer) and kept while the run's cache and the step's sizes stay:
+        """Every layer's `_entry` for this step, or None where no layer's both halves serve. Built at
+        a run's first step (~26 µs a layer) and kept while the run's cache and the step's sizes stay:
         within a run the layers' parts and weights stay, so each later step checks only what can
-        change between steps: hooks, and each cache layer's position and buffers."""
+        change between steps (`_ready`)."""
         plan = self.__dict__.get("_decode_plan")
         key = (step.rows, step.width, step.lanes, step.silu_block, step.inter, step.threads)
-        if plan is None or plan.cache() is not cache or plan.key != key:
-            entries = []
-            for layer in layers:
-                entries.append(layer._entry(step, cache))
-                if entries[-1] is None or entries[-1].gate_up_w is None:
-                    return None
-            parts = tuple(part for layer in layers for part in layer._parts())
-            indices = tuple(layer.self_attn.layer_idx for layer in layers)
-            plan = _Plan(weakref.ref(cache), key, (gemv.Layer * len(entries))(*entries), parts, indices)
-            self.__dict__["_decode_plan"] = plan
+        if plan is not None and plan.cache() is cache and plan.key == key:
             return plan
-        if _hooked(*plan.parts):
+        entries = [layer._entry(step, cache) for layer in layers]
+        whole = tuple(e is not None and e.gate_up_w is not None for e in entries)
+        if not any(whole):
             return None
-        held_layers = cache.layers
-        for index, entry in zip(plan.indices, plan.entries):
+        plan = _Plan(
+            cache=weakref.ref(cache),
+            key=key,
+            entries=(gemv.Layer * len(entries))(*(e if w else gemv.Layer() for e, w in zip(entries, whole))),
+            whole=whole,
+            parts=tuple(layer._parts() for layer in layers),
+            indices=tuple(layer.self_attn.layer_idx for layer in layers),
+        )
+        self.__dict__["_decode_plan"] = plan
+        return plan
+
+    def _ready(self, plan: _Plan, step: gemv.Step, cache) -> list[bool] | None:
+        """Which layers this step's compiled calls take: those whose both halves serve and that no
+        hook watches, their cache at the step's position with room (buffers that moved, after rows
+        dropped or room grown, are read again); None where none is."""
+        held_layers, ready = cache.layers, []
+        for whole, parts, index, entry in zip(plan.whole, plan.parts, plan.indices, plan.entries):
             held = held_layers[index]
+            if not whole or _hooked(*parts):
+                ready.append(False)
+                continue
             if held.length != step.at or held.length >= held.capacity:
                 return None
-            if held._k.data_ptr() != entry.k or held._v.data_ptr() != entry.v:  # rows dropped or room grown
+            if held._k.data_ptr() != entry.k or held._v.data_ptr() != entry.v:
                 if not kvcache.writable(held, step.rows, step.kv_heads, step.d):
                     return None
                 entry.k, entry.v = held._k.data_ptr(), held._v.data_ptr()
                 entry.kb, entry.kh, entry.vb, entry.vh = *held._k.stride()[:2], *held._v.stride()[:2]
-        return plan
+            ready.append(True)
+        return ready if any(ready) else None
 
 
 def _step(
@@ -445,15 +485,20 @@ def _norm_ready(norm: nn.Module, step: gemv.Step) -> bool:
     )
 
 
-def _run(step: gemv.Step, entries, hidden: torch.Tensor, out: torch.Tensor, final=None) -> None:
-    """`feedback_decoder_stack`: the layers of `entries` (`gemv.Layer`s, listed or in an array) in
-    turn from `hidden` to `out`, then the model's final norm `final` (or none)."""
+def _run(
+    step: gemv.Step, entries, hidden: torch.Tensor, out: torch.Tensor, final=None, first: int = 0, count=None
+) -> None:
+    """`feedback_decoder_stack`: `count` layers of `entries` (`gemv.Layer`s, listed or in an array;
+    None: all) from the `first` in turn, from `hidden` to `out`, then the model's final norm
+    `final` (or none)."""
     lib = gemv.library()
-    layers = entries if isinstance(entries, ctypes.Array) else (gemv.Layer * len(entries))(*entries)
+    array = entries if isinstance(entries, ctypes.Array) else (gemv.Layer * len(entries))(*entries)
+    count = len(array) - first if count is None else count
+    layers = ctypes.addressof(array) + first * ctypes.sizeof(gemv.Layer)
     scratch = torch.empty(lib.feedback_stack_scratch(step))
     final_w, final_eps = (None, 0.0) if final is None else (final.weight.data_ptr(), final.variance_epsilon)
     lib.feedback_decoder_stack(
-        step, layers, len(entries), hidden.data_ptr(), out.data_ptr(), final_w, final_eps, scratch.data_ptr()
+        step, layers, count, hidden.data_ptr(), out.data_ptr(), final_w, final_eps, scratch.data_ptr()
     )
 
 
@@ -533,7 +578,14 @@ def lean_stack(model: nn.Module) -> bool:
     body = model if isinstance(model, llama.LlamaModel) else getattr(model, "model", None)
     if type(body) is LeanLlamaModel:
         return True
-    if type(body) is not llama.LlamaModel or not all(type(layer) is LeanLlamaLayer for layer in body.layers):
+    if (
+        _RECORDABLE is None
+        or type(body) is not llama.LlamaModel
+        or not all(type(layer) is LeanLlamaLayer for layer in body.layers)
+    ):
         return False
+    recordable = _RECORDABLE.get(body)  # the new class must record what the old one did
     body.__class__ = LeanLlamaModel
+    if recordable:
+        _RECORDABLE[body] = recordable
     return True

@@ -209,7 +209,7 @@ def _calls(monkeypatch) -> list[int]:
     run = lean._run
 
     def counted(step, entries, *args, **kwargs):
-        calls.append(len(entries))
+        calls.append(kwargs.get("count") or len(entries))
         return run(step, entries, *args, **kwargs)
 
     monkeypatch.setattr(lean, "_run", counted)
@@ -217,9 +217,10 @@ def _calls(monkeypatch) -> list[int]:
 
 
 @pytest.mark.skipif(not gemv.available(), reason=f"no compiled kernel here: {gemv.why_not()}")
-def test_a_decode_step_runs_every_layer_in_one_call_unless_a_layer_is_hooked(monkeypatch):
-    """Nothing watching: one call a step for the 4 layers and the final norm. A hook on a layer: each
-    layer in a call of its own (the hook runs between them), and still the same logits."""
+def test_a_decode_step_runs_its_layers_in_one_call_around_a_hooked_layer(monkeypatch):
+    """Nothing watching: one call a step for the 4 layers and the final norm. A hook on layer 1 (a
+    strategy's): layer 0 in a call, layer 1 called as a module (its own call inside, its hook after
+    it), layers 2 and 3 in a call; the hook changes the logits as on transformers' model."""
     plain, fused = _pair(bias=True, kernel="gemv")
     assert type(fused.model) is lean.LeanLlamaModel
     calls = _calls(monkeypatch)
@@ -233,7 +234,7 @@ def test_a_decode_step_runs_every_layer_in_one_call_unless_a_layer_is_hooked(mon
         model.model.layers[1].register_forward_hook(lambda mod, args, out: out * 2)
     want = _logits(plain, ids, 3, engine_cache=True)
     got = _logits(fused, ids, 3, engine_cache=True)
-    assert calls == [1] * 12 and all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    assert calls == [1, 1, 2] * 3 and all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
 
 
 @pytest.mark.parametrize("engine_cache", [False, True])
@@ -294,3 +295,22 @@ def test_the_one_call_step_follows_its_cache_when_rows_are_dropped_or_the_cache_
         want, got = run(plain), run(fused)
         assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
     assert calls == [4] * 8
+
+
+@pytest.mark.parametrize("via", ["argument", "config"])
+def test_hidden_states_asked_for_are_transformers_on_the_lean_body(via):
+    """A forward asked for every layer's hidden states records them (the lean body keeps transformers'
+    recording; a decode step then runs layer by layer): the same tensors as transformers' own."""
+    plain, fused = _pair(bias=False, kernel=KERNELS[0]) if KERNELS else _pair(bias=False)
+    ids = torch.randint(0, VOCAB, (1, 6))
+    got = []
+    for model in (plain, fused):
+        model.config._attn_implementation = kvcache.GROUPED
+        ask = {"output_hidden_states": True} if via == "argument" else {}
+        model.config.output_hidden_states = via == "config"
+        with torch.inference_mode():
+            cache = kvcache.PreallocatedCache(model.config.num_hidden_layers, 8)
+            model(input_ids=ids, cache=cache, use_cache=True)
+            got.append(model(input_ids=ids[:, :1], cache=cache, use_cache=True, **ask).hidden_states)
+    assert got[1] is not None and len(got[1]) == 5
+    assert all(torch.equal(a, b) for a, b in zip(*got, strict=True))
