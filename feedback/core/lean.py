@@ -229,11 +229,10 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         cache.layers[self.self_attn.layer_idx].appended()
         return out, entry.gate_up_w is not None
 
-    def _gemv(self, rows: int) -> bool:
-        """Whether gemv takes both of the attention half's products at `rows` rows."""
-        return all(
-            type(m) is linear.GemvLinear and rows <= m.gemv_rows for m in (self.qkv, self.self_attn.o_proj)
-        )
+    def _gemv(self, rows: int, mlp: bool = False) -> bool:
+        """Whether gemv takes both of the attention half's products at `rows` rows (and the MLP's)."""
+        parts = (self.qkv, self.self_attn.o_proj) + ((self.gate_up, self.mlp.down_proj) if mlp else ())
+        return all(type(m) is linear.GemvLinear and rows <= m.gemv_rows for m in parts)
 
     def _parts(self) -> tuple[nn.Module, ...]:
         """The layer and each part whose module call the compiled step skips (a hook on any of them
@@ -273,7 +272,7 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
             and down is not None
             and down.in_features == step.inter
             and (step.rows * step.inter <= SILU_GRAIN or step.threads == 1)
-            and all(type(m) is linear.GemvLinear and step.rows <= m.gemv_rows for m in (gate_up, down))
+            and self._gemv(step.rows, mlp=True)
             and _norm_ready(norm, step)
             and not _hooked(norm, gate_up, mlp, down, mlp.act_fn)
         ):
@@ -345,7 +344,7 @@ class LeanLlamaModel(llama.LlamaModel):
             or self.config._attn_implementation != kvcache.GROUPED
             or not layers
             or not all(type(layer) is LeanLlamaLayer for layer in layers)
-            or not layers[0]._gemv(input_ids.shape[0])  # (a quantised model stops here)
+            or not layers[0]._gemv(input_ids.shape[0], mlp=True)  # (a quantised model, or many rows)
         ):
             return None
         embeds = self.embed_tokens(input_ids)
