@@ -55,38 +55,24 @@ class Layer(ctypes.Structure):
     """`struct feedback_layer` (layer.c): one decoder layer's weights and cache for a decode step."""
 
     _fields_ = [
-        (name, ctypes.c_void_p)
-        for name in (
-            "norm_w",
-            "qkv_w",
-            "qkv_b",
-            "o_w",
-            "o_b",
-            "post_norm_w",
-            "gate_up_w",
-            "gate_up_b",
-            "down_w",
-        )
-        + ("down_b", "k", "v")
+        *((name, ctypes.c_void_p) for name in "norm_w qkv_w qkv_b o_w o_b post_norm_w".split()),
+        *((name, ctypes.c_void_p) for name in "gate_up_w gate_up_b down_w down_b k v".split()),
+        *((name, ctypes.c_long) for name in "kb kh vb vh".split()),
+        *((name, ctypes.c_float) for name in "eps post_eps scale".split()),
     ]
-    _fields_ += [(name, ctypes.c_long) for name in ("kb", "kh", "vb", "vh")]
-    _fields_ += [(name, ctypes.c_float) for name in ("eps", "post_eps", "scale")]
 
 
 class Step(ctypes.Structure):
     """`struct feedback_step` (layer.c): what every layer of one decode step shares."""
 
     _fields_ = [
-        (name, ctypes.c_long)
-        for name in ("rows", "width", "heads", "kv_heads", "d", "inter", "lanes", "silu_block")
+        *((name, ctypes.c_long) for name in "rows width heads kv_heads d inter lanes silu_block".split()),
+        *((name, ctypes.c_void_p) for name in "cos sin".split()),
+        *((name, ctypes.c_long) for name in "cs at".split()),
+        ("keep", ctypes.c_void_p),
+        ("mb", ctypes.c_long),
+        ("threads", ctypes.c_int),
     ]
-    _fields_ += [
-        ("cos", ctypes.c_void_p),
-        ("sin", ctypes.c_void_p),
-        ("cs", ctypes.c_long),
-        ("at", ctypes.c_long),
-    ]
-    _fields_ += [("keep", ctypes.c_void_p), ("mb", ctypes.c_long), ("threads", ctypes.c_int)]
 
 
 def _unsupported() -> str:
