@@ -83,7 +83,7 @@ def compiled_attention(
     that is not SDPA's boolean one). Each row's result is the same alone or in any batch, whatever
     the padding in front of it (the eager product's need not be), and it builds no [B, H, T] weights.
     Measured on the development CPU: the engine's 1-row step without it (and without the one-call
-    attention block that includes it) took 1.170 x (`docs/results/decode_kernels.py`)."""
+    layer and step that include it) took 1.242 x (`docs/results/decode_kernels.py`)."""
     lib = gemv.library()
     b, h, q, d = query.shape
     kv, t = key.shape[1], key.shape[2]

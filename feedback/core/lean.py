@@ -234,14 +234,20 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         parts = (self.qkv, self.self_attn.o_proj) + ((self.gate_up, self.mlp.down_proj) if mlp else ())
         return all(type(m) is linear.GemvLinear and rows <= m.gemv_rows for m in parts)
 
+    def _attention_parts(self) -> tuple[nn.Module, ...]:
+        """The attention half's modules whose calls the compiled step skips (a hook on one needs
+        that half op by op)."""
+        return (self.input_layernorm, self.qkv, self.self_attn, self.self_attn.o_proj)
+
+    def _mlp_parts(self) -> tuple[nn.Module, ...]:
+        """The MLP half's modules whose calls the compiled step skips."""
+        mlp = self.mlp
+        return (self.post_attention_layernorm, self.gate_up, mlp, mlp.down_proj, mlp.act_fn)
+
     def _parts(self) -> tuple[nn.Module, ...]:
         """The layer and each part whose module call the compiled step skips (a hook on any of them
-        needs the calls)."""
-        attn, mlp = self.self_attn, self.mlp
-        return (
-            self, self.input_layernorm, self.qkv, attn, attn.o_proj,
-            self.post_attention_layernorm, self.gate_up, mlp, mlp.down_proj, mlp.act_fn,
-        )  # fmt: skip
+        needs the layer called as a module)."""
+        return (self, *self._attention_parts(), *self._mlp_parts())
 
     def _entry(self, step: gemv.Step, cache) -> gemv.Layer | None:
         """This layer's part of a decode step's compiled call (`gemv.Layer`), its MLP left out
@@ -255,7 +261,7 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
             or not kvcache.writable(layer, step.rows, step.kv_heads, step.d)
             or not self._gemv(step.rows)
             or not _norm_ready(norm, step)
-            or _hooked(norm, qkv, o_proj, attn)
+            or _hooked(*self._attention_parts())
         ):
             return None
         entry = gemv.Layer(
@@ -269,12 +275,11 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         if (
             step.silu_block
             and type(mlp.act_fn) in SILU
-            and down is not None
             and down.in_features == step.inter
             and (step.rows * step.inter <= SILU_GRAIN or step.threads == 1)
             and self._gemv(step.rows, mlp=True)
             and _norm_ready(norm, step)
-            and not _hooked(norm, gate_up, mlp, down, mlp.act_fn)
+            and not _hooked(*self._mlp_parts())
         ):
             entry.post_norm_w, entry.post_eps = norm.weight.data_ptr(), norm.variance_epsilon
             entry.gate_up_w, entry.gate_up_b = gate_up.weight.data_ptr(), _ptr(gate_up.bias)
@@ -464,10 +469,9 @@ def _step(
     if not lanes or mask is None:
         return None
     keep, mask_stride = mask
-    down = first.mlp.down_proj
     return gemv.Step(
         rows=rows, width=width, heads=heads, kv_heads=kv_heads, d=d, lanes=lanes,
-        inter=0 if down is None else down.in_features, silu_block=_silu_block(),
+        inter=first.mlp.down_proj.in_features, silu_block=_silu_block(),
         cos=cos.data_ptr(), sin=sin.data_ptr(), cs=cos.stride(0) if cos.shape[0] > 1 else 0, at=at,
         keep=_ptr(keep), mb=mask_stride, threads=torch.get_num_threads(),
     )  # fmt: skip
