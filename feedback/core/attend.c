@@ -14,6 +14,7 @@
 #include <math.h>
 
 #include "dot.h"
+#include "kernels.h"
 
 /* e^x, 8 lanes, for x <= 0 (a score less the row's largest): x = n ln2 + r with |r| <= ln2 / 2,
  * e^r by its Taylor series to r^7 (truncation < 6e-9 of it), then times 2^n. Below -87 it returns
@@ -229,30 +230,28 @@ void feedback_rms_norm(const float *x, const float *w, float *y, long rows, long
     }
 }
 
-void feedback_gemv(const float *x, const float *w, const float *b, float *y, long rows, long in, long out,
-                   int threads); /* gemv.c */
-
 /* The attention half of a lean Llama layer for a decode step's few rows, in one call: out = hidden
  * + o(attention(rope(qkv(norm(hidden))))), every step the kernel above (or gemv's) that the layer's
  * op-by-op path takes, so the result is its bits. hidden, out [rows, width]; the norm's weight and
- * eps (lanes: see torch_row_sum); the fused q/k/v projection [(heads + 2 kv_heads) d, width] and its
- * bias (or NULL); cos, sin (row stride cs); the cache's key and value buffers [rows, kv_heads, *, d]
+ * eps (lanes: see torch_row_sum); the fused q/k/v projection [(heads + 2 kv_heads) d, width]
+ * (kernels.h); cos, sin (row stride cs); the cache's key and value buffers [rows, kv_heads, *, d]
  * (strides kb, kh, d) whose position `at` the new token takes, attention then over positions
- * [0, at]; keep [rows, at + 1] (stride mb) or NULL; the output projection [width, heads d] and its
- * bias; scratch of rows * ((heads + 2 kv_heads) d + 2 heads d + width + heads (at + 1)) floats. */
+ * [0, at]; keep [rows, at + 1] (stride mb) or NULL; the output projection [width, heads d]; scratch
+ * of rows * ((heads + 2 kv_heads) d + 2 heads d + width + heads (at + 1)) floats, then the
+ * products' (feedback_product_scratch for the wider of width and heads d). */
 void feedback_attention_block(const float *hidden, float *out, long rows, long width, const float *norm_w, float eps,
-                              long lanes, const float *qkv_w, const float *qkv_b, const float *cos, const float *sin,
+                              long lanes, const struct feedback_matrix *qkv_m, const float *cos, const float *sin,
                               long cs, float *k, long kb, long kh, float *v, long vb, long vh, long at,
-                              const unsigned char *keep, long mb, const float *o_w, const float *o_b, long heads,
+                              const unsigned char *keep, long mb, const struct feedback_matrix *o, long heads,
                               long kv_heads, long d, float scale, float *scratch, int threads) {
     long fused = (heads + 2 * kv_heads) * d, t = at + 1;
     float *normed = scratch, *qkv = normed + rows * width, *q = qkv + rows * fused, *attn = q + rows * heads * d;
-    float *scores = attn + rows * heads * d;
+    float *scores = attn + rows * heads * d, *products = scores + rows * heads * t;
     feedback_rms_norm(hidden, norm_w, normed, rows, width, eps, lanes);
-    feedback_gemv(normed, qkv_w, qkv_b, qkv, rows, width, fused, threads);
+    feedback_product(qkv_m, normed, qkv, rows, width, fused, products, threads);
     feedback_rope_append(qkv, cos, sin, cs, q, k + at * d, kb, kh, v + at * d, vb, vh, rows, heads, kv_heads, d);
     feedback_attend(q, heads * d, d, k, kb, kh, d, v, vb, vh, d, keep, mb, scores, attn, rows, heads, kv_heads, t, d,
                     scale, threads);
-    feedback_gemv(attn, o_w, o_b, out, rows, heads * d, width, threads);
+    feedback_product(o, attn, out, rows, heads * d, width, products, threads);
     for (long i = 0; i < rows * width; i++) out[i] = hidden[i] + out[i];
 }

@@ -36,8 +36,13 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "gemv.c", HERE / "attend.c", HERE / "layer.c")  # compiled into one library
-HEADERS = (HERE / "dot.h",)
+SOURCES = (
+    HERE / "gemv.c",
+    HERE / "attend.c",
+    HERE / "layer.c",
+    HERE / "quant.c",
+)  # compiled into one library
+HEADERS = (HERE / "dot.h", HERE / "kernels.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 LIBS = ("-lm",)  # after the sources, where the linker looks for what they need (SiLU's expf)
 COMPILE_TIMEOUT_S = 120
@@ -51,12 +56,20 @@ def source_key() -> str:
     return digest.hexdigest()[:12]
 
 
+class Matrix(ctypes.Structure):
+    """`struct feedback_matrix` (quant.c): a linear layer's weights as the compiled step reads them,
+    `kind` 0 fp32, 4 int4, 8 int8 (`feedback.core.linear`'s quantised layers)."""
+
+    _fields_ = [*((name, ctypes.c_void_p) for name in "w s z b".split()), ("kind", ctypes.c_long)]
+
+
 class Layer(ctypes.Structure):
     """`struct feedback_layer` (layer.c): one decoder layer's weights and cache for a decode step."""
 
     _fields_ = [
-        *((name, ctypes.c_void_p) for name in "norm_w qkv_w qkv_b o_w o_b post_norm_w".split()),
-        *((name, ctypes.c_void_p) for name in "gate_up_w gate_up_b down_w down_b k v".split()),
+        *((name, ctypes.c_void_p) for name in "norm_w post_norm_w".split()),
+        *((name, Matrix) for name in "qkv o gate_up down".split()),
+        *((name, ctypes.c_void_p) for name in "k v".split()),
         *((name, ctypes.c_long) for name in "kb kh vb vh".split()),
         *((name, ctypes.c_float) for name in "eps post_eps scale".split()),
     ]
@@ -148,6 +161,12 @@ def find(folder: Path) -> tuple[ctypes.CDLL | None, str]:
     fn = lib.feedback_silu
     fn.argtypes = [pointer, size, size]
     fn.restype = None
+    fn = lib.feedback_product
+    fn.argtypes = [ctypes.POINTER(Matrix), pointer, pointer, size, size, size, pointer, ctypes.c_int]
+    fn.restype = None
+    fn = lib.feedback_product_scratch
+    fn.argtypes = [size, size]
+    fn.restype = size
     fn = lib.feedback_stack_scratch
     fn.argtypes = [ctypes.POINTER(Step)]
     fn.restype = size
@@ -219,4 +238,21 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
         out_features,
         torch.get_num_threads(),
     )
+    return y
+
+
+def quantized_product(matrix: Matrix, x: torch.Tensor, out_features: int) -> torch.Tensor:
+    """A quantised linear layer's product (`matrix`: its weights, `feedback.core.linear`) for fp32
+    CPU rows `x`, by the compiled int4 or int8 kernel."""
+    lib = _loaded()[0]
+    in_features = x.shape[-1]
+    if not x.is_contiguous():
+        x = x.contiguous()
+    rows = x.numel() // in_features
+    y = torch.empty(*x.shape[:-1], out_features, dtype=torch.float32)
+    scratch = torch.empty(lib.feedback_product_scratch(rows, in_features))
+    lib.feedback_product(
+        matrix, x.data_ptr(), y.data_ptr(), rows, in_features, out_features, scratch.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip
     return y

@@ -2,8 +2,8 @@
  * attend.c's attention block) in one call: out = h + down(silu(gate(norm(h))) * up(norm(h))).
  *
  * Every step rounds where PyTorch's operations round in transformers' layer, so the result is its
- * bits: the norm is attend.c's, the products gemv's (the same kernel the layer's op-by-op path
- * takes), the product of the activation and `up` and the residual add are single roundings, and
+ * bits: the norm is attend.c's, the products feedback_product's (the same kernels the layer's
+ * op-by-op path takes: gemv's for fp32 weights, quant.c's for the quantised modes), the product of the activation and `up` and the residual add are single roundings, and
  * SiLU is computed as PyTorch's CPU kernel computes it (below), which the caller checks against
  * PyTorch itself on this machine before using it (`lean._silu_block`).
  *
@@ -12,16 +12,7 @@
 #include <string.h>
 
 #include "dot.h"
-
-void feedback_gemv(const float *x, const float *w, const float *b, float *y, long rows, long in, long out,
-                   int threads); /* gemv.c */
-void feedback_rms_norm(const float *x, const float *w, float *y, long rows, long n, float eps,
-                       long lanes); /* attend.c */
-void feedback_attention_block(const float *hidden, float *out, long rows, long width, const float *norm_w, float eps,
-                              long lanes, const float *qkv_w, const float *qkv_b, const float *cos, const float *sin,
-                              long cs, float *k, long kb, long kh, float *v, long vb, long vh, long at,
-                              const unsigned char *keep, long mb, const float *o_w, const float *o_b, long heads,
-                              long kv_heads, long d, float scale, float *scratch, int threads); /* attend.c */
+#include "kernels.h"
 
 /* e^d, 8 lanes, as PyTorch's vectorised exp computes it (SLEEF's single-precision exp, 1-ulp
  * variant): d = q ln2 + s with q = round(d / ln2) and ln2 in two parts (each step one fused
@@ -69,15 +60,16 @@ void feedback_silu(float *x, long n, long block) {
 
 /* The MLP half for rows of hidden [rows, width] (out may be hidden): the norm's weight and eps
  * (lanes: see attend.c's torch_row_sum); the fused gate/up projection [2 inter, width] (gate's rows
- * first) and its bias or NULL; the down projection [width, inter] and its bias or NULL; silu_block
- * (see feedback_silu); scratch of rows * (width + 3 inter) floats. */
+ * first) and the down projection [width, inter] (kernels.h); silu_block (see feedback_silu);
+ * scratch of rows * (width + 3 inter) floats, then the products' (feedback_product_scratch for the
+ * wider of width and inter). */
 void feedback_mlp_block(const float *hidden, float *out, long rows, long width, const float *norm_w, float eps,
-                        long lanes, const float *gate_up_w, const float *gate_up_b, const float *down_w,
-                        const float *down_b, long inter, long silu_block, float *scratch, int threads) {
+                        long lanes, const struct feedback_matrix *gate_up_m, const struct feedback_matrix *down_m,
+                        long inter, long silu_block, float *scratch, int threads) {
     float *normed = scratch, *gate_up = normed + rows * width, *act = gate_up + rows * 2 * inter;
-    float *down = normed; /* the normed rows are read by the gate/up product only */
+    float *down = normed, *products = act + rows * inter; /* the normed rows are read by the gate/up product only */
     feedback_rms_norm(hidden, norm_w, normed, rows, width, eps, lanes);
-    feedback_gemv(normed, gate_up_w, gate_up_b, gate_up, rows, width, 2 * inter, threads);
+    feedback_product(gate_up_m, normed, gate_up, rows, width, 2 * inter, products, threads);
     /* the gate's rows side by side, as transformers' separate gate product lays them out: SiLU's
      * split between its vector and scalar loops counts positions in that tensor */
     for (long r = 0; r < rows; r++) memcpy(act + r * inter, gate_up + r * 2 * inter, inter * sizeof(float));
@@ -87,15 +79,16 @@ void feedback_mlp_block(const float *hidden, float *out, long rows, long width, 
         const float *up = gate_up + r * 2 * inter + inter;
         for (long i = 0; i < inter; i++) a[i] = a[i] * up[i];
     }
-    feedback_gemv(act, down_w, down_b, down, rows, inter, width, threads);
+    feedback_product(down_m, act, down, rows, inter, width, products, threads);
     for (long i = 0; i < rows * width; i++) out[i] = hidden[i] + down[i];
 }
 
-/* One decoder layer as the stack below reads it: its norms' and products' weights (a bias NULL where
- * the product has none), its cache's key and value buffers [rows, kv_heads, *, d] (strides kb, kh
- * and vb, vh), the norms' eps and the attention's scale. */
+/* One decoder layer as the stack below reads it: its norms' weights and its products (kernels.h), its
+ * cache's key and value buffers [rows, kv_heads, *, d] (strides kb, kh and vb, vh), the norms' eps
+ * and the attention's scale. */
 struct feedback_layer {
-    const float *norm_w, *qkv_w, *qkv_b, *o_w, *o_b, *post_norm_w, *gate_up_w, *gate_up_b, *down_w, *down_b;
+    const float *norm_w, *post_norm_w;
+    struct feedback_matrix qkv, o, gate_up, down;
     float *k, *v;
     long kb, kh, vb, vh;
     float eps, post_eps, scale;
@@ -116,15 +109,17 @@ struct feedback_step {
 
 /* The floats of scratch feedback_decoder_stack needs. */
 long feedback_stack_scratch(const struct feedback_step *s) {
+    long widest = s->width > s->inter ? s->width : s->inter;
+    widest = widest > s->heads * s->d ? widest : s->heads * s->d;
     long attention = s->rows * ((s->heads + 2 * s->kv_heads) * s->d + 2 * s->heads * s->d + s->width +
                                 s->heads * (s->at + 1));
     long mlp = s->rows * (s->width + 3 * s->inter);
-    return s->rows * s->width + (attention > mlp ? attention : mlp);
+    return s->rows * s->width + (attention > mlp ? attention : mlp) + feedback_product_scratch(s->rows, widest);
 }
 
 /* `count` decoder layers' decode step, each the attention block then the MLP block above, from
  * hidden [rows, width] to out; then, where final_w is given, the model's final norm on out in
- * place. A layer without gate_up_w has its attention half only (its caller runs the MLP; it must
+ * place. A layer without gate_up.w has its attention half only (its caller runs the MLP; it must
  * be the last). scratch: feedback_stack_scratch floats. */
 void feedback_decoder_stack(const struct feedback_step *s, const struct feedback_layer *layers, long count,
                             const float *hidden, float *out, const float *final_w, float final_eps, float *scratch) {
@@ -132,15 +127,15 @@ void feedback_decoder_stack(const struct feedback_step *s, const struct feedback
     const float *in = hidden;
     for (long i = 0; i < count; i++) {
         const struct feedback_layer *l = layers + i;
-        feedback_attention_block(in, mid, s->rows, s->width, l->norm_w, l->eps, s->lanes, l->qkv_w, l->qkv_b, s->cos,
-                                 s->sin, s->cs, l->k, l->kb, l->kh, l->v, l->vb, l->vh, s->at, s->keep, s->mb, l->o_w,
-                                 l->o_b, s->heads, s->kv_heads, s->d, l->scale, work, s->threads);
-        if (!l->gate_up_w) {
+        feedback_attention_block(in, mid, s->rows, s->width, l->norm_w, l->eps, s->lanes, &l->qkv, s->cos, s->sin,
+                                 s->cs, l->k, l->kb, l->kh, l->v, l->vb, l->vh, s->at, s->keep, s->mb, &l->o, s->heads,
+                                 s->kv_heads, s->d, l->scale, work, s->threads);
+        if (!l->gate_up.w) {
             memcpy(out, mid, s->rows * s->width * sizeof(float));
             return;
         }
-        feedback_mlp_block(mid, out, s->rows, s->width, l->post_norm_w, l->post_eps, s->lanes, l->gate_up_w,
-                           l->gate_up_b, l->down_w, l->down_b, s->inter, s->silu_block, work, s->threads);
+        feedback_mlp_block(mid, out, s->rows, s->width, l->post_norm_w, l->post_eps, s->lanes, &l->gate_up, &l->down,
+                           s->inter, s->silu_block, work, s->threads);
         in = out;
     }
     if (final_w) feedback_rms_norm(out, final_w, out, s->rows, s->width, final_eps, s->lanes);

@@ -218,7 +218,7 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         same kernels `_attention` and `forward` take op by op, so the same bits. Returns the output
         and whether the MLP half is in it, or (None, False) where the call does not serve (then
         nothing is written)."""
-        if not self._gemv(hidden_states.shape[0]):  # first, as it costs least (a quantised model stops here)
+        if not self._compiled(hidden_states.shape[0]):  # first, as it costs least (many rows stop here)
             return None, False
         step = _step(self, hidden_states, cache, position_embeddings, attention_mask)
         entry = None if step is None else self._entry(step, cache)
@@ -227,12 +227,13 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         out = torch.empty_like(hidden_states)
         _run(step, [entry], hidden_states, out)
         cache.layers[self.self_attn.layer_idx].appended()
-        return out, entry.gate_up_w is not None
+        return out, bool(entry.gate_up.w)
 
-    def _gemv(self, rows: int, mlp: bool = False) -> bool:
-        """Whether gemv takes both of the attention half's products at `rows` rows (and the MLP's)."""
+    def _compiled(self, rows: int, mlp: bool = False) -> bool:
+        """Whether a compiled kernel takes both of the attention half's products at `rows` rows (and
+        the MLP's): gemv's for fp32 weights, quant.c's for the quantised modes' (`_matrix`)."""
         parts = (self.qkv, self.self_attn.o_proj) + ((self.gate_up, self.mlp.down_proj) if mlp else ())
-        return all(type(m) is linear.GemvLinear and rows <= m.gemv_rows for m in parts)
+        return all(linear.compiled_rows(m) >= rows for m in parts)
 
     def _attention_parts(self) -> tuple[nn.Module, ...]:
         """The attention half's modules whose calls the compiled step skips (a hook on one needs
@@ -251,7 +252,7 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
 
     def _entry(self, step: gemv.Step, cache) -> gemv.Layer | None:
         """This layer's part of a decode step's compiled call (`gemv.Layer`), its MLP left out
-        (`gate_up_w` None) where that half does not serve; None where the attention half does not:
+        (`gate_up.w` None) where that half does not serve; None where the attention half does not:
         its cache is not at the step's position with room for the token, a product gemv does not
         take, a hook on the norm or a projection, a norm that would not give PyTorch's bits."""
         attn, norm, qkv, o_proj = self.self_attn, self.input_layernorm, self.qkv, self.self_attn.o_proj
@@ -259,14 +260,14 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         if (
             layer.length != step.at
             or not kvcache.writable(layer, step.rows, step.kv_heads, step.d)
-            or not self._gemv(step.rows)
+            or not self._compiled(step.rows)
             or not _norm_ready(norm, step)
             or _hooked(*self._attention_parts())
         ):
             return None
         entry = gemv.Layer(
-            norm_w=norm.weight.data_ptr(), qkv_w=qkv.weight.data_ptr(), qkv_b=_ptr(qkv.bias),
-            o_w=o_proj.weight.data_ptr(), o_b=_ptr(o_proj.bias), k=layer._k.data_ptr(), v=layer._v.data_ptr(),
+            norm_w=norm.weight.data_ptr(), qkv=_matrix(qkv), o=_matrix(o_proj),
+            k=layer._k.data_ptr(), v=layer._v.data_ptr(),
             kb=layer._k.stride(0), kh=layer._k.stride(1), vb=layer._v.stride(0), vh=layer._v.stride(1),
             eps=norm.variance_epsilon, scale=attn.scaling,
         )  # fmt: skip
@@ -277,13 +278,12 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
             and type(mlp.act_fn) in SILU
             and down.in_features == step.inter
             and (step.rows * step.inter <= SILU_GRAIN or step.threads == 1)
-            and self._gemv(step.rows, mlp=True)
+            and self._compiled(step.rows, mlp=True)
             and _norm_ready(norm, step)
             and not _hooked(*self._mlp_parts())
         ):
             entry.post_norm_w, entry.post_eps = norm.weight.data_ptr(), norm.variance_epsilon
-            entry.gate_up_w, entry.gate_up_b = gate_up.weight.data_ptr(), _ptr(gate_up.bias)
-            entry.down_w, entry.down_b = down.weight.data_ptr(), _ptr(down.bias)
+            entry.gate_up, entry.down = _matrix(gate_up), _matrix(down)
         return entry
 
 
@@ -349,7 +349,7 @@ class LeanLlamaModel(llama.LlamaModel):
             or self.config._attn_implementation != kvcache.GROUPED
             or not layers
             or not all(type(layer) is LeanLlamaLayer for layer in layers)
-            or not layers[0]._gemv(input_ids.shape[0], mlp=True)  # (a quantised model, or many rows)
+            or not layers[0]._compiled(input_ids.shape[0], mlp=True)  # (many rows)
         ):
             return None
         embeds = self.embed_tokens(input_ids)
@@ -405,7 +405,7 @@ class LeanLlamaModel(llama.LlamaModel):
         if plan is not None and plan.cache() is cache and plan.key == key:
             return plan
         entries = [layer._entry(step, cache) for layer in layers]
-        whole = tuple(e is not None and e.gate_up_w is not None for e in entries)
+        whole = tuple(e is not None and bool(e.gate_up.w) for e in entries)
         if not any(whole):
             return None
         plan = _Plan(
@@ -507,6 +507,13 @@ def _run(
 
 def _ptr(x: torch.Tensor | None) -> int | None:
     return None if x is None else x.data_ptr()
+
+
+def _matrix(module: nn.Module) -> gemv.Matrix:
+    """A linear layer's weights as the compiled step reads them (a `_compiled_rows` one)."""
+    if isinstance(module, linear.WeightOnlyLinear):
+        return module.matrix()
+    return gemv.Matrix(w=module.weight.data_ptr(), b=_ptr(module.bias), kind=0)
 
 
 def _hooked(*modules: nn.Module) -> bool:

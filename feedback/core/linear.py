@@ -253,14 +253,18 @@ def chosen_kernels(modules: list[nn.Linear], clock: Callable[[], float] = time.p
     return small | measured
 
 
-def use_kernels(model: nn.Module, choice: str, measured: dict | None = None) -> dict | None:
+def use_kernels(
+    model: nn.Module, choice: str, measured: dict | None = None, stepped: list[nn.Module] = ()
+) -> dict | None:
     """Every plain fp32 CPU `nn.Linear` of `model` (`_plain_fp32`; quantised or other linear
     subclasses are left alone) through the kernels `choice` (a FEEDBACK_LINEAR value) names, in
     place. `auto`: `GemvLinear`s with the rows measured here per shape (`measured`, else
-    `chosen_kernels`), or `OneDnnLinear`s where gemv cannot be built; `gemv`: `GemvLinear`s to
-    GEMV_MAX_ROWS rows; `onednn`: `OneDnnLinear`s; `aten`: no change. Returns {shape: {"gemv_rows":
-    n, ...}} for the layers gemv takes, else None. Parameters stop requiring gradients: the engine
-    only runs inference, and neither kernel has a backward."""
+    `chosen_kernels`), or `OneDnnLinear`s where gemv cannot be built; those among `stepped` (the
+    decoder's, whose rows a decode step's timing chooses next: `use_step_kernels`) become
+    `GemvLinear`s untimed, at 0 rows until then. `gemv`: `GemvLinear`s to GEMV_MAX_ROWS rows;
+    `onednn`: `OneDnnLinear`s; `aten`: no change. Returns {shape: {"gemv_rows": n, ...}} for the
+    layers timed or forced here, else None. Parameters stop requiring gradients: the engine only
+    runs inference, and neither kernel has a backward."""
     from feedback.errors import FeedbackError
 
     if choice == "aten":
@@ -274,16 +278,21 @@ def use_kernels(model: nn.Module, choice: str, measured: dict | None = None) -> 
         for module in modules:
             module.__class__ = OneDnnLinear
         return None
+    later = {id(m) for m in stepped} if choice == "auto" else set()
     if choice == "gemv":
         table = {shape_key(m): {"gemv_rows": GEMV_MAX_ROWS, "seconds": None} for m in exact}
     else:
-        table = measured if measured is not None else chosen_kernels(exact)
+        timed = [m for m in exact if id(m) not in later]
+        table = measured if measured is not None else chosen_kernels(timed) if timed else {}
     takes = {id(m) for m in exact}
     for module in modules:
+        if id(module) in later and id(module) in takes:
+            module.__class__, module.gemv_rows = GemvLinear, 0
+            continue
         rows = table[shape_key(module)]["gemv_rows"] if id(module) in takes else 0
         module.__class__ = GemvLinear if rows else OneDnnLinear
         module.gemv_rows = rows
-    return table
+    return table or None
 
 
 def kernel_summary(choice: dict | None, setting_name: str = "") -> str:
@@ -295,6 +304,13 @@ def kernel_summary(choice: dict | None, setting_name: str = "") -> str:
         return f"{'onednn' if name == 'auto' else name}" + (f" (gemv: {why})" if why else "")
     parts = []
     for shape, entry in choice.items():
+        if "compiled_rows" in entry:  # the decoder's (`use_step_kernels`): one for all its layers
+            rows = entry["compiled_rows"]
+            parts.append(
+                "decoder layers: "
+                + ("PyTorch's kernels" if not rows else f"compiled to {rows} rows, PyTorch's kernels above")
+            )
+            continue
         rows = entry["gemv_rows"]
         parts.append(f"{shape}: " + ("oneDNN" if not rows else f"gemv to {rows} rows, oneDNN above"))
     return "; ".join(parts)
@@ -306,9 +322,16 @@ INT4_GROUP = 32  # inputs per scale and offset: the block of the embedded GGUF's
 
 
 class WeightOnlyLinear(nn.Module):
-    """A linear layer whose weights are stored quantised, its product (`product`, a packed kernel)
-    taken on bf16 activations, the result returned in the input's dtype. The fast kernels take
-    bf16: fed fp32 they measured 4-10 x slower."""
+    """A linear layer whose weights are stored quantised, its product taken on bf16 activations and
+    rounded to bf16 (then the bias added in the input's dtype): a packed PyTorch kernel (`packed`)
+    for a prefill or a wide batch, and for a decode step's rows the compiled kernel of
+    `feedback.core.quant.c` (`compiled`) in the same numerics, which reads each code once where the
+    packed kernels are bound by arithmetic at one row. Up to `compiled_rows` rows (0: never) the
+    compiled one, so a row's result is the same alone or among a decode step's rows. The packed
+    kernels take bf16: fed fp32 they measured 4-10 x slower."""
+
+    kind = 0  # feedback.core.gemv.Matrix's kind
+    compiled_rows = 0  # set by use_quantized_kernels
 
     def __init__(self, source: nn.Linear):
         super().__init__()
@@ -317,19 +340,34 @@ class WeightOnlyLinear(nn.Module):
             None if source.bias is None else nn.Parameter(source.bias.detach().clone(), requires_grad=False)
         )
 
-    def product(self, flat: torch.Tensor) -> torch.Tensor:
+    def packed(self, flat: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def matrix(self) -> gemv.Matrix:
+        """The weights as the compiled kernels read them."""
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() <= self.compiled_rows * self.in_features and x.dtype == torch.float32:
+            return gemv.quantized_product(self.matrix(), x, self.out_features)
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = self.product(flat).reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        out = self.packed(flat).reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         return out + self.bias if self.bias is not None else out
+
+
+def _bf16_bits(values: torch.Tensor) -> torch.Tensor:
+    """bf16 values' raw 16-bit patterns, flat, with 8 zero patterns after the last (the compiled
+    int4 kernel reads scales 8 at a time, past a row's last group)."""
+    flat = values.to(torch.bfloat16).contiguous().view(torch.int16).reshape(-1)
+    return torch.cat([flat, flat.new_zeros(8)])
 
 
 class Int8WeightLinear(WeightOnlyLinear):
     """Weights as int8 with one scale per output channel, products by
-    `torch.ops.aten._weight_int8pack_mm` (the int8 weight-only kernel gpt-fast uses on CPU). A
-    quarter of fp32's bytes read per step, and the kernel's cost hardly grows from one row to a few."""
+    `torch.ops.aten._weight_int8pack_mm` (the int8 weight-only kernel gpt-fast uses on CPU) or the
+    compiled int8 kernel, which reads the same codes and scales. A quarter of fp32's bytes."""
+
+    kind = 8
 
     def __init__(self, source: nn.Linear):
         super().__init__(source)
@@ -338,16 +376,25 @@ class Int8WeightLinear(WeightOnlyLinear):
         self.register_buffer("qweight", torch.round(weight / scales[:, None]).clamp(-128, 127).to(torch.int8))
         self.register_buffer("scales", scales.to(torch.bfloat16))
 
-    def product(self, flat: torch.Tensor) -> torch.Tensor:
+    def packed(self, flat: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
+
+    def matrix(self) -> gemv.Matrix:
+        return gemv.Matrix(
+            w=self.qweight.data_ptr(), s=self.scales.data_ptr(), b=_bias_ptr(self), kind=self.kind
+        )
 
 
 class Int4WeightLinear(WeightOnlyLinear):
     """Weights as 4-bit codes in groups of INT4_GROUP inputs, each group with its own scale and
     offset (min to max in 15 steps, as GGUF's Q4_1 stores them), products by
-    `torch.ops.aten._weight_int4pack_mm_for_cpu`. An eighth of fp32's bytes. On the embedded model,
-    whose weights are Q4_1 blocks of the same 32 inputs, the codes come back as they were shipped
-    (only the scales and offsets are rounded to bf16)."""
+    `torch.ops.aten._weight_int4pack_mm_for_cpu` or the compiled int4 kernel. An eighth of fp32's
+    bytes, held twice: packed for PyTorch's kernel and laid out for the compiled one (`codes`: a
+    group's 16 bytes hold input j's code in byte j's low half, input j + 16's in its high half). On
+    the embedded model, whose weights are Q4_1 blocks of the same 32 inputs, the codes come back as
+    they were shipped (only the scales and offsets are rounded to bf16)."""
+
+    kind = 4
 
     def __init__(self, source: nn.Linear):
         super().__init__(source)
@@ -355,16 +402,35 @@ class Int4WeightLinear(WeightOnlyLinear):
         groups = weight.reshape(self.out_features, -1, INT4_GROUP)
         low, high = groups.amin(dim=-1, keepdim=True), groups.amax(dim=-1, keepdim=True)
         scales = ((high - low) / 15).clamp_min(1e-12)
-        codes = torch.round((groups - low) / scales).clamp(0, 15).reshape(self.out_features, -1)
-        # the kernel computes (code - 8) * scale + offset: the offset is the value of code 8
+        codes = torch.round((groups - low) / scales).clamp(0, 15).to(torch.uint8)
+        # the kernels compute (code - 8) * scale + offset: the offset is the value of code 8
         offsets = low + 8 * scales
         pairs = torch.cat([scales, offsets], dim=-1).transpose(0, 1).contiguous()  # [groups, out, 2]
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
-        self.register_buffer("packed", packed)
+        flat = codes.reshape(self.out_features, -1).to(torch.int32)
+        self.register_buffer("packed_weight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(flat, 1))
         self.register_buffer("scales", pairs.to(torch.bfloat16))
+        half = INT4_GROUP // 2
+        self.register_buffer(
+            "codes", (codes[..., :half] | (codes[..., half:] << 4)).reshape(self.out_features, -1)
+        )
+        self.register_buffer("group_scales", _bf16_bits(scales))
+        self.register_buffer("group_offsets", _bf16_bits(offsets))
 
-    def product(self, flat: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, INT4_GROUP, self.scales)
+    def packed(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed_weight, INT4_GROUP, self.scales)
+
+    def matrix(self) -> gemv.Matrix:
+        return gemv.Matrix(
+            w=self.codes.data_ptr(),
+            s=self.group_scales.data_ptr(),
+            z=self.group_offsets.data_ptr(),
+            b=_bias_ptr(self),
+            kind=self.kind,
+        )
+
+
+def _bias_ptr(module: nn.Module) -> int | None:
+    return None if module.bias is None else module.bias.data_ptr()
 
 
 def quantize(model: nn.Module, bits: int) -> int:
@@ -383,3 +449,88 @@ def quantize(model: nn.Module, bits: int) -> int:
             Int4WeightLinear(module) if four else Int8WeightLinear(module),
         )
     return len(targets)
+
+
+STEP_TRIALS = 2  # timings of a decode step per choice and row count (`measure_step_kernels`), the best kept
+
+
+def compiled_rows(module: nn.Module) -> int:
+    """The most rows a compiled kernel takes of this linear layer's product (0: none): gemv's for a
+    `GemvLinear`, quant.c's for a quantised layer."""
+    if type(module) is GemvLinear:
+        return module.gemv_rows
+    return module.compiled_rows if isinstance(module, WeightOnlyLinear) else 0
+
+
+def _set_compiled_rows(modules: list[nn.Module], rows: int) -> None:
+    for module in modules:
+        if type(module) is GemvLinear:
+            module.gemv_rows = rows
+        else:
+            module.compiled_rows = rows
+
+
+def step_key(modules: list[nn.Module]) -> str:
+    """What a decoder's measured choice holds for: each distinct kind and shape of its products."""
+    kinds = {GemvLinear: "fp32", Int4WeightLinear: "int4", Int8WeightLinear: "int8"}
+    return "decoder " + "; ".join(
+        sorted(
+            {
+                f"{kinds[type(m)]} {m.in_features}x{m.out_features}" + ("+bias" if m.bias is not None else "")
+                for m in modules
+            }
+        )
+    )
+
+
+def measure_step_kernels(modules: list[nn.Module], step_seconds: Callable[[int], float]) -> dict:
+    """A decode step timed at each of ROWS rows (`step_seconds(rows)`: a bare step on the engine's
+    cache) with the decoder's products (`modules`) compiled, against the same step with PyTorch's
+    kernels (oneDNN's for fp32, the packed ones for the quantised modes), each count's two in turn,
+    STEP_TRIALS times, the best of each kept. The choice is the step's, not a product's: with every
+    product of a layer compiled, the layer runs in compiled calls (`core.lean`) and the step spares
+    the Python between its operations, which a product timed alone does not show (on an Intel Xeon
+    the fp32 gate/up product timed alone was a tie, 308 against 310 µs, while the step with it
+    compiled took 43 ms against 55). Counts past the first where PyTorch's kernels were as fast are
+    not timed. Returns {"compiled_rows": n, "seconds": {rows: {"compiled": s, "pytorch": s}}}."""
+    seconds: dict[str, dict[str, float]] = {}
+    most = 0
+    try:
+        for rows in ROWS:
+            best = {"compiled": float("inf"), "pytorch": float("inf")}
+            for _ in range(STEP_TRIALS):
+                for name, n in (("compiled", rows), ("pytorch", 0)):
+                    _set_compiled_rows(modules, n)
+                    best[name] = min(best[name], step_seconds(rows))
+            seconds[str(rows)] = best
+            if best["compiled"] >= best["pytorch"]:
+                break
+            most = rows
+    finally:
+        _set_compiled_rows(modules, 0)
+    return {"compiled_rows": most, "seconds": seconds}
+
+
+def use_step_kernels(modules: list[nn.Module], step_seconds: Callable[[int], float]) -> dict | None:
+    """The decoder's products (`modules`: its `GemvLinear`s, or its quantised layers) take the
+    compiled kernels for up to the most rows at which a decode step was faster with them at every
+    count (`measure_step_kernels`, remembered per machine and decoder shapes beside the products'
+    choice; a decoder whose products are all under SMALL_BYTES of fp32 weights takes them untimed,
+    up to GEMV_MAX_ROWS), PyTorch's kernels above. None where there is nothing to choose (no such
+    product, or the library cannot be built here: the quantised layers keep the packed kernels).
+    Returns {key: {"compiled_rows": n, "seconds": ...}}."""
+    modules = [m for m in modules if type(m) is GemvLinear or isinstance(m, WeightOnlyLinear)]
+    if not modules or not gemv.available():
+        return None
+    key = step_key(modules)
+    if all(m.in_features * m.out_features * 4 < SMALL_BYTES for m in modules):
+        entry = {"compiled_rows": GEMV_MAX_ROWS, "seconds": None}
+    else:
+        with torch.inference_mode():
+            entry = remembered(
+                cache_file("steps-"),
+                [key],
+                lambda keys: {keys[0]: measure_step_kernels(modules, step_seconds)},
+            )[key]
+    _set_compiled_rows(modules, entry["compiled_rows"])
+    return {key: entry}

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,9 @@ class LoadedModel:
     load_seconds: float = 0.0
     eos_token_ids: list[int] = field(default_factory=list)
     quantization: str | None = None  # how the weights are stored when not in `dtype` (8-bit, 4-bit)
-    kernels: dict | None = None  # the rows gemv takes per fp32 linear shape (`linear.use_kernels`), if any
+    # the rows the compiled products take per linear shape, if any: fp32 (`linear.use_kernels`) or
+    # quantised (`linear.use_quantized_kernels`)
+    kernels: dict | None = None
     # the fp32 linear kernel it was loaded with (`linear.setting`), for `kernel_summary`
     linear_kernel: str = ""
     decode_threads: int | None = None  # threads for decode steps, measured fastest (`core.threads`)
@@ -337,6 +340,20 @@ def set_threads() -> int:
     return torch.get_num_threads()
 
 
+CHOICE_STEPS = 4  # decode steps a timing of the decoder kernels' choice takes
+
+
+def _engine_step_seconds(model: nn.Module) -> Callable[[int], float]:
+    """CPU seconds of a bare decode step of the given rows on the engine's cache (after 8 prompt
+    tokens), as `linear.use_step_kernels` compares its kernels by."""
+    from feedback.core import kvcache
+
+    ids = torch.arange(1, 9)[None]
+    return lambda rows: threads.bare_step_seconds(
+        model, ids, rows, CHOICE_STEPS, None, time.process_time, lambda n: kvcache.run_cache(model.config, n)
+    )
+
+
 def load_model(
     spec: str | None = None,
     dtype: str = "auto",
@@ -439,19 +456,23 @@ def load_model(
         # fused projections and inline norms, exact; parts dropped where quantised next
         lean.lean_layers(decoder_layers(model), keep_parts=not cpu_bits)
         lean.lean_stack(model)  # a Llama's decode steps: every layer in one compiled call
-    quantization = None
+    quantization = kernels = None
     if cpu_bits:
         linear.quantize(model, cpu_bits)
         quantization = linear.INT8_LABEL if cpu_bits == 8 else linear.INT4_LABEL
     elif load_in_4bit or load_in_8bit:
         quantization = "bitsandbytes 4-bit NF4 weights" if load_in_4bit else "bitsandbytes 8-bit weights"
-    kernels = None
     kernel = linear.setting(linear_kernel)
+    decoder = list(decoder_layers(model).modules())
     if linear.wanted(dev, kernel) and device_map is None:
         # the fp32 linear layers left (none in the int8 and int4 modes: they quantise the head too);
         # bf16 matmuls asked for are oneDNN's, which gemv (fp32 arithmetic) would bypass
         kernel = "onednn" if fast_matmul else kernel
-        kernels = linear.use_kernels(model, kernel)
+        kernels = linear.use_kernels(model, kernel, stepped=decoder)
+    if dev.type == "cpu" and device_map is None and (cpu_bits or kernel == "auto"):
+        # the decoder's products: compiled up to the rows where the whole step is faster for them
+        step = linear.use_step_kernels(decoder, _engine_step_seconds(model))
+        kernels = (kernels or {}) | (step or {}) or None
     decode_threads = threads.chosen(model) if dev.type == "cpu" and device_map is None else None
 
     eos: list[int] = []

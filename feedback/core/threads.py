@@ -47,13 +47,17 @@ def bare_step_seconds(
     steps: int,
     threads: int | None,
     clock: Callable[[], float],
+    run_cache: Callable[[int], object] | None = None,
 ) -> float:
     """Mean `clock` time of `steps` bare greedy decode steps of `rows` rows (no sampling, metrics,
-    hooks or records) after a prefill of `ids` on a fresh cache; the steps at `threads` (`decoding`)."""
+    hooks or records) after a prefill of `ids` on a fresh cache (transformers' `DynamicCache`, or
+    `run_cache(capacity)`: the engine's); the steps at `threads` (`decoding`)."""
     from transformers import DynamicCache
 
     with torch.inference_mode():
-        cache = DynamicCache(config=model.config)
+        cache = (
+            DynamicCache(config=model.config) if run_cache is None else run_cache(ids.shape[1] + steps + 1)
+        )
         out = model(input_ids=ids, cache=cache, use_cache=True)
         cache.batch_repeat_interleave(rows)
         tok = out.logits[:, -1].argmax(-1).repeat(rows)[:, None]

@@ -143,23 +143,24 @@ def test_load_model_uses_lean_layers_unless_turned_off(monkeypatch, tiny_lm, tmp
     assert type(load_model(f"random:{tmp_path}").layers[0]).__name__ == "LlamaDecoderLayer"
 
 
-def test_the_real_model_decodes_bit_identically_with_and_without_lean_layers(monkeypatch, embedded_lm):
-    """Through the engine, a baseline row and a row whose strategy re-runs layers (inner_loop)."""
+def test_the_real_model_decodes_bit_identically_with_and_without_lean_layers(monkeypatch):
+    """Through the engine, a baseline row and a row whose strategy re-runs layers (inner_loop). Both
+    on the same products (the measured choice may differ between the two models' shapes, and it is
+    the layers that are compared)."""
     from feedback.core.engine import run_to_end
     from feedback.core.model import load_model
     from feedback.core.records import RowSpec, RunConfig
 
+    kernel = "gemv" if gemv.available() else "onednn"
+    lean_lm = load_model("embedded", dtype="float32", linear_kernel=kernel)
     monkeypatch.setenv(lean.LEAN_ENV, "0")
-    plain = load_model("embedded", dtype="float32")
-    assert (
-        type(embedded_lm.layers[0]) is lean.LeanLlamaLayer
-        and type(plain.layers[0]) is not lean.LeanLlamaLayer
-    )
+    plain = load_model("embedded", dtype="float32", linear_kernel=kernel)
+    assert type(lean_lm.layers[0]) is lean.LeanLlamaLayer and type(plain.layers[0]) is not lean.LeanLlamaLayer
     config = RunConfig(
         prompt="Name three rivers.", max_new_tokens=12, rows=[RowSpec("b"), RowSpec("f", "inner_loop")]
     )
     seen: dict[int, list] = {0: [], 1: []}
-    for i, lm in enumerate((embedded_lm, plain)):
+    for i, lm in enumerate((lean_lm, plain)):
         run_to_end(lm, config, observer=lambda step, live, logits, i=i: seen[i].append(logits.clone()))
     assert len(seen[0]) == len(seen[1]) > 1
     assert all(torch.equal(a, b) for a, b in zip(seen[0], seen[1], strict=True))
@@ -235,6 +236,29 @@ def test_a_decode_step_runs_its_layers_in_one_call_around_a_hooked_layer(monkeyp
     want = _logits(plain, ids, 3, engine_cache=True)
     got = _logits(fused, ids, 3, engine_cache=True)
     assert calls == [1, 1, 2] * 3 and all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+
+
+@pytest.mark.skipif(not gemv.available(), reason=f"no compiled kernel here: {gemv.why_not()}")
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_quantised_decode_step_runs_in_compiled_calls_with_the_op_by_op_bits(monkeypatch, bits):
+    """The quantised modes' decode steps take the compiled calls too, quant.c's products inside,
+    and give the bits of the same layers run op by op on the same kernels."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(FAMILIES["llama"](vocab_size=VOCAB)).eval()
+    lean.lean_layers(model.model.layers, keep_parts=False)
+    assert lean.lean_stack(model)
+    linear.quantize(model, bits)
+    # a decoder this small takes the compiled products untimed, up to the most rows
+    assert linear.use_step_kernels(list(model.model.layers.modules()), step_seconds=None)
+    assert all(linear.compiled_rows(m) == linear.GEMV_MAX_ROWS for m in (model.model.layers[0].qkv,))
+    calls = _calls(monkeypatch)
+    ids = torch.randint(0, VOCAB, (2, 8))
+    got = _logits(model, ids, 3, engine_cache=True)
+    assert calls == [4, 4, 4]
+    monkeypatch.setattr(lean.LeanLlamaModel, "_decode_stack", lambda *args: None)
+    monkeypatch.setattr(lean.LeanLlamaLayer, "_decode", lambda *args: (None, False))
+    want = _logits(model, ids, 3, engine_cache=True)
+    assert calls == [4, 4, 4] and all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
 
 
 @pytest.mark.parametrize("engine_cache", [False, True])

@@ -253,8 +253,9 @@ def test_feedback_linear_refuses_an_unknown_choice(monkeypatch):
 
 @needs_gemv
 def test_a_model_loads_with_its_cached_choice_and_each_choice_applies(embedded_lm, tmp_path, monkeypatch):
-    """The default (auto): gemv layers with this machine's measured rows, cached and read back on
-    the next load; gemv: every layer to GEMV_MAX_ROWS untimed; onednn: no gemv."""
+    """The default (auto): the output head with this machine's measured rows, the decoder's products
+    with the rows its decode step was measured faster with them (all gemv layers), both cached and
+    read back on the next load; gemv: every layer to GEMV_MAX_ROWS untimed; onednn: no gemv."""
     from feedback.core.model import load_model
     from tests.tiny_families import write_folder
 
@@ -263,17 +264,26 @@ def test_a_model_loads_with_its_cached_choice_and_each_choice_applies(embedded_l
     folder = write_folder("llama", embedded_lm.tokenizer, tmp_path / "llama")
     lm = load_model(f"random:{folder}")
     layers = _called(lm.model)
-    assert set(lm.kernels) == {linear.shape_key(m) for m in layers}
-    for module in layers:
-        rows = lm.kernels[linear.shape_key(module)]["gemv_rows"]
-        assert type(module) is (linear.GemvLinear if rows else linear.OneDnnLinear)
-        assert getattr(module, "gemv_rows", 0) == rows
-    assert (tmp_path / "cache" / "kernels" / f"{linear.machine_key()}.json").exists()
+    decoder = [m for m in _called(lm.model.model.layers)]
+    head = lm.model.lm_head
+    step_key = linear.step_key(decoder)
+    assert set(lm.kernels) == {linear.shape_key(head), step_key}
+    rows = lm.kernels[linear.shape_key(head)]["gemv_rows"]
+    assert (
+        type(head) is (linear.GemvLinear if rows else linear.OneDnnLinear)
+        and getattr(head, "gemv_rows", 0) == rows
+    )
+    compiled = lm.kernels[step_key]["compiled_rows"]
+    assert all(type(m) is linear.GemvLinear and m.gemv_rows == compiled for m in decoder)
+    assert len(layers) == len(decoder) + 1
+    for name in ("", "steps-"):
+        assert (tmp_path / "cache" / "kernels" / f"{name}{linear.machine_key()}.json").exists()
 
     def no_more(*args, **kwargs):
         raise AssertionError("measured again")
 
     monkeypatch.setattr(linear, "measure_kernels", no_more)
+    monkeypatch.setattr(linear, "measure_step_kernels", no_more)
     assert load_model(f"random:{folder}").kernels == lm.kernels
     every = load_model(f"random:{folder}", linear_kernel="gemv")
     assert {e["gemv_rows"] for e in every.kernels.values()} == {linear.GEMV_MAX_ROWS}
@@ -286,3 +296,101 @@ def test_a_model_loads_with_its_cached_choice_and_each_choice_applies(embedded_l
         linear.kernel_summary(None, load_model(f"random:{folder}", linear_kernel="aten").linear_kernel)
         == "aten"
     )
+
+
+def _dequantised(q: linear.WeightOnlyLinear) -> torch.Tensor:
+    """The weights a quantised layer's compiled kernel reads, as fp32 [out, in], from its buffers
+    (int4: a group's byte j holds input j's code low and input j + 16's high)."""
+
+    def bf16(bits: torch.Tensor) -> torch.Tensor:
+        return bits.view(torch.bfloat16).float()
+
+    if isinstance(q, linear.Int8WeightLinear):
+        return q.qweight.float() * q.scales.float()[:, None]
+    out, groups = q.out_features, q.in_features // linear.INT4_GROUP
+    packed = q.codes.reshape(out, groups, linear.INT4_GROUP // 2).int()
+    codes = torch.cat([packed & 15, packed >> 4], dim=-1).float()
+    scales = bf16(q.group_scales[: out * groups]).reshape(out, groups, 1)
+    offsets = bf16(q.group_offsets[: out * groups]).reshape(out, groups, 1)
+    return ((codes - 8) * scales + offsets).reshape(out, -1)
+
+
+@needs_gemv
+@pytest.mark.parametrize("bits, inputs", [(8, 96), (8, 100), (4, 96)])
+def test_the_compiled_quantised_product_keeps_the_modes_numerics(bits, inputs):
+    """The decode rows' compiled product: bf16 inputs times the stored codes, a bf16 result plus the
+    bias, so within a bf16 rounding of the exact product of the same numbers (inputs of every scale,
+    a group's largest 10^4 times its smallest; int8 also with a partial last group), and within a
+    rounding or two of PyTorch's packed kernel, which sums in another order (it is not compared at
+    100 inputs: PyTorch's int8 kernel crashes on them)."""
+    torch.manual_seed(0)
+    source = nn.Linear(inputs, 80)
+    q = (linear.Int8WeightLinear if bits == 8 else linear.Int4WeightLinear)(source)
+    x = torch.randn(5, inputs) * torch.logspace(-3, 1, inputs)[torch.randperm(inputs)]
+    q.compiled_rows = 8
+    with torch.inference_mode():
+        got = q(x).double() - q.bias.double()
+    weights = _dequantised(q).double()
+    exact = x.bfloat16().double() @ weights.T
+    magnitude = x.bfloat16().double().abs() @ weights.abs().T
+    assert ((got - exact).abs() <= exact.abs() * 2**-8 + magnitude * 2**-14).all()
+    q.bias.data.zero_()
+    with torch.inference_mode():
+        unbiased = q(x)
+    assert torch.equal(unbiased.bfloat16().float(), unbiased)  # a bf16 result, not an fp32 one
+    if inputs % 32 == 0:
+        with torch.inference_mode():
+            packed = q.packed(x.to(torch.bfloat16)).double()
+        assert ((got - packed).abs() <= packed.abs() * 2**-7 + magnitude * 2**-13).all()
+
+
+@needs_gemv
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_compiled_quantised_row_is_the_same_alone_in_a_batch_and_at_any_thread_count(bits):
+    """A NaN in one row makes that row's outputs NaN and leaves the others as they were."""
+    torch.manual_seed(0)
+    q = (linear.Int8WeightLinear if bits == 8 else linear.Int4WeightLinear)(nn.Linear(256, 1024))
+    q.compiled_rows = 16
+    x = torch.randn(5, 256)
+    threads = torch.get_num_threads()
+    with torch.inference_mode():
+        batch = q(x)
+        alone = [q(x[i : i + 1])[0] for i in range(5)]
+        torch.set_num_threads(2 if threads == 1 else 1)
+        try:
+            other = q(x)
+        finally:
+            torch.set_num_threads(threads)
+        x[2, 7] = float("nan")
+        poisoned = q(x)
+    assert all(torch.equal(batch[i], alone[i]) for i in range(5)) and torch.equal(batch, other)
+    assert poisoned[2].isnan().all() and torch.equal(poisoned[[0, 1, 3, 4]], batch[[0, 1, 3, 4]])
+
+
+def test_the_decoder_takes_compiled_products_up_to_where_the_step_stops_being_faster(monkeypatch, tmp_path):
+    """The step, timed with every product compiled against with none, at 1, 2, 4 rows: faster at 1
+    and 2, slower at 4, so compiled up to 2 rows, 8 and 16 not timed; remembered, so a second load
+    times nothing."""
+    monkeypatch.setattr(linear, "cache_file", lambda name: tmp_path / f"{name}.json")
+    monkeypatch.setattr(gemv, "available", lambda: True)
+    products = [linear.Int8WeightLinear(nn.Linear(1024, 512, bias=False)) for _ in range(2)]
+    timed: list[tuple[int, int]] = []
+
+    def step_seconds(rows: int) -> float:
+        compiled = products[0].compiled_rows
+        timed.append((rows, compiled))
+        assert all(p.compiled_rows == compiled for p in products)
+        return {1: 1.0, 2: 2.0, 4: 4.0}[rows] * (
+            0.8 if compiled and rows < 4 else 1.0 if not compiled else 1.2
+        )
+
+    table = linear.use_step_kernels([*products, nn.ReLU()], step_seconds)
+    ((key, entry),) = table.items()
+    assert key == "decoder int8 1024x512" and entry["compiled_rows"] == 2
+    assert list(entry["seconds"]) == ["1", "2", "4"] and sorted({rows for rows, _ in timed}) == [1, 2, 4]
+    assert all(p.compiled_rows == 2 for p in products)
+    assert "decoder layers: compiled to 2 rows, PyTorch's kernels above" in linear.kernel_summary(table)
+    timed.clear()
+    fresh = [linear.Int8WeightLinear(nn.Linear(1024, 512, bias=False))]
+    assert linear.use_step_kernels(fresh, step_seconds)[key]["compiled_rows"] == 2 and not timed
+    assert fresh[0].compiled_rows == 2

@@ -1,0 +1,281 @@
+/* Weight-only quantised products for a decode step's few rows, in the numerics of the engine's
+ * quantised modes (`feedback.core.linear`): the input rounded to bf16, the weights' integer codes
+ * times their bf16 scales (plus a bf16 offset for int4), the result rounded to bf16 and then the
+ * fp32 bias added, as PyTorch's packed kernels compute a bf16 product that the layer then adds its
+ * bias to.
+ *
+ * The products are taken in integers: each group of 32 inputs of a row is written as 16-bit
+ * integers q on a power of two r chosen from the group's largest magnitude (x = q r, |q| < 2^15),
+ * and a group's sum of code times q is exact in 32-bit integers (pmaddwd), then turned to float and
+ * scaled once. A bf16 value within 2^7 of its group's largest is represented exactly (it has 8
+ * significant bits); a smaller one is rounded at 2^-15 of the largest's scale, under a hundredth of
+ * the largest value's own bf16 rounding. So the result differs from PyTorch's kernels only in the
+ * order of the sums, while each code costs a few integer operations instead of a conversion to float
+ * and a multiply-add: fed floats, one row is bound by arithmetic rather than by reading the codes.
+ *
+ * int4: each output's inputs in groups of 32, a group's 16 bytes holding input j's code (0..15) in
+ * byte j's low half and input j + 16's in its high half; per group a scale s and an offset z (the
+ * value of code 8), so a weight is (code - 8) s + z, and a group's part of the dot product is
+ * s r sum(code q) + (z - 8 s) sum(x). int8: codes -128..127 stored [out, in] as they are, one scale
+ * per output.
+ *
+ * A row's operations are the same whatever the other rows, so its result is bit-for-bit the same
+ * alone or in a batch, and at any thread count (threads split the outputs). Built with
+ * -ffp-contract=off like gemv.c, in the same library. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+/* How far ahead the kernels ask for the weights they will read (bytes; int4: PF of scales and 4 PF
+ * of codes). Unlike fp32's gemv, whose stream of multiply-adds the hardware prefetcher keeps fed,
+ * these spend few cycles per byte and stall on memory without it: on an Intel Xeon (1 thread, the
+ * embedded model's layers in turn) the int4 products took 5.8 ms a step with it and 8.6-9.0
+ * without, the int8 output head 1.66 and 2.4-2.8. */
+#define PF 1024
+#define PF8 2048
+#define GROUP 32 /* inputs per group: int4's scale and offset, and a row's 16-bit scale */
+
+/* 8 bf16 values (raw 16-bit patterns) as floats */
+static inline __m256 bf16x8(const uint16_t *p) {
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+/* 8 floats rounded to the nearest bf16 (ties to even), as PyTorch's float -> bfloat16 conversion
+ * rounds them (a NaN stays a NaN: its group is NaN below) */
+static inline __m256 bf16_round8(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+    return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+static inline float bf16_round(float f) {
+    float in[8] = {f}, out[8];
+    _mm256_storeu_ps(out, bf16_round8(_mm256_loadu_ps(in)));
+    return isnan(f) ? f : out[0];
+}
+
+static inline float hsum(__m256 a) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+static inline float hmax(__m256 a) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+static inline long groups_of(long in) { return (in + GROUP - 1) / GROUP; }
+/* groups padded to whole blocks of 8, the block the int4 kernel reads scales in */
+static inline long padded_groups(long in) { return (groups_of(in) + 7) / 8 * 8; }
+
+/* The floats of scratch a product with `in` inputs needs for `rows` rows: the rows as 16-bit
+ * integers (a whole number of groups), and each group's power of two and sum. */
+long feedback_quant_scratch(long rows, long in) { return rows * (groups_of(in) * GROUP / 2 + 2 * padded_groups(in)); }
+
+/* Row group x[0..n) (n <= 32) rounded to bf16, as q [32] (0 past n) on the power of two *r, and its
+ * sum *sum. A group with a NaN or infinity gets r and sum NaN (its outputs are NaN); one whose
+ * largest magnitude is below 2^-113 is all 0. */
+static inline void prepare_group(const float *x, long n, int16_t *q, float *r, float *sum) {
+    float buf[GROUP] = {0};
+    memcpy(buf, x, n * sizeof(float));
+    __m256 v[4], big = _mm256_setzero_ps(), absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    int nan = 0;
+    for (int k = 0; k < 4; k++) {
+        __m256 raw = _mm256_loadu_ps(buf + 8 * k);
+        nan |= _mm256_movemask_ps(_mm256_cmp_ps(raw, raw, _CMP_UNORD_Q));
+        v[k] = bf16_round8(raw);
+        big = _mm256_max_ps(big, _mm256_and_ps(v[k], absmask));
+    }
+    float largest = hmax(big);
+    if (nan || isinf(largest)) {
+        memset(q, 0, GROUP * sizeof(int16_t));
+        *r = *sum = NAN;
+        return;
+    }
+    uint32_t bits;
+    memcpy(&bits, &largest, 4);
+    int e = (int)(bits >> 23) - 127; /* 2^e <= largest < 2^(e + 1) */
+    if (e < -113) {
+        memset(q, 0, GROUP * sizeof(int16_t));
+        *r = *sum = 0.0f;
+        return;
+    }
+    uint32_t up = (uint32_t)(127 + 14 - e) << 23, down = (uint32_t)(127 - 14 + e) << 23;
+    float to_q, from_q;
+    memcpy(&to_q, &up, 4);
+    memcpy(&from_q, &down, 4);
+    __m256i total = _mm256_setzero_si256();
+    for (int k = 0; k < 4; k += 2) {
+        /* exact products (powers of two), so the conversion rounds only what 16 bits cannot hold */
+        __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(to_q)));
+        __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(v[k + 1], _mm256_set1_ps(to_q)));
+        total = _mm256_add_epi32(total, _mm256_add_epi32(a, b));
+        __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8);
+        _mm256_storeu_si256((__m256i *)(q + 8 * k), packed);
+    }
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    *r = from_q;
+    *sum = (float)_mm_cvtsi128_si32(t) * from_q; /* |sum q| < 2^20: exact */
+}
+
+struct prepared {
+    const int16_t *q; /* [rows, groups * 32] */
+    const float *r, *sum; /* [rows, padded groups], 0 past the last group */
+    long stride, pg;
+};
+
+static struct prepared prepare(const float *x, long rows, long in, float *scratch) {
+    long groups = groups_of(in), pg = padded_groups(in), stride = groups * GROUP;
+    int16_t *q = (int16_t *)scratch;
+    float *r = scratch + rows * stride / 2, *sum = r + rows * pg;
+    for (long row = 0; row < rows; row++)
+        for (long g = 0; g < pg; g++) {
+            long at = row * pg + g;
+            if (g < groups) {
+                long n = in - g * GROUP < GROUP ? in - g * GROUP : GROUP;
+                prepare_group(x + row * in + g * GROUP, n, q + row * stride + g * GROUP, r + at, sum + at);
+            } else
+                r[at] = sum[at] = 0.0f;
+        }
+    return (struct prepared){q, r, sum, stride, pg};
+}
+
+/* sum(code q) of a group, as 8 int32 lanes: 16 codes widened to 16-bit lanes (lo, hi) times 16 q
+ * each */
+#define PAIR_SUMS(lo, hi, q) \
+    _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)(q))), \
+                     _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)((q) + 16))))
+
+/* output o of rows r and r + 1 (two: 1), int4 */
+static inline void q4_output(const struct prepared *p, const uint8_t *codes, const uint16_t *scales,
+                             const uint16_t *offsets, long in, long o, long r, int two, float *ya, float *yb) {
+    long groups = in / GROUP;
+    const uint8_t *c = codes + o * in / 2;
+    const uint16_t *s = scales + o * groups, *z = offsets + o * groups;
+    const int16_t *qa = p->q + r * p->stride, *qb = qa + p->stride;
+    const float *ra = p->r + r * p->pg, *rb = ra + p->pg, *sa = p->sum + r * p->pg, *sb = sa + p->pg;
+    const __m256i low = _mm256_set1_epi16(15);
+    __m256 acc_a = _mm256_setzero_ps(), acc_b = acc_a, zero_a = acc_a, zero_b = acc_a;
+    float fa[8], fb[8];
+    for (long g0 = 0; g0 < groups; g0 += 8) {
+        /* a block of 8 groups' scales and offsets (the arrays are readable past the last output;
+         * the sums and powers past the last group are 0) */
+        __m256 s8 = bf16x8(s + g0), m8 = _mm256_fmadd_ps(s8, _mm256_set1_ps(-8.0f), bf16x8(z + g0));
+        zero_a = _mm256_fmadd_ps(m8, _mm256_loadu_ps(sa + g0), zero_a);
+        _mm256_storeu_ps(fa, _mm256_mul_ps(s8, _mm256_loadu_ps(ra + g0)));
+        if (two) {
+            zero_b = _mm256_fmadd_ps(m8, _mm256_loadu_ps(sb + g0), zero_b);
+            _mm256_storeu_ps(fb, _mm256_mul_ps(s8, _mm256_loadu_ps(rb + g0)));
+        }
+        long n = groups - g0 < 8 ? groups - g0 : 8;
+        _mm_prefetch((const char *)(s + g0) + PF, _MM_HINT_T0);
+        _mm_prefetch((const char *)(z + g0) + PF, _MM_HINT_T0);
+        for (long j = 0; j < n; j++) {
+            long g = g0 + j;
+            if (!(g & 3)) _mm_prefetch((const char *)(c + g * 16) + PF * 4, _MM_HINT_T0);
+            __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(c + g * 16)));
+            __m256i lo = _mm256_and_si256(w, low), hi = _mm256_srli_epi16(w, 4);
+            __m256 ta = _mm256_cvtepi32_ps(PAIR_SUMS(lo, hi, qa + g * GROUP));
+            acc_a = _mm256_fmadd_ps(ta, _mm256_broadcast_ss(fa + j), acc_a);
+            if (two) {
+                __m256 tb = _mm256_cvtepi32_ps(PAIR_SUMS(lo, hi, qb + g * GROUP));
+                acc_b = _mm256_fmadd_ps(tb, _mm256_broadcast_ss(fb + j), acc_b);
+            }
+        }
+    }
+    *ya = hsum(_mm256_add_ps(acc_a, zero_a));
+    if (two) *yb = hsum(_mm256_add_ps(acc_b, zero_b));
+}
+
+/* sum(code x) of one int8 weight row with one prepared row (a partial last group in order) */
+static inline float q8_dot(const int8_t *w, const int16_t *q, const float *r, long in) {
+    __m256 acc = _mm256_setzero_ps();
+    long g = 0;
+    for (; (g + 1) * GROUP <= in; g++) {
+        _mm_prefetch((const char *)(w + g * GROUP) + PF8, _MM_HINT_T0);
+        __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + g * GROUP)));
+        __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + g * GROUP + 16)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR_SUMS(w0, w1, q + g * GROUP)), _mm256_broadcast_ss(r + g), acc);
+    }
+    float t = hsum(acc);
+    if (g * GROUP < in) {
+        long sum = 0;
+        for (long i = g * GROUP; i < in; i++) sum += (long)w[i] * q[i];
+        t += (float)sum * r[g];
+    }
+    return t;
+}
+
+static inline void finish(float *y, float v, const float *b, long o) { *y = bf16_round(v) + (b ? b[o] : 0.0f); }
+
+static void q4_outputs(const struct prepared *p, const uint8_t *codes, const uint16_t *scales,
+                       const uint16_t *offsets, const float *b, float *y, long rows, long in, long out, long o) {
+    for (long r = 0; r < rows; r += 2) {
+        float u, v = 0.0f;
+        int two = r + 1 < rows;
+        q4_output(p, codes, scales, offsets, in, o, r, two, &u, &v);
+        finish(y + r * out + o, u, b, o);
+        if (two) finish(y + (r + 1) * out + o, v, b, o);
+    }
+}
+
+static void q8_outputs(const struct prepared *p, const int8_t *w, const uint16_t *scales, const float *b, float *y,
+                       long rows, long in, long out, long o) {
+    uint32_t bits = (uint32_t)scales[o] << 16;
+    float s;
+    memcpy(&s, &bits, 4);
+    for (long r = 0; r < rows; r++)
+        finish(y + r * out + o, q8_dot(w + o * in, p->q + r * p->stride, p->r + r * p->pg, in) * s, b, o);
+}
+
+/* y[rows, out] = x[rows, in] W^T (+ b[out]) for int4 weights (codes [out, in / 2], scales and
+ * offsets [out, in / 32] bf16 patterns, each array readable 8 patterns past its end); in a multiple
+ * of 32. scratch: feedback_quant_scratch(rows, in) floats. */
+void feedback_q4_gemv(const float *x, const uint8_t *codes, const uint16_t *scales, const uint16_t *offsets,
+                      const float *b, float *y, long rows, long in, long out, float *scratch, int threads) {
+    struct prepared p = prepare(x, rows, in, scratch);
+    if (threads <= 1 || out * in < 131072) {
+        for (long o = 0; o < out; o++) q4_outputs(&p, codes, scales, offsets, b, y, rows, in, out, o);
+        return;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long o = 0; o < out; o++) q4_outputs(&p, codes, scales, offsets, b, y, rows, in, out, o);
+}
+
+/* y[rows, out] = x[rows, in] W^T (+ b[out]) for int8 weights w [out, in] with one bf16 scale per
+ * output (scales: bf16 patterns). scratch: feedback_quant_scratch(rows, in) floats. */
+void feedback_q8_gemv(const float *x, const int8_t *w, const uint16_t *scales, const float *b, float *y, long rows,
+                      long in, long out, float *scratch, int threads) {
+    struct prepared p = prepare(x, rows, in, scratch);
+    if (threads <= 1 || out * in < 131072) {
+        for (long o = 0; o < out; o++) q8_outputs(&p, w, scales, b, y, rows, in, out, o);
+        return;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long o = 0; o < out; o++) q8_outputs(&p, w, scales, b, y, rows, in, out, o);
+}
+
+/* The floats of scratch feedback_product needs (the quantised kernels' whether or not m's is one). */
+long feedback_product_scratch(long rows, long in) { return feedback_quant_scratch(rows, in); }
+
+/* y[rows, out] = x[rows, in] W^T (+ b) by m's kernel. */
+void feedback_product(const struct feedback_matrix *m, const float *x, float *y, long rows, long in, long out,
+                      float *scratch, int threads) {
+    if (m->kind == 4)
+        feedback_q4_gemv(x, m->w, m->s, m->z, m->b, y, rows, in, out, scratch, threads);
+    else if (m->kind == 8)
+        feedback_q8_gemv(x, m->w, m->s, m->b, y, rows, in, out, scratch, threads);
+    else
+        feedback_gemv(x, m->w, m->b, y, rows, in, out, threads);
+}
