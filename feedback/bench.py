@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from feedback import ASSETS
-from feedback.core import linear, threads
+from feedback.core import kvcache, linear, threads
 from feedback.core.engine import run_to_end
 from feedback.core.model import LoadedModel, load_model, set_fast_matmul
 from feedback.core.records import RowSpec, RunConfig, first_divergence
@@ -183,11 +183,15 @@ def _generate_run(lm: LoadedModel, tokens: int) -> tuple[float, list[int]]:
     return mean_step_s(marks.marks[1:]), out[0, ids.shape[1] :].tolist()
 
 
-def _raw_step_s(lm: LoadedModel, batch: int, tokens: int, clock: Callable[[], float] = _cpu) -> float:
-    """A bare batched forward per step on a real cache (`threads.bare_step_seconds`), in CPU seconds
-    (or by another `clock`); decode steps at the model's decode threads, as the engine's."""
+def _raw_step_s(
+    lm: LoadedModel, batch: int, tokens: int, clock: Callable[[], float] = _cpu, engine_cache: bool = False
+) -> float:
+    """A bare batched forward per step on a real cache (`threads.bare_step_seconds`: transformers'
+    own, or with `engine_cache` the engine's, whose decode steps take the compiled calls), in CPU
+    seconds (or by another `clock`); decode steps at the model's decode threads, as the engine's."""
     ids = torch.tensor([lm.encode(BENCH_PROMPT)], device=lm.device)
-    return threads.bare_step_seconds(lm.model, ids, batch, tokens - 1, lm.decode_threads, clock)
+    cache = (lambda n: kvcache.run_cache(lm.model.config, n)) if engine_cache else None
+    return threads.bare_step_seconds(lm.model, ids, batch, tokens - 1, lm.decode_threads, clock, cache)
 
 
 def _decode_threads(lm: LoadedModel) -> int:
@@ -375,14 +379,21 @@ def copy_bandwidth_gbs(device: torch.device = CPU, clock: Callable[[], float] | 
 
 
 def weight_bytes(lm: LoadedModel) -> int:
-    """Bytes of weights one step reads: parameters and buffers (quantised weights and their scales
-    are buffers), tied tensors (embedding = lm_head) once; the input embedding table left out where
-    the output head does not read it (a quantised head: a step reads one row of the table a token)."""
+    """Bytes of weights a one-row step reads: parameters and buffers (quantised weights and their
+    scales are buffers; of an int4 layer's two layouts, the one its one-row product reads), tied
+    tensors (embedding = lm_head) once; the input embedding table left out where the output head
+    does not read it (a quantised head: a step reads one row of the table a token)."""
     table = lm.model.get_input_embeddings().weight
     head = getattr(lm.model.get_output_embeddings(), "weight", None)
     seen: set[int] = set() if head is table else {table.data_ptr()}
+    tensors: list[torch.Tensor] = []
+    for module in lm.model.modules():
+        if isinstance(module, linear.WeightOnlyLinear):
+            tensors += module.read(1)
+        else:
+            tensors += [*module.parameters(recurse=False), *module.buffers(recurse=False)]
     total = 0
-    for t in [*lm.model.parameters(), *lm.model.buffers()]:
+    for t in tensors:
         if t.data_ptr() not in seen and t.dtype != torch.int64:  # position tables are not weights
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
@@ -803,10 +814,11 @@ def _test_nlls(lm: LoadedModel, docs: int | None) -> list:
 
 
 def fast_modes(tokens: int = 16, repeats: int = 3, reply_tokens: int = 64, docs: int | None = None) -> dict:
-    """Each mode of `MODES`: a bare decode step of 1 row (CPU ms), a 2-row step ÷ 1-row
-    (`pair_vs_row`), the weights read per 1-row step against the copy bandwidth (fastest wall-time
-    step), greedy agreement with the exact default over the 8 example prompts, and ΔPPL on the
-    built-in test split against it (paired 95 % CI over documents)."""
+    """Each mode of `MODES`: a bare decode step of 1 row on the engine's cache (CPU ms; the compiled
+    calls where the mode's layers take them), a 2-row step ÷ 1-row (`pair_vs_row`), the weights read
+    per 1-row step against the copy bandwidth (fastest wall-time step), greedy agreement with the
+    exact default over the 8 example prompts, and ΔPPL on the built-in test split against it (paired
+    95 % CI over documents)."""
     import numpy as np
 
     from feedback.eval.perplexity import paired_bootstrap
@@ -818,11 +830,13 @@ def fast_modes(tokens: int = 16, repeats: int = 3, reply_tokens: int = 64, docs:
     ref_replies = ref_nlls = None
     for label, kwargs in MODES:
         lm = load_model("embedded", **kwargs)
-        _raw_step_s(lm, 2, 4)  # warm-up
+        _raw_step_s(lm, 2, 4, engine_cache=True)  # warm-up
         pair = ratio(
-            lambda lm=lm: _raw_step_s(lm, 2, tokens), lambda lm=lm: _raw_step_s(lm, 1, tokens), repeats
+            lambda lm=lm: _raw_step_s(lm, 2, tokens, engine_cache=True),
+            lambda lm=lm: _raw_step_s(lm, 1, tokens, engine_cache=True),
+            repeats,
         )
-        wall = min(_raw_step_s(lm, 1, tokens, time.perf_counter) for _ in range(repeats))
+        wall = min(_raw_step_s(lm, 1, tokens, time.perf_counter, engine_cache=True) for _ in range(repeats))
         replies, nlls = _greedy_replies(lm, prompts, reply_tokens), _test_nlls(lm, docs)
         ref_replies, ref_nlls = ref_replies or replies, ref_nlls or nlls
         diffs = [a - b for a, b in zip(nlls, ref_nlls)]

@@ -1,6 +1,7 @@
-"""The engine's compiled decode kernels: fp32 products of a few rows (`gemv.c`), and a decode
-step's RMS norms, rotary embedding, cache write and attention (`attend.c`), built on this machine
-into one library.
+"""The engine's compiled decode kernels: fp32 products of a few rows (`gemv.c`), the quantised
+modes' int4 and int8 products (`quant.c`), a decode step's RMS norms, rotary embedding, cache write
+and attention (`attend.c`), and whole layers in one call (`layer.c`), built on this machine into one
+library.
 
 A decode step multiplies one row (or a few: a baseline and its feedback rows, several visitors) by
 every weight matrix of the model, so it is bound by reading the weights, and PyTorch's fp32 kernels

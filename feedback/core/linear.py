@@ -15,16 +15,21 @@ memory; docs/results/gemv_kernels.txt): a step's products took 22.4 ms by gemv, 
 by MKL at one row; 24.8 / 49.0 / 80.6 at two; at 8 rows gemv was 0.89 x oneDNN and at 16 rows 1.4 x
 it. The ordering is the CPU's: on an Intel Xeon MKL's product took 0.82 x oneDNN's at one row.
 
-So by default (`auto`) the choice is measured on this machine, per weight shape: gemv and oneDNN
-are timed at 1, 2, 4, 8 and 16 rows (`measure_kernels`; CPU time, weights cycled through more than
-a last-level cache) and a layer then takes gemv up to the most rows at which it was faster at every
-measured count, oneDNN above (`GemvLinear.gemv_rows`). A prefill, and a batch past that size, go
-to oneDNN. Every row count up to the crossover runs the same kernel, so the shared decode of a few
-rows stays bit-for-bit the rows alone. Layers under SMALL_BYTES of weights are not timed: a product
-that small costs microseconds either way, and gemv keeps it batch-exact. The choice is cached per
-CPU model, thread count, torch version and kernel source under the model cache (`kernels/`); delete
-that folder to measure again. Where gemv cannot be built (`feedback.core.gemv.why_not`: no C
-compiler, not x86-64 with AVX2), `auto` is oneDNN everywhere.
+So by default (`auto`) the choice is measured on this machine, per weight shape: gemv and oneDNN are
+timed at 1, 2, 4, 8 and 16 rows (`measure_kernels`; CPU time, weights cycled through more than a
+last-level cache) and a layer then takes gemv up to the most rows at which it was faster at every
+measured count, oneDNN above (`GemvLinear.gemv_rows`). The decoder's layers are chosen by the whole
+decode step instead (`use_step_kernels`): with all of a layer's products compiled the layer runs in
+compiled calls (`core.lean`), which a product timed alone does not show, so the step is timed with
+them and without. The quantised modes' layers (`Int8WeightLinear`, `Int4WeightLinear`) are chosen
+the same way, between their compiled products (`feedback/core/quant.c`) and PyTorch's packed ones. A
+prefill, and a batch past that size, go to oneDNN. Every row count up to the crossover runs the same
+kernel, so the shared decode of a few rows stays bit-for-bit the rows alone. Layers under
+SMALL_BYTES of weights are not timed: a product that small costs microseconds either way, and gemv
+keeps it batch-exact. The choice is cached per CPU model, thread count, torch version and kernel
+source under the model cache (`kernels/`); delete that folder to measure again. Where gemv cannot be
+built (`feedback.core.gemv.why_not`: no C compiler, not x86-64 with AVX2), `auto` is oneDNN
+everywhere.
 
 `FEEDBACK_LINEAR`: `auto` (unset), `gemv` (gemv up to GEMV_MAX_ROWS rows for every layer, not
 measured; refused where it cannot be built), `onednn`, `aten`.
@@ -347,6 +352,10 @@ class WeightOnlyLinear(nn.Module):
         """The weights as the compiled kernels read them."""
         raise NotImplementedError
 
+    def read(self, rows: int) -> list[torch.Tensor]:
+        """The tensors a product of `rows` rows reads (a layout the other kernel reads left out)."""
+        return [t for t in (*self.buffers(recurse=False), self.bias) if t is not None]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() <= self.compiled_rows * self.in_features and x.dtype == torch.float32:
             return gemv.quantized_product(self.matrix(), x, self.out_features)
@@ -418,6 +427,11 @@ class Int4WeightLinear(WeightOnlyLinear):
 
     def packed(self, flat: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed_weight, INT4_GROUP, self.scales)
+
+    def read(self, rows: int) -> list[torch.Tensor]:
+        compiled = rows <= self.compiled_rows
+        names = ("codes", "group_scales", "group_offsets") if compiled else ("packed_weight", "scales")
+        return [getattr(self, n) for n in names] + ([self.bias] if self.bias is not None else [])
 
     def matrix(self) -> gemv.Matrix:
         return gemv.Matrix(

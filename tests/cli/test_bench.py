@@ -83,3 +83,39 @@ def test_concurrency_reports_shared_against_one_by_one_and_solo_tokens(embedded_
     text = _concurrency_text(data)
     assert "tokens equal solo: 2/2 (shared), 2/2 (one by one)  ok" in text
     assert "shared_2x8_together_vs_one_by_one" in text and "(not the target's shape: no target)" in text
+
+
+def test_a_step_reads_one_of_an_int4_layers_two_layouts():
+    """The roofline's bytes: of an int4 layer's two layouts (PyTorch's packed one, the compiled
+    kernel's), the one its one-row product reads; the int8 head's codes and scales; the untied input
+    table left out (a step reads one row of it)."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from feedback.bench import weight_bytes
+    from feedback.core import linear
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    linear.quantize(model, 4)
+    four = [m for m in model.modules() if isinstance(m, linear.Int4WeightLinear)]
+    norms = sum(p.numel() * 4 for n, p in model.named_parameters() if "norm" in n)
+    norms += sum(b.numel() * 4 for b in model.model.rotary_emb.buffers())  # (its frequencies)
+    head = model.lm_head.qweight.numel() + model.lm_head.scales.numel() * 2
+
+    def size(*tensors: torch.Tensor) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    packed = sum(size(m.packed_weight, m.scales) for m in four)
+    compiled = sum(size(m.codes, m.group_scales, m.group_offsets) for m in four)
+    lm = SimpleNamespace(model=model)
+    assert weight_bytes(lm) == packed + norms + head
+    for m in four:
+        m.compiled_rows = 1
+    assert weight_bytes(lm) == compiled + norms + head and compiled != packed
