@@ -162,6 +162,9 @@ def find(folder: Path) -> tuple[ctypes.CDLL | None, str]:
     fn = lib.feedback_silu
     fn.argtypes = [pointer, size, size]
     fn.restype = None
+    fn = lib.feedback_gemv_ahead
+    fn.argtypes = [size, size]
+    fn.restype = None
     fn = lib.feedback_product
     fn.argtypes = [ctypes.POINTER(Matrix), pointer, pointer, size, size, size, pointer, ctypes.c_int]
     fn.restype = None
@@ -213,6 +216,12 @@ def describe() -> str:
     """The fp32 decode product here, as `prepare` and `doctor` report it: "gemv", or "oneDNN (gemv:
     why not)"."""
     return f"oneDNN (gemv: {why_not()})" if why_not() else "gemv"
+
+
+def set_ahead(one: int, two: int) -> None:
+    """How far ahead (bytes; 0: not at all) the product's one-row and two-row loops ask for the
+    weights they will read: the same results, sooner or later by the CPU (`linear.choose_ahead`)."""
+    _loaded()[0].feedback_gemv_ahead(one, two)
 
 
 def usable(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:

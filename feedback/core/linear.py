@@ -548,3 +548,50 @@ def use_step_kernels(modules: list[nn.Module], step_seconds: Callable[[int], flo
             )[key]
     _set_compiled_rows(modules, entry["compiled_rows"])
     return {key: entry}
+
+
+AHEAD_BYTES = 2048  # how far ahead gemv may ask for weights (`choose_ahead`)
+AHEAD_TRIALS = 3
+
+
+def measure_ahead(weights: list[torch.Tensor], clock: Callable[[], float] = time.process_time) -> dict:
+    """gemv's one-row and two-row products of `weights` in turn (a decoder's, read from memory as a
+    step reads them) timed with the weights asked for AHEAD_BYTES ahead and without, the two in
+    turn, the best of AHEAD_TRIALS each. Returns {"one": bytes, "two": bytes, "seconds": {rows:
+    {bytes: s}}}: AHEAD_BYTES for a loop where that was faster, else 0."""
+    out: dict = {"seconds": {}}
+    with torch.inference_mode():
+        for rows, loop in ((1, "one"), (2, "two")):
+            inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+            best = {0: float("inf"), AHEAD_BYTES: float("inf")}
+            for _ in range(AHEAD_TRIALS):
+                for ahead in best:
+                    gemv.set_ahead(ahead, ahead)
+                    start = clock()
+                    for w in weights:
+                        gemv.product(inputs[w.shape[1]], w, None)
+                    best[ahead] = min(best[ahead], clock() - start)
+            out[loop] = AHEAD_BYTES if best[AHEAD_BYTES] < best[0] else 0
+            out["seconds"][str(rows)] = {str(k): v for k, v in best.items()}
+    gemv.set_ahead(out["one"], out["two"])
+    return out
+
+
+def choose_ahead(modules: list[nn.Module], clock: Callable[[], float] = time.process_time) -> dict | None:
+    """Whether gemv asks for weights ahead of its reads, in its one-row and in its two-row loop,
+    timed on the decoder's fp32 products (`modules`; `measure_ahead`) and remembered per machine
+    and shapes; set in the library. It changes no result. None (nothing set) where gemv cannot run
+    here or the products are all under SMALL_BYTES (they stay in cache)."""
+    weights = [
+        m.weight.detach()
+        for m in modules
+        if isinstance(m, nn.Linear) and not getattr(m, "folded", False) and gemv.usable(m.weight, None)
+    ]
+    if not gemv.available() or all(w.numel() * 4 < SMALL_BYTES for w in weights):
+        return None
+    key = "ahead " + "; ".join(sorted({f"{w.shape[1]}x{w.shape[0]}" for w in weights}))
+    entry = remembered(cache_file("ahead-"), [key], lambda keys: {keys[0]: measure_ahead(weights, clock)})[
+        key
+    ]
+    gemv.set_ahead(entry["one"], entry["two"])
+    return entry

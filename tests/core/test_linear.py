@@ -394,3 +394,42 @@ def test_the_decoder_takes_compiled_products_up_to_where_the_step_stops_being_fa
     fresh = [linear.Int8WeightLinear(nn.Linear(1024, 512, bias=False))]
     assert linear.use_step_kernels(fresh, step_seconds)[key]["compiled_rows"] == 2 and not timed
     assert fresh[0].compiled_rows == 2
+
+
+@needs_gemv
+def test_asking_for_weights_ahead_changes_no_result():
+    torch.manual_seed(0)
+    w, b, x = torch.randn(300, 1000), torch.randn(300), torch.randn(3, 1000)
+    try:
+        gemv.set_ahead(0, 0)
+        want = gemv.product(x, w, b)
+        gemv.set_ahead(linear.AHEAD_BYTES, linear.AHEAD_BYTES)
+        got = gemv.product(x, w, b)
+    finally:
+        gemv.set_ahead(0, 0)
+    assert torch.equal(want, got)
+
+
+def test_gemv_asks_ahead_in_the_loops_where_that_was_faster(monkeypatch, tmp_path):
+    """Timed per loop: here asking ahead pays for one row and not for two; remembered, so the next
+    load times nothing and sets the same."""
+    monkeypatch.setattr(linear, "cache_file", lambda name: tmp_path / f"{name}.json")
+    monkeypatch.setattr(gemv, "available", lambda: True)
+    now, ahead, settings = [0.0], [0], []
+
+    def set_ahead(one: int, two: int) -> None:
+        ahead[0] = one
+        settings.append((one, two))
+
+    def product(x, weight, bias):
+        now[0] += {(1, 0): 2.0, (1, linear.AHEAD_BYTES): 1.0}.get((x.shape[0], ahead[0]), 3.0)
+
+    monkeypatch.setattr(gemv, "set_ahead", set_ahead)
+    monkeypatch.setattr(gemv, "product", product)
+    modules = [nn.Linear(1024, 512, bias=False), nn.Linear(512, 1024, bias=False)]
+    entry = linear.choose_ahead(modules, clock=lambda: now[0])
+    assert (entry["one"], entry["two"]) == (linear.AHEAD_BYTES, 0) and settings[-1] == (linear.AHEAD_BYTES, 0)
+    settings.clear()
+    monkeypatch.setattr(linear, "measure_ahead", lambda *a: pytest.fail("measured again"))
+    assert linear.choose_ahead(modules)["one"] == linear.AHEAD_BYTES and settings == [(linear.AHEAD_BYTES, 0)]
+    assert linear.choose_ahead([nn.Linear(64, 64)]) is None  # small: stays in cache, nothing to choose
