@@ -165,6 +165,9 @@ def find(folder: Path) -> tuple[ctypes.CDLL | None, str]:
     fn = lib.feedback_gemv_ahead
     fn.argtypes = [size, size]
     fn.restype = None
+    fn = lib.feedback_quant_ahead
+    fn.argtypes = [size]
+    fn.restype = None
     fn = lib.feedback_product
     fn.argtypes = [ctypes.POINTER(Matrix), pointer, pointer, size, size, size, pointer, ctypes.c_int]
     fn.restype = None
@@ -218,10 +221,13 @@ def describe() -> str:
     return f"oneDNN (gemv: {why_not()})" if why_not() else "gemv"
 
 
-def set_ahead(one: int, two: int) -> None:
-    """How far ahead (bytes; 0: not at all) the product's one-row and two-row loops ask for the
-    weights they will read: the same results, sooner or later by the CPU (`linear.choose_ahead`)."""
-    _loaded()[0].feedback_gemv_ahead(one, two)
+def set_ahead(one: int, two: int, quantized: int = 0) -> None:
+    """How far ahead (bytes; 0: not at all) gemv's one-row and two-row loops and the quantised
+    products (bytes of int4 codes) ask for the weights they will read: the same results, sooner or
+    later by the CPU (`linear.choose_ahead`)."""
+    lib = _loaded()[0]
+    lib.feedback_gemv_ahead(one, two)
+    lib.feedback_quant_ahead(quantized)
 
 
 def usable(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:

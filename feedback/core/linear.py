@@ -309,6 +309,15 @@ def kernel_summary(choice: dict | None, setting_name: str = "") -> str:
         return f"{'onednn' if name == 'auto' else name}" + (f" (gemv: {why})" if why else "")
     parts = []
     for shape, entry in choice.items():
+        if "quantized" in entry:  # asking for weights ahead (`choose_ahead`)
+            said = {
+                k: f"{entry[k]} B ahead" if entry[k] else "not ahead" for k in ("one", "two", "quantized")
+            }
+            parts.append(
+                f"weights asked for {said['one']} at one row, {said['two']} at two, "
+                f"{said['quantized']} by the quantised products"
+            )
+            continue
         if "compiled_rows" in entry:  # the decoder's (`use_step_kernels`): one for all its layers
             rows = entry["compiled_rows"]
             parts.append(
@@ -551,47 +560,79 @@ def use_step_kernels(modules: list[nn.Module], step_seconds: Callable[[int], flo
 
 
 AHEAD_BYTES = 2048  # how far ahead gemv may ask for weights (`choose_ahead`)
+QUANTIZED_AHEAD_BYTES = 4096  # how far ahead in int4 codes the quantised products may (quant.c)
 AHEAD_TRIALS = 3
 
 
-def measure_ahead(weights: list[torch.Tensor], clock: Callable[[], float] = time.process_time) -> dict:
-    """gemv's one-row and two-row products of `weights` in turn (a decoder's, read from memory as a
-    step reads them) timed with the weights asked for AHEAD_BYTES ahead and without, the two in
-    turn, the best of AHEAD_TRIALS each. Returns {"one": bytes, "two": bytes, "seconds": {rows:
-    {bytes: s}}}: AHEAD_BYTES for a loop where that was faster, else 0."""
-    out: dict = {"seconds": {}}
+def _timed(run: Callable[[], None], ahead: int, clock: Callable[[], float]) -> dict[int, float]:
+    """`run`'s best time of AHEAD_TRIALS with the kernels asking `ahead` bytes ahead and not at all,
+    the two in turn."""
+    best = {0: float("inf"), ahead: float("inf")}
+    for _ in range(AHEAD_TRIALS):
+        for bytes_ahead in best:
+            gemv.set_ahead(bytes_ahead, bytes_ahead, bytes_ahead)
+            start = clock()
+            run()
+            best[bytes_ahead] = min(best[bytes_ahead], clock() - start)
+    return best
+
+
+def measure_ahead(
+    weights: list[torch.Tensor], quantized: list[nn.Module], clock: Callable[[], float] = time.process_time
+) -> dict:
+    """A decoder's products in turn (read from memory, as a step reads them) timed with the weights
+    asked for ahead and without: gemv's at one and at two rows (its two loops: `weights`, fp32) and
+    the quantised ones at one row (`quantized`). Returns {"one": bytes, "two": bytes, "quantized":
+    bytes, "seconds": {...}}, each the distance where that was faster, else 0; set in the library."""
+    out: dict = {"one": 0, "two": 0, "quantized": 0, "seconds": {}}
     with torch.inference_mode():
-        for rows, loop in ((1, "one"), (2, "two")):
+        for rows, loop in ((1, "one"), (2, "two")) if weights else ():
             inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
-            best = {0: float("inf"), AHEAD_BYTES: float("inf")}
-            for _ in range(AHEAD_TRIALS):
-                for ahead in best:
-                    gemv.set_ahead(ahead, ahead)
-                    start = clock()
-                    for w in weights:
-                        gemv.product(inputs[w.shape[1]], w, None)
-                    best[ahead] = min(best[ahead], clock() - start)
+            best = _timed(
+                lambda inputs=inputs: [gemv.product(inputs[w.shape[1]], w, None) for w in weights],
+                AHEAD_BYTES,
+                clock,
+            )
             out[loop] = AHEAD_BYTES if best[AHEAD_BYTES] < best[0] else 0
-            out["seconds"][str(rows)] = {str(k): v for k, v in best.items()}
-    gemv.set_ahead(out["one"], out["two"])
+            out["seconds"][f"gemv {rows}"] = {str(k): v for k, v in best.items()}
+        if quantized:
+            inputs = {m.in_features: torch.randn(1, m.in_features) for m in quantized}
+            products = [(m.matrix(), m.in_features, m.out_features) for m in quantized]
+            best = _timed(
+                lambda: [gemv.quantized_product(mat, inputs[i], o) for mat, i, o in products],
+                QUANTIZED_AHEAD_BYTES,
+                clock,
+            )
+            out["quantized"] = QUANTIZED_AHEAD_BYTES if best[QUANTIZED_AHEAD_BYTES] < best[0] else 0
+            out["seconds"]["quantized 1"] = {str(k): v for k, v in best.items()}
+    gemv.set_ahead(out["one"], out["two"], out["quantized"])
     return out
 
 
 def choose_ahead(modules: list[nn.Module], clock: Callable[[], float] = time.process_time) -> dict | None:
-    """Whether gemv asks for weights ahead of its reads, in its one-row and in its two-row loop,
-    timed on the decoder's fp32 products (`modules`; `measure_ahead`) and remembered per machine
-    and shapes; set in the library. It changes no result. None (nothing set) where gemv cannot run
-    here or the products are all under SMALL_BYTES (they stay in cache)."""
+    """Whether the compiled products ask for weights ahead of their reads — gemv in its one-row and
+    its two-row loop, the quantised modes' kernels — timed on the decoder's products (`modules`;
+    `measure_ahead`) and remembered per machine and shapes; set in the library. It changes no
+    result. None (nothing set) where the library cannot run here or the products are all under
+    SMALL_BYTES of fp32 weights (they stay in cache)."""
     weights = [
         m.weight.detach()
         for m in modules
-        if isinstance(m, nn.Linear) and not getattr(m, "folded", False) and gemv.usable(m.weight, None)
+        if type(m) in (nn.Linear, GemvLinear, OneDnnLinear)
+        and not getattr(m, "folded", False)
+        and gemv.usable(m.weight, None)
     ]
-    if not gemv.available() or all(w.numel() * 4 < SMALL_BYTES for w in weights):
+    quantized = [m for m in modules if isinstance(m, WeightOnlyLinear)]
+    sizes = [w.numel() for w in weights] + [m.in_features * m.out_features for m in quantized]
+    if not gemv.available() or all(n * 4 < SMALL_BYTES for n in sizes):
         return None
-    key = "ahead " + "; ".join(sorted({f"{w.shape[1]}x{w.shape[0]}" for w in weights}))
-    entry = remembered(cache_file("ahead-"), [key], lambda keys: {keys[0]: measure_ahead(weights, clock)})[
-        key
-    ]
-    gemv.set_ahead(entry["one"], entry["two"])
+    shapes = {f"fp32 {w.shape[1]}x{w.shape[0]}" for w in weights} | {
+        f"{'int4' if isinstance(m, Int4WeightLinear) else 'int8'} {m.in_features}x{m.out_features}"
+        for m in quantized
+    }
+    key = "ahead " + "; ".join(sorted(shapes))
+    entry = remembered(
+        cache_file("ahead-"), [key], lambda keys: {keys[0]: measure_ahead(weights, quantized, clock)}
+    )[key]
+    gemv.set_ahead(entry["one"], entry["two"], entry["quantized"])
     return entry

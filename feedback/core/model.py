@@ -468,9 +468,10 @@ def load_model(
         # the fp32 linear layers left (none in the int8 and int4 modes: they quantise the head too);
         # bf16 matmuls asked for are oneDNN's, which gemv (fp32 arithmetic) would bypass
         kernel = "onednn" if fast_matmul else kernel
-        if kernel in ("auto", "gemv"):
-            linear.choose_ahead(decoder)  # first: the timings below run with it
+        # first, as the timings below run with it
+        ahead = linear.choose_ahead(decoder) if kernel in ("auto", "gemv") else None
         kernels = linear.use_kernels(model, kernel, stepped=decoder)
+        kernels = (kernels or {}) | ({"weights ahead": ahead} if ahead else {}) or None
     if dev.type == "cpu" and device_map is None and (cpu_bits or kernel == "auto"):
         # the decoder's products: compiled up to the rows where the whole step is faster for them
         step = linear.use_step_kernels(decoder, _engine_step_seconds(model))

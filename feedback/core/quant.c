@@ -29,13 +29,16 @@
 
 #include "kernels.h"
 
-/* How far ahead the kernels ask for the weights they will read (bytes; int4: PF of scales and 4 PF
- * of codes). Unlike fp32's gemv, whose stream of multiply-adds the hardware prefetcher keeps fed,
- * these spend few cycles per byte and stall on memory without it: on an Intel Xeon (1 thread, the
- * embedded model's layers in turn) the int4 products took 5.8 ms a step with it and 8.6-9.0
- * without, the int8 output head 1.66 and 2.4-2.8. */
-#define PF 1024
-#define PF8 2048
+/* How far ahead (bytes of int4 codes; 0: not at all) the kernels ask for the weights they will
+ * read: the scales and offsets a quarter as far, int8 codes half as far. It changes no result.
+ * These kernels spend few cycles a byte and can stall on memory: on an Intel Xeon (1 thread, the
+ * embedded model's layers in turn) the int4 products took 5.8 ms a step 4 KB ahead and 8.6-9.0
+ * without, the int8 output head 1.66 and 2.4-2.8. Whether it pays is the CPU's, so the loader
+ * times it (`linear.choose_ahead`). */
+static long ahead;
+
+void feedback_quant_ahead(long bytes) { ahead = bytes; }
+
 #define GROUP 32 /* inputs per group: int4's scale and offset, and a row's 16-bit scale */
 
 /* 8 bf16 values (raw 16-bit patterns) as floats */
@@ -179,11 +182,13 @@ static inline void q4_output(const struct prepared *p, const uint8_t *codes, con
             _mm256_storeu_ps(fb, _mm256_mul_ps(s8, _mm256_loadu_ps(rb + g0)));
         }
         long n = groups - g0 < 8 ? groups - g0 : 8;
-        _mm_prefetch((const char *)(s + g0) + PF, _MM_HINT_T0);
-        _mm_prefetch((const char *)(z + g0) + PF, _MM_HINT_T0);
+        if (ahead) {
+            _mm_prefetch((const char *)(s + g0) + ahead / 4, _MM_HINT_T0);
+            _mm_prefetch((const char *)(z + g0) + ahead / 4, _MM_HINT_T0);
+        }
         for (long j = 0; j < n; j++) {
             long g = g0 + j;
-            if (!(g & 3)) _mm_prefetch((const char *)(c + g * 16) + PF * 4, _MM_HINT_T0);
+            if (ahead && !(g & 3)) _mm_prefetch((const char *)(c + g * 16) + ahead, _MM_HINT_T0);
             __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(c + g * 16)));
             __m256i lo = _mm256_and_si256(w, low), hi = _mm256_srli_epi16(w, 4);
             __m256 ta = _mm256_cvtepi32_ps(PAIR_SUMS(lo, hi, qa + g * GROUP));
@@ -203,7 +208,7 @@ static inline float q8_dot(const int8_t *w, const int16_t *q, const float *r, lo
     __m256 acc = _mm256_setzero_ps();
     long g = 0;
     for (; (g + 1) * GROUP <= in; g++) {
-        _mm_prefetch((const char *)(w + g * GROUP) + PF8, _MM_HINT_T0);
+        if (ahead) _mm_prefetch((const char *)(w + g * GROUP) + ahead / 2, _MM_HINT_T0);
         __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + g * GROUP)));
         __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + g * GROUP + 16)));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR_SUMS(w0, w1, q + g * GROUP)), _mm256_broadcast_ss(r + g), acc);

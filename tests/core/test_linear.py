@@ -267,7 +267,7 @@ def test_a_model_loads_with_its_cached_choice_and_each_choice_applies(embedded_l
     decoder = [m for m in _called(lm.model.model.layers)]
     head = lm.model.lm_head
     step_key = linear.step_key(decoder)
-    assert set(lm.kernels) == {linear.shape_key(head), step_key}
+    assert set(lm.kernels) == {linear.shape_key(head), step_key, "weights ahead"}
     rows = lm.kernels[linear.shape_key(head)]["gemv_rows"]
     assert (
         type(head) is (linear.GemvLinear if rows else linear.OneDnnLinear)
@@ -276,7 +276,7 @@ def test_a_model_loads_with_its_cached_choice_and_each_choice_applies(embedded_l
     compiled = lm.kernels[step_key]["compiled_rows"]
     assert all(type(m) is linear.GemvLinear and m.gemv_rows == compiled for m in decoder)
     assert len(layers) == len(decoder) + 1
-    for name in ("", "steps-"):
+    for name in ("", "steps-", "ahead-"):
         assert (tmp_path / "cache" / "kernels" / f"{name}{linear.machine_key()}.json").exists()
 
     def no_more(*args, **kwargs):
@@ -284,9 +284,12 @@ def test_a_model_loads_with_its_cached_choice_and_each_choice_applies(embedded_l
 
     monkeypatch.setattr(linear, "measure_kernels", no_more)
     monkeypatch.setattr(linear, "measure_step_kernels", no_more)
+    monkeypatch.setattr(linear, "measure_ahead", no_more)
     assert load_model(f"random:{folder}").kernels == lm.kernels
     every = load_model(f"random:{folder}", linear_kernel="gemv")
-    assert {e["gemv_rows"] for e in every.kernels.values()} == {linear.GEMV_MAX_ROWS}
+    assert {e["gemv_rows"] for k, e in every.kernels.items() if k != "weights ahead"} == {
+        linear.GEMV_MAX_ROWS
+    }
     assert all(type(m) is linear.GemvLinear for m in _called(every.model))
     plain = load_model(f"random:{folder}", linear_kernel="onednn")
     assert plain.kernels is None and all(type(m) is linear.OneDnnLinear for m in _called(plain.model))
@@ -399,37 +402,52 @@ def test_the_decoder_takes_compiled_products_up_to_where_the_step_stops_being_fa
 @needs_gemv
 def test_asking_for_weights_ahead_changes_no_result():
     torch.manual_seed(0)
-    w, b, x = torch.randn(300, 1000), torch.randn(300), torch.randn(3, 1000)
+    w, b, x = torch.randn(320, 1024), torch.randn(320), torch.randn(3, 1024)
+    four = linear.Int4WeightLinear(nn.Linear(1024, 320))
+    four.compiled_rows = 4
+    seen = []
     try:
-        gemv.set_ahead(0, 0)
-        want = gemv.product(x, w, b)
-        gemv.set_ahead(linear.AHEAD_BYTES, linear.AHEAD_BYTES)
-        got = gemv.product(x, w, b)
+        for ahead in (0, linear.AHEAD_BYTES):
+            gemv.set_ahead(ahead, ahead, ahead)
+            seen.append((gemv.product(x, w, b), four(x)))
     finally:
-        gemv.set_ahead(0, 0)
-    assert torch.equal(want, got)
+        gemv.set_ahead(0, 0, 0)
+    assert all(torch.equal(a, b) for a, b in zip(*seen, strict=True))
 
 
-def test_gemv_asks_ahead_in_the_loops_where_that_was_faster(monkeypatch, tmp_path):
-    """Timed per loop: here asking ahead pays for one row and not for two; remembered, so the next
-    load times nothing and sets the same."""
+def test_the_products_ask_ahead_where_that_was_faster(monkeypatch, tmp_path):
+    """Timed per loop: here asking ahead pays for gemv's one row and the quantised products, not for
+    gemv's two rows; remembered, so the next load times nothing and sets the same."""
     monkeypatch.setattr(linear, "cache_file", lambda name: tmp_path / f"{name}.json")
     monkeypatch.setattr(gemv, "available", lambda: True)
     now, ahead, settings = [0.0], [0], []
 
-    def set_ahead(one: int, two: int) -> None:
+    def set_ahead(one: int, two: int, quantized: int = 0) -> None:
         ahead[0] = one
-        settings.append((one, two))
+        settings.append((one, two, quantized))
 
     def product(x, weight, bias):
         now[0] += {(1, 0): 2.0, (1, linear.AHEAD_BYTES): 1.0}.get((x.shape[0], ahead[0]), 3.0)
 
+    def quantized_product(matrix, x, out_features):
+        now[0] += 1.0 if ahead[0] else 2.0
+
     monkeypatch.setattr(gemv, "set_ahead", set_ahead)
     monkeypatch.setattr(gemv, "product", product)
-    modules = [nn.Linear(1024, 512, bias=False), nn.Linear(512, 1024, bias=False)]
+    monkeypatch.setattr(gemv, "quantized_product", quantized_product)
+    modules = [
+        nn.Linear(1024, 512, bias=False),
+        nn.Linear(512, 1024, bias=False),
+        linear.Int8WeightLinear(nn.Linear(1024, 512, bias=False)),
+    ]
     entry = linear.choose_ahead(modules, clock=lambda: now[0])
-    assert (entry["one"], entry["two"]) == (linear.AHEAD_BYTES, 0) and settings[-1] == (linear.AHEAD_BYTES, 0)
+    want = (linear.AHEAD_BYTES, 0, linear.QUANTIZED_AHEAD_BYTES)
+    assert (entry["one"], entry["two"], entry["quantized"]) == want and settings[-1] == want
+    assert linear.kernel_summary({"weights ahead": entry}) == (
+        f"weights asked for {linear.AHEAD_BYTES} B ahead at one row, not ahead at two, "
+        f"{linear.QUANTIZED_AHEAD_BYTES} B ahead by the quantised products"
+    )
     settings.clear()
     monkeypatch.setattr(linear, "measure_ahead", lambda *a: pytest.fail("measured again"))
-    assert linear.choose_ahead(modules)["one"] == linear.AHEAD_BYTES and settings == [(linear.AHEAD_BYTES, 0)]
+    assert linear.choose_ahead(modules)["one"] == linear.AHEAD_BYTES and settings == [want]
     assert linear.choose_ahead([nn.Linear(64, 64)]) is None  # small: stays in cache, nothing to choose
