@@ -309,14 +309,14 @@ def kernel_summary(choice: dict | None, setting_name: str = "") -> str:
         return f"{'onednn' if name == 'auto' else name}" + (f" (gemv: {why})" if why else "")
     parts = []
     for shape, entry in choice.items():
-        if "quantized" in entry:  # asking for weights ahead (`choose_ahead`)
+        if "quantized" in entry:  # asking for weights ahead (`choose_ahead`): what was timed
             said = {
                 k: f"{entry[k]} B ahead" if entry[k] else "not ahead" for k in ("one", "two", "quantized")
             }
-            parts.append(
-                f"weights asked for {said['one']} at one row, {said['two']} at two, "
-                f"{said['quantized']} by the quantised products"
-            )
+            timed = entry.get("seconds") or {}
+            loops = [f"{said['one']} at one row, {said['two']} at two"] if "gemv 1" in timed else []
+            loops += [f"{said['quantized']} by the quantised products"] if "quantized 1" in timed else []
+            parts.append("weights asked for " + ", ".join(loops))
             continue
         if "compiled_rows" in entry:  # the decoder's (`use_step_kernels`): one for all its layers
             rows = entry["compiled_rows"]

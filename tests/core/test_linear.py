@@ -447,6 +447,8 @@ def test_the_products_ask_ahead_where_that_was_faster(monkeypatch, tmp_path):
         f"weights asked for {linear.AHEAD_BYTES} B ahead at one row, not ahead at two, "
         f"{linear.QUANTIZED_AHEAD_BYTES} B ahead by the quantised products"
     )
+    fp32_only = linear.measure_ahead([torch.zeros(8, 8)], [], clock=lambda: now[0])
+    assert linear.kernel_summary({"weights ahead": fp32_only}).endswith("not ahead at two")
     settings.clear()
     monkeypatch.setattr(linear, "measure_ahead", lambda *a: pytest.fail("measured again"))
     assert linear.choose_ahead(modules)["one"] == linear.AHEAD_BYTES and settings == [want]
