@@ -37,12 +37,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).parent
-SOURCES = (
-    HERE / "gemv.c",
-    HERE / "attend.c",
-    HERE / "layer.c",
-    HERE / "quant.c",
-)  # compiled into one library
+# compiled into one library
+SOURCES = (HERE / "gemv.c", HERE / "attend.c", HERE / "layer.c", HERE / "quant.c")
 HEADERS = (HERE / "dot.h", HERE / "kernels.h")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 LIBS = ("-lm",)  # after the sources, where the linker looks for what they need (SiLU's expf)
@@ -58,8 +54,9 @@ def source_key() -> str:
 
 
 class Matrix(ctypes.Structure):
-    """`struct feedback_matrix` (quant.c): a linear layer's weights as the compiled step reads them,
-    `kind` 0 fp32, 4 int4, 8 int8 (`feedback.core.linear`'s quantised layers)."""
+    """`struct feedback_matrix` (kernels.h): a linear layer's weights as the compiled step reads
+    them, `kind` 0 fp32 (gemv.c), 4 int4 or 8 int8 (quant.c; `feedback.core.linear`'s quantised
+    layers)."""
 
     _fields_ = [*((name, ctypes.c_void_p) for name in "w s z b".split()), ("kind", ctypes.c_long)]
 

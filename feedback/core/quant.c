@@ -80,9 +80,12 @@ static inline long groups_of(long in) { return (in + GROUP - 1) / GROUP; }
 /* groups padded to whole blocks of 8, the block the int4 kernel reads scales in */
 static inline long padded_groups(long in) { return (groups_of(in) + 7) / 8 * 8; }
 
-/* The floats of scratch a product with `in` inputs needs for `rows` rows: the rows as 16-bit
- * integers (a whole number of groups), and each group's power of two and sum. */
-long feedback_quant_scratch(long rows, long in) { return rows * (groups_of(in) * GROUP / 2 + 2 * padded_groups(in)); }
+/* The floats of scratch feedback_product needs for `rows` rows of `in` inputs (whatever m's kind):
+ * the quantised kernels' rows as 16-bit integers (a whole number of groups), and each group's power
+ * of two and sum. */
+long feedback_product_scratch(long rows, long in) {
+    return rows * (groups_of(in) * GROUP / 2 + 2 * padded_groups(in));
+}
 
 /* Row group x[0..n) (n <= 32) rounded to bf16, as q [32] (0 past n) on the power of two *r, and its
  * sum *sum. A group with a NaN or infinity gets r and sum NaN (its outputs are NaN); one whose
@@ -246,7 +249,7 @@ static void q8_outputs(const struct prepared *p, const int8_t *w, const uint16_t
 
 /* y[rows, out] = x[rows, in] W^T (+ b[out]) for int4 weights (codes [out, in / 2], scales and
  * offsets [out, in / 32] bf16 patterns, each array readable 8 patterns past its end); in a multiple
- * of 32. scratch: feedback_quant_scratch(rows, in) floats. */
+ * of 32. scratch: feedback_product_scratch(rows, in) floats. */
 void feedback_q4_gemv(const float *x, const uint8_t *codes, const uint16_t *scales, const uint16_t *offsets,
                       const float *b, float *y, long rows, long in, long out, float *scratch, int threads) {
     struct prepared p = prepare(x, rows, in, scratch);
@@ -259,7 +262,7 @@ void feedback_q4_gemv(const float *x, const uint8_t *codes, const uint16_t *scal
 }
 
 /* y[rows, out] = x[rows, in] W^T (+ b[out]) for int8 weights w [out, in] with one bf16 scale per
- * output (scales: bf16 patterns). scratch: feedback_quant_scratch(rows, in) floats. */
+ * output (scales: bf16 patterns). scratch: feedback_product_scratch(rows, in) floats. */
 void feedback_q8_gemv(const float *x, const int8_t *w, const uint16_t *scales, const float *b, float *y, long rows,
                       long in, long out, float *scratch, int threads) {
     struct prepared p = prepare(x, rows, in, scratch);
@@ -270,9 +273,6 @@ void feedback_q8_gemv(const float *x, const int8_t *w, const uint16_t *scales, c
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (long o = 0; o < out; o++) q8_outputs(&p, w, scales, b, y, rows, in, out, o);
 }
-
-/* The floats of scratch feedback_product needs (the quantised kernels' whether or not m's is one). */
-long feedback_product_scratch(long rows, long in) { return feedback_quant_scratch(rows, in); }
 
 /* y[rows, out] = x[rows, in] W^T (+ b) by m's kernel. */
 void feedback_product(const struct feedback_matrix *m, const float *x, float *y, long rows, long in, long out,
