@@ -29,7 +29,8 @@ SMALL_BYTES of weights are not timed: a product that small costs microseconds ei
 keeps it batch-exact. The choice is cached per CPU model, thread count, torch version and kernel
 source under the model cache (`kernels/`); delete that folder to measure again. Where gemv cannot be
 built (`feedback.core.gemv.why_not`: no C compiler, not x86-64 with AVX2), `auto` is oneDNN
-everywhere.
+everywhere. Whether the compiled products ask for their weights ahead of their reads is timed once
+per machine too (`choose_ahead`): it paid on an Intel Xeon and cost on an AMD EPYC.
 
 `FEEDBACK_LINEAR`: `auto` (unset), `gemv` (gemv up to GEMV_MAX_ROWS rows for every layer, not
 measured; refused where it cannot be built), `onednn`, `aten`.
