@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from feedback import ASSETS
-from feedback.core import kvcache, linear, threads
+from feedback.core import linear, threads
 from feedback.core.engine import run_to_end
 from feedback.core.model import LoadedModel, load_model, set_fast_matmul
 from feedback.core.records import RowSpec, RunConfig, first_divergence
@@ -190,8 +190,7 @@ def _raw_step_s(
     own, or with `engine_cache` the engine's, whose decode steps take the compiled calls), in CPU
     seconds (or by another `clock`); decode steps at the model's decode threads, as the engine's."""
     ids = torch.tensor([lm.encode(BENCH_PROMPT)], device=lm.device)
-    cache = (lambda n: kvcache.run_cache(lm.model.config, n)) if engine_cache else None
-    return threads.bare_step_seconds(lm.model, ids, batch, tokens - 1, lm.decode_threads, clock, cache)
+    return threads.bare_step_seconds(lm.model, ids, batch, tokens - 1, lm.decode_threads, clock, engine_cache)
 
 
 def _decode_threads(lm: LoadedModel) -> int:

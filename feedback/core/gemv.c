@@ -26,13 +26,16 @@ void feedback_gemv_ahead(long one, long two) {
     ahead_two = two;
 }
 
-/* dot1 (dot.h) asking for the weights `ahead` bytes on: the same operations in the same order */
+/* dot1 (dot.h), the weights asked for `ahead` bytes on where not 0: the same operations in the
+ * same order */
 static inline float dot1_ahead(const float *w, const float *x, long n, long ahead) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     long i = 0;
     for (; i + 32 <= n; i += 32) {
-        _mm_prefetch((const char *)(w + i) + ahead, _MM_HINT_T0);
-        _mm_prefetch((const char *)(w + i) + ahead + 64, _MM_HINT_T0);
+        if (ahead) {
+            _mm_prefetch((const char *)(w + i) + ahead, _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + i) + ahead + 64, _MM_HINT_T0);
+        }
         LOAD4(v, w, i)
         FMA4(a, v, x, i)
     }
@@ -69,7 +72,7 @@ static inline void output(const float *x, const float *w, const float *b, float 
         y[r * out + o] = p + bo;
         y[(r + 1) * out + o] = q + bo;
     }
-    if (r < rows) y[r * out + o] = (ahead_one ? dot1_ahead(wo, x + r * in, in, ahead_one) : dot1(wo, x + r * in, in)) + bo;
+    if (r < rows) y[r * out + o] = dot1_ahead(wo, x + r * in, in, ahead_one) + bo;
 }
 
 /* y[rows, out] = x[rows, in] w[out, in]^T (+ b[out]); every array contiguous. */

@@ -3,9 +3,10 @@
  *
  * Every step rounds where PyTorch's operations round in transformers' layer, so the result is its
  * bits: the norm is attend.c's, the products feedback_product's (the same kernels the layer's
- * op-by-op path takes: gemv's for fp32 weights, quant.c's for the quantised modes), the product of the activation and `up` and the residual add are single roundings, and
- * SiLU is computed as PyTorch's CPU kernel computes it (below), which the caller checks against
- * PyTorch itself on this machine before using it (`lean._silu_block`).
+ * op-by-op path takes: gemv's for fp32 weights, quant.c's for the quantised modes), the product of
+ * the activation and `up` and the residual add are single roundings, and SiLU is computed as
+ * PyTorch's CPU kernel computes it (below), which the caller checks against PyTorch itself on this
+ * machine before using it (`lean._silu_block`).
  *
  * Built with -ffp-contract=off (like gemv.c, in the same library). */
 #include <math.h>

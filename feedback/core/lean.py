@@ -231,7 +231,7 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
 
     def _compiled(self, rows: int, mlp: bool = False) -> bool:
         """Whether a compiled kernel takes both of the attention half's products at `rows` rows (and
-        the MLP's): gemv's for fp32 weights, quant.c's for the quantised modes' (`_matrix`)."""
+        the MLP's): gemv's for fp32 weights, quant.c's for the quantised modes' (their `matrix()`)."""
         parts = (self.qkv, self.self_attn.o_proj) + ((self.gate_up, self.mlp.down_proj) if mlp else ())
         return all(linear.compiled_rows(m) >= rows for m in parts)
 
@@ -266,7 +266,7 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
         ):
             return None
         entry = gemv.Layer(
-            norm_w=norm.weight.data_ptr(), qkv=_matrix(qkv), o=_matrix(o_proj),
+            norm_w=norm.weight.data_ptr(), qkv=qkv.matrix(), o=o_proj.matrix(),
             k=layer._k.data_ptr(), v=layer._v.data_ptr(),
             kb=layer._k.stride(0), kh=layer._k.stride(1), vb=layer._v.stride(0), vh=layer._v.stride(1),
             eps=norm.variance_epsilon, scale=attn.scaling,
@@ -283,7 +283,7 @@ class LeanLlamaLayer(llama.LlamaDecoderLayer):
             and not _hooked(*self._mlp_parts())
         ):
             entry.post_norm_w, entry.post_eps = norm.weight.data_ptr(), norm.variance_epsilon
-            entry.gate_up, entry.down = _matrix(gate_up), _matrix(down)
+            entry.gate_up, entry.down = gate_up.matrix(), down.matrix()
         return entry
 
 
@@ -507,13 +507,6 @@ def _run(
 
 def _ptr(x: torch.Tensor | None) -> int | None:
     return None if x is None else x.data_ptr()
-
-
-def _matrix(module: nn.Module) -> gemv.Matrix:
-    """A linear layer's weights as the compiled step reads them (a `_compiled_rows` one)."""
-    if isinstance(module, linear.WeightOnlyLinear):
-        return module.matrix()
-    return gemv.Matrix(w=module.weight.data_ptr(), b=_ptr(module.bias), kind=0)
 
 
 def _hooked(*modules: nn.Module) -> bool:

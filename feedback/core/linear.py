@@ -86,6 +86,10 @@ class GemvLinear(nn.Linear):
             return gemv.product(x, self.weight, self.bias)
         return _onednn(x, self.weight, self.bias)
 
+    def matrix(self) -> gemv.Matrix:
+        """The weights as the compiled decode step reads them."""
+        return gemv.Matrix(w=self.weight.data_ptr(), b=_bias_ptr(self), kind=0)
+
 
 def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -346,7 +350,7 @@ class WeightOnlyLinear(nn.Module):
     kernels take bf16: fed fp32 they measured 4-10 x slower."""
 
     kind = 0  # feedback.core.gemv.Matrix's kind
-    compiled_rows = 0  # set by use_quantized_kernels
+    compiled_rows = 0  # set by use_step_kernels
 
     def __init__(self, source: nn.Linear):
         super().__init__()
@@ -494,17 +498,15 @@ def _set_compiled_rows(modules: list[nn.Module], rows: int) -> None:
             module.compiled_rows = rows
 
 
+def _product_name(module: nn.Module) -> str:
+    """A linear layer's kind and shape, as a measured choice's key names it: "int4 576x960+bias"."""
+    kind = {Int4WeightLinear: "int4", Int8WeightLinear: "int8"}.get(type(module), "fp32")
+    return f"{kind} {module.in_features}x{module.out_features}" + ("+bias" if module.bias is not None else "")
+
+
 def step_key(modules: list[nn.Module]) -> str:
     """What a decoder's measured choice holds for: each distinct kind and shape of its products."""
-    kinds = {GemvLinear: "fp32", Int4WeightLinear: "int4", Int8WeightLinear: "int8"}
-    return "decoder " + "; ".join(
-        sorted(
-            {
-                f"{kinds[type(m)]} {m.in_features}x{m.out_features}" + ("+bias" if m.bias is not None else "")
-                for m in modules
-            }
-        )
-    )
+    return "decoder " + "; ".join(sorted({_product_name(m) for m in modules}))
 
 
 def measure_step_kernels(modules: list[nn.Module], step_seconds: Callable[[int], float]) -> dict:
@@ -547,7 +549,7 @@ def use_step_kernels(modules: list[nn.Module], step_seconds: Callable[[int], flo
     if not modules or not gemv.available():
         return None
     key = step_key(modules)
-    if all(m.in_features * m.out_features * 4 < SMALL_BYTES for m in modules):
+    if all(_small(m) for m in modules):
         entry = {"compiled_rows": GEMV_MAX_ROWS, "seconds": None}
     else:
         with torch.inference_mode():
@@ -616,22 +618,18 @@ def choose_ahead(modules: list[nn.Module], clock: Callable[[], float] = time.pro
     `measure_ahead`) and remembered per machine and shapes; set in the library. It changes no
     result. None (nothing set) where the library cannot run here or the products are all under
     SMALL_BYTES of fp32 weights (they stay in cache)."""
-    weights = [
-        m.weight.detach()
+    fp32 = [
+        m
         for m in modules
         if type(m) in (nn.Linear, GemvLinear, OneDnnLinear)
         and not getattr(m, "folded", False)
         and gemv.usable(m.weight, None)
     ]
     quantized = [m for m in modules if isinstance(m, WeightOnlyLinear)]
-    sizes = [w.numel() for w in weights] + [m.in_features * m.out_features for m in quantized]
-    if not gemv.available() or all(n * 4 < SMALL_BYTES for n in sizes):
+    if not gemv.available() or all(_small(m) for m in fp32 + quantized):
         return None
-    shapes = {f"fp32 {w.shape[1]}x{w.shape[0]}" for w in weights} | {
-        f"{'int4' if isinstance(m, Int4WeightLinear) else 'int8'} {m.in_features}x{m.out_features}"
-        for m in quantized
-    }
-    key = "ahead " + "; ".join(sorted(shapes))
+    weights = [m.weight.detach() for m in fp32]
+    key = "ahead " + "; ".join(sorted({_product_name(m) for m in fp32 + quantized}))
     entry = remembered(
         cache_file("ahead-"), [key], lambda keys: {keys[0]: measure_ahead(weights, quantized, clock)}
     )[key]

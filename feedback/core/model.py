@@ -131,8 +131,9 @@ class LoadedModel:
     load_seconds: float = 0.0
     eos_token_ids: list[int] = field(default_factory=list)
     quantization: str | None = None  # how the weights are stored when not in `dtype` (8-bit, 4-bit)
-    # the rows the compiled products take per linear shape, if any: fp32 (`linear.use_kernels`) or
-    # quantised (`linear.use_quantized_kernels`)
+    # the kernels chosen here, if any: the rows the compiled products take per linear shape
+    # (`linear.use_kernels`) and for the decoder (`linear.use_step_kernels`), and how far ahead they
+    # ask for weights (`linear.choose_ahead`)
     kernels: dict | None = None
     # the fp32 linear kernel it was loaded with (`linear.setting`), for `kernel_summary`
     linear_kernel: str = ""
@@ -346,11 +347,9 @@ CHOICE_STEPS = 4  # decode steps a timing of the decoder kernels' choice takes
 def _engine_step_seconds(model: nn.Module) -> Callable[[int], float]:
     """CPU seconds of a bare decode step of the given rows on the engine's cache (after 8 prompt
     tokens), as `linear.use_step_kernels` compares its kernels by."""
-    from feedback.core import kvcache
-
     ids = torch.arange(1, 9)[None]
     return lambda rows: threads.bare_step_seconds(
-        model, ids, rows, CHOICE_STEPS, None, time.process_time, lambda n: kvcache.run_cache(model.config, n)
+        model, ids, rows, CHOICE_STEPS, None, time.process_time, True
     )
 
 

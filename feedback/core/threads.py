@@ -47,17 +47,21 @@ def bare_step_seconds(
     steps: int,
     threads: int | None,
     clock: Callable[[], float],
-    run_cache: Callable[[int], object] | None = None,
+    engine_cache: bool = False,
 ) -> float:
     """Mean `clock` time of `steps` bare greedy decode steps of `rows` rows (no sampling, metrics,
     hooks or records) after a prefill of `ids` on a fresh cache (transformers' `DynamicCache`, or
-    `run_cache(capacity)`: the engine's); the steps at `threads` (`decoding`)."""
+    with `engine_cache` the engine's, `kvcache.run_cache`, whose decode steps take the compiled
+    calls); the steps at `threads` (`decoding`)."""
     from transformers import DynamicCache
 
+    from feedback.core import kvcache
+
     with torch.inference_mode():
-        cache = (
-            DynamicCache(config=model.config) if run_cache is None else run_cache(ids.shape[1] + steps + 1)
-        )
+        if engine_cache:
+            cache = kvcache.run_cache(model.config, ids.shape[1] + steps + 1)
+        else:
+            cache = DynamicCache(config=model.config)
         out = model(input_ids=ids, cache=cache, use_cache=True)
         cache.batch_repeat_interleave(rows)
         tok = out.logits[:, -1].argmax(-1).repeat(rows)[:, None]
