@@ -12,8 +12,9 @@
  * The loops can ask for the weights ahead of where they read (feedback_gemv_ahead): it changes what
  * is in the cache, never an operation, so the results are the same bits. Whether it pays is the
  * CPU's: on an Intel Xeon (1 thread, the embedded model's decoder products in turn) asking 2 KB
- * ahead took one row from 29.9 to 27.9 ms and two from 38.9 to 31.6; on an AMD EPYC the same for one
- * row took more CPU time. So the loader times it (`linear.choose_ahead`).
+ * ahead took one row from 37.9 to 34.6 ms and two from 44.3 to 38.8
+ * (docs/results/compiled_choices.txt); on an AMD EPYC the same for one row took more CPU time. So
+ * the loader times it (`linear.choose_ahead`).
  *
  * Built with -ffp-contract=off so the compiler fuses no multiply-add the code does not spell out. */
 #include "dot.h"

@@ -516,9 +516,10 @@ def measure_step_kernels(modules: list[nn.Module], step_seconds: Callable[[int],
     STEP_TRIALS times, the best of each kept. The choice is the step's, not a product's: with every
     product of a layer compiled, the layer runs in compiled calls (`core.lean`) and the step spares
     the Python between its operations, which a product timed alone does not show (on an Intel Xeon
-    the fp32 gate/up product timed alone was a tie, 308 against 310 µs, while the step with it
-    compiled took 43 ms against 55). Counts past the first where PyTorch's kernels were as fast are
-    not timed. Returns {"compiled_rows": n, "seconds": {rows: {"compiled": s, "pytorch": s}}}."""
+    the loader's timing of the fp32 gate/up product alone was a tie, 308 against 310 µs, while a
+    one-row step with the decoder compiled took 43.1 ms against 58.5: compiled_choices.txt in
+    docs/results). Counts past the first where PyTorch's kernels were as fast are not timed.
+    Returns {"compiled_rows": n, "seconds": {rows: {"compiled": s, "pytorch": s}}}."""
     seconds: dict[str, dict[str, float]] = {}
     most = 0
     try:
