@@ -1,8 +1,9 @@
 """What the loader's measured choices see on this machine (`feedback.core.linear`): the embedded
-model's products with and without asking for weights ahead (`choose_ahead`), the fused gate/up
-product alone by gemv and by oneDNN (the per-product choice), and decode steps with the decoder's
-products compiled against PyTorch's kernels (`use_step_kernels`) for exact fp32, int4 and int8.
-CPU time at 1 thread; each pair of variants in turn, the best of 5 rounds.
+model's products with and without asking for weights ahead, the quantised ones also by 256-bit and
+512-bit loops (`choose_ahead`), the fused gate/up product alone by gemv and by oneDNN (the
+per-product choice), and decode steps with the decoder's products compiled against PyTorch's
+kernels (`use_step_kernels`) for exact fp32, int4 and int8. CPU time at 1 thread; the variants of
+each line in turn, the best of 5 rounds.
 
 Run (its output is compiled_choices.txt):
   OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python docs/results/compiled_choices.py
@@ -65,9 +66,14 @@ for label, kwargs in (("fp32", {}), ("int4", {"load_in_4bit": True}), ("int8", {
     if label != "fp32":
         quantized = [m for m in decoder if isinstance(m, linear.WeightOnlyLinear)]
         head = lm.model.get_output_embeddings()
+        far = linear.QUANTIZED_AHEAD_BYTES
         with torch.inference_mode():
-            for name, mods in (("decoder products", quantized), ("output head", [head])):
-                xs = {m.in_features: torch.randn(1, m.in_features) for m in mods}
+            for name, mods, rows in (
+                ("decoder products", quantized, 1),
+                ("decoder products", quantized, 2),
+                ("output head", [head], 1),
+            ):
+                xs = {m.in_features: torch.randn(rows, m.in_features) for m in mods}
                 mats = [(m.matrix(), m.in_features, m.out_features) for m in mods]
 
                 def compiled(xs=xs, mats=mats):
@@ -78,10 +84,24 @@ for label, kwargs in (("fp32", {}), ("int4", {"load_in_4bit": True}), ("int8", {
                     for m in mods:
                         m.packed(xs[m.in_features].to(torch.bfloat16))
 
-                t = best({0: ahead(0, compiled), 1: ahead(linear.QUANTIZED_AHEAD_BYTES, compiled), 2: packed})
+                def wide(from_rows, run):
+                    def go():
+                        gemv.set_wide(from_rows)
+                        run()
+
+                    return go
+
+                variants = {
+                    "256 not ahead": wide(0, ahead(0, compiled)),
+                    "256": wide(0, ahead(far, compiled)),
+                }
+                if gemv.wide_usable():
+                    variants["512"] = wide(1, ahead(far, compiled))
+                t = best({**variants, "packed": packed})
+                loops = ", ".join(f"{k}-bit {t[k]:.2f}" for k in variants if k != "256 not ahead")
                 print(
-                    f"{label} {name}, 1 row: compiled not ahead {t[0]:.2f}, "
-                    f"{linear.QUANTIZED_AHEAD_BYTES} B ahead {t[1]:.2f}; PyTorch's packed {t[2]:.2f}"
+                    f"{label} {name}, {rows} row(s): compiled 256-bit not ahead {t['256 not ahead']:.2f}, "
+                    f"{far} B ahead: {loops}; PyTorch's packed {t['packed']:.2f}"
                 )
     linear.choose_ahead(decoder)  # as the loader leaves it
     modules = [m for m in decoder if type(m) is linear.GemvLinear or isinstance(m, linear.WeightOnlyLinear)]

@@ -22,9 +22,10 @@
 /* bytes ahead of a weight row's reads that the one-row and the two-row loops ask for (0: none) */
 static long ahead_one, ahead_two;
 
+/* sets them (a negative one is left as it is) */
 void feedback_gemv_ahead(long one, long two) {
-    ahead_one = one;
-    ahead_two = two;
+    if (one >= 0) ahead_one = one;
+    if (two >= 0) ahead_two = two;
 }
 
 /* dot1 (dot.h), the weights asked for `ahead` bytes on where not 0: the same operations in the

@@ -165,6 +165,12 @@ def find(folder: Path) -> tuple[ctypes.CDLL | None, str]:
     fn = lib.feedback_quant_ahead
     fn.argtypes = [size]
     fn.restype = None
+    fn = lib.feedback_quant_wide
+    fn.argtypes = [size]
+    fn.restype = size
+    fn = lib.feedback_quant_wide_usable
+    fn.argtypes = []
+    fn.restype = ctypes.c_int
     fn = lib.feedback_product
     fn.argtypes = [ctypes.POINTER(Matrix), pointer, pointer, size, size, size, pointer, ctypes.c_int]
     fn.restype = None
@@ -218,13 +224,26 @@ def describe() -> str:
     return f"oneDNN (gemv: {why_not()})" if why_not() else "gemv"
 
 
-def set_ahead(one: int, two: int, quantized: int = 0) -> None:
-    """How far ahead (bytes; 0: not at all) gemv's one-row and two-row loops and the quantised
-    products (bytes of int4 codes) ask for the weights they will read: the same results, sooner or
-    later by the CPU (`linear.choose_ahead`)."""
+def set_ahead(one: int | None, two: int | None, quantized: int | None = None) -> None:
+    """How far ahead (bytes; 0: not at all; None: left as it is) gemv's one-row and two-row loops and
+    the quantised products (bytes of int4 codes) ask for the weights they will read: the same
+    results, sooner or later by the CPU (`linear.choose_ahead`)."""
     lib = _loaded()[0]
-    lib.feedback_gemv_ahead(one, two)
-    lib.feedback_quant_ahead(quantized)
+    lib.feedback_gemv_ahead(-1 if one is None else one, -1 if two is None else two)
+    lib.feedback_quant_ahead(-1 if quantized is None else quantized)
+
+
+def wide_usable() -> bool:
+    """Whether this CPU runs the quantised products' 512-bit loops (AVX-512 BW and VNNI)."""
+    return bool(_loaded()[0].feedback_quant_wide_usable())
+
+
+def set_wide(from_rows: int | None = None) -> int:
+    """From how many rows (0: never) the quantised products take two groups of inputs an instruction
+    (512-bit loops, where the CPU has AVX-512 BW and VNNI) instead of one (256-bit): the same bits
+    either way, sooner or later by the CPU (`linear.choose_ahead`). None asks without setting;
+    returns the setting in force."""
+    return int(_loaded()[0].feedback_quant_wide(-1 if from_rows is None else from_rows))
 
 
 def usable(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:

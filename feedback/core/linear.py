@@ -30,7 +30,8 @@ keeps it batch-exact. The choice is cached per CPU model, thread count, torch ve
 source under the model cache (`kernels/`); delete that folder to measure again. Where gemv cannot be
 built (`feedback.core.gemv.why_not`: no C compiler, not x86-64 with AVX2), `auto` is oneDNN
 everywhere. Whether the compiled products ask for their weights ahead of their reads is timed once
-per machine too (`choose_ahead`): it paid on an Intel Xeon and cost on an AMD EPYC.
+per machine too (`choose_ahead`): it paid on an Intel Xeon and cost on an AMD EPYC; so is whether
+the quantised products run 512-bit loops where the CPU has AVX-512 (the same bits either way).
 
 `FEEDBACK_LINEAR`: `auto` (unset), `gemv` (gemv up to GEMV_MAX_ROWS rows for every layer, not
 measured; refused where it cannot be built), `onednn`, `aten`.
@@ -320,7 +321,11 @@ def kernel_summary(choice: dict | None, setting_name: str = "") -> str:
             }
             timed = entry.get("seconds") or {}
             loops = [f"{said['one']} at one row, {said['two']} at two"] if "gemv 1" in timed else []
-            loops += [f"{said['quantized']} by the quantised products"] if "quantized 1" in timed else []
+            rows = entry.get("wide_from", 0)
+            width = f"512-bit from {rows} row{'s' if rows > 1 else ''}" if rows else "256-bit"
+            loops += (
+                [f"{said['quantized']} by the quantised products ({width})"] if "quantized 1" in timed else []
+            )
             parts.append("weights asked for " + ", ".join(loops))
             continue
         if "compiled_rows" in entry:  # the decoder's (`use_step_kernels`): one for all its layers
@@ -568,16 +573,16 @@ QUANTIZED_AHEAD_BYTES = 4096  # how far ahead in int4 codes the quantised produc
 AHEAD_TRIALS = 3
 
 
-def _timed(run: Callable[[], None], ahead: int, clock: Callable[[], float]) -> dict[int, float]:
-    """`run`'s best time of AHEAD_TRIALS with the kernels asking `ahead` bytes ahead and not at all,
-    the two in turn."""
-    best = {0: float("inf"), ahead: float("inf")}
+def _best(run: Callable[[], None], variants: dict, clock: Callable[[], float]) -> dict:
+    """`run`'s best time of AHEAD_TRIALS under each variant (a function that sets it in the library),
+    the variants in turn."""
+    best = dict.fromkeys(variants, float("inf"))
     for _ in range(AHEAD_TRIALS):
-        for bytes_ahead in best:
-            gemv.set_ahead(bytes_ahead, bytes_ahead, bytes_ahead)
+        for name, apply in variants.items():
+            apply()
             start = clock()
             run()
-            best[bytes_ahead] = min(best[bytes_ahead], clock() - start)
+            best[name] = min(best[name], clock() - start)
     return best
 
 
@@ -586,39 +591,70 @@ def measure_ahead(
 ) -> dict:
     """A decoder's products in turn (read from memory, as a step reads them) timed with the weights
     asked for ahead and without: gemv's at one and at two rows (its two loops: `weights`, fp32) and
-    the quantised ones at one row (`quantized`). Returns {"one": bytes, "two": bytes, "quantized":
-    bytes, "seconds": {...}}, each the distance where that was faster, else 0; set in the library."""
-    out: dict = {"one": 0, "two": 0, "quantized": 0, "seconds": {}}
+    the quantised ones (`quantized`) at one row; then, where the CPU has them, the quantised products'
+    512-bit loops against their 256-bit ones at one row and, where not faster there, at two. Returns
+    {"one": bytes, "two": bytes, "quantized": bytes, "wide_from": rows, "seconds": {...}}: the
+    distance where asking ahead was faster, else 0, and the rows from which the 512-bit loops were
+    (0: never); set in the library. None of it changes a result."""
+    out: dict = {"one": 0, "two": 0, "quantized": 0, "wide_from": 0, "seconds": {}}
     with torch.inference_mode():
         for rows, loop in ((1, "one"), (2, "two")) if weights else ():
             inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
-            best = _timed(
+            best = _best(
                 lambda inputs=inputs: [gemv.product(inputs[w.shape[1]], w, None) for w in weights],
-                AHEAD_BYTES,
+                {n: lambda n=n: gemv.set_ahead(n, n) for n in (0, AHEAD_BYTES)},
                 clock,
             )
-            out[loop] = AHEAD_BYTES if best[AHEAD_BYTES] < best[0] else 0
+            out[loop] = min(best, key=best.get)
             out["seconds"][f"gemv {rows}"] = {str(k): v for k, v in best.items()}
         if quantized:
-            inputs = {m.in_features: torch.randn(1, m.in_features) for m in quantized}
             products = [(m.matrix(), m.in_features, m.out_features) for m in quantized]
-            best = _timed(
-                lambda: [gemv.quantized_product(mat, inputs[i], o) for mat, i, o in products],
-                QUANTIZED_AHEAD_BYTES,
-                clock,
-            )
-            out["quantized"] = QUANTIZED_AHEAD_BYTES if best[QUANTIZED_AHEAD_BYTES] < best[0] else 0
+
+            def run(rows: int) -> Callable[[], None]:
+                inputs = {m.in_features: torch.randn(rows, m.in_features) for m in quantized}
+                return lambda: [gemv.quantized_product(mat, inputs[i], o) for mat, i, o in products]
+
+            def narrow(n: int) -> Callable[[], None]:
+                return lambda: (gemv.set_ahead(None, None, n), gemv.set_wide(0))
+
+            best = _best(run(1), {n: narrow(n) for n in (0, QUANTIZED_AHEAD_BYTES)}, clock)
+            out["quantized"] = min(best, key=best.get)
             out["seconds"]["quantized 1"] = {str(k): v for k, v in best.items()}
-    gemv.set_ahead(out["one"], out["two"], out["quantized"])
+            for rows in (1, 2) if gemv.wide_usable() else ():
+                widths = {
+                    w: lambda w=w: (gemv.set_ahead(None, None, out["quantized"]), gemv.set_wide(w))
+                    for w in (0, rows)
+                }
+                best = _best(run(rows), widths, clock)
+                out["seconds"][f"512-bit {rows}"] = {"256": best[0], "512": best[rows]}
+                if best[rows] < best[0]:
+                    out["wide_from"] = rows
+                    break
+    _apply_ahead(out)
     return out
+
+
+def _apply_ahead(entry: dict) -> None:
+    """Sets what `entry` timed, and only that: a process can hold an fp32 model and a quantised one,
+    each with its own products' entry."""
+    timed = entry.get("seconds") or {}
+    gemv_timed, quantized_timed = "gemv 1" in timed, "quantized 1" in timed
+    gemv.set_ahead(
+        entry["one"] if gemv_timed else None,
+        entry["two"] if gemv_timed else None,
+        entry["quantized"] if quantized_timed else None,
+    )
+    if quantized_timed:
+        gemv.set_wide(entry.get("wide_from", 0))
 
 
 def choose_ahead(modules: list[nn.Module], clock: Callable[[], float] = time.process_time) -> dict | None:
     """Whether the compiled products ask for weights ahead of their reads — gemv in its one-row and
-    its two-row loop, the quantised modes' kernels — timed on the decoder's products (`modules`;
-    `measure_ahead`) and remembered per machine and shapes; set in the library. It changes no
-    result. None (nothing set) where the library cannot run here or the products are all under
-    SMALL_BYTES of fp32 weights (they stay in cache)."""
+    its two-row loop, the quantised modes' kernels — and whether the quantised ones take 256-bit or
+    512-bit loops, timed on the decoder's products (`modules`; `measure_ahead`) and remembered per
+    machine and shapes; set in the library. It changes no result. None (nothing set) where the
+    library cannot run here or the products are all under SMALL_BYTES of fp32 weights (they stay in
+    cache)."""
     fp32 = [
         m
         for m in modules
@@ -634,5 +670,5 @@ def choose_ahead(modules: list[nn.Module], clock: Callable[[], float] = time.pro
     entry = remembered(
         cache_file("ahead-"), [key], lambda keys: {keys[0]: measure_ahead(weights, quantized, clock)}
     )[key]
-    gemv.set_ahead(entry["one"], entry["two"], entry["quantized"])
+    _apply_ahead(entry)
     return entry

@@ -370,6 +370,30 @@ def test_a_compiled_quantised_row_is_the_same_alone_in_a_batch_and_at_any_thread
     assert poisoned[2].isnan().all() and torch.equal(poisoned[[0, 1, 3, 4]], batch[[0, 1, 3, 4]])
 
 
+@needs_gemv
+@pytest.mark.parametrize("bits, inputs", [(4, 160), (4, 1536), (8, 160), (8, 100), (8, 33)])
+def test_the_quantised_products_256_and_512_bit_loops_give_the_same_bits(bits, inputs):
+    """Two groups an instruction (512-bit) or one (256-bit): the same integer sums and the same float
+    operations lane by lane, so the same bits, at 1 to 5 rows; odd numbers of groups (160 inputs: 5)
+    and int8's partial last group included."""
+    if not gemv.wide_usable():
+        pytest.skip("this CPU has no AVX-512 BW and VNNI: only the 256-bit loops run here")
+    torch.manual_seed(0)
+    q = (linear.Int8WeightLinear if bits == 8 else linear.Int4WeightLinear)(nn.Linear(inputs, 208))
+    q.compiled_rows = 16
+    x = torch.randn(5, inputs) * torch.logspace(-3, 1, inputs)[torch.randperm(inputs)]
+    was = gemv.set_wide()
+    seen = {}
+    try:
+        for from_rows in (0, 1):  # never, from one row
+            assert gemv.set_wide(from_rows) == from_rows
+            with torch.inference_mode():
+                seen[from_rows] = [q(x[:rows]) for rows in range(1, 6)]
+    finally:
+        gemv.set_wide(was)
+    assert all(torch.equal(a, b) for a, b in zip(seen[0], seen[1], strict=True))
+
+
 def test_the_decoder_takes_compiled_products_up_to_where_the_step_stops_being_faster(monkeypatch, tmp_path):
     """The step, timed with every product compiled against with none, at 1, 2, 4 rows: faster at 1
     and 2, slower at 4, so compiled up to 2 rows, 8 and 16 not timed; remembered, so a second load
@@ -420,19 +444,29 @@ def test_the_products_ask_ahead_where_that_was_faster(monkeypatch, tmp_path):
     gemv's two rows; remembered, so the next load times nothing and sets the same."""
     monkeypatch.setattr(linear, "cache_file", lambda name: tmp_path / f"{name}.json")
     monkeypatch.setattr(gemv, "available", lambda: True)
-    now, ahead, settings = [0.0], [0], []
+    now, ahead, quantized_ahead, wide, settings = [0.0], [0], [0], [2], []
 
-    def set_ahead(one: int, two: int, quantized: int = 0) -> None:
-        ahead[0] = one
+    def set_ahead(one, two, quantized=None) -> None:  # None: left as it is
+        ahead[0] = ahead[0] if one is None else one
+        quantized_ahead[0] = quantized_ahead[0] if quantized is None else quantized
         settings.append((one, two, quantized))
+
+    def set_wide(from_rows=None):
+        wide[0] = wide[0] if from_rows is None else from_rows
+        return wide[0]
 
     def product(x, weight, bias):
         now[0] += {(1, 0): 2.0, (1, linear.AHEAD_BYTES): 1.0}.get((x.shape[0], ahead[0]), 3.0)
 
     def quantized_product(matrix, x, out_features):
-        now[0] += 1.0 if ahead[0] else 2.0
+        # ahead pays; 512-bit loops (where they run at these rows) cost a little at one row, pay at two
+        rows, wide_loops = x.shape[0], 0 < wide[0] <= x.shape[0]
+        costs = {(1, True): 0.1, (2, True): -0.5}
+        now[0] += (1.0 if quantized_ahead[0] else 2.0) + costs.get((rows, wide_loops), 0)
 
     monkeypatch.setattr(gemv, "set_ahead", set_ahead)
+    monkeypatch.setattr(gemv, "set_wide", set_wide)
+    monkeypatch.setattr(gemv, "wide_usable", lambda: True)
     monkeypatch.setattr(gemv, "product", product)
     monkeypatch.setattr(gemv, "quantized_product", quantized_product)
     modules = [
@@ -443,13 +477,19 @@ def test_the_products_ask_ahead_where_that_was_faster(monkeypatch, tmp_path):
     entry = linear.choose_ahead(modules, clock=lambda: now[0])
     want = (linear.AHEAD_BYTES, 0, linear.QUANTIZED_AHEAD_BYTES)
     assert (entry["one"], entry["two"], entry["quantized"]) == want and settings[-1] == want
+    assert entry["wide_from"] == 2 and wide[0] == 2
+    assert list(entry["seconds"]) == ["gemv 1", "gemv 2", "quantized 1", "512-bit 1", "512-bit 2"]
     assert linear.kernel_summary({"weights ahead": entry}) == (
         f"weights asked for {linear.AHEAD_BYTES} B ahead at one row, not ahead at two, "
-        f"{linear.QUANTIZED_AHEAD_BYTES} B ahead by the quantised products"
+        f"{linear.QUANTIZED_AHEAD_BYTES} B ahead by the quantised products (512-bit from 2 rows)"
     )
     fp32_only = linear.measure_ahead([torch.zeros(8, 8)], [], clock=lambda: now[0])
     assert linear.kernel_summary({"weights ahead": fp32_only}).endswith("not ahead at two")
+    assert settings[-1] == (fp32_only["one"], 0, None)  # the quantised products' setting left as it was
+    linear.measure_ahead([], modules[2:], clock=lambda: now[0])
+    assert settings[-1] == (None, None, linear.QUANTIZED_AHEAD_BYTES)  # gemv's left as they were
     settings.clear()
+    wide[0] = 0
     monkeypatch.setattr(linear, "measure_ahead", lambda *a: pytest.fail("measured again"))
-    assert linear.choose_ahead(modules)["one"] == linear.AHEAD_BYTES and settings == [want]
+    assert linear.choose_ahead(modules)["one"] == linear.AHEAD_BYTES and settings == [want] and wide[0] == 2
     assert linear.choose_ahead([nn.Linear(64, 64)]) is None  # small: stays in cache, nothing to choose
