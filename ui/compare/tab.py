@@ -703,8 +703,12 @@ class CompareTab:
         )
         for col in ui.cols:
             inputs = {"prompt": ui.settings["prompt"]} | col.inputs()
+            # The shared prompt counts only where a column's own prompt equals it (then it is no
+            # override), so it is read when its box is left, not at each key: on change, typing a
+            # prompt sent a request per column per key, and a page with 4 columns spent seconds on
+            # them after the typing stopped (a click then waited a second on a 2-core machine).
             gr.on(
-                [c.change for c in inputs.values()],
+                [ui.settings["prompt"].blur] + [c.change for c in col.inputs().values()],
                 by_name(self._previewer(col.index), list(inputs)),
                 inputs_kwargs=inputs,
                 outputs=col.heading,
