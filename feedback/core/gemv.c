@@ -12,7 +12,7 @@
  * The loops can ask for the weights ahead of where they read (feedback_gemv_ahead): it changes what
  * is in the cache, never an operation, so the results are the same bits. Whether it pays is the
  * CPU's: on an Intel Xeon (1 thread, the embedded model's decoder products in turn) asking 2 KB
- * ahead took one row from 37.9 to 34.6 ms and two from 44.3 to 38.8
+ * ahead took one row from 43.0 to 40.4 ms and two from 53.1 to 44.1
  * (docs/results/compiled_choices.txt); on an AMD EPYC the same for one row took more CPU time. So
  * the loader times it (`linear.choose_ahead`).
  *

@@ -522,7 +522,7 @@ def measure_step_kernels(modules: list[nn.Module], step_seconds: Callable[[int],
     product of a layer compiled, the layer runs in compiled calls (`core.lean`) and the step spares
     the Python between its operations, which a product timed alone does not show (on an Intel Xeon
     the loader's timing of the fp32 gate/up product alone was a tie, 308 against 310 µs, while a
-    one-row step with the decoder compiled took 43.1 ms against 58.5: compiled_choices.txt in
+    one-row step with the decoder compiled took 47.7 ms against 68.0: compiled_choices.txt in
     docs/results). Counts past the first where PyTorch's kernels were as fast are not timed.
     Returns {"compiled_rows": n, "seconds": {rows: {"compiled": s, "pytorch": s}}}."""
     seconds: dict[str, dict[str, float]] = {}

@@ -37,7 +37,7 @@
 /* How far ahead (bytes of int4 codes; 0: not at all) the kernels ask for the weights they will
  * read: the scales and offsets a quarter as far, int8 codes half as far. It changes no result.
  * These kernels spend few cycles a byte and can stall on memory: on an Intel Xeon (1 thread, the
- * embedded model's layers in turn) the int4 products took 7.2 ms a step 4 KB ahead and 10.9
+ * embedded model's layers in turn) the int4 products took 7.8 ms a step 4 KB ahead and 12.1
  * without (docs/results/compiled_choices.txt). Whether it pays is the CPU's, so the loader times it
  * (`linear.choose_ahead`). */
 static long ahead;
