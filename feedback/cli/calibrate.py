@@ -65,9 +65,10 @@ def calibration_config(args):
 
 def run(args) -> int:
     from feedback.eval.calibration import calibrate, check_questions, read_questions
+    from feedback.strategies import ANY_LAYERS
 
     cfg = calibration_config(args)
-    cfg.validate(10_000)  # every value (strategy names and parameters too) before the model loads
+    cfg.validate(ANY_LAYERS)  # every value (strategy names and parameters too) before the model loads
     questions = check_questions(read_questions(args.questions))
     lm = common.load(args)
     res = calibrate(lm, questions, cfg, progress=None if args.json else common.progress)

@@ -167,6 +167,19 @@ def add_ppl_args(p) -> None:
 # ---- what the shared flags build ----
 
 
+def check_rows(rows: list) -> None:
+    """Each row's strategy name and parameter values, before the model loads: a refusal names the
+    row (layer indices are checked against the model once it has loaded)."""
+    from feedback.strategies import check_strategy
+
+    for r in rows:
+        if r.strategy:
+            try:
+                check_strategy(r.strategy, r.params)
+            except FeedbackError as exc:
+                raise FeedbackError(f"row {r.name}: {exc}") from None
+
+
 def load(args, device: str = "auto", model: str | None = None, dtype: str | None = None):
     """The one model loader, with every model flag of the command line. `model`/`dtype`: a saved
     run's, used unless --model / --dtype were given."""

@@ -136,7 +136,6 @@ def _add_follow_up_args(p) -> None:
 def run(args) -> int:
     from feedback.core.records import DeepConfConfig, RunConfig
     from feedback.core.sampling import SamplingConfig
-    from feedback.strategies import get_strategy
 
     if args.continue_from or args.branch_from:
         return _follow_up(args)
@@ -154,9 +153,8 @@ def run(args) -> int:
         raise FeedbackError(
             "--param sets the default feedback row; with --row give parameters as NAME:STRATEGY,K=V"
         )
-    for _, strategy, _ in args.row or [(None, args.strategy, None)]:
-        if strategy:
-            get_strategy(strategy)  # unknown names fail before the model loads
+    rows = _rows(args)
+    common.check_rows(rows)  # names and values, before the model loads
     given = common.given
     config = RunConfig(
         prompt=args.prompt or "",
@@ -169,7 +167,7 @@ def run(args) -> int:
             **given(args, "temperature", "top_k", "top_p", "min_p", "repetition_penalty")
         ),
         deepconf=DeepConfConfig(**given(args, "k", "window"), threshold=args.threshold),
-        rows=_rows(args),
+        rows=rows,
         reference=args.reference,
         key_facts=list(args.key_fact),
         quality=args.quality,

@@ -101,7 +101,7 @@ def run(args) -> int:
 def _checked_tasks(args) -> list[str]:
     """The --tasks names, every flag checked before the model loads."""
     from feedback.eval.perplexity import BOOTSTRAP, PPLConfig
-    from feedback.strategies import PromptStrategy, build_strategy, get_strategy
+    from feedback.strategies import PromptStrategy, check_strategy, get_strategy
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
@@ -110,7 +110,7 @@ def _checked_tasks(args) -> list[str]:
         raise FeedbackError(f"--limit must be positive, got {args.limit:g}")
     if args.bootstrap is not None:
         BOOTSTRAP.check(args.bootstrap)
-    build_strategy(args.strategy, dict(args.param), 10_000)  # names and values, before the model loads
+    check_strategy(args.strategy, dict(args.param))  # names and values, before the model loads
     if not issubclass(get_strategy(args.strategy), PromptStrategy):  # a prompt-level one only generates
         PPLConfig(args.strategy, dict(args.param), args.mode, **common.given(args, "passes")).resolved_mode()
     if args.include_path and not Path(args.include_path).is_dir():

@@ -66,7 +66,6 @@ def _progress(done: int, total: int) -> None:
 def _rows(args) -> list:
     """The --row rows (default: baseline and restate), every name and value checked before the model loads."""
     from feedback.core.records import MAX_NEW_TOKENS_CAP, RowSpec
-    from feedback.strategies import build_strategy
 
     rows = [RowSpec(name, strategy, params) for name, strategy, params in args.row] or [
         RowSpec("baseline"),
@@ -78,7 +77,5 @@ def _rows(args) -> list:
         raise FeedbackError(
             f"--max-new-tokens must be in [1, {MAX_NEW_TOKENS_CAP}], got {args.max_new_tokens}"
         )
-    for r in rows:
-        if r.strategy:
-            build_strategy(r.strategy, r.params, 10_000)  # names and values, before the model loads
+    common.check_rows(rows)
     return rows

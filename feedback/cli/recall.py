@@ -86,7 +86,6 @@ def _progress(rec: dict) -> None:
 def _rows(args) -> list:
     """The baseline, then --strategy (a row named after it) and each --row (each with a strategy)."""
     from feedback.core.records import RowSpec
-    from feedback.strategies import build_strategy
 
     if args.param and not args.strategy:
         raise FeedbackError("--param goes with --strategy (with --row give parameters as NAME:STRATEGY,K=V)")
@@ -102,9 +101,5 @@ def _rows(args) -> list:
     names = [r.name for r in rows]
     if len(set(names)) != len(names):
         raise FeedbackError(f"row names must differ, got {', '.join(names)}")
-    for r in rows[1:]:
-        try:
-            build_strategy(r.strategy, r.params, 10_000)  # names and values, before the model loads
-        except FeedbackError as exc:
-            raise FeedbackError(f"row {r.name}: {exc}") from None
+    common.check_rows(rows)
     return rows

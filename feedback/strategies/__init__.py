@@ -57,6 +57,17 @@ def build_strategy(name: str, params: dict[str, Any], num_layers: int) -> Strate
     return get_strategy(name)(params, num_layers)
 
 
+# More layers than any model has: a door checks a strategy's name and values with it before the
+# model loads (a layer index is checked against the model's own layers once it has), so a bad value
+# is refused in a second rather than after the load.
+ANY_LAYERS = 10_000
+
+
+def check_strategy(name: str, params: dict[str, Any]) -> None:
+    """`name` and `params` as a model of any depth would take them; FeedbackError where not."""
+    build_strategy(name, params, ANY_LAYERS)
+
+
 __all__ = [
     "BatchView",
     "Param",
@@ -69,4 +80,6 @@ __all__ = [
     "SEP",
     "get_strategy",
     "build_strategy",
+    "check_strategy",
+    "ANY_LAYERS",
 ]

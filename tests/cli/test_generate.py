@@ -285,3 +285,19 @@ def test_bad_input_exits_nonzero_with_one_line(args, message, capsys):
     err = refused(capsys, "generate", *args)
     lines = [line for line in err.splitlines() if line.strip() and "Warning" not in line]
     assert len(lines) == 1 and message in lines[0], err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--param", "alpha=7"], "row feedback: parameter alpha=7.0 is out of range"),
+        (["--row", "b", "--row", "f:residual,alpha=x"], "row f: parameter alpha must be float"),
+    ],
+)
+def test_a_bad_strategy_value_is_refused_before_the_model_loads(args, message, capsys, monkeypatch):
+    """Checked as a model of any depth would take it (a layer index waits for the model): a refusal
+    in a second, not after the load."""
+    from feedback.cli import common
+
+    monkeypatch.setattr(common, "load", lambda *a, **k: pytest.fail("the model loaded first"))
+    assert message in refused(capsys, "generate", "--prompt", "hi", *args)
