@@ -712,18 +712,24 @@ def test_a_failure_while_stacking_caches_ends_only_the_runs_it_touched(tiny_lm, 
     monkeypatch.setattr(sharing, "stack_rows", real)
     threaded = SharedDecoder(tiny_lm)
     monkeypatch.setattr(threaded, "_select", lambda kept: (_ for _ in ()).throw(MemoryError("cut")))
-    runs = [start_run(tiny_lm, _cfg(tiny_lm, SHORT, n)) for n in (3, 9)]
-    errors = []
+    runs = [start_run(tiny_lm, _cfg(tiny_lm, SHORT, n)) for n in (64, 3)]
+    errors, decoding = [], threading.Event()
 
     def read(run):
         try:
-            list(threaded.submit(run))
+            for _ in threaded.submit(run):
+                decoding.set()
         except MemoryError as exc:
             errors.append(exc)
+        finally:
+            decoding.set()
 
+    # the short run joins once the long one is decoding, so the two share the batch and the short
+    # one's leaving re-cuts it (started at once, the short one could end before the long one began)
     readers = [threading.Thread(target=read, args=(run,)) for run in runs]
-    for t in readers:
-        t.start()
+    readers[0].start()
+    assert decoding.wait(WAIT_S)
+    readers[1].start()
     for t in readers:
         t.join(WAIT_S)
     assert not any(t.is_alive() for t in readers) and len(errors) >= 1
