@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -125,6 +126,13 @@ def shot(page: Page, name: str, full: bool = True, element: str | None = None) -
 
 def health(url: str) -> dict:
     return httpx.get(f"{url.rstrip('/')}/api/health", timeout=10).json()
+
+
+def wait_until(condition, within_s: float = 30.0) -> None:
+    t0 = time.monotonic()
+    while not condition():
+        assert time.monotonic() - t0 < within_s, "timed out"
+        time.sleep(0.1)
 
 
 def wait_idle(url: str, within_s: float) -> float:
@@ -923,7 +931,31 @@ CHART_COLOURS = """
 """
 
 
-def test_a_prompt_session_variants_branch_follow_up_diff_and_link(page: Page, browser: Browser, app_url: str):
+def late_stale_previews(compare, monkeypatch, column: int, key: str, final) -> dict:
+    """Make the server answer column `column`'s heading previews asked while its setting `key` was
+    not yet `final` a second and a half late, after the later-asked ones, as a busy server may;
+    returns the counts of previews asked and answered."""
+    real, lock, calls = compare.preview_heading, threading.Lock(), {"asked": 0, "answered": 0, "late": 0}
+
+    def late(index: int, values: dict):
+        stale = index == column and values[key] != final
+        with lock:
+            calls["asked"] += 1
+            calls["late"] += stale
+        time.sleep(1.5 if stale else 0.0)
+        try:
+            return real(index, values)
+        finally:
+            with lock:
+                calls["answered"] += 1
+
+    monkeypatch.setattr(compare, "preview_heading", late)
+    return calls
+
+
+def test_a_prompt_session_variants_branch_follow_up_diff_and_link(
+    page: Page, browser: Browser, app_server, monkeypatch
+):
     """A prompt engineer's session in one page: a third column with its own prompt, a run, a
     branch from an alternative token, a follow-up turn, the diff view, and a link that restores it."""
     settings(page, "Columns")
@@ -999,12 +1031,17 @@ def test_a_prompt_session_variants_branch_follow_up_diff_and_link(page: Page, br
     expect(page.locator("#link-note")).to_contain_text("link copied", ignore_case=True, timeout=10_000)
     page.wait_for_function("() => window.location.search.includes('cfg=')")
     url = page.evaluate("() => window.location.href")
+    # Opening the link sets many settings at once, and each change asks for its column's heading
+    # with the settings as they stood then; answered late, an early one (column 3 still on
+    # deep_cache) comes last, and must not be the heading shown.
+    previews = late_stale_previews(app_server.app.compare, monkeypatch, 2, "c3_strategy", "none")
     context, fresh = open_app(browser, url, width=390, scheme="dark")
     try:
         expect(fresh.locator(".fl-board-tab")).to_have_count(3)  # the board shows the link's columns, empty
         expect(fresh.locator("#prompt textarea")).to_have_value("What is the capital of France?")
         expect(fresh.locator("#link-note")).to_contain_text("restored from the link")
         column_settings(fresh, 3)
+        wait_until(lambda: previews["asked"] > 0 and previews["answered"] == previews["asked"])
         expect(fresh.locator("#col3-name textarea")).to_have_value("Precise")
         expect(fresh.locator("#col3-prompt textarea")).to_have_value(
             "Name the capital of France. Answer in one precise sentence."

@@ -53,6 +53,7 @@ class ColumnControls:
     box: gr.Tab
     heading: gr.HTML
     settings: dict
+    preview: gr.Textbox  # hidden: the newest heading preview and the order it was asked in
 
     @property
     def panel(self) -> StrategyPanel:
@@ -340,7 +341,10 @@ def build_column(page: Page) -> ColumnControls:
         # HTML, never Markdown: a column's name is the user's (or a link's), shown as text
         title = gr.HTML(heading(index, default_row(index, page.num_layers)), elem_id=f"col{n}-heading")
         settings = {s.name: s.build(page) for s in COLUMN}
-    return ColumnControls(index, box, title, settings)
+        preview = gr.Textbox(
+            "", elem_id=f"col{n}-preview", elem_classes="fl-hidden", container=False, label="heading preview"
+        )
+    return ColumnControls(index, box, title, settings, preview)
 
 
 def _column_action_controls() -> ColumnActions:

@@ -399,7 +399,9 @@ class CompareTab:
 
     def _previewer(self, index: int):
         def preview(values: dict) -> str:
-            return self.preview_heading(index, values)
+            stamp = int(values.pop("stamp"))  # the order the page asked in (STAMP_PREVIEW_JS)
+            shown = self.preview_heading(index, values)
+            return shown if not isinstance(shown, str) else json.dumps({"stamp": stamp, "html": shown})
 
         preview.__name__ = f"preview_heading_{index + 1}"
         return preview
@@ -702,21 +704,30 @@ class CompareTab:
             show_progress="hidden",
         )
         for col in ui.cols:
-            inputs = {"prompt": ui.settings["prompt"]} | col.inputs()
             # The shared prompt counts only where a column's own prompt equals it (then it is no
             # override), so it is read when its box is left, not at each key: on change, typing a
             # prompt sent a request per column per key, and a page with 4 columns spent seconds on
             # them after the typing stopped (a click then waited a second on a 2-core machine).
+            inputs = {"prompt": ui.settings["prompt"]} | col.inputs() | {"stamp": col.preview}
             gr.on(
                 [ui.settings["prompt"].blur] + [c.change for c in col.inputs().values()],
                 by_name(self._previewer(col.index), list(inputs)),
                 inputs_kwargs=inputs,
-                outputs=col.heading,
+                outputs=col.preview,
+                js=STAMP_PREVIEW_JS,
                 api_name=False,
                 queue=False,
                 show_progress="hidden",
-                trigger_mode="always_last",
-            )  # changes in quick succession: the last one's heading wins
+                trigger_mode="always_last",  # a change while one is asked: asked again once it answers
+            )
+            col.preview.change(
+                None,
+                [col.preview, col.heading],
+                col.heading,
+                js=NEWEST_HEADING_JS.replace("__COLUMN__", str(col.index)),
+                api_name=False,
+                queue=False,
+            )
         linked = settings | {"view": ui.out.view}
         ui.link.button.click(
             by_name(self.make_link, list(linked)),
@@ -760,6 +771,26 @@ class CompareTab:
             show_progress="hidden",
         )
 
+
+# A heading preview is asked for on each change of a column's settings. When the page sets many
+# settings at once (a link, History, a Sweep's best point), Gradio sends one request per change in
+# the same moment (`always_last` only holds back changes that come while one is being answered),
+# each with the settings as they stood then, and the answers may come back in any order. So each
+# request carries a number in the order it was asked (here), and a heading is shown only if no
+# later-asked one has been shown (NEWEST_HEADING_JS): the last asked, with every setting in place,
+# is the one that stays.
+STAMP_PREVIEW_JS = """(...values) => {
+  values[values.length - 1] = String(window.flPreviewStamp = (window.flPreviewStamp || 0) + 1);
+  return values;
+}"""
+NEWEST_HEADING_JS = """(data, shown) => {
+  if (!data) return shown;
+  const {stamp, html} = JSON.parse(data);
+  const newest = (window.flHeadingStamp ??= {});
+  if (stamp < (newest[__COLUMN__] || 0)) return shown;
+  newest[__COLUMN__] = stamp;
+  return html;
+}"""
 
 # The link data goes into the address bar (so the page's own URL is the link) and onto the
 # clipboard; the note says so, or shows the link when the clipboard is not available.
