@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import gradio as gr
 import pytest
 
+import ui.page.runner as runner_module
 from feedback.errors import FeedbackError, Stopped
 from feedback.serve.gate import Gate
 from feedback.serve.gpu_time import GpuWork
@@ -24,7 +25,7 @@ from tests.ui.model_handlers import (
     remember_compare,
     start,
 )
-from ui.page.runner import GpuTask, Jobs, ModelRunner, Outcome, Work
+from ui.page.runner import ABANDON_S, GpuTask, Jobs, ModelRunner, Outcome, Work
 
 
 @dataclass
@@ -222,8 +223,15 @@ def fake_spaces(monkeypatch):
     return state
 
 
+def wait_for(condition, what: str, timeout: float = 10.0) -> None:
+    t0 = time.monotonic()
+    while not condition():
+        assert time.monotonic() - t0 < timeout, what
+        time.sleep(0.02)
+
+
 def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_every_path(
-    fake_spaces, tiny_lm
+    fake_spaces, tiny_lm, monkeypatch
 ):
     """Each model tab's handler, on each exit path: it finishes; it is cancelled (Gradio closes the
     generator); its page stops listening (closed tab); its work fails."""
@@ -233,7 +241,8 @@ def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_
     pool = ModelPool.serving(tiny_lm)
     app = FeedbackLensApp(pool)
     demo = app.build()
-    app.runner.jobs.abandon_s = 0.5
+    jobs = app.runner.jobs
+    monkeypatch.setattr(runner_module, "WATCH_EVERY_S", 0.05)  # the watchdog looks often: a quick test
     assert fake_spaces["decorated"] == 1
     handlers = model_handlers(demo)
     assert (
@@ -256,8 +265,15 @@ def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_
             next(gen)
             gen.close()  # cancelled
             line_free(pool)
-            next(start(fn, values, f"abandon-{name}"))  # ... and never resumed: the page went away
+            gone = start(fn, values, f"abandon-{name}")
+            next(gone), next(gone)  # in line or running, and never resumed: the page went away
+            # The watchdog stops it once its page took no update for `abandon_s`; short here only,
+            # as on a busy machine a live run's first update may take longer than that.
+            jobs.abandon_s = 0.05
+            wait_for(lambda session=f"abandon-{name}": not jobs.active(session), name)
             line_free(pool)
+            jobs.abandon_s = ABANDON_S
+            gone.close()
             fake_spaces["fail"] = True
             with pytest.raises(gr.Error, match="failed: RuntimeError: the GPU went away"):
                 list(start(fn, values, f"fail-{name}"))
