@@ -140,6 +140,7 @@ class CompareWork(ViewWork):
         self.caps: dict[
             int, int
         ] = {}  # column -> the tokens the page showed when its Stop column was pressed
+        self.finished = False  # the page has the final result
         self.task = CompareTask(run.lm.name, run_gpu_work(run), cfg)
         self.need_mb = run.memory_mb
 
@@ -150,11 +151,18 @@ class CompareWork(ViewWork):
 
     def stop_column(self, column: int, shown: int | None = None) -> bool:
         """Stop one column (0-based) at its next step, the others going on; False if it is not
-        running. `shown`: the tokens the page showed of it at the click, which is what it keeps."""
-        if column not in self.slots or self.rows[column].stop_reason is not None or self.signal is None:
+        running. `shown`: the tokens the page showed of it at the click, which is what it keeps,
+        even when the decode had already reached the column's end (a busy page draws behind the
+        decode; the page's own Stop keeps what it showed the same way)."""
+        if column not in self.slots or self.signal is None or self.finished:
             return False
-        self.signal.stop_row(self.slots.index(column))  # read by the run, wherever it runs
-        self.caps[column] = len(self.rows[column].steps) if shown is None else shown
+        row = self.rows[column]
+        if row.stop_reason is not None:  # decoded to its end: only what the page had not drawn is left
+            if shown is None or shown >= len(row.steps):
+                return False
+        else:
+            self.signal.stop_row(self.slots.index(column))  # read by the run, wherever it runs
+        self.caps[column] = len(row.steps) if shown is None else shown
         return True
 
     def _apply(self, event: StepEvent) -> None:
@@ -266,6 +274,7 @@ class CompareWork(ViewWork):
                 outcome, f"Stopped after {steps} steps." if steps else "Stopped before the first token."
             )
         t = time.perf_counter()
+        self.finished = True  # a column's Stop from now on is too late to change the result
         result = self.kept(self.result, outcome)
         self.mem["samples"] = [*self.mem["samples"], memory_entry(self.mem, memory.sample())][-MEMORY_POINTS:]
         if self.doc is None:  # a run too short for any progress update

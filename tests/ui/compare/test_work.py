@@ -75,3 +75,26 @@ def test_a_rerun_replays_the_other_columns_and_streams_its_own(page):
     whole = stream.parse(updates[-1][t.ui.out.board])
     again = list(fns["compare"](request, **base | {"c2_residual_alpha": 0.4}))[-1][t.ui.out.run_json.data]
     assert [e[3] for e in whole if e[0] == "t" and e[1] == 1] == again["rows"][1]["token_ids"]
+
+
+def test_a_column_stop_keeps_what_the_page_showed_even_when_the_decode_had_ended_it(page, tiny_lm):
+    """A busy page draws behind the decode: a column's Stop can come after the engine has decoded
+    that column to its end. The column then keeps the tokens the page showed at the click, as the
+    page's own Stop keeps them; a Stop once the page has the result changes nothing."""
+    from ui.page import stop_signal
+    from ui.page.runner import Outcome
+    from ui.page.settings import run_config
+
+    t, _, base = page
+    work = t._work(run_config(base))
+    work.signal = stop_signal.claim()
+    work.progress_view(list(work.task.run(tiny_lm, work.signal)), 1.0)  # decoded whole, nothing drawn yet
+    ended = work.rows[1]
+    assert ended.stop_reason == "max_tokens" and len(ended.steps) == base["max_new_tokens"]
+    assert not work.stop_column(1, len(ended.steps))  # the page showed it all: nothing to keep back
+    assert not work.stop_column(1)  # a program's Stop (no count): the column has ended
+    assert work.stop_column(1, 5)  # the page showed 5 of its tokens
+    rows = work.finish_view(Outcome("done")).result["rows"]
+    assert len(rows[1]["token_ids"]) == 5 and rows[1]["stop_reason"] == "stopped"
+    assert len(rows[0]["token_ids"]) == base["max_new_tokens"]  # the other column as it ended
+    assert not work.stop_column(0, 5)  # the result is the page's: too late
