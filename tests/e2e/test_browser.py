@@ -25,6 +25,8 @@ if not CHROMIUM.exists():
 
 from playwright.sync_api import Browser, Page, expect  # noqa: E402
 
+from tests.polling import wait_for  # noqa: E402
+
 OUT = Path(__file__).resolve().parents[2] / "test-output"
 METRICS = OUT / "e2e-metrics.json"
 DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"  # FEEDBACK_SCREENSHOTS=1 writes here
@@ -126,13 +128,6 @@ def shot(page: Page, name: str, full: bool = True, element: str | None = None) -
 
 def health(url: str) -> dict:
     return httpx.get(f"{url.rstrip('/')}/api/health", timeout=10).json()
-
-
-def wait_until(condition, within_s: float = 30.0) -> None:
-    t0 = time.monotonic()
-    while not condition():
-        assert time.monotonic() - t0 < within_s, "timed out"
-        time.sleep(0.1)
 
 
 def wait_idle(url: str, within_s: float) -> float:
@@ -1040,7 +1035,11 @@ def test_a_prompt_session_variants_branch_follow_up_diff_and_link(
         expect(fresh.locator("#prompt textarea")).to_have_value("What is the capital of France?")
         expect(fresh.locator("#link-note")).to_contain_text("restored from the link")
         column_settings(fresh, 3)
-        wait_until(lambda: previews["asked"] > 0 and previews["answered"] == previews["asked"])
+        wait_for(
+            lambda: previews["asked"] > 0 and previews["answered"] == previews["asked"],
+            "the link's heading previews answered",
+            within_s=30.0,
+        )
         expect(fresh.locator("#col3-name textarea")).to_have_value("Precise")
         expect(fresh.locator("#col3-prompt textarea")).to_have_value(
             "Name the capital of France. Answer in one precise sentence."

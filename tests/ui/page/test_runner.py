@@ -16,6 +16,7 @@ import ui.page.runner as runner_module
 from feedback.errors import FeedbackError, Stopped
 from feedback.serve.gate import Gate
 from feedback.serve.gpu_time import GpuWork
+from tests.polling import wait_for
 from tests.ui.model_handlers import (
     MODEL_HANDLERS,
     SETTINGS,
@@ -221,13 +222,6 @@ def fake_spaces(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=GPU))
     return state
-
-
-def wait_for(condition, what: str, timeout: float = 10.0) -> None:
-    t0 = time.monotonic()
-    while not condition():
-        assert time.monotonic() - t0 < timeout, what
-        time.sleep(0.02)
 
 
 def test_every_model_handler_runs_inside_the_gpu_function_and_frees_the_line_on_every_path(
