@@ -26,6 +26,7 @@ if not CHROMIUM.exists():
 from playwright.sync_api import Browser, Page, expect  # noqa: E402
 
 from tests.polling import wait_for  # noqa: E402
+from ui.page import history  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[2] / "test-output"
 METRICS = OUT / "e2e-metrics.json"
@@ -472,7 +473,7 @@ def test_stop_ends_a_long_generation(page: Page, app_url: str):
     )
 
 
-def test_enter_runs_and_an_input_error_leaves_the_previous_run_intact(page: Page):
+def test_enter_runs_and_an_input_error_leaves_the_previous_run_intact(page: Page, monkeypatch):
     # In the prompt Shift+Enter starts a new line and Enter runs (as in the follow-up box).
     settings(page, "Model and sampling")
     set_number(page, "max-new-tokens", 12)
@@ -547,15 +548,22 @@ def test_enter_runs_and_an_input_error_leaves_the_previous_run_intact(page: Page
     column_settings(page, 2)
     page.locator("#col2-temperature input, #col2-temperature textarea").first.fill("0.9")
     close_settings(page)
+    recorded = late_records(monkeypatch)
     page.locator("#col2-actions .fl-rerun").click()
     expect(page.locator("#status")).to_contain_text("Re-ran Feedback alone", timeout=RUN_TIMEOUT_MS)
     assert (
         page.locator("#col1-text .fl-tok").all_text_contents() == col1_tokens
     )  # (its divergence mark may move)
     expect(page.locator("#col2-title")).to_contain_text("temperature 0.9")
-    # Rate it: the rating is kept with the run in this browser's History
+    # Rate it at once, before the run's record has reached this browser's History: the rating
+    # is kept with the run there
+    assert recorded["written"] == 0
     page.locator("#col2-actions .fl-rate[data-verdict='better']").click()
     expect(page.locator("#status")).to_contain_text("Rated Feedback: better")
+    wait_for(lambda: recorded["written"] == recorded["asked"] == 2, "the run recorded and rated")
+    page.get_by_role("tab", name="History").click()
+    newest = page.locator("#history-table tr[data-id]").first
+    expect(newest).to_contain_text("Feedback: better", timeout=10_000)
 
 
 def test_waiting_in_line_is_shown_and_stop_leaves_the_line(page: Page, app_server):
@@ -924,6 +932,28 @@ CHART_COLOURS = """
 () => Array.from(new Set(Array.from(document.querySelectorAll('#conf-plot .scatterlayer .trace path.js-line'))
   .map(p => getComputedStyle(p).stroke)))
 """
+
+
+def late_records(monkeypatch) -> dict:
+    """Make the server's first write of each new run into a browser's History (the record asked as
+    the run ends, or a rating's, whichever is answered first) a second and a half late, as a busy
+    server may; returns the counts of writes asked and done."""
+    real, lock, calls, seen = history.add_run, threading.Lock(), {"asked": 0, "written": 0}, set()
+
+    def late(hist, result: dict, *args):
+        with lock:
+            calls["asked"] += 1
+            first = result.get("run_id") not in seen
+            seen.add(result.get("run_id"))
+        time.sleep(1.5 if first else 0.0)
+        try:
+            return real(hist, result, *args)
+        finally:
+            with lock:
+                calls["written"] += 1
+
+    monkeypatch.setattr(history, "add_run", late)
+    return calls
 
 
 def late_stale_previews(compare, monkeypatch, column: int, key: str, final) -> dict:

@@ -89,6 +89,7 @@ class OutputControls:
     run_json: LazyJSON  # the finished run: whole for program clients, shown to a person on demand
     last: gr.State  # the last finished run: what Continue, branches and History go on from
     metrics: gr.HTML  # one table of every column's metrics
+    rated: gr.State  # the ratings given on this page to the run it shows: {"run_id", "ratings"}
 
 
 @dataclass
@@ -286,7 +287,7 @@ def build_controls(page: Page) -> CompareControls:
         add,
         remove,
         run,
-        OutputControls(view, board, conf_plot, run_json, last, metrics),
+        OutputControls(view, board, conf_plot, run_json, last, metrics, gr.State(None)),
         memory,
         follow,
         link,

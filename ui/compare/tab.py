@@ -267,12 +267,18 @@ class CompareTab:
         return f"Stopping column {index + 1}…"
 
     def rate_column(
-        self, hist: list | None, last: dict | None, request: str | None, req: gr.Request = None
+        self,
+        hist: list | None,
+        last: dict | None,
+        request: str | None,
+        rated: dict | None = None,
+        req: gr.Request = None,
     ) -> dict:
         """Rate a column of the last run ("2 better"): stored with that run in History (a note can
         be added there), for its table and the LLM Comparator export. Clicked while a run streams
         (a column's re-run), it rates the run on the page before it, and a toast says so: the status
-        line is the running job's."""
+        line is the running job's. A run whose record has not reached the page's History yet is
+        recorded here (see `record_run`)."""
         ui = self.ui
         try:
             index = parse_column(request)
@@ -282,10 +288,11 @@ class CompareTab:
             if index >= len(last["rows"]):
                 raise FeedbackError(f"column {index + 1} was not in the last run")
             name = last["rows"][index]["name"]
-            new = history.rate(hist, last.get("run_id"), name, verdict[0])
+            new = history.rate(record_run(hist, last, rated), last.get("run_id"), name, verdict[0])
         except FeedbackError as exc:
             notice.warning(f"Not rated: {exc}")
             return {ui.run.status: render.status_html(f"Not rated: {exc}", "error")}
+        kept = {self.hist: new, ui.out.rated: with_rating(rated, last, name, verdict[0])}
         said = f"Rated {name}: {verdict[0]} (saved with the run in History, where a note can be added)."
         if self.runner is not None and self.runner.jobs.active(
             getattr(req, "session_hash", None) or "local", TAB
@@ -294,8 +301,8 @@ class CompareTab:
                 f"Rated {name}: {verdict[0]}, in the run shown before the one now running (saved in "
                 "History, where a note can be added)."
             )
-            return {self.hist: new}
-        return {self.hist: new, ui.run.status: render.status_html(said)}
+            return kept
+        return kept | {ui.run.status: render.status_html(said)}
 
     def prepare_calibrate(self, values: dict) -> CalibrateWork:
         """Warm-up traces of the shared prompt with the baseline and the first column that has a
@@ -617,7 +624,15 @@ class CompareTab:
             js=page_request(list(rerun_inputs), "column", "column"),
         )
         for event in (run, follow, branching, again):
-            event.then(record_run, [hist, ui.out.last], hist, api_name=False, show_progress="hidden")
+            event.then(
+                record_run,
+                [hist, ui.out.last, ui.out.rated],
+                hist,
+                api_name=False,
+                show_progress="hidden",
+                concurrency_id=HISTORY_WRITES,
+                concurrency_limit=1,
+            )
             # the accordion closed with the new run; what it showed of the last one goes
             event.then(None, None, ui.out.run_json.view, js="() => null", api_name=False, queue=False)
         follow.then(lambda: "", None, ui.follow.message, api_name=False, show_progress="hidden", queue=False)
@@ -644,15 +659,17 @@ class CompareTab:
             js=page_request(["column"], "column", "column"),
         )
         self.hist = hist
-        # queued (with no limit), so that its toasts reach the page: a queue=False event's only log
+        # queued, so that its toasts reach the page (a queue=False event's only log), one at a time
+        # with the runs' records (see `record_run`)
         actions.rate.click(
             self.rate_column,
-            [hist, ui.out.last, actions.request],
-            [hist, ui.run.status],
+            [hist, ui.out.last, actions.request, ui.out.rated],
+            [hist, ui.run.status, ui.out.rated],
             api_name=False,
-            concurrency_limit=None,
+            concurrency_id=HISTORY_WRITES,
+            concurrency_limit=1,
             show_progress="hidden",
-            js=page_request(["hist", "last", "column"], "column", "column"),
+            js=page_request(["hist", "last", "column", "rated"], "column", "column"),
         )
         # the run's own next update (within HEARTBEAT_S) says it is stopping: one channel, so a reply
         # of this event cannot come after the run's last update and overwrite how it ended
@@ -841,6 +858,28 @@ DROP_LINK_JS = f"""(data) => {{
 }}"""
 
 
-def record_run(hist: list | None, last: dict | None) -> list:
-    """Add the run just shown to this browser's history (once)."""
-    return history.add_run(hist, last) if last else (hist or [])
+# The run's record and a rating of its columns are separate requests, each sent with this browser's
+# history as the page held it then: a rating clicked as soon as the run is shown can be sent before
+# the record has reached the page (or even been asked for). So each writes the whole record of the
+# shown run: the record carries the ratings already given (kept on the server, in `rated`, where
+# both read them as they are answered, one at a time), and a rating records a run not yet there.
+# Whichever answer reaches the page last holds the run and every rating.
+HISTORY_WRITES = "compare-history"
+
+
+def record_run(hist: list | None, last: dict | None, rated: dict | None = None) -> list:
+    """This browser's history with the run just shown in it (once), rated as the page rated it
+    meanwhile (`rated`); a history that holds the run already is kept as it is (a note added in
+    History stays)."""
+    return history.add_run(hist, last, verdicts(rated, last)) if last else (hist or [])
+
+
+def verdicts(rated: dict | None, last: dict) -> dict[str, str]:
+    """{column: verdict} given on the page to the run `last` (none when `rated` is another run's)."""
+    return rated["ratings"] if rated and rated.get("run_id") == last.get("run_id") else {}
+
+
+def with_rating(rated: dict | None, last: dict, column: str, verdict: str) -> dict:
+    """`rated` for the run `last` with `column` now rated `verdict` (another run's ratings are
+    forgotten: the page shows one run)."""
+    return {"run_id": last.get("run_id"), "ratings": verdicts(rated, last) | {column: verdict}}

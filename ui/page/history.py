@@ -273,9 +273,11 @@ def valid(history) -> tuple[list[dict], int]:
     return good, len(history) - len(good)
 
 
-def add_run(history: list[dict] | None, result: dict) -> list[dict]:
-    """A new history with `result` (a RunResult dict) first, oldest runs dropped past the caps.
-    A result already present (same `run_id`) is not added twice."""
+def add_run(history: list[dict] | None, result: dict, verdicts: dict[str, str] | None = None) -> list[dict]:
+    """A new history with `result` (a RunResult dict) first, its columns rated `verdicts` ({column:
+    verdict}, those of its own columns with a known verdict), oldest runs dropped past the caps.
+    A result already present (same `run_id`) is neither added twice nor rated again (a note added
+    to a rating since stays)."""
     try:  # the stored (packed) entries kept as they are; each is read once, to check it
         runs = _stored(history)
     except FeedbackError:  # a store too large to be this page's: start again rather than fail the run
@@ -284,6 +286,9 @@ def add_run(history: list[dict] | None, result: dict) -> list[dict]:
     if any(e["id"] == run_id for e in runs):
         return runs
     entry = {"id": run_id, "created": time.strftime("%Y-%m-%d %H:%M:%S"), "result": to_text(pack(result))}
+    given = {c: {"verdict": v} for c, v in (verdicts or {}).items()}
+    if ratings := _read_ratings(given, [r["name"] for r in result["rows"]]):
+        entry["ratings"] = ratings
     return _capped([entry, *runs])
 
 

@@ -20,7 +20,7 @@ from feedback.serve import limits
 from feedback.serve.limits import SERVED_MAX_NEW_TOKENS
 from feedback.strategies import REGISTRY
 from ui.compare import link, stream
-from ui.compare.tab import CompareTab, parse_branch
+from ui.compare.tab import CompareTab, parse_branch, record_run
 from ui.compare.view import divergences, modified
 from ui.page import deepconf, history
 from ui.page import settings as compare_settings
@@ -684,13 +684,18 @@ def test_one_column_rerun_with_new_settings_and_one_column_stopped_while_the_oth
     )
 
 
-def test_rating_a_column_stores_it_with_the_run_in_history(tab):
+def two_columns_shown(run_id: str) -> dict:
+    """A run of a baseline and a feedback column, as the page's `last` holds it."""
     cfg = RunConfig(prompt="hi", rows=[RowSpec("Baseline"), RowSpec("Feedback", "residual", {"alpha": 0.1})])
-    last = RunResult(
+    return RunResult(
         config=cfg.to_dict(),
         rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows],
-        run_id="r9",
+        run_id=run_id,
     ).to_dict()
+
+
+def test_rating_a_column_stores_it_with_the_run_in_history(tab):
+    last = two_columns_shown("r9")
     hist = history.add_run(None, last)
     out = tab.rate_column(hist, last, "2 better")
     entry = history.valid(out[tab.hist])[0][0]
@@ -707,19 +712,49 @@ def test_rating_a_column_stores_it_with_the_run_in_history(tab):
         assert tab.hist not in refused and "Not rated" in refused[tab.ui.run.status]
 
 
+def test_ratings_clicked_before_the_run_s_record_reached_the_page_are_kept_whichever_is_answered_last(tab):
+    """The run's record (asked as the run ends) and ratings clicked as soon as it is shown are each
+    sent with the history the page held before the run: the page keeps the last answer it gets, and
+    whichever that is, it holds the run and every rating (the record carries those given first)."""
+    before = history.add_run(None, two_columns_shown("r1"))  # an older run
+    last = two_columns_shown("r2")
+
+    def ratings(hist: list) -> dict:
+        entries = {e["id"]: e for e in history.valid(hist)[0]}
+        assert list(entries) == ["r2", "r1"]
+        return {column: rating["verdict"] for column, rating in entries["r2"].get("ratings", {}).items()}
+
+    # the record answered first: a rating with the old history records the run too
+    assert ratings(record_run(before, last, None)) == {}
+    first = tab.rate_column(before, last, "2 better", None)
+    assert ratings(first[tab.hist]) == {"Feedback": "better"}
+    # a second rating sent before the first's answer came back, then the record answered last
+    second = tab.rate_column(before, last, "1 worse", first[tab.ui.out.rated])
+    assert ratings(second[tab.hist]) == {"Baseline": "worse", "Feedback": "better"}
+    assert ratings(record_run(before, last, second[tab.ui.out.rated])) == {
+        "Baseline": "worse",
+        "Feedback": "better",
+    }
+    # once the page holds the run, the record changes nothing, and a note added in History stays
+    noted = history.rate(second[tab.hist], "r2", "Feedback", "better", "clearer")
+    assert record_run(noted, last, second[tab.ui.out.rated]) == noted
+    third = tab.rate_column(noted, last, "1 tie", second[tab.ui.out.rated])
+    assert history.valid(third[tab.hist])[0][0]["ratings"]["Feedback"]["note"] == "clearer"
+    # another run's ratings are not carried over to the next run shown
+    assert (
+        ratings(record_run(before, two_columns_shown("r2"), {"run_id": "r1", "ratings": {"Baseline": "tie"}}))
+        == {}
+    )
+
+
 def test_a_rating_clicked_while_a_column_re_runs_is_kept_and_said_in_a_toast(tab):
     """The status line is the running job's (it would overwrite a note there at its next update):
     the rating is kept with the run on the page before the re-run, and a toast says so."""
-    cfg = RunConfig(prompt="hi", rows=[RowSpec("Baseline"), RowSpec("Feedback", "residual", {"alpha": 0.1})])
-    last = RunResult(
-        config=cfg.to_dict(),
-        rows=[RowResult(r.name, r.strategy, dict(r.params)) for r in cfg.rows],
-        run_id="r7",
-    ).to_dict()
+    last = two_columns_shown("r7")
     request = types.SimpleNamespace(session_hash="rating-while-running")
     job = tab.runner.jobs.begin(request.session_hash, "compare")
     try:
-        out = tab.rate_column(history.add_run(None, last), last, "2 worse", request)
+        out = tab.rate_column(history.add_run(None, last), last, "2 worse", req=request)
     finally:
         tab.runner.jobs.end(job)
     assert history.valid(out[tab.hist])[0][0]["ratings"] == {"Feedback": {"verdict": "worse", "note": ""}}

@@ -131,6 +131,17 @@ def test_add_run_newest_first_capped_and_deduplicated():
     assert history.add_run(hist, _result(hist[0]["id"])) == hist
 
 
+def test_add_run_rates_a_new_run_with_the_verdicts_given_but_never_re_rates_a_stored_one():
+    hist = history.add_run([], _result("a"), {"baseline": "better", "ghost": "tie", "feedback": "great"})
+    assert hist[0]["ratings"] == {
+        "baseline": {"verdict": "better", "note": ""}
+    }  # its columns, known verdicts
+    noted = history.rate(hist, "a", "baseline", "better", "clearer")
+    # stored already: kept as it is, so a note added since stays
+    assert history.add_run(noted, _result("a"), {"baseline": "worse", "feedback": "tie"}) == noted
+    assert "ratings" not in history.add_run([], _result("b"), {})[0]
+
+
 def test_add_run_respects_the_byte_cap(monkeypatch):
     monkeypatch.setattr(
         history, "MAX_BYTES", len(json.dumps([{"id": "r0", "created": "x", "result": _result("r0")}])) + 50
