@@ -1354,6 +1354,40 @@ def renderer(browser_cdp) -> tuple[float, float]:
     return r["cpuTime"], psutil.Process(r["id"]).memory_info().rss / 1e6
 
 
+# Click column `column`'s Stop in the same moment the page shows `shown` of its tokens, if the run
+# still runs then: "clicked"; "ended" when the run's end reached the page first (a busy page can
+# draw the tokens of many updates at once, the last among them); null while neither. The column is
+# this run's, not the last one's: the column Stops show as soon as the page's Stop is enabled, so
+# neither says the new run is on the board; the column's element replaced does.
+STOP_COLUMN_AT_JS = """
+([column, shown]) => {
+  if (window.__flOldColumn?.isConnected) return null;
+  if (document.querySelector("#stop")?.disabled) return "ended";
+  if (document.querySelectorAll(`#col${column}-text .fl-tok`).length < shown) return null;
+  document.querySelector(`#col${column}-actions .fl-col-stop`).click();
+  return "clicked";
+}
+"""
+
+
+def stop_a_column_at(pg: Page, column: int, shown: int, tries: int = 3) -> int:
+    """Generate, and stop column `column` once the page shows `shown` of its tokens; a run that
+    reached its end before the page showed them (every column at its token limit or end of text)
+    is run again, up to `tries` runs (a column ended early by DeepConf too). Returns the runs started."""
+    for run in range(1, tries + 1):
+        pg.evaluate(NEXT_BOARD_JS, f"col{column}")
+        pg.locator("#generate").click()
+        said = pg.wait_for_function(STOP_COLUMN_AT_JS, arg=[column, shown], timeout=RUN_TIMEOUT_MS)
+        if said.json_value() == "clicked":
+            return run
+        expect(pg.locator("#status")).to_contain_text("Done", timeout=RUN_TIMEOUT_MS)
+        ends = [stop_cell(pg, f"col{n}").inner_text() for n in range(1, REALISTIC_COLUMNS + 1)]
+        status = pg.locator("#status").inner_text()
+        print(f"the run ended before column {column} showed {shown} tokens: {ends}; {status}")
+        assert all(e.startswith(("max_tokens", "eos", "early_stop")) for e in ends), (ends, status)
+    pytest.fail(f"{tries} runs ended before the page showed {shown} tokens of column {column}")
+
+
 def test_a_long_session_of_realistic_runs_keeps_the_page_with_its_model(browser: Browser, app_server):
     """One tab, the sizes people use: three runs of 4 columns x 200 new tokens (the story example);
     then a Stop at ~40 tokens shown, a column's Stop, a follow-up, a branch, a column re-run, a Deep
@@ -1465,23 +1499,11 @@ def test_a_long_session_of_realistic_runs_keeps_the_page_with_its_model(browser:
         runs += 1
         # a column's Stop, at ~40 tokens: that column keeps exactly what the page showed of it
         pg.evaluate(TIMERS_JS)  # records the column's count at the click
-        # this run's column 2, not the last one's: the run stopped before it also showed ~40 tokens
-        # there, and the column Stops show as soon as the page's Stop is enabled, so neither says
-        # the new run is on the board; the column's element replaced does
-        pg.evaluate(NEXT_BOARD_JS, "col2")
-        pg.locator("#generate").click()
-        expect(pg.locator("#col2-actions .fl-col-stop")).to_be_visible(timeout=RUN_TIMEOUT_MS)
-        pg.wait_for_function(
-            "() => !window.__flOldColumn?.isConnected"
-            " && document.querySelectorAll('#col2-text .fl-tok').length >= 40",
-            timeout=RUN_TIMEOUT_MS,
-        )
-        pg.locator("#col2-actions .fl-col-stop").click()
+        runs += stop_a_column_at(pg, 2, 40)
         expect(stop_cell(pg, "col2")).to_contain_text("stopped", timeout=15_000)
         pg.locator("#stop").click()  # the others need not run on to 200 tokens here
         expect(pg.locator("#status")).to_contain_text("Done", timeout=RUN_TIMEOUT_MS)
         assert spans(pg, "col2").count() == pg.evaluate("() => window.__fl.column_stop_shown")
-        runs += 1
         settle()
         # the rest of a session, shorter: a follow-up, a branch, one column again, a Deep Think, a Sweep
         settings(pg, "Model and sampling")
