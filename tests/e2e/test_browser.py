@@ -1484,6 +1484,7 @@ def test_a_long_session_of_realistic_runs_keeps_the_page_with_its_model(browser:
             settle()
             history_click()
         shot(pg, "session-4x200-1440", full=False)
+        print("page lag s after each realistic run:", [round(x, 2) for x in lags])  # shown on a failure too
         # Stop at ~40 tokens shown: answered at once, and the run keeps what the page showed
         pg.locator("#generate").click()
         pg.wait_for_function(
