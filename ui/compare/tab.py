@@ -288,7 +288,7 @@ class CompareTab:
             if index >= len(last["rows"]):
                 raise FeedbackError(f"column {index + 1} was not in the last run")
             name = last["rows"][index]["name"]
-            new = history.rate(record_run(hist, last, rated), last.get("run_id"), name, verdict[0])
+            new = history.rate_shown(hist, last, verdicts(rated, last), name, verdict[0])
         except FeedbackError as exc:
             notice.warning(f"Not rated: {exc}")
             return {ui.run.status: render.status_html(f"Not rated: {exc}", "error")}

@@ -282,6 +282,11 @@ def add_run(history: list[dict] | None, result: dict, verdicts: dict[str, str] |
         runs = _stored(history)
     except FeedbackError:  # a store too large to be this page's: start again rather than fail the run
         runs = []
+    return _with_run(runs, result, verdicts)
+
+
+def _with_run(runs: list[dict], result: dict, verdicts: dict[str, str] | None) -> list[dict]:
+    """`add_run` on entries already read (`_stored`)."""
     run_id = result.get("run_id") or uuid.uuid4().hex[:8]
     if any(e["id"] == run_id for e in runs):
         return runs
@@ -361,8 +366,19 @@ def rate(history, run_id: str, column: str, verdict: str, note: str | None = "")
     """A new history in which column `column` of run `run_id` is rated `verdict` ("better", "worse"
     or "tie") with `note` (at most NOTE_MAX_CHARS characters), replacing that column's rating.
     Refused, naming the field, for an unknown run or column, another verdict or a note too long."""
-    rating = _check_rating(verdict, note)
-    runs = _stored(history)
+    return _rated(_stored(history), run_id, column, _check_rating(verdict, note))
+
+
+def rate_shown(history, result: dict, verdicts: dict[str, str], column: str, verdict: str) -> list[dict]:
+    """`rate` for the run a page shows (`result`, a RunResult dict), which is added first, rated
+    `verdicts` as in `add_run`, when the history does not hold it yet (its own record may still be
+    on its way to the page); the history is read once."""
+    rating = _check_rating(verdict, "")
+    return _rated(_with_run(_stored(history), result, verdicts), result.get("run_id"), column, rating)
+
+
+def _rated(runs: list[dict], run_id: str, column: str, rating: dict) -> list[dict]:
+    """`rate` on entries already read (`_stored`), with a checked rating."""
     i = _find(runs, run_id)
     columns = [r["name"] for r in unpack(runs[i]["result"])["rows"]]
     if not isinstance(column, str) or column not in columns:

@@ -786,6 +786,28 @@ def test_rate_stores_a_verdict_and_note_per_column_and_the_table_shows_them():
     }
 
 
+def test_rate_shown_adds_the_run_on_the_page_when_absent_and_rates_it(monkeypatch):
+    rated = history.rate_shown(_two(), _result("c"), {"baseline": "tie"}, "feedback", "worse")
+    assert [e["id"] for e in rated] == ["c", "b", "a"]
+    assert _by_id(rated, "c")["ratings"] == {
+        "baseline": {"verdict": "tie", "note": ""},
+        "feedback": {"verdict": "worse", "note": ""},
+    }
+    # held already: rated as `rate` rates it, the verdicts given with it not applied again
+    noted = history.rate(rated, "c", "baseline", "tie", "close")
+    again = history.rate_shown(noted, _result("c"), {"baseline": "better"}, "feedback", "better")
+    assert _by_id(again, "c")["ratings"] == {
+        "baseline": {"verdict": "tie", "note": "close"},
+        "feedback": {"verdict": "better", "note": ""},
+    }
+    with pytest.raises(history.FeedbackError, match="^verdict"):
+        history.rate_shown(_two(), _result("c"), {}, "feedback", "best")
+    # a history larger than this page stores is refused, as by `rate` (not replaced by the one run)
+    monkeypatch.setattr(history, "MAX_BYTES", 10)
+    with pytest.raises(history.FeedbackError, match="run history is at most"):
+        history.rate_shown(_two(), _result("c"), {}, "feedback", "worse")
+
+
 @pytest.mark.parametrize(
     "args, field",
     [
