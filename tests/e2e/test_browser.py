@@ -557,10 +557,10 @@ def test_enter_runs_and_an_input_error_leaves_the_previous_run_intact(page: Page
     expect(page.locator("#col2-title")).to_contain_text("temperature 0.9")
     # Rate it at once, before the run's record has reached this browser's History: the rating
     # is kept with the run there
-    assert recorded["written"] == 0
+    assert recorded["answered"] == 0
     page.locator("#col2-actions .fl-rate[data-verdict='better']").click()
     expect(page.locator("#status")).to_contain_text("Rated Feedback: better")
-    wait_for(lambda: recorded["written"] == recorded["asked"] == 2, "the run recorded and rated")
+    wait_for(lambda: recorded["answered"] == recorded["asked"] == 2, "the run recorded and rated")
     page.get_by_role("tab", name="History").click()
     newest = page.locator("#history-table tr[data-id]").first
     expect(newest).to_contain_text("Feedback: better", timeout=10_000)
@@ -934,47 +934,50 @@ CHART_COLOURS = """
 """
 
 
-def late_records(monkeypatch) -> dict:
-    """Make the server's first write of each new run into a browser's History (the record asked as
-    the run ends, or a rating's, whichever is answered first) a second and a half late, as a busy
-    server may; returns the counts of writes asked and done."""
-    real, lock, calls, seen = history.add_run, threading.Lock(), {"asked": 0, "written": 0}, set()
+def answered_late(monkeypatch, owner, name: str, is_late) -> dict:
+    """Make the server's `owner.<name>` answer a second and a half late the calls for which
+    `is_late(*args)` is true (asked under a lock, in the order they come), as a busy server may;
+    returns the counts of calls asked and answered."""
+    real, lock, calls = getattr(owner, name), threading.Lock(), {"asked": 0, "answered": 0}
 
-    def late(hist, result: dict, *args):
+    def late(*args):
         with lock:
             calls["asked"] += 1
-            first = result.get("run_id") not in seen
-            seen.add(result.get("run_id"))
-        time.sleep(1.5 if first else 0.0)
+            wait = is_late(*args)
+        time.sleep(1.5 if wait else 0.0)
         try:
-            return real(hist, result, *args)
-        finally:
-            with lock:
-                calls["written"] += 1
-
-    monkeypatch.setattr(history, "add_run", late)
-    return calls
-
-
-def late_stale_previews(compare, monkeypatch, column: int, key: str, final) -> dict:
-    """Make the server answer column `column`'s heading previews asked while its setting `key` was
-    not yet `final` a second and a half late, after the later-asked ones, as a busy server may;
-    returns the counts of previews asked and answered."""
-    real, lock, calls = compare.preview_heading, threading.Lock(), {"asked": 0, "answered": 0}
-
-    def late(index: int, values: dict):
-        stale = index == column and values[key] != final
-        with lock:
-            calls["asked"] += 1
-        time.sleep(1.5 if stale else 0.0)
-        try:
-            return real(index, values)
+            return real(*args)
         finally:
             with lock:
                 calls["answered"] += 1
 
-    monkeypatch.setattr(compare, "preview_heading", late)
+    monkeypatch.setattr(owner, name, late)
     return calls
+
+
+def late_records(monkeypatch) -> dict:
+    """The server's first write of each new run into a browser's History (the record asked as the
+    run ends, or a rating's, whichever is answered first: both add the run through `_with_run`)
+    answered late (`answered_late`)."""
+    seen: set = set()
+
+    def first(runs, result: dict, *rest) -> bool:
+        new = result.get("run_id") not in seen
+        seen.add(result.get("run_id"))
+        return new
+
+    return answered_late(monkeypatch, history, "_with_run", first)
+
+
+def late_stale_previews(compare, monkeypatch, column: int, key: str, final) -> dict:
+    """Column `column`'s heading previews asked while its setting `key` was not yet `final`
+    answered late (`answered_late`), after the later-asked ones."""
+    return answered_late(
+        monkeypatch,
+        compare,
+        "preview_heading",
+        lambda index, values: index == column and values[key] != final,
+    )
 
 
 def test_a_prompt_session_variants_branch_follow_up_diff_and_link(
@@ -1372,8 +1375,8 @@ STOP_COLUMN_AT_JS = """
 
 def stop_a_column_at(pg: Page, column: int, shown: int, tries: int = 3) -> int:
     """Generate, and stop column `column` once the page shows `shown` of its tokens; a run that
-    reached its end before the page showed them (every column at its token limit or end of text)
-    is run again, up to `tries` runs (a column ended early by DeepConf too). Returns the runs started."""
+    reached its end before the page showed them (every column at its token limit, end of text or a
+    DeepConf early stop) is run again, up to `tries` runs. Returns the runs started."""
     for run in range(1, tries + 1):
         pg.evaluate(NEXT_BOARD_JS, f"col{column}")
         pg.locator("#generate").click()
